@@ -1,0 +1,135 @@
+"""Wiring: build the gateway, its channels and the one aiohttp server from settings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from bot.providers import build_provider
+from bot.settings import Settings
+from bot.tools import build_registry
+from core.agents import DEFAULT_INSTRUCTIONS, Agent, AgentDirectory
+from core.clock import Clock, SystemClock
+from core.events import EventBus
+from core.gateway import Gateway, GatewayConfig
+from core.providers import Provider, RetryPolicy
+from core.runner import AgentRunner, RunnerLimits
+from core.store import ConversationStore, Database
+
+log = logging.getLogger(__name__)
+
+
+class Channel(Protocol):
+    name: str
+    started: bool
+
+    def routes(self) -> list[web.RouteDef]: ...
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+@dataclass
+class Application:
+    settings: Settings
+    db: Database
+    gateway: Gateway
+    channels: list[Channel] = field(default_factory=list)
+    web_app: web.Application = field(default_factory=web.Application)
+    _runner: web.AppRunner | None = None
+    _prune_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Migrate, recover, start channels, then listen. Order matters: no input before recovery."""
+        await self.db.migrate()
+        await self.gateway.start()
+        for channel in self.channels:
+            await channel.start()
+        self._runner = web.AppRunner(self.web_app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
+        await site.start()
+
+    @property
+    def bound_port(self) -> int:
+        assert self._runner is not None
+        for address in self._runner.addresses:
+            if isinstance(address, tuple):
+                return int(address[1])
+        return self.settings.port
+
+    async def stop(self) -> None:
+        for channel in self.channels:
+            await channel.stop()
+        await self.gateway.stop(drain_s=self.settings.shutdown_drain_s)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.db.close()
+
+
+def build_application(
+    settings: Settings, *, clock: Clock | None = None, provider: Provider | None = None
+) -> Application:
+    clock = clock or SystemClock()
+    db = Database(settings.resolved_database_url)
+    store = ConversationStore(db)
+    runner = AgentRunner(
+        store,
+        provider or build_provider(settings),
+        build_registry(),
+        clock,
+        limits=RunnerLimits(max_steps=settings.max_steps, tool_result_max_chars=settings.tool_result_max_chars),
+        retry=RetryPolicy(attempts=settings.llm_max_attempts, base_delay_s=settings.llm_retry_base_s),
+    )
+    agents = AgentDirectory([Agent(instructions=settings.bot_instructions or DEFAULT_INSTRUCTIONS)])
+    gateway = Gateway(
+        store, runner, agents, EventBus(), clock,
+        GatewayConfig(
+            max_concurrent_turns=settings.max_concurrent_turns,
+            record_thread_context=settings.bot_record_thread_context,
+        ),
+    )
+    app = Application(settings=settings, db=db, gateway=gateway)
+    if settings.slack_mode is not None:
+        from channels.slack import SlackChannel, SlackConfig
+
+        assert settings.slack_bot_token is not None
+        app.channels.append(SlackChannel(
+            SlackConfig(
+                bot_token=settings.slack_bot_token,
+                signing_secret=settings.slack_signing_secret,
+                app_token=settings.slack_app_token,
+                api_url=settings.slack_api_url,
+                command=settings.slack_command,
+                rate_limit_retries=settings.slack_max_retries,
+            ),
+            gateway,
+        ))
+    app.web_app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", _readyz_handler(app))])
+    for channel in app.channels:
+        app.web_app.add_routes(channel.routes())
+    return app
+
+
+async def _healthz(_request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def _readyz_handler(app: Application) -> Any:
+    async def readyz(_request: web.Request) -> web.Response:
+        problems: list[str] = []
+        try:
+            await app.db.ping()
+        except Exception as exc:
+            problems.append(f"database: {type(exc).__name__}")
+        problems += [f"channel {c.name} not started" for c in app.channels if not c.started]
+        if not app.gateway.accepting:
+            problems.append("gateway not accepting")
+        if problems:
+            return web.json_response({"status": "not ready", "problems": problems}, status=503)
+        return web.json_response({"status": "ready", "channels": [c.name for c in app.channels]})
+
+    return readyz

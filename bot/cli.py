@@ -1,0 +1,74 @@
+"""The ``bot`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from bot import __version__
+from bot.errors import BotError
+from bot.manifest import render_manifest
+
+log = logging.getLogger("bot")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bot", description="Chat-ops agent gateway (Slack first).")
+    parser.add_argument("--version", action="version", version=f"bot {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="start the gateway")
+    manifest = sub.add_parser("manifest", help="print the Slack app manifest")
+    manifest.add_argument("--mode", choices=["socket", "http"], default="http")
+    args = parser.parse_args(argv)
+
+    if args.command == "manifest":
+        sys.stdout.write(render_manifest(args.mode))
+        return 0
+    try:
+        return asyncio.run(_run())
+    except BotError as exc:
+        print(f"bot: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _run() -> int:
+    from bot.app import build_application
+    from bot.logs import configure_logging
+    from bot.settings import load_settings
+    from core.errors import StoreError
+
+    settings = load_settings()
+    configure_logging(settings.log_level, settings.log_format, settings.secret_values())
+    app = build_application(settings)
+    try:
+        await app.start()
+    except StoreError as exc:
+        raise BotError(str(exc)) from exc
+    except OSError as exc:
+        await app.stop()
+        raise BotError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}") from exc
+
+    url = f"http://{settings.host}:{app.bound_port}"
+    print(f"bot: listening on {url}  (health: {url}/healthz)", flush=True)
+    if settings.slack_mode == "http":
+        print(f"bot: Slack HTTP mode — point the app's request URL at {url}/slack/events", flush=True)
+    elif settings.slack_mode == "socket":
+        print("bot: Slack Socket Mode connected", flush=True)
+    else:
+        print("bot: no Slack settings; set SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET (or SLACK_APP_TOKEN) "
+              "to connect Slack", flush=True)
+    print(f"bot: model provider: {settings.provider}; database: {app.db.display_url}", flush=True)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down (draining up to %.0f s)", settings.shutdown_drain_s)
+    await app.stop()
+    return 0

@@ -1,0 +1,70 @@
+"""Logging: one line per event, text or JSON, with every known secret value masked."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from collections.abc import Iterable
+
+# Slack tokens (bot, user, app, refresh) have a recognisable shape even when not configured here.
+_TOKEN_SHAPES = re.compile(r"\b(xox[abposr]|xapp)-[A-Za-z0-9-]{8,}")
+
+
+class RedactingFilter(logging.Filter):
+    """Masks configured secret values and anything shaped like a Slack token, in message and args."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    def add(self, secret: str) -> None:
+        if secret and secret not in self._secrets:
+            self._secrets.append(secret)
+            self._secrets.sort(key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, "[redacted]")
+        return _TOKEN_SHAPES.sub(r"\1-[redacted]", text)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        record.msg = self.redact(message)
+        record.args = None
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_text:
+            entry["exc"] = record.exc_text
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(level: str, fmt: str, secrets: Iterable[str]) -> RedactingFilter:
+    handler = logging.StreamHandler(sys.stderr)
+    redactor = RedactingFilter(secrets)
+    handler.addFilter(redactor)
+    handler.setFormatter(
+        JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # Library chatter at INFO would drown our lines (and aiohttp's access log repeats every request).
+    for noisy in ("aiohttp.access", "slack_bolt", "slack_sdk", "httpx", "openai", "alembic", "apscheduler"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    return redactor

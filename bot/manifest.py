@@ -1,0 +1,50 @@
+"""The Slack app manifest: exactly the scopes and events this code uses (kept in ``manifests/``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+Mode = Literal["socket", "http"]
+
+BOT_SCOPES = [
+    "app_mentions:read",  # app_mention events
+    "channels:history",  # message.channels: thread replies as context
+    "groups:history",  # message.groups (private channels)
+    "im:history",  # message.im: direct messages
+    "mpim:history",  # message.mpim
+    "chat:write",  # replies in threads
+    "reactions:write",  # the progress sign on the message being worked on
+    "commands",  # the /bot slash command
+]
+BOT_EVENTS = ["app_mention", "message.channels", "message.groups", "message.im", "message.mpim"]
+
+
+def build_manifest(mode: Mode, *, name: str = "Chat-ops bot", command: str = "/bot",
+                   request_url: str = "https://bot.example.com/slack/events") -> dict[str, Any]:
+    socket = mode == "socket"
+    slash: dict[str, Any] = {"command": command, "description": "Talk to the chat-ops bot",
+                             "usage_hint": "help | status", "should_escape": False}
+    events: dict[str, Any] = {"bot_events": BOT_EVENTS}
+    if not socket:
+        slash["url"] = request_url
+        events["request_url"] = request_url
+    return {
+        "display_information": {"name": name, "description": "Answers mentions in threads with an LLM agent"},
+        "features": {
+            "bot_user": {"display_name": name, "always_online": True},
+            "app_home": {"messages_tab_enabled": True, "messages_tab_read_only_enabled": False},
+            "slash_commands": [slash],
+        },
+        "oauth_config": {"scopes": {"bot": BOT_SCOPES}},
+        "settings": {
+            "event_subscriptions": events,
+            "org_deploy_enabled": False,
+            "socket_mode_enabled": socket,
+            "token_rotation_enabled": False,
+        },
+    }
+
+
+def render_manifest(mode: Mode) -> str:
+    return json.dumps(build_manifest(mode), indent=2) + "\n"

@@ -1,0 +1,109 @@
+"""Any OpenAI-compatible chat-completions endpoint (OpenAI, Azure, Ollama, vLLM, OpenRouter, LiteLLM…)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+from openai import AsyncOpenAI
+
+from core.errors import ProviderError
+from core.providers import ChatMessage, Completion, CompletionRequest, ToolCall
+
+
+class OpenAICompatibleProvider:
+    name = "openai"
+
+    def __init__(self, *, base_url: str | None, api_key: str | None, model: str, timeout_s: float) -> None:
+        self.model = model
+        # Retries are ours (classified, with Retry-After); the client must not retry on its own.
+        self.client = AsyncOpenAI(
+            base_url=base_url, api_key=api_key or "not-needed", timeout=timeout_s, max_retries=0
+        )
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        kwargs: dict[str, Any] = {"model": self.model, "messages": _messages(request)}
+        if request.tools:
+            kwargs["tools"] = request.tools
+        try:
+            response = await self.client.chat.completions.create(**kwargs)
+        except openai.APIError as exc:
+            raise classify(exc) from exc
+        if not response.choices:
+            raise ProviderError("model", "the endpoint returned no choices", retryable=True)
+        message = response.choices[0].message
+        calls = tuple(
+            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "{}")
+            for c in (message.tool_calls or [])
+            if getattr(c, "function", None) is not None
+        )
+        return Completion(content=message.content or "", tool_calls=calls)
+
+
+def _messages(request: CompletionRequest) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"role": "system", "content": request.instructions}]
+    for m in request.messages:
+        out.append(_message(m))
+    return out
+
+
+def _message(m: ChatMessage) -> dict[str, Any]:
+    if m.role == "tool":
+        return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
+    if m.role == "assistant" and m.tool_calls:
+        return {
+            "role": "assistant",
+            "content": m.content or None,
+            "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in m.tool_calls
+            ],
+        }
+    return {"role": m.role, "content": m.content}
+
+
+def classify(exc: openai.APIError) -> ProviderError:
+    """Map the client's exceptions onto core's error kinds (SPEC §6)."""
+    if isinstance(exc, openai.APIConnectionError):  # includes timeouts
+        return ProviderError("network", f"cannot reach the model endpoint: {exc}", retryable=True)
+    status = getattr(exc, "status_code", None)
+    detail = _detail(exc)
+    if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
+        return ProviderError("auth", f"HTTP {status}: {detail}", retryable=False, status=status)
+    if isinstance(exc, openai.RateLimitError):
+        return ProviderError("rate_limit", f"HTTP 429: {detail}", retryable=True,
+                             retry_after=_retry_after(exc), status=status)
+    if isinstance(exc, openai.BadRequestError):
+        text = detail.lower()
+        if ("context" in text and ("length" in text or "window" in text)) or "too many tokens" in text:
+            return ProviderError("context_overflow", f"HTTP 400: {detail}", retryable=False, status=status)
+        return ProviderError("model", f"HTTP 400: {detail}", retryable=False, status=status)
+    if isinstance(exc, openai.NotFoundError):
+        return ProviderError("model", f"HTTP 404 (unknown model or wrong LLM_BASE_URL?): {detail}",
+                             retryable=False, status=status)
+    if isinstance(exc, openai.InternalServerError) or (status is not None and status >= 500):
+        return ProviderError("model", f"HTTP {status}: {detail}", retryable=True, status=status)
+    if isinstance(exc, openai.APIResponseValidationError):
+        return ProviderError("model", f"unexpected response from the endpoint: {detail}", retryable=False)
+    return ProviderError("unknown", f"{type(exc).__name__}: {detail}", retryable=False, status=status)
+
+
+def _detail(exc: openai.APIError) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])[:300]
+        return json.dumps(body)[:300]
+    return str(exc.message)[:300]
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    value = exc.response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None

@@ -1,0 +1,214 @@
+"""Every setting, from the environment and ``.env``, validated once at start (SPEC §2)."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from bot.errors import SettingsError
+
+QueueMode = Literal["steer", "collect", "followup"]
+ProviderName = Literal["openai", "anthropic", "demo"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+
+    # Slack
+    slack_bot_token: str | None = None
+    slack_signing_secret: str | None = None
+    slack_app_token: str | None = None
+    slack_api_url: str = "https://slack.com/api/"
+    slack_command: str = "/bot"
+    slack_max_retries: int = Field(default=3, ge=0, le=10)
+
+    # Server
+    host: str = "127.0.0.1"
+    port: int = Field(default=3000, ge=0, le=65535)
+
+    # Storage
+    bot_home: Path = Path("./.bot")
+    database_url: str | None = None
+    bot_secret_keys: str | None = None
+
+    # Model
+    llm_provider: ProviderName | None = None
+    llm_base_url: str | None = None
+    llm_api_key: str | None = None
+    llm_model: str | None = None
+    llm_timeout_s: float = Field(default=120.0, gt=0)
+    llm_max_attempts: int = Field(default=4, ge=1, le=10)
+    llm_retry_base_s: float = Field(default=0.5, ge=0)
+
+    # Agent
+    bot_instructions: str | None = None
+    max_steps: int = Field(default=25, ge=1, le=200)
+    tool_result_max_chars: int = Field(default=16_000, ge=200)
+    bot_record_thread_context: bool = True
+
+    # People and policy
+    bot_approvers: str = "requester"
+    bot_admins: str | None = None
+    approval_timeout_s: int = Field(default=900, ge=1)
+    queue_mode: QueueMode = "steer"
+    max_concurrent_turns: int = Field(default=8, ge=1, le=1000)
+
+    # Operations
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
+    shutdown_drain_s: float = Field(default=20.0, ge=0)
+
+    @field_validator(
+        "slack_bot_token", "slack_signing_secret", "slack_app_token", "database_url", "bot_secret_keys",
+        "llm_base_url", "llm_api_key", "llm_model", "bot_admins", "bot_instructions", "llm_provider",
+        mode="before",
+    )
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("slack_bot_token")
+    @classmethod
+    def _bot_token_shape(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("xoxb-"):
+            raise ValueError("must be a bot token starting with 'xoxb-'")
+        return value
+
+    @field_validator("slack_app_token")
+    @classmethod
+    def _app_token_shape(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("xapp-"):
+            raise ValueError("must be an app-level token starting with 'xapp-'")
+        return value
+
+    @field_validator("slack_api_url", "llm_base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+    @field_validator("slack_api_url")
+    @classmethod
+    def _trailing_slash(cls, value: str) -> str:
+        return value if value.endswith("/") else value + "/"
+
+    @field_validator("slack_command")
+    @classmethod
+    def _command_shape(cls, value: str) -> str:
+        if not value.startswith("/") or len(value) < 2 or " " in value:
+            raise ValueError("must look like '/bot'")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            url = make_url(value)
+        except ArgumentError:
+            raise ValueError("is not a valid SQLAlchemy URL (e.g. sqlite:///path/bot.db, "
+                             "postgresql://user:pass@host/db)") from None
+        if url.get_backend_name() not in ("sqlite", "postgresql"):
+            raise ValueError(f"must be sqlite or postgresql, not {url.get_backend_name()!r}")
+        return value
+
+    @field_validator("bot_approvers", "bot_admins")
+    @classmethod
+    def _people(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        for item in _split(value):
+            if item != "requester" and not (item[:1] in ("U", "W", "S") and item[1:].isalnum()):
+                raise ValueError(f"{item!r} is not a Slack user id (U…/W…), user-group id (S…) or 'requester'")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.slack_bot_token and not (self.slack_signing_secret or self.slack_app_token):
+            raise ValueError("SLACK_BOT_TOKEN is set but neither SLACK_SIGNING_SECRET (HTTP mode) nor "
+                             "SLACK_APP_TOKEN (Socket Mode) is")
+        if (self.slack_signing_secret or self.slack_app_token) and not self.slack_bot_token:
+            raise ValueError("SLACK_BOT_TOKEN is required when SLACK_SIGNING_SECRET or SLACK_APP_TOKEN is set")
+        if self.provider == "openai" and not self.llm_model:
+            raise ValueError("LLM_MODEL is required for an OpenAI-compatible endpoint (e.g. gpt-4o-mini)")
+        return self
+
+    # -- derived --------------------------------------------------------------------------------
+
+    @property
+    def slack_mode(self) -> Literal["socket", "http"] | None:
+        if not self.slack_bot_token:
+            return None
+        return "socket" if self.slack_app_token else "http"
+
+    @property
+    def provider(self) -> ProviderName:
+        if self.llm_provider is not None:
+            return self.llm_provider
+        return "openai" if (self.llm_base_url or self.llm_model) else "demo"
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.bot_home / 'bot.db').resolve()}"
+
+    @property
+    def approvers(self) -> tuple[str, ...]:
+        return tuple(_split(self.bot_approvers))
+
+    @property
+    def admins(self) -> tuple[str, ...]:
+        return tuple(_split(self.bot_admins or ""))
+
+    @property
+    def is_local_bind(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    def secret_values(self) -> list[str]:
+        """Values that must never reach a log line."""
+        values = [self.slack_bot_token, self.slack_signing_secret, self.slack_app_token, self.llm_api_key]
+        if self.bot_secret_keys:
+            values.extend(part.split(":", 1)[-1] for part in _split(self.bot_secret_keys))
+        if self.database_url:
+            password = make_url(self.database_url).password
+            values.append(str(password) if password else None)
+        return [v for v in values if v and len(v) >= 4]
+
+
+def _split(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def load_settings(env_file: str | Path | None = ".env", **overrides: object) -> Settings:
+    """Read and validate settings; raise SettingsError with one line per bad variable."""
+    try:
+        factory: Any = Settings  # pydantic-settings' init keywords are not visible to mypy
+        settings: Settings = factory(_env_file=env_file, **overrides)
+        return settings
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            name = "_".join(str(p) for p in err["loc"]).upper() or "settings"
+            shown = err.get("input")
+            value = "" if name in _SECRET_NAMES or isinstance(shown, dict) else f" (got {shown!r})"
+            message = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{name}{value}: {message}" if name != "settings" else message)
+        raise SettingsError("invalid settings:\n  " + "\n  ".join(lines)) from None
+
+
+_SECRET_NAMES = {"SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "LLM_API_KEY", "BOT_SECRET_KEYS",
+                 "DATABASE_URL"}

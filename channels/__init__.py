@@ -1,0 +1,1 @@
+"""Channel adapters: translate platform events into core calls and core events into messages."""

@@ -1,0 +1,228 @@
+"""Slack adapter: bolt listeners translate events into ``Gateway.accept``; bus events become messages.
+
+It decides nothing core should decide: whether a message starts a turn, dedupe, and turn order are
+core's. It only knows Slack's shapes (ids, mentions, threads, reactions, limits).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_bolt.response import BoltResponse
+from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
+from slack_sdk.signature import SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.errors import MalformedPayload
+from channels.slack.formatting import split_message, to_mrkdwn
+from core.errors import InvalidInput
+from core.events import Event, TurnFailed, TurnFinished, TurnStarted
+from core.gateway import Gateway
+from core.model import Inbound, MessageRef
+
+log = logging.getLogger(__name__)
+
+PROGRESS_REACTION = "eyes"
+# Message subtypes that are a person talking; every other subtype (edits, joins, bots…) is ignored.
+_PERSON_SUBTYPES = {None, "file_share", "thread_broadcast"}
+
+
+@dataclass(frozen=True)
+class SlackConfig:
+    bot_token: str
+    signing_secret: str | None = None
+    app_token: str | None = None
+    api_url: str = "https://slack.com/api/"
+    command: str = "/bot"
+    rate_limit_retries: int = 3
+
+
+class SlackChannel:
+    name = "slack"
+
+    def __init__(self, config: SlackConfig, gateway: Gateway) -> None:
+        self.config = config
+        self.gateway = gateway
+        self.client = AsyncWebClient(token=config.bot_token, base_url=config.api_url)
+        self.client.retry_handlers.append(AsyncRateLimitErrorRetryHandler(max_retry_count=config.rate_limit_retries))
+        http_mode = config.app_token is None
+        self.app = AsyncApp(
+            client=self.client,
+            signing_secret=config.signing_secret or "",
+            request_verification_enabled=http_mode,
+            # Our listeners only store the message (a few ms) and hand the turn to a task: storing
+            # before the ack means an acknowledged message is never lost.
+            process_before_response=True,
+        )
+        self._verifier = SignatureVerifier(config.signing_secret or "")
+        self._socket: Any = None
+        self.started = False
+        self.app.event("app_mention")(self._on_app_mention)
+        self.app.event("message")(self._on_message)
+        self.app.command(config.command)(self._on_command)
+        self.app.error(self._on_error)
+        gateway.bus.subscribe(self.render, channel=self.name)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def routes(self) -> list[web.RouteDef]:
+        if self.config.app_token is not None:
+            return []
+        return [web.post("/slack/events", self.handle_http)]
+
+    async def start(self) -> None:
+        if self.config.app_token is not None:
+            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+
+            self._socket = AsyncSocketModeHandler(
+                self.app, self.config.app_token, web_client=AsyncWebClient(base_url=self.config.api_url)
+            )
+            await self._socket.connect_async()
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
+        if self._socket is not None:
+            await self._socket.close_async()
+
+    # -- HTTP mode ------------------------------------------------------------------------------
+
+    async def handle_http(self, request: web.Request) -> web.Response:
+        body = await request.text()
+        try:
+            bolt_request = AsyncBoltRequest(body=body, query=request.query_string, headers=dict(request.headers))
+        except Exception:
+            # Bolt could not even parse it: answer 401 if unsigned, else 400 — never a 500 retry loop.
+            if not self._verifier.is_valid_request(body, dict(request.headers)):
+                return web.json_response({"error": "invalid request signature"}, status=401)
+            return web.json_response({"error": "malformed payload"}, status=400)
+        response = await self.app.async_dispatch(bolt_request)
+        return await to_aiohttp_response(response)
+
+    async def _on_error(self, error: Exception, body: dict[str, Any]) -> BoltResponse | None:
+        if isinstance(error, MalformedPayload):
+            log.warning("malformed Slack payload: %s", error)
+            return BoltResponse(status=400, body=f'{{"error": "malformed payload: {error}"}}')
+        log.error("Slack listener failed: %s: %s", type(error).__name__, error)
+        return None  # bolt answers 500, so Slack delivers it again
+
+    # -- inbound --------------------------------------------------------------------------------
+
+    async def _on_app_mention(self, body: dict[str, Any], event: dict[str, Any], context: Any) -> None:
+        await self._take(body, event, context.bot_user_id, addressed=True)
+
+    async def _on_message(self, body: dict[str, Any], event: dict[str, Any], context: Any) -> None:
+        if not isinstance(event, dict):
+            raise MalformedPayload("event is not an object")
+        if event.get("subtype") not in _PERSON_SUBTYPES or event.get("bot_id") or event.get("bot_profile"):
+            return
+        bot_user = context.bot_user_id
+        text = event.get("text") or ""
+        addressed = event.get("channel_type") == "im" or (
+            bot_user is not None and isinstance(text, str) and f"<@{bot_user}>" in text
+        )
+        await self._take(body, event, bot_user, addressed=addressed)
+
+    async def _take(
+        self, body: dict[str, Any], event: dict[str, Any], bot_user: str | None, *, addressed: bool
+    ) -> None:
+        if not isinstance(event, dict):
+            raise MalformedPayload("event is not an object")
+        if event.get("bot_id") or (bot_user is not None and event.get("user") == bot_user):
+            return
+        user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
+        text = event.get("text", "")
+        for name, value in (("user", user), ("channel", channel), ("ts", ts)):
+            if not isinstance(value, str) or not value:
+                raise MalformedPayload(f"event.{name} is missing or not a string")
+        if not isinstance(text, str):
+            raise MalformedPayload("event.text is not a string")
+        thread_ts = event.get("thread_ts") or ts
+        if not isinstance(thread_ts, str):
+            raise MalformedPayload("event.thread_ts is not a string")
+        team = body.get("team_id") or event.get("team") or "T0"
+        event_id = body.get("event_id")
+        message = Inbound(
+            session_id=f"slack:{team}:{channel}:{thread_ts}",
+            channel=self.name,
+            sender=str(user),
+            text=_strip_mention(text, bot_user),
+            addressed=addressed,
+            reply_ref={"channel": channel, "thread_ts": thread_ts},
+            ref=MessageRef(str(channel), str(ts)),
+            idempotency_key=f"{channel}:{ts}",
+            delivery_key=f"slack:{event_id}" if isinstance(event_id, str) else None,
+        )
+        try:
+            await self.gateway.accept(message)
+        except InvalidInput as exc:
+            await self._post(str(channel), thread_ts, f":no_entry: I can't take this message: {exc}")
+
+    # -- slash command --------------------------------------------------------------------------
+
+    async def _on_command(self, ack: Any, command: dict[str, Any]) -> None:
+        words = str(command.get("text") or "").split()
+        sub = words[0].lower() if words else "help"
+        if sub == "status":
+            state = "taking messages" if self.gateway.accepting else "not taking messages"
+            await ack(text=f"I'm up and {state}; {self.gateway.running_sessions} conversation(s) working now.")
+        elif sub == "help":
+            await ack(text=self._help())
+        else:
+            await ack(text=f"I don't know `{self.config.command} {sub}`.\n{self._help()}")
+
+    def _help(self) -> str:
+        c = self.config.command
+        return (
+            "Mention me in a thread (or DM me) and I'll answer there; every reply in that thread is "
+            f"context for the next one.\n`{c} status` — am I up and how busy\n`{c} help` — this text"
+        )
+
+    # -- outbound (rendering core events) -------------------------------------------------------
+
+    async def render(self, event: Event) -> None:
+        ref = event.turn.session.reply_ref
+        channel, thread_ts = ref.get("channel"), ref.get("thread_ts")
+        if not channel:
+            return
+        if isinstance(event, TurnStarted):
+            for item in event.turn.inputs:
+                await self._react("reactions_add", item)
+        elif isinstance(event, TurnFinished):
+            for chunk in split_message(to_mrkdwn(event.text)):
+                await self._post(channel, thread_ts, chunk)
+            for item in event.turn.inputs:
+                await self._react("reactions_remove", item)
+        elif isinstance(event, TurnFailed):
+            await self._post(channel, thread_ts, f":warning: {event.message}")
+            for item in event.turn.inputs:
+                await self._react("reactions_remove", item)
+
+    async def _post(self, channel: str, thread_ts: str | None, text: str) -> None:
+        try:
+            await self.client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text)
+        except SlackApiError as exc:
+            log.error("chat.postMessage to %s failed: %s", channel, exc.response.get("error"))
+
+    async def _react(self, method: str, item: MessageRef) -> None:
+        if not item.channel or not item.ts:
+            return
+        try:
+            await getattr(self.client, method)(channel=item.channel, timestamp=item.ts, name=PROGRESS_REACTION)
+        except SlackApiError as exc:
+            if exc.response.get("error") not in ("already_reacted", "no_reaction"):
+                log.warning("%s failed: %s", method, exc.response.get("error"))
+
+
+def _strip_mention(text: str, bot_user: str | None) -> str:
+    if bot_user:
+        text = re.sub(rf"<@{re.escape(bot_user)}(\|[^>]*)?>", "", text)
+    return text.strip()

@@ -1,0 +1,74 @@
+"""Markdown → Slack mrkdwn, and splitting long answers under Slack's message limits."""
+
+from __future__ import annotations
+
+import re
+
+# chat.postMessage accepts 40,000 characters but Slack advises ≤ 4,000 per message for display.
+MESSAGE_LIMIT = 3_800
+
+_LINK = re.compile(r"\[([^\]\n]+)\]\((https?://[^)\s]+)\)")
+_BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*")
+_STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
+_HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$")
+
+
+def to_mrkdwn(text: str) -> str:
+    """Convert the common Markdown a model writes into Slack mrkdwn; code stays untouched."""
+    out: list[str] = []
+    in_code = False
+    for line in text.split("\n"):
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+            out.append(line)
+            continue
+        out.append(line if in_code else _convert_line(line))
+    return "\n".join(out)
+
+
+def _convert_line(line: str) -> str:
+    parts = line.split("`")
+    # Even indexes are outside inline code.
+    for i in range(0, len(parts), 2):
+        parts[i] = _convert_prose(parts[i], first=i == 0)
+    return "`".join(parts)
+
+
+def _convert_prose(text: str, *, first: bool) -> str:
+    quote = ""
+    if first and text.startswith(">"):
+        quote, text = ">", text[1:]
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    if first and (m := _HEADING.match(text)):
+        text = f"**{m.group(1)}**"
+    text = _LINK.sub(lambda m: f"<{m.group(2)}|{m.group(1)}>", text)
+    text = _BOLD.sub(r"*\1*", text)
+    text = _STRIKE.sub(r"~\1~", text)
+    return quote + text
+
+
+def split_message(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
+    """Split at paragraph, line or word boundaries; a code block cut in two is closed and reopened."""
+    if len(text) <= limit:
+        return [text]
+    chunks: list[str] = []
+    rest = text
+    while len(rest) > limit:
+        cut = _cut_point(rest, limit - 4)  # room to close a code fence
+        head, rest = rest[:cut].rstrip("\n"), rest[cut:].lstrip("\n")
+        if head.count("```") % 2 == 1:
+            head += "\n```"
+            rest = "```\n" + rest
+        chunks.append(head)
+    if rest.strip():
+        chunks.append(rest)
+    return chunks
+
+
+def _cut_point(text: str, limit: int) -> int:
+    window = text[:limit]
+    for sep in ("\n\n", "\n", " "):
+        at = window.rfind(sep)
+        if at > limit // 2:
+            return at + len(sep)
+    return limit

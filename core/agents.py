@@ -1,0 +1,33 @@
+"""Agents: a name, instructions and the tools they may call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_INSTRUCTIONS = (
+    "You are a helpful chat-ops assistant working in a team chat thread. "
+    "Answer concisely. Use tools when they help; say plainly when something failed."
+)
+
+
+@dataclass(frozen=True)
+class Agent:
+    name: str = "default"
+    instructions: str = DEFAULT_INSTRUCTIONS
+    tools: tuple[str, ...] = ("*",)
+    approvers: tuple[str, ...] = field(default_factory=tuple)
+
+
+class AgentDirectory:
+    """The agents this gateway knows; the first one is the default."""
+
+    def __init__(self, agents: list[Agent]) -> None:
+        if not agents:
+            raise ValueError("at least one agent is required")
+        self._agents = {a.name: a for a in agents}
+        self.default = agents[0]
+
+    def get(self, name: str | None) -> Agent:
+        if name is None:
+            return self.default
+        return self._agents.get(name, self.default)

@@ -1,0 +1,55 @@
+"""The one exception root of ``core`` and its few subclasses."""
+
+from __future__ import annotations
+
+
+class CoreError(Exception):
+    """Root of every error raised on purpose by the core engine."""
+
+
+class StoreError(CoreError):
+    """The database could not be opened, migrated or used."""
+
+
+class InvalidInput(CoreError):
+    """Input from outside (a channel, a person) that core refuses; the message says why."""
+
+
+class ProviderError(CoreError):
+    """A model call failed. ``kind`` classifies it; ``retryable`` says whether trying again may help."""
+
+    KINDS = ("auth", "rate_limit", "network", "model", "context_overflow", "unknown")
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        retryable: bool,
+        retry_after: float | None = None,
+        status: int | None = None,
+    ) -> None:
+        if kind not in self.KINDS:
+            raise ValueError(f"unknown provider error kind {kind!r}")
+        super().__init__(message)
+        self.kind = kind
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.status = status
+
+    @property
+    def user_message(self) -> str:
+        """What a person in the thread is told: the problem, and what to do about it."""
+        hints = {
+            "auth": "The model endpoint rejected the API key (check LLM_API_KEY).",
+            "rate_limit": "The model endpoint kept answering 'too many requests'; try again in a minute.",
+            "network": "I could not reach the model endpoint (check LLM_BASE_URL and that the server is up).",
+            "model": "The model endpoint refused the request (check LLM_MODEL and the server's logs).",
+            "context_overflow": "This conversation is too long for the model; start a new thread.",
+            "unknown": "The model call failed unexpectedly.",
+        }
+        return f"{hints[self.kind]} Details: {self}"
+
+
+class StepLimitReached(CoreError):
+    """The agent used ``max_steps`` model calls without giving a final answer."""

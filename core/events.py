@@ -1,0 +1,96 @@
+"""Typed events core emits, and the bus channel adapters subscribe to.
+
+Delivery is in order per (subscriber, session) and never blocks the emitter: a slow platform API
+delays that session's rendering only, not the turn and not other sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from core.model import TurnInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Event:
+    name: ClassVar[str] = "event"
+    turn: TurnInfo
+
+    @property
+    def session_id(self) -> str:
+        return self.turn.session.id
+
+    @property
+    def channel(self) -> str:
+        return self.turn.session.channel
+
+
+@dataclass(frozen=True)
+class TurnStarted(Event):
+    name: ClassVar[str] = "turn.started"
+
+
+@dataclass(frozen=True)
+class TurnFinished(Event):
+    name: ClassVar[str] = "turn.finished"
+    text: str
+
+
+@dataclass(frozen=True)
+class TurnFailed(Event):
+    name: ClassVar[str] = "turn.failed"
+    kind: str
+    message: str
+
+
+Handler = Callable[[Event], Awaitable[None]]
+
+
+class EventBus:
+    def __init__(self) -> None:
+        self._subscribers: list[tuple[str | None, Handler]] = []
+        self._queues: dict[tuple[int, str], deque[Event]] = {}
+        self._workers: set[asyncio.Task[None]] = set()
+
+    def subscribe(self, handler: Handler, *, channel: str | None = None) -> None:
+        """``channel`` limits delivery to sessions of that channel (e.g. ``"slack"``)."""
+        self._subscribers.append((channel, handler))
+
+    def emit(self, event: Event) -> None:
+        for index, (channel, handler) in enumerate(self._subscribers):
+            if channel is not None and channel != event.channel:
+                continue
+            key = (index, event.session_id)
+            queue = self._queues.get(key)
+            if queue is not None:
+                queue.append(event)
+                continue
+            self._queues[key] = deque([event])
+            task = asyncio.create_task(self._drain(key, handler), name=f"events:{event.session_id}")
+            self._workers.add(task)
+            task.add_done_callback(self._workers.discard)
+
+    async def _drain(self, key: tuple[int, str], handler: Handler) -> None:
+        queue = self._queues[key]
+        try:
+            while queue:
+                event = queue[0]
+                try:
+                    await handler(event)
+                except Exception:
+                    log.exception("event handler failed for %s (session %s)", event.name, event.session_id)
+                queue.popleft()
+        finally:
+            del self._queues[key]
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (bounded) until every emitted event has been handled; used at shutdown and in tests."""
+        if self._workers:
+            await asyncio.wait(set(self._workers), timeout=timeout)

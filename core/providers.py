@@ -1,0 +1,81 @@
+"""The protocol every LLM provider implements, and retrying of retryable failures."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from core.errors import ProviderError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model produced it
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # "user", "assistant" or "tool"
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    instructions: str
+    messages: list[ChatMessage]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Completion:
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+class Provider(Protocol):
+    name: str
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        """One model call; raise ProviderError (classified) on failure."""
+        ...
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 4
+    base_delay_s: float = 0.5
+    max_delay_s: float = 20.0
+
+    def delay(self, attempt: int, error: ProviderError) -> float:
+        if error.retry_after is not None:
+            return min(max(error.retry_after, 0.0), self.max_delay_s)
+        backoff = self.base_delay_s * (2 ** (attempt - 1))
+        return min(backoff * (0.5 + random.random() / 2), self.max_delay_s)
+
+
+async def complete_with_retries(provider: Provider, request: CompletionRequest, policy: RetryPolicy) -> Completion:
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return await provider.complete(request)
+        except ProviderError as error:
+            if not error.retryable or attempt == policy.attempts:
+                raise
+            delay = policy.delay(attempt, error)
+            log.warning(
+                "model call failed (%s: %s); retry %d/%d in %.2f s",
+                error.kind, error, attempt, policy.attempts - 1, delay,
+            )
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")

@@ -1,0 +1,138 @@
+"""The agent runner: one turn = model calls and tool calls until a final answer."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from core.agents import Agent
+from core.clock import Clock
+from core.errors import StepLimitReached
+from core.model import TurnInfo
+from core.providers import (
+    ChatMessage,
+    CompletionRequest,
+    Provider,
+    RetryPolicy,
+    ToolCall,
+    complete_with_retries,
+)
+from core.store import ConversationStore
+from core.store.tables import MessageRow
+from core.tools import Risk, ToolContext, ToolError, ToolRegistry, run_tool
+
+log = logging.getLogger(__name__)
+
+INTERRUPTED_RESULT = "error: interrupted — unknown whether it completed; do not assume it ran"
+
+
+@dataclass(frozen=True)
+class RunnerLimits:
+    max_steps: int = 25
+    history_messages: int = 200
+    tool_result_max_chars: int = 16_000
+
+
+class AgentRunner:
+    def __init__(
+        self,
+        store: ConversationStore,
+        provider: Provider,
+        tools: ToolRegistry,
+        clock: Clock,
+        *,
+        limits: RunnerLimits = RunnerLimits(),
+        retry: RetryPolicy = RetryPolicy(),
+    ) -> None:
+        self.store = store
+        self.provider = provider
+        self.tools = tools
+        self.clock = clock
+        self.limits = limits
+        self.retry = retry
+
+    async def run(self, turn: TurnInfo, agent: Agent) -> str:
+        """Answer the turn; every message is saved as soon as it exists. Returns the final text."""
+        session_id = turn.session.id
+        rows = await self.store.transcript(session_id, turn.id, self.limits.history_messages)
+        history = await self._close_dangling_calls(session_id, turn.id, _to_chat(rows))
+        allowed = self.tools.allowed(agent.tools)
+        specs = [t.spec() for t in allowed]
+        allowed_names = {t.name for t in allowed}
+        ctx = ToolContext(session_id=session_id, turn_id=turn.id, agent=agent.name, sender=turn.sender)
+
+        for _step in range(self.limits.max_steps):
+            request = CompletionRequest(instructions=agent.instructions, messages=history, tools=specs)
+            reply = await complete_with_retries(self.provider, request, self.retry)
+            await self.store.add_message(
+                session_id,
+                role="assistant",
+                content=reply.content,
+                turn_id=turn.id,
+                now=self.clock.now(),
+                tool_calls=[c.as_dict() for c in reply.tool_calls],
+            )
+            history.append(ChatMessage("assistant", reply.content, reply.tool_calls))
+            if not reply.tool_calls:
+                return reply.content
+            for call in reply.tool_calls:
+                result = await self._call_tool(call, allowed_names, ctx)
+                await self.store.add_message(
+                    session_id, role="tool", content=result, turn_id=turn.id,
+                    now=self.clock.now(), tool_call_id=call.id,
+                )
+                history.append(ChatMessage("tool", result, tool_call_id=call.id))
+        raise StepLimitReached(
+            f"I used all {self.limits.max_steps} steps without finishing. "
+            "Ask me to continue, or raise MAX_STEPS."
+        )
+
+    async def _call_tool(self, call: ToolCall, allowed: set[str], ctx: ToolContext) -> str:
+        tool = self.tools.get(call.name)
+        if tool is None or call.name not in allowed:
+            return f"error: there is no tool named {call.name!r} available to you"
+        try:
+            args = tool.parse_arguments(call.arguments)
+            if tool.risk is Risk.GATED:
+                # Approvals arrive with the approval broker; until then nothing gated runs unasked.
+                raise ToolError(f"{tool.name} needs a person's approval, and approvals are not enabled here")
+            log.info("tool %s called (session %s, turn %s)", tool.name, ctx.session_id, ctx.turn_id)
+            result = await run_tool(tool, ctx, args)
+        except ToolError as exc:
+            return f"error: {exc}"
+        return _truncate(result, self.limits.tool_result_max_chars)
+
+    async def _close_dangling_calls(
+        self, session_id: str, turn_id: int, history: list[ChatMessage]
+    ) -> list[ChatMessage]:
+        """A crash can leave tool calls without results; record them as interrupted, never re-run them."""
+        answered = {m.tool_call_id for m in history if m.role == "tool"}
+        closed: list[ChatMessage] = []
+        for message in history:
+            closed.append(message)
+            for call in message.tool_calls:
+                if call.id not in answered:
+                    await self.store.add_message(
+                        session_id, role="tool", content=INTERRUPTED_RESULT, turn_id=turn_id,
+                        now=self.clock.now(), tool_call_id=call.id,
+                    )
+                    closed.append(ChatMessage("tool", INTERRUPTED_RESULT, tool_call_id=call.id))
+        return closed
+
+
+def _truncate(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[truncated: {len(text) - limit} more characters]"
+
+
+def _to_chat(rows: list[MessageRow]) -> list[ChatMessage]:
+    messages: list[ChatMessage] = []
+    for row in rows:
+        calls = tuple(ToolCall(**c) for c in json.loads(row.tool_calls)) if row.tool_calls else ()
+        messages.append(ChatMessage(row.role, row.content, calls, row.tool_call_id))
+    # A window that starts mid-exchange would hand the model results without their calls.
+    while messages and messages[0].role != "user":
+        messages.pop(0)
+    return messages

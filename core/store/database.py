@@ -1,0 +1,122 @@
+"""The async engine, SQLite tuning, read/write transactions and schema migrations."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from core.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
+def async_url(url: str) -> str:
+    """Map a plain SQLAlchemy URL to its async driver (sqlite → aiosqlite, postgresql → asyncpg)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StoreError(f"DATABASE_URL is not a valid SQLAlchemy URL: {url!r}") from exc
+    backend = parsed.get_backend_name()
+    driver = parsed.get_driver_name()
+    if backend == "sqlite":
+        if driver != "aiosqlite":
+            parsed = parsed.set(drivername="sqlite+aiosqlite")
+    elif backend == "postgresql":
+        if driver not in ("asyncpg", "psycopg"):
+            parsed = parsed.set(drivername="postgresql+asyncpg")
+    else:
+        raise StoreError(f"DATABASE_URL must be sqlite or postgresql, not {backend!r}")
+    return parsed.render_as_string(hide_password=False)
+
+
+class Database:
+    """One engine for the process. ``write()`` transactions take SQLite's write lock up front."""
+
+    def __init__(self, url: str, *, echo: bool = False) -> None:
+        self.url = async_url(url)
+        self.is_sqlite = self.url.startswith("sqlite")
+        kwargs: dict[str, Any] = {"echo": echo}
+        if self.is_sqlite:
+            path = make_url(self.url).database
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+        else:
+            kwargs["pool_pre_ping"] = True
+        self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
+        if self.is_sqlite:
+            _tune_sqlite(self.engine)
+            self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE")
+        else:
+            self._write_engine = self.engine
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncSession]:
+        async with AsyncSession(self.engine, expire_on_commit=False) as session:
+            yield session
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[AsyncSession]:
+        """A transaction that commits when the block ends, or rolls back on error."""
+        async with AsyncSession(self._write_engine, expire_on_commit=False) as session:
+            async with session.begin():
+                yield session
+
+    async def ping(self) -> None:
+        async with self.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    async def migrate(self) -> None:
+        """Bring the schema to the newest version, in place; a no-op when it is current."""
+        try:
+            async with self._write_engine.begin() as conn:
+                await conn.run_sync(_upgrade_to_head)
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not open or migrate the database {self.display_url}: {exc}") from exc
+
+    @property
+    def display_url(self) -> str:
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+
+def _tune_sqlite(engine: AsyncEngine) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let us emit BEGIN ourselves (the driver's implicit BEGIN is always DEFERRED).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _upgrade_to_head(conn: Connection) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["connection"] = conn
+    command.upgrade(cfg, "head")

@@ -1,0 +1,92 @@
+"""Table definitions. Every change here needs a migration in ``core/store/migrations/versions``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Column, DateTime, Index, Text, TypeDecorator, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores aware UTC datetimes; SQLite hands back naive ones, which are UTC by construction."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use an aware UTC datetime")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _ts(nullable: bool = False) -> Any:
+    return Field(sa_column=Column(UTCDateTime(), nullable=nullable))
+
+
+class SessionRow(SQLModel, table=True):
+    __tablename__ = "sessions"
+
+    id: str = Field(primary_key=True, max_length=255)
+    channel: str = Field(max_length=32)
+    agent: str = Field(max_length=64)
+    status: str = Field(max_length=32)
+    # Platform data the channel adapter needs to answer (JSON), e.g. Slack channel and thread_ts.
+    reply_ref: str = Field(sa_column=Column(Text, nullable=False))
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+
+
+class MessageRow(SQLModel, table=True):
+    __tablename__ = "messages"
+    __table_args__ = (
+        UniqueConstraint("session_id", "idempotency_key", name="uq_messages_session_key"),
+        Index("ix_messages_session_id_id", "session_id", "id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(foreign_key="sessions.id", max_length=255)
+    role: str = Field(max_length=16)
+    content: str = Field(sa_column=Column(Text, nullable=False))
+    sender: str | None = Field(default=None, max_length=64)
+    platform_channel: str | None = Field(default=None, max_length=64)
+    platform_ts: str | None = Field(default=None, max_length=64)
+    idempotency_key: str | None = Field(default=None, max_length=255)
+    tool_calls: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    tool_call_id: str | None = Field(default=None, max_length=128)
+    turn_id: int | None = Field(default=None)
+    created_at: datetime = _ts()
+
+
+class TurnRow(SQLModel, table=True):
+    __tablename__ = "turns"
+    __table_args__ = (Index("ix_turns_session_status", "session_id", "status"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(foreign_key="sessions.id", max_length=255)
+    agent: str = Field(max_length=64)
+    status: str = Field(max_length=16)
+    input_message_id: int = Field(foreign_key="messages.id")
+    attempts: int = Field(default=0)
+    answer: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    created_at: datetime = _ts()
+    started_at: datetime | None = _ts(nullable=True)
+    finished_at: datetime | None = _ts(nullable=True)
+
+
+class ProcessedEventRow(SQLModel, table=True):
+    """Delivery ids (e.g. Slack ``event_id``) already taken in: the durable dedupe of redeliveries."""
+
+    __tablename__ = "processed_events"
+
+    key: str = Field(primary_key=True, max_length=255)
+    received_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False, index=True))

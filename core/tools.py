@@ -1,0 +1,109 @@
+"""Tool registry: name, JSON-schema parameters, risk, and an async function."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import fnmatch
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+
+from core.errors import CoreError
+
+
+class Risk(enum.StrEnum):
+    SAFE = "safe"
+    GATED = "gated"
+
+
+class ToolError(CoreError):
+    """A tool call that could not run as asked; the message goes back to the model as the result."""
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool may know about the call it serves."""
+
+    session_id: str
+    turn_id: int
+    agent: str
+    sender: str | None
+
+
+ToolFunction = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    risk: Risk
+    function: ToolFunction
+    timeout_s: float = 60.0
+
+    def spec(self) -> dict[str, Any]:
+        """The OpenAI-style function description the model sees."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    def parse_arguments(self, raw: str | dict[str, Any] | None) -> dict[str, Any]:
+        """Decode and validate the model's arguments; raise ToolError with a message the model can use."""
+        if raw is None or raw == "":
+            args: Any = {}
+        elif isinstance(raw, dict):
+            args = raw
+        else:
+            try:
+                args = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ToolError(f"arguments for {self.name} are not valid JSON: {exc.msg}") from exc
+        if not isinstance(args, dict):
+            raise ToolError(f"arguments for {self.name} must be a JSON object")
+        try:
+            jsonschema.validate(args, self.parameters)
+        except jsonschema.ValidationError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "arguments"
+            raise ToolError(f"invalid arguments for {self.name} ({where}): {exc.message}") from exc
+        return args
+
+
+@dataclass
+class ToolRegistry:
+    _tools: dict[str, Tool] = field(default_factory=dict)
+
+    def register(self, tool: Tool) -> None:
+        if tool.name in self._tools:
+            raise CoreError(f"tool {tool.name!r} is registered twice")
+        jsonschema.Draft202012Validator.check_schema(tool.parameters)
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def allowed(self, patterns: Iterable[str]) -> list[Tool]:
+        """Tools whose names match an allowlist entry (exact names or globs such as ``schedule_*``)."""
+        pats = list(patterns)
+        return [t for name, t in sorted(self._tools.items()) if any(fnmatch.fnmatchcase(name, p) for p in pats)]
+
+
+async def run_tool(tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> str:
+    """Run one call with the tool's timeout; every failure becomes a ToolError for the model."""
+    try:
+        async with asyncio.timeout(tool.timeout_s):
+            return await tool.function(ctx, args)
+    except TimeoutError as exc:
+        raise ToolError(f"{tool.name} timed out after {tool.timeout_s:g} s") from exc
+    except ToolError:
+        raise
+    except Exception as exc:
+        raise ToolError(f"{tool.name} failed: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bot.app import Application, build_application
+from bot.settings import Settings, load_settings
+from tests.fakes.llm import FakeLLM
+from tests.fakes.server import RunningServer
+from tests.fakes.slack_api import FakeSlack
+from tests.slack_requests import SIGNING_SECRET, dumps, event_body, signed_headers
+
+
+@pytest.fixture
+async def fake_slack() -> AsyncIterator[FakeSlack]:
+    fake = FakeSlack()
+    server = await RunningServer(fake.app()).start()
+    fake.url = server.url  # type: ignore[attr-defined]
+    yield fake
+    await server.stop()
+
+
+@pytest.fixture
+async def fake_llm() -> AsyncIterator[FakeLLM]:
+    fake = FakeLLM()
+    server = await RunningServer(fake.app()).start()
+    fake.url = server.url  # type: ignore[attr-defined]
+    yield fake
+    for step in fake.script:  # never leave a held request hanging
+        if hasattr(step, "opened"):
+            step.opened.set()
+    await server.stop()
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path, fake_slack: FakeSlack, fake_llm: FakeLLM) -> Callable[..., Settings]:
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "bot_home": tmp_path / "home",
+            "host": "127.0.0.1",
+            "port": 0,
+            "slack_bot_token": "xoxb-test-token-123456",
+            "slack_signing_secret": SIGNING_SECRET,
+            "slack_api_url": f"{fake_slack.url}/api/",  # type: ignore[attr-defined]
+            "llm_base_url": f"{fake_llm.url}/v1",  # type: ignore[attr-defined]
+            "llm_api_key": "sk-test-key-abcdef",
+            "llm_model": "fake-model",
+            "llm_retry_base_s": 0.01,
+            "shutdown_drain_s": 1,
+        }
+        values.update(overrides)
+        return load_settings(env_file=None, **values)
+
+    return make
+
+
+class GatewayClient:
+    """Talks to a started Application over real HTTP, signing like Slack."""
+
+    def __init__(self, app: Application, http: aiohttp.ClientSession) -> None:
+        self.app = app
+        self.http = http
+        self.base = f"http://127.0.0.1:{app.bound_port}"
+
+    async def post_raw(self, body: str, headers: dict[str, str]) -> aiohttp.ClientResponse:
+        async with self.http.post(f"{self.base}/slack/events", data=body, headers=headers) as resp:
+            await resp.read()
+            return resp
+
+    async def send_event(self, event: dict[str, Any], *, event_id: str | None = None,
+                         retry_num: int | None = None) -> aiohttp.ClientResponse:
+        body = dumps(event_body(event, event_id=event_id))
+        headers = signed_headers(body)
+        if retry_num is not None:
+            headers["X-Slack-Retry-Num"] = str(retry_num)
+            headers["X-Slack-Retry-Reason"] = "http_timeout"
+        return await self.post_raw(body, headers)
+
+    async def idle(self, timeout: float = 10.0) -> None:
+        """Wait until no turn is running and every event has been rendered."""
+        async with asyncio.timeout(timeout):
+            while self.app.gateway.running_sessions:
+                await asyncio.sleep(0.01)
+            await self.app.gateway.bus.drain(timeout)
+
+
+@pytest.fixture
+async def start_gateway() -> AsyncIterator[Callable[[Settings], Any]]:
+    started: list[tuple[Application, aiohttp.ClientSession]] = []
+
+    async def start(settings: Settings) -> GatewayClient:
+        app = build_application(settings)
+        await app.start()
+        http = aiohttp.ClientSession()
+        started.append((app, http))
+        return GatewayClient(app, http)
+
+    yield start
+    for app, http in started:
+        await http.close()
+        await app.stop()
+
+
+@pytest.fixture
+async def gateway(make_settings: Callable[..., Settings], start_gateway: Any) -> GatewayClient:
+    client: GatewayClient = await start_gateway(make_settings())
+    return client

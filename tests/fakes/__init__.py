@@ -1,0 +1,1 @@
+"""Fakes of external services, as real aiohttp servers the product talks to over HTTP."""

@@ -1,0 +1,64 @@
+"""Build Slack requests the way Slack signs them (v0 HMAC-SHA256 over timestamp and body)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+from slack_sdk.signature import SignatureVerifier
+
+from tests.fakes.slack_api import BOT_USER_ID, TEAM_ID
+
+SIGNING_SECRET = "test-signing-secret"
+_counter = itertools.count(1)
+
+
+def signed_headers(body: str, *, secret: str = SIGNING_SECRET, timestamp: int | None = None,
+                   content_type: str = "application/json") -> dict[str, str]:
+    ts = str(timestamp if timestamp is not None else int(time.time()))
+    signature = SignatureVerifier(secret).generate_signature(timestamp=ts, body=body)
+    return {"X-Slack-Request-Timestamp": ts, "X-Slack-Signature": signature, "Content-Type": content_type}
+
+
+def next_ts() -> str:
+    return f"{int(time.time())}.{next(_counter):06d}"
+
+
+def event_body(event: dict[str, Any], *, event_id: str | None = None) -> dict[str, Any]:
+    return {
+        "token": "legacy", "team_id": TEAM_ID, "api_app_id": "A1", "type": "event_callback",
+        "event_id": event_id or f"Ev{next(_counter):08d}", "event_time": int(time.time()),
+        "authorizations": [{"team_id": TEAM_ID, "user_id": BOT_USER_ID, "is_bot": True}],
+        "event": event,
+    }
+
+
+def mention(text: str, *, channel: str = "C1", ts: str | None = None, thread_ts: str | None = None,
+            user: str = "U1") -> dict[str, Any]:
+    event = {"type": "app_mention", "user": user, "text": f"<@{BOT_USER_ID}> {text}", "channel": channel,
+             "ts": ts or next_ts(), "team": TEAM_ID}
+    if thread_ts:
+        event["thread_ts"] = thread_ts
+    return event
+
+
+def message(text: str, *, channel: str = "C1", ts: str | None = None, thread_ts: str | None = None,
+            user: str = "U1", channel_type: str = "channel", **extra: Any) -> dict[str, Any]:
+    event = {"type": "message", "user": user, "text": text, "channel": channel, "ts": ts or next_ts(),
+             "channel_type": channel_type, "team": TEAM_ID, **extra}
+    if thread_ts:
+        event["thread_ts"] = thread_ts
+    return event
+
+
+def command_body(text: str, *, command: str = "/bot", user: str = "U1", channel: str = "C1") -> str:
+    return urlencode({"command": command, "text": text, "user_id": user, "channel_id": channel,
+                      "team_id": TEAM_ID, "response_url": "http://127.0.0.1:9/resp", "trigger_id": "t1",
+                      "token": "legacy"})
+
+
+def dumps(body: dict[str, Any]) -> str:
+    return json.dumps(body)
