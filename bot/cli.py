@@ -54,7 +54,7 @@ async def _run() -> int:
         raise BotError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}") from exc
 
     url = f"http://{settings.host}:{app.bound_port}"
-    print(f"bot: listening on {url}  (health: {url}/healthz)", flush=True)
+    # The "listening on" line comes last: scripts wait for it.
     if settings.slack_mode == "http":
         print(f"bot: Slack HTTP mode — point the app's request URL at {url}/slack/events", flush=True)
     elif settings.slack_mode == "socket":
@@ -63,6 +63,7 @@ async def _run() -> int:
         print("bot: no Slack settings; set SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET (or SLACK_APP_TOKEN) "
               "to connect Slack", flush=True)
     print(f"bot: model provider: {settings.provider}; database: {app.db.display_url}", flush=True)
+    print(f"bot: listening on {url}  (health: {url}/healthz)", flush=True)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -110,3 +110,12 @@ async def start_gateway() -> AsyncIterator[Callable[[Settings], Any]]:
 async def gateway(make_settings: Callable[..., Settings], start_gateway: Any) -> GatewayClient:
     client: GatewayClient = await start_gateway(make_settings())
     return client
+
+
+@pytest.fixture
+def unused_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -97,13 +97,17 @@ class SlackChannel:
 
     async def handle_http(self, request: web.Request) -> web.Response:
         body = await request.text()
+        headers: dict[str, str] = dict(request.headers)
         try:
-            bolt_request = AsyncBoltRequest(body=body, query=request.query_string, headers=dict(request.headers))
+            bolt_request = AsyncBoltRequest(body=body, query=request.query_string, headers=dict(headers))
+            problem = _shape_problem(bolt_request.body)
         except Exception:
-            # Bolt could not even parse it: answer 401 if unsigned, else 400 — never a 500 retry loop.
-            if not self._verifier.is_valid_request(body, dict(request.headers)):
+            problem = "the body is not a Slack payload"
+        if problem is not None:
+            # Bolt would fail on it with a 500 (and Slack would retry): answer 401 if unsigned, else 400.
+            if not self._verifier.is_valid_request(body, headers):
                 return web.json_response({"error": "invalid request signature"}, status=401)
-            return web.json_response({"error": "malformed payload"}, status=400)
+            return web.json_response({"error": f"malformed payload: {problem}"}, status=400)
         response = await self.app.async_dispatch(bolt_request)
         return await to_aiohttp_response(response)
 
@@ -220,6 +224,15 @@ class SlackChannel:
         except SlackApiError as exc:
             if exc.response.get("error") not in ("already_reacted", "no_reaction"):
                 log.warning("%s failed: %s", method, exc.response.get("error"))
+
+
+def _shape_problem(body: Any) -> str | None:
+    """The structural checks bolt assumes have passed before it looks inside a payload."""
+    if not isinstance(body, dict):
+        return "the body is not an object"
+    if body.get("type") == "event_callback" and not isinstance(body.get("event"), dict):
+        return "event is not an object"
+    return None
 
 
 def _strip_mention(text: str, bot_user: str | None) -> str:

@@ -1,0 +1,75 @@
+"""Start the real ``bot run`` as a user would, in a subprocess, and stop or kill it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+
+# Variables a developer's shell may carry that would change what the bot under test does.
+_SCRUB = ("SLACK_", "LLM_", "BOT_", "DATABASE_URL", "HOST", "PORT", "QUEUE_MODE", "MAX_", "APPROVAL_", "LOG_")
+
+
+class BotProcess:
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.cwd = cwd
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)} | env
+        self.proc: asyncio.subprocess.Process | None = None
+        self.stdout = ""
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.env['PORT']}"
+
+    async def start(self, timeout: float = 30.0) -> BotProcess:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "run", cwd=self.cwd, env=self.env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(timeout):
+            while True:
+                line = (await self.proc.stdout.readline()).decode()
+                if not line:
+                    raise RuntimeError(f"bot exited during start:\n{self.stdout}")
+                self.stdout += line
+                if "listening on" in line:
+                    break
+        asyncio.get_running_loop().create_task(self._pump())
+        return self
+
+    async def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            self.stdout += raw.decode()
+
+    async def get(self, path: str) -> tuple[int, dict[str, object]]:
+        async with aiohttp.ClientSession() as http, http.get(self.base + path) as resp:
+            return resp.status, await resp.json()
+
+    async def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
+
+    async def terminate(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(timeout):
+            return await self.proc.wait()
+
+
+async def run_to_exit(cwd: Path, env: dict[str, str], timeout: float = 30.0) -> tuple[int, str]:
+    """Run ``bot run`` expecting it to refuse to start; return its exit code and output."""
+    bot = BotProcess(cwd, env)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", cwd=cwd, env=bot.env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    async with asyncio.timeout(timeout):
+        out, _ = await proc.communicate()
+    return int(proc.returncode or 0), out.decode()

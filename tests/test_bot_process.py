@@ -1,0 +1,102 @@
+"""The real ``bot run`` process: starts with no settings, refuses bad ones, and survives SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+
+from tests.bot_process import BotProcess, run_to_exit
+from tests.fakes.llm import FakeLLM, Gate, Reply
+from tests.fakes.slack_api import FakeSlack
+from tests.slack_requests import SIGNING_SECRET, dumps, event_body, mention, message, signed_headers
+
+
+async def test_starts_with_no_settings_on_the_embedded_default(tmp_path: Path, unused_port: int) -> None:
+    bot = await BotProcess(tmp_path, {"PORT": str(unused_port)}).start()
+    try:
+        assert f"listening on http://127.0.0.1:{unused_port}" in bot.stdout
+        assert "provider: demo" in bot.stdout
+        assert await bot.get("/healthz") == (200, {"status": "ok"})
+        status, body = await bot.get("/readyz")
+        assert status == 200 and body["status"] == "ready"
+        assert (tmp_path / ".bot" / "bot.db").exists()
+    finally:
+        assert await bot.terminate() == 0
+
+
+async def test_bad_settings_are_refused_with_a_clear_message(tmp_path: Path) -> None:
+    code, out = await run_to_exit(tmp_path, {"PORT": "abc"})
+    assert code == 2
+    assert "PORT" in out and "abc" in out and "Traceback" not in out
+    code, out = await run_to_exit(tmp_path, {"DATABASE_URL": "definitely not a url"})
+    assert code == 2
+    assert "DATABASE_URL" in out and "Traceback" not in out
+
+
+def _slack_env(fake_slack: FakeSlack, fake_llm: FakeLLM, port: int) -> dict[str, str]:
+    return {
+        "PORT": str(port),
+        "SLACK_BOT_TOKEN": "xoxb-process-test-token",
+        "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+        "SLACK_API_URL": f"{fake_slack.url}/api/",  # type: ignore[attr-defined]
+        "LLM_BASE_URL": f"{fake_llm.url}/v1",  # type: ignore[attr-defined]
+        "LLM_API_KEY": "sk-process-test",
+        "LLM_MODEL": "fake-model",
+    }
+
+
+async def _send(bot: BotProcess, event: dict[str, object], event_id: str, retry: int | None = None) -> int:
+    body = dumps(event_body(event, event_id=event_id))
+    headers = signed_headers(body)
+    if retry is not None:
+        headers["X-Slack-Retry-Num"] = str(retry)
+    async with aiohttp.ClientSession() as http, http.post(f"{bot.base}/slack/events", data=body,
+                                                          headers=headers) as resp:
+        return resp.status
+
+
+async def test_redelivery_after_a_kill_is_not_answered_twice(
+    tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    env = _slack_env(fake_slack, fake_llm, unused_port)
+    first = mention("hello once")
+    bot = await BotProcess(tmp_path, env).start()
+    assert await _send(bot, first, "EvFirst") == 200
+    await fake_slack.wait_for("chat.postMessage")
+    await bot.kill()
+
+    bot = await BotProcess(tmp_path, env).start()
+    try:
+        assert await _send(bot, first, "EvFirst", retry=1) == 200
+        assert await _send(bot, message(first["text"], ts=first["ts"]), "EvTwin") == 200
+        # A later mention in the same thread runs after anything queued there: a barrier.
+        assert await _send(bot, mention("barrier", thread_ts=first["ts"]), "EvBarrier") == 200
+        posts = await fake_slack.wait_for("chat.postMessage", 2)
+        await asyncio.sleep(0)  # let any stray (wrong) extra answer surface
+        assert [p.params["text"] for p in posts] == ["echo: hello once", "echo: barrier"]
+        assert len(fake_llm.requests) == 2
+    finally:
+        assert await bot.terminate() == 0
+
+
+async def test_a_turn_killed_mid_flight_is_continued_after_restart(
+    tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    env = _slack_env(fake_slack, fake_llm, unused_port)
+    gate = Gate(Reply("never delivered"))
+    fake_llm.then(gate)
+    bot = await BotProcess(tmp_path, env).start()
+    assert await _send(bot, mention("survive this"), "EvKill") == 200
+    await asyncio.wait_for(gate.reached.wait(), 10)
+    await bot.kill()
+    gate.opened.set()
+
+    bot = await BotProcess(tmp_path, env).start()
+    try:
+        posts = await fake_slack.wait_for("chat.postMessage")
+        assert posts[0].params["text"] == "echo: survive this"
+        assert fake_llm.last_user_text() == "survive this"
+    finally:
+        assert await bot.terminate() == 0
