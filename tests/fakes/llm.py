@@ -41,6 +41,7 @@ Step = Reply | HttpError | Gate
 class FakeLLM:
     script: list[Step] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    delay_s: float = 0.0  # every answer waits this long (benchmarks: a slow model)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def app(self) -> web.Application:
@@ -59,6 +60,8 @@ class FakeLLM:
         body = await request.json()
         self.requests.append(body)
         step: Step = self.script.pop(0) if self.script else Reply(text=self._echo(body))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         if isinstance(step, Gate):
             step.reached.set()
             await step.opened.wait()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
 
 BOT_USER_ID = "UBOT"
 TEAM_ID = "T1"
@@ -32,11 +33,46 @@ class FakeSlack:
     failures: dict[str, list[Failure]] = field(default_factory=dict)
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     _ts: int = 0
+    _host: str = ""
+    # Socket Mode: the WebSocket the bot opened, and the envelope ids it acknowledged.
+    socket: web.WebSocketResponse | None = None
+    socket_acks: list[str] = field(default_factory=list)
+    socket_connected: asyncio.Event = field(default_factory=asyncio.Event)
+    _envelopes: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/api/{method}", self._handle)
+        app.router.add_get("/link", self._socket_mode)
         return app
+
+    async def push_socket_event(self, body: dict[str, Any]) -> str:
+        """Deliver an Events API payload over the Socket Mode connection; returns its envelope id."""
+        assert self.socket is not None, "the bot has not opened a Socket Mode connection"
+        envelope_id = f"env-{next(self._envelopes)}"
+        await self.socket.send_json({"envelope_id": envelope_id, "type": "events_api", "payload": body,
+                                     "accepts_response_payload": False, "retry_attempt": 0})
+        return envelope_id
+
+    async def wait_for_ack(self, envelope_id: str, timeout: float = 10.0) -> None:
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: envelope_id in self.socket_acks), timeout)
+
+    async def _socket_mode(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self.socket = ws
+        await ws.send_json({"type": "hello", "num_connections": 1,
+                            "debug_info": {"host": "fake", "approximate_connection_time": 3600}})
+        self.socket_connected.set()
+        async for msg in ws:
+            if msg.type == WSMsgType.TEXT:
+                data = json.loads(msg.data)
+                async with self._changed:
+                    if "envelope_id" in data:
+                        self.socket_acks.append(data["envelope_id"])
+                    self._changed.notify_all()
+        return ws
 
     def fail_next(self, method: str, failure: Failure) -> None:
         self.failures.setdefault(method, []).append(failure)
@@ -66,6 +102,7 @@ class FakeSlack:
             headers = {"Retry-After": str(failure.retry_after)} if failure.retry_after is not None else {}
             body = {"ok": False, "error": failure.error or "ratelimited"}
             return web.json_response(body, status=failure.status, headers=headers)
+        self._host = request.host
         async with self._changed:
             self.calls.append(Call(method, params))
             self._changed.notify_all()
@@ -75,6 +112,8 @@ class FakeSlack:
         if method == "auth.test":
             return {"ok": True, "url": "https://t1.slack.com/", "team": "Team", "user": "bot",
                     "team_id": TEAM_ID, "user_id": BOT_USER_ID, "bot_id": "BBOT"}
+        if method == "apps.connections.open":
+            return {"ok": True, "url": f"ws://{self._host}/link"}
         if method == "chat.postMessage":
             self._ts += 1
             return {"ok": True, "channel": params.get("channel"), "ts": f"1700000000.{self._ts:06d}",
