@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,6 +22,7 @@ log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+_NO_LOCK = contextlib.nullcontext()
 
 
 def async_url(url: str) -> str:
@@ -61,6 +64,9 @@ class Database:
             self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE")
         else:
             self._write_engine = self.engine
+        # SQLite has one writer at a time. Queueing our own writers here keeps them out of SQLite's
+        # busy handler, which sleeps in growing steps (up to 100 ms) while another connection writes.
+        self._write_turn = asyncio.Lock() if self.is_sqlite else None
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
@@ -70,7 +76,7 @@ class Database:
     @asynccontextmanager
     async def write(self) -> AsyncIterator[AsyncSession]:
         """A transaction that commits when the block ends, or rolls back on error."""
-        async with AsyncSession(self._write_engine, expire_on_commit=False) as session:
+        async with self._write_turn or _NO_LOCK, AsyncSession(self._write_engine, expire_on_commit=False) as session:
             async with session.begin():
                 yield session
 
