@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterable
 
 # Slack tokens (bot, user, app, refresh) have a recognisable shape even when not configured here.
-_TOKEN_SHAPES = re.compile(r"\b(xox[abposr]|xapp)-[A-Za-z0-9-]{8,}")
+_TOKEN_SHAPES = re.compile(r"\b(xox[abeposr]|xapp)-[A-Za-z0-9-]{8,}")
 
 
 class RedactingFilter(logging.Filter):
@@ -31,7 +31,10 @@ class RedactingFilter(logging.Filter):
         return _TOKEN_SHAPES.sub(r"\1-[redacted]", text)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed call (wrong number of %-args) must not raise where it logs
+            message = f"{record.msg} [unformattable args: {record.args!r}]"
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         record.msg = self.redact(message)

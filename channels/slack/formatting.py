@@ -27,6 +27,12 @@ def to_mrkdwn(text: str) -> str:
 
 
 def _convert_line(line: str) -> str:
+    if m := _HEADING.match(line):
+        return f"*{_convert_inline(m.group(1))}*"
+    return _convert_inline(line)
+
+
+def _convert_inline(line: str) -> str:
     parts = line.split("`")
     # Even indexes are outside inline code.
     for i in range(0, len(parts), 2):
@@ -39,8 +45,6 @@ def _convert_prose(text: str, *, first: bool) -> str:
     if first and text.startswith(">"):
         quote, text = ">", text[1:]
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    if first and (m := _HEADING.match(text)):
-        text = f"**{m.group(1)}**"
     text = _LINK.sub(lambda m: f"<{m.group(2)}|{m.group(1)}>", text)
     text = _BOLD.sub(r"*\1*", text)
     text = _STRIKE.sub(r"~\1~", text)

@@ -56,6 +56,7 @@ class ConversationStore:
                     updated_at=now,
                 )
                 s.add(row)
+                await s.flush()  # the message below refers to it; no ORM relationship orders the inserts
             elif not msg.addressed and not record_context:
                 return Accepted(AcceptOutcome.IGNORED)
             if msg.idempotency_key is not None:
@@ -129,6 +130,11 @@ class ConversationStore:
                     turn.status = TurnStatus.FAILED
                     turn.error = "interrupted by a restart more than once"
                     turn.finished_at = now
+                    await s.exec(
+                        update(SessionRow)
+                        .where(col(SessionRow.id) == turn.session_id)
+                        .values(status=SessionStatus.FAILED, updated_at=now)
+                    )
                     assert turn.id is not None
                     failed.append(turn.id)
                 else:

@@ -32,7 +32,8 @@ def async_url(url: str) -> str:
     except ArgumentError as exc:
         raise StoreError(f"DATABASE_URL is not a valid SQLAlchemy URL: {url!r}") from exc
     backend = parsed.get_backend_name()
-    driver = parsed.get_driver_name()
+    # Only an explicit "+driver" counts: the implied default driver differs between SQLAlchemy versions.
+    driver = parsed.drivername.partition("+")[2]
     if backend == "sqlite":
         if driver != "aiosqlite":
             parsed = parsed.set(drivername="sqlite+aiosqlite")

@@ -1,0 +1,142 @@
+"""Log redaction and formats (bot/logs.py, SPEC §13: tokens and secrets never appear in logs)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from bot.logs import JsonFormatter, RedactingFilter, configure_logging
+
+SECRET = "s3cr3t-signing-value"
+BOT_TOKEN = "xoxb-1234567890-abcdefghij"
+APP_TOKEN = "xapp-1-A0123-4567-deadbeef"
+
+
+@pytest.fixture
+def restore_root() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def capture(fmt: str = "text", secrets: tuple[str, ...] = (SECRET,)) -> tuple[logging.Logger, io.StringIO]:
+    """A logger whose handler carries the redacting filter, writing into a buffer."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RedactingFilter(secrets))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter("%(message)s"))
+    logger = logging.getLogger(f"test.redact.{fmt}.{id(stream)}")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    return logger, stream
+
+
+def test_secret_in_message_redacted() -> None:
+    logger, out = capture()
+    logger.info(f"signing with {SECRET} now")
+    assert SECRET not in out.getvalue()
+    assert "signing with [redacted] now" in out.getvalue()
+
+
+def test_secret_in_args_redacted() -> None:
+    logger, out = capture()
+    logger.warning("config: %s / %r", SECRET, {"key": SECRET})
+    assert SECRET not in out.getvalue()
+    assert out.getvalue().count("[redacted]") == 2
+
+
+@pytest.mark.parametrize("token", [BOT_TOKEN, APP_TOKEN, "xoxp-999999999-user-token", "xoxa-2-abcdefgh12"])
+def test_token_shapes_redacted_without_configuration(token: str) -> None:
+    logger, out = capture(secrets=())
+    logger.info("token=%s", token)
+    text = out.getvalue()
+    assert token not in text
+    assert token.split("-")[0] + "-[redacted]" in text
+
+
+def test_short_prefix_words_not_redacted() -> None:
+    logger, out = capture(secrets=())
+    logger.info("xoxb- prefix and xapp-short are fine")
+    assert "xoxb- prefix and xapp-short are fine" in out.getvalue()
+
+
+def test_exception_traceback_redacted() -> None:
+    logger, out = capture()
+    try:
+        raise RuntimeError(f"auth failed for {BOT_TOKEN} with {SECRET}")
+    except RuntimeError:
+        logger.exception("call failed")
+    text = out.getvalue()
+    assert "Traceback" in text and "RuntimeError" in text
+    assert BOT_TOKEN not in text
+    assert SECRET not in text
+
+
+def test_longest_secret_replaced_first() -> None:
+    redactor = RedactingFilter(["abcd", "abcdefgh"])
+    assert redactor.redact("x abcdefgh y") == "x [redacted] y"
+
+
+def test_added_secret_redacted() -> None:
+    redactor = RedactingFilter()
+    redactor.add("late-secret-123")
+    assert redactor.redact("v=late-secret-123") == "v=[redacted]"
+
+
+def test_json_one_object_per_line() -> None:
+    logger, out = capture("json")
+    logger.info("first %s", SECRET)
+    logger.warning("second\nwith a newline")
+    try:
+        raise ValueError(APP_TOKEN)
+    except ValueError:
+        logger.error("third", exc_info=True)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3
+    entries = [json.loads(line) for line in lines]
+    assert [e["level"] for e in entries] == ["info", "warning", "error"]
+    assert entries[0]["msg"] == "first [redacted]"
+    assert entries[1]["msg"] == "second\nwith a newline"
+    assert "ValueError" in entries[2]["exc"] and APP_TOKEN not in entries[2]["exc"]
+    assert all({"ts", "level", "logger", "msg"} <= e.keys() for e in entries)
+
+
+def test_configure_logging_installs_redacting_handler(
+    restore_root: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    redactor = configure_logging("INFO", "json", [SECRET])
+    root = logging.getLogger()
+    assert len(root.handlers) == 1
+    assert redactor in root.handlers[0].filters
+    assert root.level == logging.INFO
+    assert logging.getLogger("slack_sdk").level == logging.WARNING
+    logging.getLogger("bot.test").info("key %s and %s", SECRET, BOT_TOKEN)
+    logging.getLogger("bot.test").debug("hidden")
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1
+    entry = json.loads(lines[0])
+    assert entry["logger"] == "bot.test"
+    assert SECRET not in err and BOT_TOKEN not in err
+
+
+def test_configure_logging_text_format(restore_root: None, capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("DEBUG", "text", [SECRET])
+    logging.getLogger("bot.test").debug("value %s", SECRET)
+    err = capsys.readouterr().err
+    assert "DEBUG bot.test: value [redacted]" in err
+
+
+def test_malformed_log_call_does_not_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logging, "raiseExceptions", False)  # handleError stays silent
+    logger, out = capture()
+    logger.info("two %s %s", "only-one")  # a bug in a log line must not break the code that logs
+    logger.info("still logging %s", SECRET)
+    assert "still logging [redacted]" in out.getvalue()

@@ -1,0 +1,272 @@
+"""Tool registry and calls, the time_now tool, the demo provider, retries and OpenAI error classification."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from bot.providers.demo import HELP, DemoProvider
+from bot.providers.openai_compat import classify
+from bot.tools.time_now import time_now_tool
+from core.errors import CoreError, ProviderError
+from core.providers import ChatMessage, Completion, CompletionRequest, RetryPolicy, complete_with_retries
+from core.tools import Risk, Tool, ToolContext, ToolError, ToolRegistry, run_tool
+
+try:  # the installed openai client may be built on the renamed ``httpx2`` package
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover
+    import httpx  # type: ignore[no-redef]
+
+CTX = ToolContext(session_id="s", turn_id=1, agent="default", sender="U1")
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+          "additionalProperties": False}
+
+
+def make_tool(name: str = "echo", parameters: dict[str, Any] | None = None, timeout_s: float = 5.0,
+              result: str = "ok", wait: asyncio.Event | None = None) -> Tool:
+    async def function(_ctx: ToolContext, _args: dict[str, Any]) -> str:
+        if wait is not None:
+            await wait.wait()
+        return result
+
+    return Tool(name=name, description="d", parameters=parameters or SCHEMA, risk=Risk.SAFE,
+                function=function, timeout_s=timeout_s)
+
+
+
+def test_register_rejects_duplicates() -> None:
+    registry = ToolRegistry()
+    registry.register(make_tool("a"))
+    with pytest.raises(CoreError, match="registered twice"):
+        registry.register(make_tool("a"))
+
+
+def test_register_rejects_invalid_schema() -> None:
+    with pytest.raises(jsonschema.SchemaError):
+        ToolRegistry().register(make_tool("bad", parameters={"type": "no-such-type"}))
+
+
+def test_allowed_globs_and_get() -> None:
+    registry = ToolRegistry()
+    for name in ("time_now", "time_zone", "shell_run", "schedule_list"):
+        registry.register(make_tool(name))
+    assert [t.name for t in registry.allowed(["time_*"])] == ["time_now", "time_zone"]
+    assert [t.name for t in registry.allowed(["shell_run", "sched*"])] == ["schedule_list", "shell_run"]
+    assert len(registry.allowed(["*"])) == 4
+    assert registry.allowed([]) == []
+    assert registry.get("nope") is None
+    assert registry.names() == ["schedule_list", "shell_run", "time_now", "time_zone"]
+    assert registry.allowed(["shell_run"])[0].spec() == {
+        "type": "function", "function": {"name": "shell_run", "description": "d", "parameters": SCHEMA}}
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('"text"', "must be a JSON object"),
+        ('{"n": "five"}', r"invalid arguments for echo \(n\)"),
+        ("{}", "'n' is a required property"),
+        ('{"n": 1, "x": 2}', "Additional properties"),
+    ],
+)
+def test_parse_arguments_errors(raw: str, match: str) -> None:
+    with pytest.raises(ToolError, match=match):
+        make_tool().parse_arguments(raw)
+
+
+def test_parse_arguments_accepts_json_dict_and_empty() -> None:
+    tool = make_tool(parameters={"type": "object"})
+    assert tool.parse_arguments('{"n": 3}') == {"n": 3}
+    assert tool.parse_arguments({"n": 3}) == {"n": 3}
+    assert tool.parse_arguments("") == {}
+    assert tool.parse_arguments(None) == {}
+
+
+async def test_run_tool_result_and_timeout() -> None:
+    assert await run_tool(make_tool(result="fine"), CTX, {}) == "fine"
+    never = asyncio.Event()
+    with pytest.raises(ToolError, match=r"echo timed out after 0\.01 s"):
+        await run_tool(make_tool(timeout_s=0.01, wait=never), CTX, {})
+
+
+async def test_run_tool_wraps_exceptions() -> None:
+    async def broken(_ctx: ToolContext, _args: dict[str, Any]) -> str:
+        raise KeyError("gone")
+
+    tool = Tool(name="broken", description="d", parameters={"type": "object"}, risk=Risk.SAFE, function=broken)
+    with pytest.raises(ToolError, match="broken failed: KeyError"):
+        await run_tool(tool, CTX, {})
+
+
+
+class FixedClock:
+    def now(self) -> datetime:
+        return datetime(2024, 7, 1, 10, 30, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ({}, "2024-07-01T10:30:00+00:00 (UTC, Monday)"),
+        ({"timezone": "utc"}, "2024-07-01T10:30:00+00:00 (utc, Monday)"),
+        ({"timezone": "Europe/Paris"}, "2024-07-01T12:30:00+02:00 (Europe/Paris, Monday)"),
+        ({"timezone": "Pacific/Kiritimati"}, "2024-07-02T00:30:00+14:00 (Pacific/Kiritimati, Tuesday)"),
+    ],
+)
+async def test_time_now(args: dict[str, Any], expected: str) -> None:
+    tool = time_now_tool(FixedClock())
+    assert tool.risk is Risk.SAFE
+    assert await run_tool(tool, CTX, tool.parse_arguments(args)) == expected
+
+
+@pytest.mark.parametrize("zone", ["Mars/Olympus", "../etc/passwd", "Europe/"])
+async def test_time_now_unknown_zone(zone: str) -> None:
+    with pytest.raises(ToolError, match="unknown time zone"):
+        await run_tool(time_now_tool(FixedClock()), CTX, {"timezone": zone})
+
+
+
+def request(text: str, *tools: str, role: str = "user") -> CompletionRequest:
+    specs = [make_tool(name).spec() for name in tools]
+    return CompletionRequest(instructions="i", messages=[ChatMessage(role, text)], tools=specs)
+
+
+async def test_demo_time_question_calls_time_now() -> None:
+    reply = await DemoProvider().complete(request("hey, what time is it?", "time_now", "shell_run"))
+    assert reply.content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in reply.tool_calls] == [("time_now", {})]
+
+
+async def test_demo_without_tool_says_unavailable() -> None:
+    reply = await DemoProvider().complete(request("what time is it", "shell_run"))
+    assert reply.tool_calls == ()
+    assert "time_now" in reply.content and "isn't available" in reply.content
+
+
+async def test_demo_run_command() -> None:
+    demo = DemoProvider()
+    reply = await demo.complete(request("please run `uptime` now", "shell_run"))
+    assert [(c.name, json.loads(c.arguments)) for c in reply.tool_calls] == [("shell_run", {"command": "uptime"})]
+    again = await demo.complete(request("run `df -h`", "shell_run"))
+    assert again.tool_calls[0].id != reply.tool_calls[0].id
+
+
+async def test_demo_plain_text_gets_help() -> None:
+    reply = await DemoProvider().complete(request("hello bot", "time_now"))
+    assert reply.tool_calls == ()
+    assert "LLM_BASE_URL" in reply.content and "hello bot" in reply.content
+    assert (await DemoProvider().complete(request("  "))).content == HELP
+
+
+async def test_demo_after_tool_result_answers() -> None:
+    reply = await DemoProvider().complete(request("12:00 UTC", "time_now", role="tool"))
+    assert reply.tool_calls == ()
+    assert "12:00 UTC" in reply.content
+
+
+
+class FlakyProvider:
+    name = "flaky"
+
+    def __init__(self, errors: list[ProviderError]) -> None:
+        self.errors = errors
+        self.calls = 0
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return Completion(content="answer")
+
+
+FAST = RetryPolicy(attempts=3, base_delay_s=0.0)
+
+
+def err(kind: str = "network", retryable: bool = True, retry_after: float | None = None) -> ProviderError:
+    return ProviderError(kind, f"{kind} trouble", retryable=retryable, retry_after=retry_after)
+
+
+async def test_retries_retryable_then_succeeds() -> None:
+    provider = FlakyProvider([err(), err("rate_limit", retry_after=0)])
+    assert (await complete_with_retries(provider, request("x"), FAST)).content == "answer"
+    assert provider.calls == 3
+
+
+async def test_non_retryable_not_retried() -> None:
+    provider = FlakyProvider([err("auth", retryable=False)])
+    with pytest.raises(ProviderError) as info:
+        await complete_with_retries(provider, request("x"), FAST)
+    assert (info.value.kind, provider.calls) == ("auth", 1)
+    assert "LLM_API_KEY" in info.value.user_message
+
+
+async def test_gives_up_after_attempts() -> None:
+    provider = FlakyProvider([err() for _ in range(5)])
+    with pytest.raises(ProviderError):
+        await complete_with_retries(provider, request("x"), FAST)
+    assert provider.calls == 3
+
+
+def test_delay_honours_retry_after_and_caps() -> None:
+    policy = RetryPolicy(base_delay_s=1.0, max_delay_s=20.0)
+    assert policy.delay(1, err(retry_after=7.5)) == 7.5
+    assert policy.delay(1, err(retry_after=600)) == 20.0
+    assert policy.delay(1, err(retry_after=-3)) == 0.0
+    assert 0.5 <= policy.delay(1, err()) <= 1.0
+    assert 4.0 <= policy.delay(4, err()) <= 8.0
+    assert policy.delay(30, err()) <= 20.0
+
+
+def test_unknown_kind_refused() -> None:
+    with pytest.raises(ValueError):
+        ProviderError("weird", "x", retryable=False)
+
+
+URL = "http://llm.local/v1/chat/completions"
+
+
+def status_error(cls: type[openai.APIStatusError], status: int, message: str,
+                 headers: dict[str, str] | None = None) -> openai.APIStatusError:
+    response = httpx.Response(status, headers=headers, request=httpx.Request("POST", URL))
+    return cls(message, response=response, body={"message": message, "type": "error"})
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind", "retryable"),
+    [
+        (status_error(openai.AuthenticationError, 401, "Incorrect API key"), "auth", False),
+        (status_error(openai.PermissionDeniedError, 403, "forbidden"), "auth", False),
+        (status_error(openai.BadRequestError, 400, "This model's maximum context length is 8192 tokens"),
+         "context_overflow", False),
+        (status_error(openai.BadRequestError, 400, "unknown parameter"), "model", False),
+        (status_error(openai.NotFoundError, 404, "model not found"), "model", False),
+        (status_error(openai.InternalServerError, 500, "boom"), "model", True),
+        (status_error(openai.APIStatusError, 503, "overloaded"), "model", True),
+        (openai.APIConnectionError(request=httpx.Request("POST", URL)), "network", True),
+        (openai.APITimeoutError(request=httpx.Request("POST", URL)), "network", True),
+    ],
+)
+def test_classify(exc: openai.APIError, kind: str, retryable: bool) -> None:
+    error = classify(exc)
+    assert (error.kind, error.retryable) == (kind, retryable)
+
+
+def test_classify_keeps_status_and_detail() -> None:
+    error = classify(status_error(openai.AuthenticationError, 401, "Incorrect API key provided"))
+    assert error.status == 401
+    assert "Incorrect API key provided" in str(error)
+
+
+@pytest.mark.parametrize(("header", "expected"), [("12", 12.0), ("0.5", 0.5), ("soon", None), (None, None)])
+def test_classify_rate_limit_retry_after(header: str | None, expected: float | None) -> None:
+    headers = {"retry-after": header} if header is not None else None
+    error = classify(status_error(openai.RateLimitError, 429, "slow down", headers))
+    assert (error.kind, error.retryable, error.retry_after) == ("rate_limit", True, expected)
