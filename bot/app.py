@@ -93,6 +93,10 @@ def build_application(
         ),
     )
     app = Application(settings=settings, db=db, gateway=gateway)
+    if settings.bot_web_chat:
+        from channels.web import WebChannel, WebConfig
+
+        app.channels.append(WebChannel(WebConfig(token=settings.bot_web_token), gateway))
     if settings.slack_mode is not None:
         from channels.slack import SlackChannel, SlackConfig
 

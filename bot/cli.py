@@ -63,6 +63,9 @@ async def _run() -> int:
         print("bot: no Slack settings; set SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET (or SLACK_APP_TOKEN) "
               "to connect Slack", flush=True)
     print(f"bot: model provider: {settings.provider}; database: {app.db.display_url}", flush=True)
+    if settings.bot_web_chat:
+        login = " (log in with BOT_WEB_TOKEN)" if settings.bot_web_token else ""
+        print(f"bot: web chat: {url}/{login}", flush=True)
     print(f"bot: listening on {url}  (health: {url}/healthz)", flush=True)
 
     stop = asyncio.Event()

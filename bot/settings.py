@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=3000, ge=0, le=65535)
 
+    # Web chat (SPEC §12)
+    bot_web_chat: bool = True
+    bot_web_token: str | None = None
+
     # Storage
     bot_home: Path = Path("./.bot")
     database_url: str | None = None
@@ -67,6 +71,7 @@ class Settings(BaseSettings):
     @field_validator(
         "slack_bot_token", "slack_signing_secret", "slack_app_token", "database_url", "bot_secret_keys",
         "llm_base_url", "llm_api_key", "llm_model", "bot_admins", "bot_instructions", "llm_provider",
+        "bot_web_token",
         mode="before",
     )
     @classmethod
@@ -137,6 +142,14 @@ class Settings(BaseSettings):
                              "SLACK_APP_TOKEN (Socket Mode) is")
         if (self.slack_signing_secret or self.slack_app_token) and not self.slack_bot_token:
             raise ValueError("SLACK_BOT_TOKEN is required when SLACK_SIGNING_SECRET or SLACK_APP_TOKEN is set")
+        if self.bot_web_chat and not self.is_local_bind and not self.bot_web_token:
+            raise ValueError(
+                f"HOST={self.host} makes the web chat reachable from other machines, so it needs a login: "
+                "set BOT_WEB_TOKEN to a long random string (e.g. `openssl rand -hex 32`), keep HOST=127.0.0.1, "
+                "or turn the web chat off with BOT_WEB_CHAT=false"
+            )
+        if self.bot_web_token is not None and len(self.bot_web_token) < 16:
+            raise ValueError("BOT_WEB_TOKEN must be at least 16 characters")
         if self.provider == "openai" and not self.llm_model:
             raise ValueError("LLM_MODEL is required for an OpenAI-compatible endpoint (e.g. gpt-4o-mini)")
         return self
@@ -180,7 +193,8 @@ class Settings(BaseSettings):
 
     def secret_values(self) -> list[str]:
         """Values that must never reach a log line."""
-        values = [self.slack_bot_token, self.slack_signing_secret, self.slack_app_token, self.llm_api_key]
+        values = [self.slack_bot_token, self.slack_signing_secret, self.slack_app_token, self.llm_api_key,
+                  self.bot_web_token]
         if self.bot_secret_keys:
             values.extend(part.split(":", 1)[-1] for part in _split(self.bot_secret_keys))
         if self.database_url:
@@ -211,4 +225,4 @@ def load_settings(env_file: str | Path | None = ".env", **overrides: object) -> 
 
 
 _SECRET_NAMES = {"SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "LLM_API_KEY", "BOT_SECRET_KEYS",
-                 "DATABASE_URL"}
+                 "DATABASE_URL", "BOT_WEB_TOKEN"}

@@ -50,6 +50,12 @@ class TurnFailed(Event):
     message: str
 
 
+@dataclass(frozen=True)
+class TurnCancelled(Event):
+    name: ClassVar[str] = "turn.cancelled"
+    by: str | None
+
+
 Handler = Callable[[Event], Awaitable[None]]
 
 

@@ -15,7 +15,7 @@ from datetime import timedelta
 from core.agents import AgentDirectory
 from core.clock import Clock
 from core.errors import CoreError, InvalidInput, ProviderError, StepLimitReached
-from core.events import EventBus, TurnFailed, TurnFinished, TurnStarted
+from core.events import EventBus, TurnCancelled, TurnFailed, TurnFinished, TurnStarted
 from core.model import RESERVED_SESSION_PREFIXES, Inbound, TurnInfo, TurnStatus
 from core.runner import AgentRunner
 from core.store import ConversationStore
@@ -38,6 +38,8 @@ class GatewayConfig:
 class _Driver:
     task: asyncio.Task[None]
     wake: bool = False
+    turn: asyncio.Task[str] | None = None  # the running turn's own task, so it can be cancelled alone
+    cancelled_by: str | None = None
 
 
 class Gateway:
@@ -111,6 +113,15 @@ class Gateway:
             self._kick(message.session_id)
         return result
 
+    async def cancel(self, session_id: str, by: str | None) -> bool:
+        """Stop the session's running turn at its next await. Returns False when nothing was running."""
+        driver = self._drivers.get(session_id)
+        if driver is None or driver.turn is None or driver.turn.done():
+            return False
+        driver.cancelled_by = by or "someone"
+        driver.turn.cancel()
+        return True
+
     # -- turn driving ---------------------------------------------------------------------------
 
     def _kick(self, session_id: str) -> None:
@@ -139,17 +150,25 @@ class Gateway:
 
     async def _run(self, turn: TurnInfo) -> None:
         agent = self.agents.get(turn.session.agent)
+        driver = self._drivers[turn.session.id]
         log.info("turn %s started (session %s)", turn.id, turn.session.id)
         self.bus.emit(TurnStarted(turn))
+        driver.turn = asyncio.create_task(self.runner.run(turn, agent), name=f"turn:{turn.id}")
+        driver.cancelled_by = None
         try:
-            answer = await self.runner.run(turn, agent)
+            answer = await driver.turn
+        except asyncio.CancelledError:
+            if driver.cancelled_by is None or _current_task_cancelling():
+                log.warning("turn %s interrupted; it resumes at the next start", turn.id)
+                raise
+            await self.store.finish_turn(turn.id, status=TurnStatus.CANCELLED, answer=None,
+                                         error=f"stopped by {driver.cancelled_by}", now=self.clock.now())
+            log.info("turn %s stopped by %s", turn.id, driver.cancelled_by)
+            self.bus.emit(TurnCancelled(turn, driver.cancelled_by))
         except ProviderError as exc:
             await self._fail(turn, exc.kind, exc.user_message)
         except StepLimitReached as exc:
             await self._fail(turn, "step_limit", str(exc))
-        except asyncio.CancelledError:
-            log.warning("turn %s interrupted; it resumes at the next start", turn.id)
-            raise
         except Exception as exc:
             log.exception("turn %s failed", turn.id)
             await self._fail(
@@ -163,12 +182,20 @@ class Gateway:
             )
             log.info("turn %s finished (session %s)", turn.id, turn.session.id)
             self.bus.emit(TurnFinished(turn, answer or "(the model returned an empty answer)"))
+        finally:
+            driver.turn = None
 
     async def _fail(self, turn: TurnInfo, kind: str, message: str) -> None:
         log.warning("turn %s failed (%s): %s", turn.id, kind, message)
         await self.store.finish_turn(turn.id, status=TurnStatus.FAILED, answer=None, error=message,
                                      now=self.clock.now())
         self.bus.emit(TurnFailed(turn, kind, message))
+
+
+def _current_task_cancelling() -> bool:
+    """True when the driver itself is being cancelled (shutdown), not just the turn it awaits."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 _INTERRUPTED_TWICE = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 # Session ids in these namespaces are minted by core only (e.g. scheduled firings).
@@ -77,3 +78,25 @@ class TurnInfo:
     session: SessionInfo
     inputs: tuple[MessageRef, ...]
     sender: str | None
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """One line of a conversation list."""
+
+    id: str
+    status: str
+    title: str
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class TranscriptEntry:
+    """One message as a person reading the conversation sees it."""
+
+    id: int
+    role: str
+    content: str
+    sender: str | None
+    created_at: datetime
+    tool_names: tuple[str, ...] = ()

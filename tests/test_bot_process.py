@@ -18,6 +18,7 @@ async def test_starts_with_no_settings_on_the_embedded_default(tmp_path: Path, u
     try:
         assert f"listening on http://127.0.0.1:{unused_port}" in bot.stdout
         assert "provider: demo" in bot.stdout
+        assert f"web chat: http://127.0.0.1:{unused_port}/" in bot.stdout
         assert await bot.get("/healthz") == (200, {"status": "ok"})
         status, body = await bot.get("/readyz")
         assert status == 200 and body["status"] == "ready"
@@ -33,6 +34,9 @@ async def test_bad_settings_are_refused_with_a_clear_message(tmp_path: Path) -> 
     code, out = await run_to_exit(tmp_path, {"DATABASE_URL": "definitely not a url"})
     assert code == 2
     assert "DATABASE_URL" in out and "Traceback" not in out
+    code, out = await run_to_exit(tmp_path, {"HOST": "0.0.0.0"})
+    assert code == 2
+    assert "HOST=0.0.0.0" in out and "BOT_WEB_TOKEN" in out and "Traceback" not in out
 
 
 def _slack_env(fake_slack: FakeSlack, fake_llm: FakeLLM, port: int) -> dict[str, str]:

@@ -54,10 +54,24 @@ def test_default_env_file_in_cwd_is_read(tmp_path: Path) -> None:
 def test_environment_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PORT", "4000")
     monkeypatch.setenv("HOST", "0.0.0.0")
+    monkeypatch.setenv("BOT_WEB_TOKEN", "a-long-enough-login-token")
     s = load_settings(env_file=None)
     assert s.port == 4000
     assert s.host == "0.0.0.0"
     assert not s.is_local_bind
+    assert s.bot_web_token == "a-long-enough-login-token"
+
+
+def test_exposed_web_chat_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOST", "0.0.0.0")
+    with pytest.raises(SettingsError, match="BOT_WEB_TOKEN"):
+        load_settings(env_file=None)
+    monkeypatch.setenv("BOT_WEB_TOKEN", "short")
+    with pytest.raises(SettingsError, match="at least 16"):
+        load_settings(env_file=None)
+    monkeypatch.setenv("BOT_WEB_CHAT", "false")
+    monkeypatch.delenv("BOT_WEB_TOKEN")
+    assert load_settings(env_file=None).host == "0.0.0.0"  # no web chat, nothing to log in to
 
 
 def test_env_file_is_read(tmp_path: Path) -> None:

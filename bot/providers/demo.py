@@ -31,7 +31,7 @@ class DemoProvider:
     async def complete(self, request: CompletionRequest) -> Completion:
         last = request.messages[-1] if request.messages else ChatMessage("user", "")
         if last.role == "tool":
-            return Completion(content=f"Done. The tool said:\n```\n{last.content}\n```")
+            return Completion(content=self._after_tool(request.messages, last))
         text = last.content if last.role == "user" else ""
         tools = {t["function"]["name"] for t in request.tools}
         for wanted, args, reason in self._intents(text):
@@ -40,6 +40,15 @@ class DemoProvider:
             return Completion(content=f"I would use the `{wanted}` tool for that ({reason}), "
                                       "but it isn't available to me here.")
         return Completion(content=f"You said: {text.strip()[:500]}\n\n{HELP}" if text.strip() else HELP)
+
+    @staticmethod
+    def _after_tool(messages: list[ChatMessage], result: ChatMessage) -> str:
+        called = next((c.name for m in reversed(messages) for c in m.tool_calls if c.id == result.tool_call_id), "")
+        if result.content.startswith("error:"):
+            return f"That didn't work — {result.content.removeprefix('error:').strip()}"
+        if called == "time_now":
+            return f"It is {result.content}."
+        return f"Done. `{called or 'the tool'}` said:\n```\n{result.content}\n```"
 
     def _call(self, name: str, args: dict[str, object]) -> ToolCall:
         return ToolCall(id=f"demo-{next(self._ids)}", name=name, arguments=json.dumps(args))

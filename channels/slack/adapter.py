@@ -24,7 +24,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.errors import MalformedPayload
 from channels.slack.formatting import split_message, to_mrkdwn
 from core.errors import InvalidInput
-from core.events import Event, TurnFailed, TurnFinished, TurnStarted
+from core.events import Event, TurnCancelled, TurnFailed, TurnFinished, TurnStarted
 from core.gateway import Gateway
 from core.model import Inbound, MessageRef
 
@@ -205,8 +205,10 @@ class SlackChannel:
                 await self._post(channel, thread_ts, chunk)
             for item in event.turn.inputs:
                 await self._react("reactions_remove", item)
-        elif isinstance(event, TurnFailed):
-            await self._post(channel, thread_ts, f":warning: {event.message}")
+        elif isinstance(event, TurnFailed | TurnCancelled):
+            text = (f":warning: {event.message}" if isinstance(event, TurnFailed)
+                    else f":octagonal_sign: Stopped{_by(event.by)}.")
+            await self._post(channel, thread_ts, text)
             for item in event.turn.inputs:
                 await self._react("reactions_remove", item)
 
@@ -224,6 +226,12 @@ class SlackChannel:
         except SlackApiError as exc:
             if exc.response.get("error") not in ("already_reacted", "no_reaction"):
                 log.warning("%s failed: %s", method, exc.response.get("error"))
+
+
+def _by(who: str | None) -> str:
+    if not who:
+        return ""
+    return f" by <@{who}>" if who[:1] in ("U", "W") else f" by {who}"
 
 
 def _shape_problem(body: Any) -> str | None:

@@ -13,7 +13,16 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from core.model import Inbound, MessageRef, SessionInfo, SessionStatus, TurnInfo, TurnStatus
+from core.model import (
+    Inbound,
+    MessageRef,
+    SessionInfo,
+    SessionStatus,
+    SessionSummary,
+    TranscriptEntry,
+    TurnInfo,
+    TurnStatus,
+)
 from core.store.database import Database
 from core.store.tables import MessageRow, ProcessedEventRow, SessionRow, TurnRow
 
@@ -262,10 +271,78 @@ class ConversationStore:
             row = await s.get(SessionRow, session_id)
             return _session_info(row) if row is not None else None
 
+    async def has_live_turns(self, session_id: str) -> bool:
+        async with self.db.read() as s:
+            row = await s.exec(
+                select(TurnRow.id)
+                .where(TurnRow.session_id == session_id, col(TurnRow.status).in_(TurnStatus.LIVE))
+                .limit(1)
+            )
+            return row.first() is not None
+
+    async def list_sessions(self, channel: str, limit: int = 100) -> list[SessionSummary]:
+        """The channel's conversations, most recently active first, titled by their first message."""
+        first_text = (
+            select(MessageRow.content)
+            .where(MessageRow.session_id == SessionRow.id, MessageRow.role == "user")
+            .order_by(col(MessageRow.id))
+            .limit(1)
+            .correlate(SessionRow)
+            .scalar_subquery()
+        )
+        async with self.db.read() as s:
+            rows = await s.exec(
+                select(SessionRow.id, SessionRow.status, SessionRow.updated_at, first_text)
+                .where(SessionRow.channel == channel)
+                .order_by(col(SessionRow.updated_at).desc())
+                .limit(limit)
+            )
+            return [
+                SessionSummary(id=sid, status=status, title=_title(title), updated_at=updated)
+                for sid, status, updated, title in rows.all()
+            ]
+
+    async def history(self, session_id: str, limit: int = 500) -> list[TranscriptEntry]:
+        """What a reader sees: user and assistant messages, and which tools were called."""
+        async with self.db.read() as s:
+            rows = await s.exec(
+                select(MessageRow)
+                .where(MessageRow.session_id == session_id, col(MessageRow.role).in_(("user", "assistant")))
+                .order_by(col(MessageRow.id).desc())
+                .limit(limit)
+            )
+            notices = await s.exec(
+                select(TurnRow)
+                .where(TurnRow.session_id == session_id,
+                       col(TurnRow.status).in_((TurnStatus.FAILED, TurnStatus.CANCELLED)))
+                .order_by(col(TurnRow.id).desc())
+                .limit(limit)
+            )
+            entries = [
+                TranscriptEntry(id=-(t.id or 0), role="notice", content=t.error or t.status, sender=None,
+                                created_at=t.finished_at or t.created_at)
+                for t in notices.all()
+            ]
+            for row in reversed(rows.all()):
+                calls = json.loads(row.tool_calls) if row.tool_calls else []
+                assert row.id is not None
+                entries.append(TranscriptEntry(
+                    id=row.id, role=row.role, content=row.content, sender=row.sender, created_at=row.created_at,
+                    tool_names=tuple(str(c.get("name")) for c in calls),
+                ))
+            # A failed or stopped turn leaves a notice (not a message: the model never sees it).
+            entries.sort(key=lambda e: (e.created_at, e.id > 0, abs(e.id)))
+            return entries
+
     async def count_turns(self, status: str) -> int:
         async with self.db.read() as s:
             result = await s.exec(select(func.count()).select_from(TurnRow).where(TurnRow.status == status))
             return int(result.one())
+
+
+def _title(text: str | None) -> str:
+    line = (text or "").strip().split("\n", 1)[0]
+    return line if len(line) <= 80 else line[:79] + "…"
 
 
 def _session_info(row: SessionRow) -> SessionInfo:

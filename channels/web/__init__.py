@@ -1,0 +1,5 @@
+"""The built-in web chat (SPEC §12): the embedded default's page, and the second channel adapter."""
+
+from channels.web.adapter import WebChannel, WebConfig
+
+__all__ = ["WebChannel", "WebConfig"]

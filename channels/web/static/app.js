@@ -1,0 +1,193 @@
+// Web chat: one conversation view fed by the JSON API and a server-sent-events stream.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { cid: null, stream: null, working: false, pending: [] };
+
+function randomHex(bytes) {
+  const a = new Uint8Array(bytes);
+  crypto.getRandomValues(a);
+  return Array.from(a, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function escapeHtml(text) {
+  return text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+}
+
+// A small, safe Markdown subset: everything is escaped first, then code, bold, italics and links.
+function renderMarkdown(text) {
+  const parts = text.split(/```/);
+  return parts.map((part, i) => {
+    if (i % 2 === 1) {
+      const body = part.replace(/^[\w+-]*\n/, "");
+      return `<pre><code>${escapeHtml(body.replace(/\n$/, ""))}</code></pre>`;
+    }
+    return part.split(/\n{2,}/).filter((p) => p.trim()).map((p) => {
+      let html = escapeHtml(p);
+      html = html.replace(/`([^`\n]+)`/g, "<code>$1</code>");
+      html = html.replace(/\*\*([^*\n]+)\*\*/g, "<strong>$1</strong>");
+      html = html.replace(/\[([^\]\n]+)\]\((https?:\/\/[^\s)]+)\)/g, '<a href="$2" target="_blank" rel="noopener">$1</a>');
+      return `<p>${html.replace(/\n/g, "<br>")}</p>`;
+    }).join("");
+  }).join("");
+}
+
+async function api(path, options = {}) {
+  const init = { headers: {}, ...options };
+  if (init.body !== undefined) {
+    init.method = init.method || "POST";
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(init.body);
+  }
+  const response = await fetch(path, init);
+  if (response.status === 401) { location.href = "/login"; throw new Error("log in first"); }
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(data.error || `HTTP ${response.status}`);
+  return data;
+}
+
+function setWorking(working, label) {
+  state.working = working;
+  $("stop").disabled = !working;
+  $("state").textContent = label || (working ? "Working…" : "");
+  $("state").classList.toggle("working", working);
+}
+
+function messageElement(role, html, meta, extraClass) {
+  const el = document.createElement("div");
+  el.className = `msg ${role}${extraClass ? " " + extraClass : ""}`;
+  el.innerHTML = html;
+  if (meta) {
+    const m = document.createElement("div");
+    m.className = "meta";
+    m.textContent = meta;
+    el.appendChild(m);
+  }
+  return el;
+}
+
+function renderTranscript(messages) {
+  const box = $("transcript");
+  box.querySelectorAll(".msg").forEach((el) => el.remove());
+  $("empty").hidden = messages.length > 0 || state.pending.length > 0;
+  for (const m of messages) {
+    if (m.role === "assistant" && !m.content && m.tools.length) {
+      box.appendChild(messageElement("notice", escapeHtml(`Used ${m.tools.join(", ")}`)));
+      continue;
+    }
+    const role = m.role === "user" ? "user" : m.role === "notice" ? "notice" : "assistant";
+    const meta = m.tools.length ? `used ${m.tools.join(", ")}` : "";
+    box.appendChild(messageElement(role, renderMarkdown(m.content || ""), meta));
+  }
+  for (const text of state.pending) {
+    box.appendChild(messageElement("user", renderMarkdown(text), "sending…", "pending"));
+  }
+  box.scrollTop = box.scrollHeight;
+}
+
+async function loadConversation() {
+  if (!state.cid) return;
+  const data = await api(`/api/conversations/${state.cid}`);
+  const firstUser = data.messages.find((m) => m.role === "user");
+  $("title").textContent = firstUser ? firstUser.content.split("\n")[0].slice(0, 80) : "New conversation";
+  renderTranscript(data.messages);
+  setWorking(data.working, data.working ? "" : $("state").textContent === "Stopped" ? "Stopped" : "");
+}
+
+async function loadList() {
+  const data = await api("/api/conversations");
+  const list = $("conversations");
+  list.innerHTML = "";
+  for (const c of data.conversations) {
+    const li = document.createElement("li");
+    const a = document.createElement("a");
+    a.href = `/c/${c.id}`;
+    a.textContent = c.title;
+    if (c.status === "running") {
+      const s = document.createElement("span");
+      s.className = "status";
+      s.textContent = "· working";
+      a.appendChild(s);
+    }
+    if (c.id === state.cid) a.classList.add("active");
+    a.addEventListener("click", (event) => { event.preventDefault(); openConversation(c.id, true); });
+    li.appendChild(a);
+    list.appendChild(li);
+  }
+}
+
+function listen() {
+  if (state.stream) state.stream.close();
+  if (!state.cid) return;
+  const stream = new EventSource(`/api/conversations/${state.cid}/events`);
+  stream.onmessage = async (event) => {
+    const item = JSON.parse(event.data);
+    if (item.type === "turn.started") setWorking(true);
+    if (item.type === "turn.finished" || item.type === "turn.failed" || item.type === "turn.cancelled") {
+      setWorking(false, item.type === "turn.cancelled" ? "Stopped" : "");
+      await loadConversation();
+      await loadList();
+    }
+    if (item.type === "message.accepted") await loadConversation();
+  };
+  state.stream = stream;
+}
+
+async function openConversation(cid, push) {
+  state.cid = cid;
+  state.pending = [];
+  if (push) history.pushState({}, "", cid ? `/c/${cid}` : "/");
+  $("sidebar").classList.remove("open");
+  setWorking(false);
+  if (!cid) {
+    $("title").textContent = "New conversation";
+    renderTranscript([]);
+  }
+  listen();
+  await loadConversation();
+  await loadList();
+  $("message").focus();
+}
+
+async function send(event) {
+  event.preventDefault();
+  const box = $("message");
+  const text = box.value.trim();
+  if (!text) return;
+  if (!state.cid) {
+    state.cid = randomHex(16);
+    history.pushState({}, "", `/c/${state.cid}`);
+    listen();
+  }
+  box.value = "";
+  state.pending.push(text);
+  renderTranscript([]);
+  setWorking(true, "Sending…");
+  try {
+    await api(`/api/conversations/${state.cid}/messages`, { body: { text, client_id: randomHex(12) } });
+  } catch (error) {
+    setWorking(false, `Not sent: ${error.message}`);
+    box.value = text;
+  }
+  state.pending = state.pending.filter((t) => t !== text);
+  await loadConversation();
+  await loadList();
+}
+
+function cidFromPath() {
+  const m = location.pathname.match(/^\/c\/([0-9a-f]{32})$/);
+  return m ? m[1] : null;
+}
+
+$("composer").addEventListener("submit", send);
+$("message").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); $("composer").requestSubmit(); }
+});
+$("stop").addEventListener("click", async () => {
+  if (state.cid) await api(`/api/conversations/${state.cid}/stop`, { body: {} });
+});
+$("new-conversation").addEventListener("click", () => openConversation(null, true));
+$("toggle-sidebar").addEventListener("click", () => $("sidebar").classList.toggle("open"));
+window.addEventListener("popstate", () => openConversation(cidFromPath(), false));
+
+openConversation(cidFromPath(), false);

@@ -1,0 +1,150 @@
+"""The web chat API over real HTTP: send, live events, stop, list, login and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from tests.conftest import GatewayClient
+from tests.fakes.llm import FakeLLM, Gate, HttpError, Reply
+from tests.fakes.slack_api import FakeSlack
+
+CID = "0123456789abcdef0123456789abcdef"
+JSON = {"Content-Type": "application/json"}
+
+
+async def _post(gw: GatewayClient, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    async with gw.http.post(f"{gw.base}{path}", data=json.dumps(body), headers=headers or JSON) as resp:
+        return resp.status, await resp.json()
+
+
+async def _get(gw: GatewayClient, path: str, **kwargs: Any) -> tuple[int, Any]:
+    async with gw.http.get(f"{gw.base}{path}", **kwargs) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def _events(gw: GatewayClient, cid: str) -> AsyncIterator[dict[str, Any]]:
+    async with gw.http.get(f"{gw.base}/api/conversations/{cid}/events") as resp:
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                yield json.loads(line[6:])
+
+
+async def _collect(stream: AsyncIterator[dict[str, Any]], until: str, out: list[dict[str, Any]]) -> None:
+    async for item in stream:
+        out.append(item)
+        if item["type"] == until:
+            return
+
+
+async def test_send_and_read_back_with_live_events(gateway: GatewayClient, fake_llm: FakeLLM,
+                                                   fake_slack: FakeSlack) -> None:
+    seen: list[dict[str, Any]] = []
+    watcher = asyncio.create_task(_collect(_events(gateway, CID), "turn.finished", seen))
+    await asyncio.sleep(0.05)  # let the stream connect before the message goes in
+    status, body = await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "hi web", "client_id": "a1"})
+    assert (status, body["outcome"]) == (200, "queued")
+    await asyncio.wait_for(watcher, 10)
+    assert [e["type"] for e in seen] == ["message.accepted", "turn.started", "turn.finished"]
+    assert seen[-1]["text"] == "echo: hi web"
+
+    status, conv = await _get(gateway, f"/api/conversations/{CID}")
+    assert status == 200 and conv["working"] is False
+    assert [(m["role"], m["content"]) for m in conv["messages"]] == [("user", "hi web"), ("assistant", "echo: hi web")]
+    status, listing = await _get(gateway, "/api/conversations")
+    assert listing["conversations"][0] == {**listing["conversations"][0], "id": CID, "title": "hi web"}
+    assert fake_slack.posts() == []  # web sessions are rendered by the web channel only
+
+    # The same client_id again is a repeat: nothing new runs.
+    status, body = await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "hi web", "client_id": "a1"})
+    assert body["outcome"] == "duplicate"
+    await gateway.idle()
+    assert len(fake_llm.requests) == 1
+
+
+async def test_stop_cancels_the_running_turn(gateway: GatewayClient, fake_llm: FakeLLM) -> None:
+    gate = Gate(Reply("too late"))
+    fake_llm.then(gate)
+    await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "long job"})
+    await asyncio.wait_for(gate.reached.wait(), 5)
+    _, conv = await _get(gateway, f"/api/conversations/{CID}")
+    assert conv["working"] is True
+    status, body = await _post(gateway, f"/api/conversations/{CID}/stop", {})
+    assert (status, body) == (200, {"stopped": True})
+    await gateway.idle()
+    _, conv = await _get(gateway, f"/api/conversations/{CID}")
+    assert [m["role"] for m in conv["messages"]] == ["user", "notice"]
+    assert conv["messages"][1]["content"] == "stopped by web"
+    assert (await _post(gateway, f"/api/conversations/{CID}/stop", {}))[1] == {"stopped": False}
+    gate.opened.set()
+    # The thread still works after a stop.
+    await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "again"})
+    await gateway.idle()
+    _, conv = await _get(gateway, f"/api/conversations/{CID}")
+    assert conv["messages"][-1]["content"] == "echo: again"
+
+
+async def test_a_failed_turn_leaves_a_notice(gateway: GatewayClient, fake_llm: FakeLLM) -> None:
+    fake_llm.then(HttpError(401, "bad key"))
+    await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "hello"})
+    await gateway.idle()
+    _, conv = await _get(gateway, f"/api/conversations/{CID}")
+    assert conv["messages"][-1]["role"] == "notice"
+    assert "rejected the API key" in conv["messages"][-1]["content"]
+
+
+async def test_bad_input_is_refused_clearly(gateway: GatewayClient, fake_llm: FakeLLM) -> None:
+    assert (await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "  "}))[0] == 400
+    assert (await _post(gateway, f"/api/conversations/{CID}/messages", ["not", "an object"]))[0] == 400
+    bad_client_id = {"text": "x", "client_id": "no spaces"}
+    assert (await _post(gateway, f"/api/conversations/{CID}/messages", bad_client_id))[0] == 400
+    assert (await _post(gateway, "/api/conversations/slack:T1:C1:1.1/messages", {"text": "x"}))[0] in (400, 404)
+    status, body = await _post(gateway, "/api/conversations/NOTHEX/messages", {"text": "x"})
+    assert status == 400 and "32 hex" in body["error"]
+    status, body = await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "x" * 40_001})
+    assert status == 400 and "40000" in body["error"]
+    # Other sites cannot post into the chat (CSRF): JSON only, same origin only.
+    async with gateway.http.post(f"{gateway.base}/api/conversations/{CID}/messages", data="text=x",
+                                 headers={"Content-Type": "application/x-www-form-urlencoded"}) as resp:
+        assert resp.status == 403
+    status, _ = await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "x"},
+                            headers={**JSON, "Origin": "http://evil.example"})
+    assert status == 403
+    await gateway.idle()
+    assert fake_llm.requests == []
+
+
+async def test_pages_and_static_files(gateway: GatewayClient) -> None:
+    for path, kind in (("/", "text/html"), (f"/c/{CID}", "text/html"), ("/static/app.js", "application/javascript"),
+                       ("/static/app.css", "text/css")):
+        async with gateway.http.get(f"{gateway.base}{path}") as resp:
+            assert resp.status == 200 and resp.content_type == kind, path
+    async with gateway.http.get(f"{gateway.base}/static/../settings.py") as resp:
+        assert resp.status == 404
+
+
+async def test_token_login_guards_everything_but_health(make_settings: Any, start_gateway: Any) -> None:
+    token = "a-very-long-login-token-for-tests"
+    gateway: GatewayClient = await start_gateway(make_settings(bot_web_token=token))
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as anonymous:  # IP host
+        async with anonymous.get(f"{gateway.base}/", allow_redirects=False) as resp:
+            assert resp.status == 302 and resp.headers["Location"] == "/login"
+        async with anonymous.get(f"{gateway.base}/api/conversations") as resp:
+            assert resp.status == 401
+        async with anonymous.get(f"{gateway.base}/healthz") as resp:
+            assert resp.status == 200
+        async with anonymous.post(f"{gateway.base}/login", data={"token": "wrong"}, allow_redirects=False) as resp:
+            assert resp.headers["Location"] == "/login?failed=1"
+        async with anonymous.post(f"{gateway.base}/login", data={"token": token}, allow_redirects=False) as resp:
+            assert resp.status == 302
+            assert token not in resp.headers["Set-Cookie"]  # the cookie holds a digest, not the token
+        async with anonymous.get(f"{gateway.base}/api/conversations") as resp:
+            assert resp.status == 200
+    status, _ = await _get(gateway, "/api/conversations", headers={"Authorization": f"Bearer {token}"})
+    assert status == 200
