@@ -14,11 +14,11 @@ from bot.settings import Settings
 from bot.tools import build_registry
 from core.agents import DEFAULT_INSTRUCTIONS, Agent, AgentDirectory
 from core.clock import Clock, SystemClock
+from core.dispatcher import DispatchConfig, Dispatcher
 from core.events import EventBus
-from core.gateway import Gateway, GatewayConfig
 from core.providers import Provider, RetryPolicy
 from core.runner import AgentRunner, RunnerLimits
-from core.store import ConversationStore, Database
+from core.store import ControlStore, ConversationStore, Database, InputStore
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class Channel(Protocol):
 class Application:
     settings: Settings
     db: Database
-    gateway: Gateway
+    dispatcher: Dispatcher
     channels: list[Channel] = field(default_factory=list)
     web_app: web.Application = field(default_factory=web.Application)
     _runner: web.AppRunner | None = None
@@ -45,7 +45,7 @@ class Application:
     async def start(self) -> None:
         """Migrate, recover, start channels, then listen. Order matters: no input before recovery."""
         await self.db.migrate()
-        await self.gateway.start()
+        await self.dispatcher.start()
         for channel in self.channels:
             await channel.start()
         self._runner = web.AppRunner(self.web_app, access_log=None, handle_signals=False)
@@ -64,7 +64,7 @@ class Application:
     async def stop(self) -> None:
         for channel in self.channels:
             await channel.stop()
-        await self.gateway.stop(drain_s=self.settings.shutdown_drain_s)
+        await self.dispatcher.stop(drain_s=self.settings.shutdown_drain_s)
         if self._runner is not None:
             await self._runner.cleanup()
         await self.db.close()
@@ -85,18 +85,21 @@ def build_application(
         retry=RetryPolicy(attempts=settings.llm_max_attempts, base_delay_s=settings.llm_retry_base_s),
     )
     agents = AgentDirectory([Agent(instructions=settings.bot_instructions or DEFAULT_INSTRUCTIONS)])
-    gateway = Gateway(
-        store, runner, agents, EventBus(), clock,
-        GatewayConfig(
+    dispatcher = Dispatcher(
+        store, InputStore(db), ControlStore(db), runner, agents, EventBus(), clock,
+        DispatchConfig(
             max_concurrent_turns=settings.max_concurrent_turns,
             record_thread_context=settings.bot_record_thread_context,
+            queue_mode=settings.queue_mode,
+            debounce_s=settings.queue_debounce_ms / 1000,
+            max_waiting=settings.queue_max_waiting,
         ),
     )
-    app = Application(settings=settings, db=db, gateway=gateway)
+    app = Application(settings=settings, db=db, dispatcher=dispatcher)
     if settings.bot_web_chat:
         from channels.web import WebChannel, WebConfig
 
-        app.channels.append(WebChannel(WebConfig(token=settings.bot_web_token), gateway))
+        app.channels.append(WebChannel(WebConfig(token=settings.bot_web_token), dispatcher))
     if settings.slack_mode is not None:
         from channels.slack import SlackChannel, SlackConfig
 
@@ -110,7 +113,7 @@ def build_application(
                 command=settings.slack_command,
                 rate_limit_retries=settings.slack_max_retries,
             ),
-            gateway,
+            dispatcher,
         ))
     app.web_app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", _readyz_handler(app))])
     for channel in app.channels:
@@ -130,7 +133,7 @@ def _readyz_handler(app: Application) -> Any:
         except Exception as exc:
             problems.append(f"database: {type(exc).__name__}")
         problems += [f"channel {c.name} not started" for c in app.channels if not c.started]
-        if not app.gateway.accepting:
+        if not app.dispatcher.accepting:
             problems.append("gateway not accepting")
         if problems:
             return web.json_response({"status": "not ready", "problems": problems}, status=503)

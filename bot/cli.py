@@ -22,18 +22,42 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("run", help="start the gateway")
     manifest = sub.add_parser("manifest", help="print the Slack app manifest")
     manifest.add_argument("--mode", choices=["socket", "http"], default="http")
+    sub.add_parser("pause", help="stop taking new requests (accepted work continues); every replica sees it")
+    sub.add_parser("resume", help="take new requests again")
     args = parser.parse_args(argv)
 
     if args.command == "manifest":
         sys.stdout.write(render_manifest(args.mode))
         return 0
     try:
+        if args.command in ("pause", "resume"):
+            return asyncio.run(_set_paused(args.command == "pause"))
         return asyncio.run(_run())
     except BotError as exc:
         print(f"bot: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+async def _set_paused(paused: bool) -> int:
+    from bot.settings import load_settings
+    from core.clock import SystemClock
+    from core.errors import StoreError
+    from core.store import ControlStore, Database
+
+    settings = load_settings()
+    db = Database(settings.resolved_database_url)
+    try:
+        await db.migrate()
+        await ControlStore(db).set_intake_paused(paused, SystemClock().now())
+    except StoreError as exc:
+        raise BotError(str(exc)) from exc
+    finally:
+        await db.close()
+    print("bot: intake paused: new messages get a 'paused' reply; accepted work continues" if paused
+          else "bot: intake resumed")
+    return 0
 
 
 async def _run() -> int:

@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     bot_admins: str | None = None
     approval_timeout_s: int = Field(default=900, ge=1)
     queue_mode: QueueMode = "steer"
+    queue_debounce_ms: int = Field(default=500, ge=0, le=60_000)
+    queue_max_waiting: int = Field(default=20, ge=1, le=1000)
     max_concurrent_turns: int = Field(default=8, ge=1, le=1000)
 
     # Operations

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from core.model import TurnInfo
+from core.model import MessageRef, SessionInfo, TurnInfo
 
 log = logging.getLogger(__name__)
 
@@ -21,39 +21,72 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Event:
     name: ClassVar[str] = "event"
-    turn: TurnInfo
+    session: SessionInfo
 
     @property
     def session_id(self) -> str:
-        return self.turn.session.id
+        return self.session.id
 
     @property
     def channel(self) -> str:
-        return self.turn.session.channel
+        return self.session.channel
 
 
 @dataclass(frozen=True)
-class TurnStarted(Event):
+class InputQueued(Event):
+    """A message waits behind the running turn."""
+
+    name: ClassVar[str] = "input.queued"
+    input_id: int
+    ref: MessageRef
+
+
+@dataclass(frozen=True)
+class InputsTaken(Event):
+    """A turn took these messages in: at its start, or steered in at a tool step."""
+
+    name: ClassVar[str] = "inputs.taken"
+    turn_id: int
+    refs: tuple[MessageRef, ...]
+    steered: bool
+
+
+@dataclass(frozen=True)
+class TurnEvent(Event):
+    turn: TurnInfo
+
+
+@dataclass(frozen=True)
+class TurnStarted(TurnEvent):
     name: ClassVar[str] = "turn.started"
 
 
 @dataclass(frozen=True)
-class TurnFinished(Event):
+class TurnFinished(TurnEvent):
     name: ClassVar[str] = "turn.finished"
     text: str
 
 
 @dataclass(frozen=True)
-class TurnFailed(Event):
+class TurnFailed(TurnEvent):
     name: ClassVar[str] = "turn.failed"
     kind: str
     message: str
 
 
 @dataclass(frozen=True)
-class TurnCancelled(Event):
+class TurnCancelled(TurnEvent):
     name: ClassVar[str] = "turn.cancelled"
     by: str | None
+
+
+@dataclass(frozen=True)
+class Notice(Event):
+    """Something the conversation must be told that is not an answer: stopped, busy, paused, settings."""
+
+    name: ClassVar[str] = "notice"
+    text: str
+    ref: MessageRef | None = None  # the message it answers, if any
 
 
 Handler = Callable[[Event], Awaitable[None]]

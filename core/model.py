@@ -20,13 +20,34 @@ class SessionStatus:
 
 
 class TurnStatus:
-    QUEUED = "queued"
+    QUEUED = "queued"  # a turn interrupted by a restart, waiting to be continued
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
     LIVE = (QUEUED, RUNNING)
+
+
+class InputStatus:
+    WAITING = "waiting"
+    TAKEN = "taken"
+    CANCELLED = "cancelled"
+    REFUSED = "refused"
+
+
+class InputKind:
+    MESSAGE = "message"  # asks for an answer
+    CONTEXT = "context"  # recorded for the next turn, asks nothing
+    CONTROL = "control"  # a command to the bot ("stop", "queue collect"), never shown to the model
+
+
+class QueueMode:
+    STEER = "steer"
+    COLLECT = "collect"
+    FOLLOWUP = "followup"
+
+    ALL = (STEER, COLLECT, FOLLOWUP)
 
 
 @dataclass(frozen=True)
@@ -56,6 +77,8 @@ class Inbound:
     idempotency_key: str | None = None
     delivery_key: str | None = None
     agent: str | None = None
+    images: tuple[str, ...] = ()  # image URLs or data: URIs
+    place: str | None = None  # where the conversation lives, e.g. "slack:T1:C1" (per-place settings)
 
 
 @dataclass(frozen=True)
@@ -76,8 +99,18 @@ class SessionInfo:
 class TurnInfo:
     id: int
     session: SessionInfo
-    inputs: tuple[MessageRef, ...]
-    sender: str | None
+    inputs: tuple[MessageRef, ...]  # every input the turn took, steered ones included
+    sender: str | None  # who asked first
+    input_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one input ended: answered, failed, cancelled or refused (with the text to show)."""
+
+    status: str
+    text: str
+    turn_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -100,3 +133,4 @@ class TranscriptEntry:
     sender: str | None
     created_at: datetime
     tool_names: tuple[str, ...] = ()
+    queued: bool = False  # an input still waiting for a turn

@@ -29,6 +29,7 @@ class ChatMessage:
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    images: tuple[str, ...] = ()  # image URLs or data: URIs (user messages)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 
 from core.agents import Agent
 from core.clock import Clock
@@ -23,6 +24,8 @@ from core.store.tables import MessageRow
 from core.tools import Risk, ToolContext, ToolError, ToolRegistry, run_tool
 
 log = logging.getLogger(__name__)
+
+Steer = Callable[[], Awaitable[list[ChatMessage]]]
 
 INTERRUPTED_RESULT = "error: interrupted — unknown whether it completed; do not assume it ran"
 
@@ -52,18 +55,32 @@ class AgentRunner:
         self.limits = limits
         self.retry = retry
 
-    async def run(self, turn: TurnInfo, agent: Agent) -> str:
-        """Answer the turn; every message is saved as soon as it exists. Returns the final text."""
+    async def run(
+        self,
+        turn: TurnInfo,
+        agent: Agent,
+        *,
+        images: tuple[str, ...] = (),
+        steer: Steer | None = None,
+    ) -> str:
+        """Answer the turn; every message is saved as soon as it exists. Returns the final text.
+
+        ``steer`` is asked after each batch of tool calls, before the next model call, for messages
+        that arrived meanwhile (already saved to the transcript); ``images`` go with the turn's input.
+        """
         session_id = turn.session.id
-        rows = await self.store.transcript(session_id, turn.id, self.limits.history_messages)
+        rows = await self.store.transcript(session_id, self.limits.history_messages)
         history = await self._close_dangling_calls(session_id, turn.id, _to_chat(rows))
+        if images and history and history[-1].role == "user":
+            history[-1] = replace(history[-1], images=images)
         allowed = self.tools.allowed(agent.tools)
         specs = [t.spec() for t in allowed]
         allowed_names = {t.name for t in allowed}
         ctx = ToolContext(session_id=session_id, turn_id=turn.id, agent=agent.name, sender=turn.sender)
 
         for _step in range(self.limits.max_steps):
-            request = CompletionRequest(instructions=agent.instructions, messages=history, tools=specs)
+            request = CompletionRequest(instructions=agent.instructions, messages=merge_user_runs(history),
+                                        tools=specs)
             reply = await complete_with_retries(self.provider, request, self.retry)
             await self.store.add_message(
                 session_id,
@@ -83,6 +100,8 @@ class AgentRunner:
                     now=self.clock.now(), tool_call_id=call.id,
                 )
                 history.append(ChatMessage("tool", result, tool_call_id=call.id))
+            if steer is not None:
+                history.extend(await steer())
         raise StepLimitReached(
             f"I used all {self.limits.max_steps} steps without finishing. "
             "Ask me to continue, or raise MAX_STEPS."
@@ -119,6 +138,20 @@ class AgentRunner:
                     )
                     closed.append(ChatMessage("tool", INTERRUPTED_RESULT, tool_call_id=call.id))
         return closed
+
+
+def merge_user_runs(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Consecutive user messages (context, a merged batch, steered input) reach the model as one,
+    joined by a blank line, in arrival order."""
+    merged: list[ChatMessage] = []
+    for message in messages:
+        if merged and message.role == "user" and merged[-1].role == "user":
+            last = merged[-1]
+            text = "\n\n".join(t for t in (last.content, message.content) if t)
+            merged[-1] = replace(last, content=text, images=last.images + message.images)
+        else:
+            merged.append(message)
+    return merged
 
 
 def _truncate(text: str, limit: int) -> str:

@@ -65,9 +65,14 @@ class BotProcess:
 
 async def run_to_exit(cwd: Path, env: dict[str, str], timeout: float = 30.0) -> tuple[int, str]:
     """Run ``bot run`` expecting it to refuse to start; return its exit code and output."""
+    return await run_cli(cwd, env, "run", timeout=timeout)
+
+
+async def run_cli(cwd: Path, env: dict[str, str], *args: str, timeout: float = 30.0) -> tuple[int, str]:
+    """Run a ``bot`` command to its end; return its exit code and output."""
     bot = BotProcess(cwd, env)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "run", cwd=cwd, env=bot.env,
+        sys.executable, "-m", "bot", *args, cwd=cwd, env=bot.env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     async with asyncio.timeout(timeout):

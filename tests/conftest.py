@@ -52,6 +52,7 @@ def make_settings(tmp_path: Path, fake_slack: FakeSlack, fake_llm: FakeLLM) -> C
             "llm_model": "fake-model",
             "llm_retry_base_s": 0.01,
             "shutdown_drain_s": 1,
+            "queue_debounce_ms": 50,
         }
         values.update(overrides)
         return load_settings(env_file=None, **values)
@@ -84,17 +85,17 @@ class GatewayClient:
     async def idle(self, timeout: float = 10.0) -> None:
         """Wait until no turn is running and every event has been rendered."""
         async with asyncio.timeout(timeout):
-            while self.app.gateway.running_sessions:
+            while self.app.dispatcher.running_sessions:
                 await asyncio.sleep(0.01)
-            await self.app.gateway.bus.drain(timeout)
+            await self.app.dispatcher.bus.drain(timeout)
 
 
 @pytest.fixture
 async def start_gateway() -> AsyncIterator[Callable[[Settings], Any]]:
     started: list[tuple[Application, aiohttp.ClientSession]] = []
 
-    async def start(settings: Settings) -> GatewayClient:
-        app = build_application(settings)
+    async def start(settings: Settings, provider: Any = None) -> GatewayClient:
+        app = build_application(settings, provider=provider)
         await app.start()
         http = aiohttp.ClientSession()
         started.append((app, http))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.bot_process import BotProcess, run_to_exit
+from tests.bot_process import BotProcess, run_cli, run_to_exit
 from tests.fakes.llm import FakeLLM, Gate, Reply
 from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import SIGNING_SECRET, dumps, event_body, mention, message, signed_headers
@@ -102,5 +102,27 @@ async def test_a_turn_killed_mid_flight_is_continued_after_restart(
         posts = await fake_slack.wait_for("chat.postMessage")
         assert posts[0].params["text"] == "echo: survive this"
         assert fake_llm.last_user_text() == "survive this"
+    finally:
+        assert await bot.terminate() == 0
+
+
+async def test_pause_and_resume_from_the_command_line(
+    tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    env = _slack_env(fake_slack, fake_llm, unused_port)
+    bot = await BotProcess(tmp_path, env).start()
+    try:
+        code, out = await run_cli(tmp_path, env, "pause")
+        assert code == 0 and "paused" in out
+        root = mention("are you there?")
+        assert await _send(bot, root, "EvPaused") == 200
+        posts = await fake_slack.wait_for("chat.postMessage")
+        assert "paused by an operator" in posts[0].params["text"]
+        assert fake_llm.requests == []
+        code, out = await run_cli(tmp_path, env, "resume")
+        assert code == 0 and "resumed" in out
+        assert await _send(bot, mention("now?", thread_ts=root["ts"]), "EvResumed") == 200
+        posts = await fake_slack.wait_for("chat.postMessage", 2)
+        assert posts[1].params["text"] == "echo: now?"
     finally:
         assert await bot.terminate() == 0

@@ -66,7 +66,8 @@ async def test_thread_messages_without_mention_are_context_not_turns(
     await fake_slack.wait_for("chat.postMessage", 2)
     await gateway.idle()
     contents = [m.get("content") for m in fake_llm.requests[1]["messages"]]
-    assert contents[1:] == ["start", "echo: start", "the error is E42", "what was the error?"]
+    # The context recorded since the last answer reaches the model with the question, as one message.
+    assert contents[1:] == ["start", "echo: start", "the error is E42\n\nwhat was the error?"]
     assert fake_slack.posts()[1].params["thread_ts"] == root["ts"]
 
 

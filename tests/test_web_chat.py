@@ -51,7 +51,7 @@ async def test_send_and_read_back_with_live_events(gateway: GatewayClient, fake_
     status, body = await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "hi web", "client_id": "a1"})
     assert (status, body["outcome"]) == (200, "queued")
     await asyncio.wait_for(watcher, 10)
-    assert [e["type"] for e in seen] == ["message.accepted", "turn.started", "turn.finished"]
+    assert [e["type"] for e in seen] == ["message.accepted", "inputs.taken", "turn.started", "turn.finished"]
     assert seen[-1]["text"] == "echo: hi web"
 
     status, conv = await _get(gateway, f"/api/conversations/{CID}")
@@ -76,12 +76,12 @@ async def test_stop_cancels_the_running_turn(gateway: GatewayClient, fake_llm: F
     _, conv = await _get(gateway, f"/api/conversations/{CID}")
     assert conv["working"] is True
     status, body = await _post(gateway, f"/api/conversations/{CID}/stop", {})
-    assert (status, body) == (200, {"stopped": True})
+    assert (status, body["stopped"], body["text"]) == (200, True, "Stopped the running turn (asked by web).")
     await gateway.idle()
     _, conv = await _get(gateway, f"/api/conversations/{CID}")
-    assert [m["role"] for m in conv["messages"]] == ["user", "notice"]
-    assert conv["messages"][1]["content"] == "stopped by web"
-    assert (await _post(gateway, f"/api/conversations/{CID}/stop", {}))[1] == {"stopped": False}
+    assert [(m["role"], m["content"]) for m in conv["messages"]] == [("user", "long job"),
+                                                                      ("assistant", "(stopped by web)")]
+    assert (await _post(gateway, f"/api/conversations/{CID}/stop", {}))[1]["stopped"] is False
     gate.opened.set()
     # The thread still works after a stop.
     await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "again"})
@@ -148,3 +148,24 @@ async def test_token_login_guards_everything_but_health(make_settings: Any, star
             assert resp.status == 200
     status, _ = await _get(gateway, "/api/conversations", headers={"Authorization": f"Bearer {token}"})
     assert status == 200
+
+
+async def test_messages_sent_while_busy_show_as_queued_then_taken(gateway: GatewayClient, fake_llm: FakeLLM) -> None:
+    gate = Gate(Reply(tool_calls=[("time_now", {})]))
+    fake_llm.then(gate)
+    await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "first"})
+    await asyncio.wait_for(gate.reached.wait(), 5)
+    seen: list[dict[str, Any]] = []
+    watcher = asyncio.create_task(_collect(_events(gateway, CID), "turn.finished", seen))
+    await asyncio.sleep(0.05)
+    _status, body = await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "second"})
+    assert body["outcome"] == "queued"
+    _, conv = await _get(gateway, f"/api/conversations/{CID}")
+    assert [(m["content"], m["queued"]) for m in conv["messages"]] == [("first", False), ("second", True)]
+    gate.opened.set()
+    await asyncio.wait_for(watcher, 10)
+    types = [e["type"] for e in seen]
+    assert types.index("input.queued") < types.index("inputs.taken") < types.index("turn.finished")
+    assert next(e for e in seen if e["type"] == "inputs.taken")["steered"] is True
+    _, conv = await _get(gateway, f"/api/conversations/{CID}")
+    assert not any(m["queued"] for m in conv["messages"])

@@ -60,6 +60,10 @@ def _message(m: ChatMessage) -> dict[str, Any]:
                 for c in m.tool_calls
             ],
         }
+    if m.images:
+        parts: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+        parts += [{"type": "image_url", "image_url": {"url": url}} for url in m.images]
+        return {"role": m.role, "content": parts}
     return {"role": m.role, "content": m.content}
 
 

@@ -23,14 +23,15 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.errors import MalformedPayload
 from channels.slack.formatting import split_message, to_mrkdwn
+from core.dispatcher import Dispatcher
 from core.errors import InvalidInput
-from core.events import Event, TurnCancelled, TurnFailed, TurnFinished, TurnStarted
-from core.gateway import Gateway
+from core.events import Event, InputQueued, InputsTaken, Notice, TurnCancelled, TurnFailed, TurnFinished
 from core.model import Inbound, MessageRef
 
 log = logging.getLogger(__name__)
 
-PROGRESS_REACTION = "eyes"
+PROGRESS_REACTION = "eyes"  # a turn is working on this message
+QUEUED_REACTION = "hourglass_flowing_sand"  # this message waits behind the running turn
 # Message subtypes that are a person talking; every other subtype (edits, joins, bots…) is ignored.
 _PERSON_SUBTYPES = {None, "file_share", "thread_broadcast"}
 
@@ -48,9 +49,9 @@ class SlackConfig:
 class SlackChannel:
     name = "slack"
 
-    def __init__(self, config: SlackConfig, gateway: Gateway) -> None:
+    def __init__(self, config: SlackConfig, dispatcher: Dispatcher) -> None:
         self.config = config
-        self.gateway = gateway
+        self.dispatcher = dispatcher
         self.client = AsyncWebClient(token=config.bot_token, base_url=config.api_url)
         self.client.retry_handlers.append(AsyncRateLimitErrorRetryHandler(max_retry_count=config.rate_limit_retries))
         http_mode = config.app_token is None
@@ -64,12 +65,15 @@ class SlackChannel:
         )
         self._verifier = SignatureVerifier(config.signing_secret) if config.signing_secret else None
         self._socket: Any = None
+        # Which messages show the "queued" sign (a rendering detail, so memory is enough: after a
+        # restart a leftover sign is only cosmetic).
+        self._queued_signs: set[MessageRef] = set()
         self.started = False
         self.app.event("app_mention")(self._on_app_mention)
         self.app.event("message")(self._on_message)
         self.app.command(config.command)(self._on_command)
         self.app.error(self._on_error)
-        gateway.bus.subscribe(self.render, channel=self.name)
+        dispatcher.bus.subscribe(self.render, channel=self.name)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -164,9 +168,10 @@ class SlackChannel:
             ref=MessageRef(str(channel), str(ts)),
             idempotency_key=f"{channel}:{ts}",
             delivery_key=f"slack:{event_id}" if isinstance(event_id, str) else None,
+            place=f"slack:{team}:{channel}",
         )
         try:
-            await self.gateway.accept(message)
+            await self.dispatcher.accept(message)
         except InvalidInput as exc:
             await self._post(str(channel), thread_ts, f":no_entry: I can't take this message: {exc}")
 
@@ -175,42 +180,78 @@ class SlackChannel:
     async def _on_command(self, ack: Any, command: dict[str, Any]) -> None:
         words = str(command.get("text") or "").split()
         sub = words[0].lower() if words else "help"
+        place = f"slack:{command.get('team_id')}:{command.get('channel_id')}"
+        user = str(command.get("user_id") or "")
         if sub == "status":
-            state = "taking messages" if self.gateway.accepting else "not taking messages"
-            await ack(text=f"I'm up and {state}; {self.gateway.running_sessions} conversation(s) working now.")
+            state = "paused by an operator" if await self.dispatcher.paused() else (
+                "taking messages" if self.dispatcher.accepting else "not taking messages")
+            mode = self.dispatcher.config.queue_mode
+            await ack(text=f"I'm up and {state}; {self.dispatcher.running_sessions} conversation(s) working now. "
+                           f"Default queue mode: {mode}.")
+        elif sub == "stop":
+            # Slash commands do not say which thread they came from: stop this channel's latest busy one.
+            session_id = await self.dispatcher.latest_live_session(place)
+            if session_id is None:
+                await ack(text="Nothing to stop in this channel.")
+                return
+            report = await self.dispatcher.cancel(session_id, by=user)
+            await ack(text=f"{report.describe(None)} (the most recent busy thread here; to stop another, "
+                           "reply `stop` to me in that thread)")
+        elif sub == "queue" and len(words) == 2:
+            try:
+                await self.dispatcher.set_place_queue_mode(place, words[1].lower())
+            except InvalidInput as exc:
+                await ack(text=str(exc))
+                return
+            await ack(text=f"Queue mode in this channel is now {words[1].lower()} "
+                           "(a thread can still override it: mention me with `queue collect`).")
         elif sub == "help":
             await ack(text=self._help())
         else:
-            await ack(text=f"I don't know `{self.config.command} {sub}`.\n{self._help()}")
+            await ack(text=f"I don't know `{self.config.command} {' '.join(words)}`.\n{self._help()}")
 
     def _help(self) -> str:
         c = self.config.command
         return (
             "Mention me in a thread (or DM me) and I'll answer there; every reply in that thread is "
-            f"context for the next one.\n`{c} status` — am I up and how busy\n`{c} help` — this text"
+            "context for the next one. Messages sent while I work are taken into what I'm doing.\n"
+            "In a thread: `@bot stop` stops my work there; `@bot queue steer|collect|followup` sets how "
+            "messages sent while I work are handled.\n"
+            f"`{c} status` — am I up and how busy\n`{c} stop` — stop the latest busy thread in this channel\n"
+            f"`{c} queue steer|collect|followup` — the queue mode for this channel\n`{c} help` — this text"
         )
 
     # -- outbound (rendering core events) -------------------------------------------------------
 
     async def render(self, event: Event) -> None:
-        ref = event.turn.session.reply_ref
+        ref = event.session.reply_ref
         channel, thread_ts = ref.get("channel"), ref.get("thread_ts")
         if not channel:
             return
-        if isinstance(event, TurnStarted):
-            for item in event.turn.inputs:
-                await self._react("reactions_add", item)
+        if isinstance(event, InputQueued):
+            self._queued_signs.add(event.ref)
+            await self._react("reactions_add", event.ref, QUEUED_REACTION)
+        elif isinstance(event, InputsTaken):
+            for item in event.refs:
+                if item in self._queued_signs:
+                    self._queued_signs.discard(item)
+                    await self._react("reactions_remove", item, QUEUED_REACTION)
+                await self._react("reactions_add", item, PROGRESS_REACTION)
         elif isinstance(event, TurnFinished):
             for chunk in split_message(to_mrkdwn(event.text)):
                 await self._post(channel, thread_ts, chunk)
-            for item in event.turn.inputs:
-                await self._react("reactions_remove", item)
-        elif isinstance(event, TurnFailed | TurnCancelled):
-            text = (f":warning: {event.message}" if isinstance(event, TurnFailed)
-                    else f":octagonal_sign: Stopped{_by(event.by)}.")
-            await self._post(channel, thread_ts, text)
-            for item in event.turn.inputs:
-                await self._react("reactions_remove", item)
+            await self._clear(event.turn.inputs)
+        elif isinstance(event, TurnFailed):
+            await self._post(channel, thread_ts, f":warning: {event.message}")
+            await self._clear(event.turn.inputs)
+        elif isinstance(event, TurnCancelled):
+            await self._clear(event.turn.inputs)
+        elif isinstance(event, Notice):
+            await self._post(channel, thread_ts, f":information_source: {event.text}")
+
+    async def _clear(self, refs: tuple[MessageRef, ...]) -> None:
+        for item in refs:
+            await self._react("reactions_remove", item, PROGRESS_REACTION)
 
     async def _post(self, channel: str, thread_ts: str | None, text: str) -> None:
         try:
@@ -218,20 +259,14 @@ class SlackChannel:
         except SlackApiError as exc:
             log.error("chat.postMessage to %s failed: %s", channel, exc.response.get("error"))
 
-    async def _react(self, method: str, item: MessageRef) -> None:
+    async def _react(self, method: str, item: MessageRef, name: str) -> None:
         if not item.channel or not item.ts:
             return
         try:
-            await getattr(self.client, method)(channel=item.channel, timestamp=item.ts, name=PROGRESS_REACTION)
+            await getattr(self.client, method)(channel=item.channel, timestamp=item.ts, name=name)
         except SlackApiError as exc:
             if exc.response.get("error") not in ("already_reacted", "no_reaction"):
                 log.warning("%s failed: %s", method, exc.response.get("error"))
-
-
-def _by(who: str | None) -> str:
-    if not who:
-        return ""
-    return f" by <@{who}>" if who[:1] in ("U", "W") else f" by {who}"
 
 
 def _shape_problem(body: Any) -> str | None:

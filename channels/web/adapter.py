@@ -17,9 +17,9 @@ from typing import Any
 from aiohttp import web
 
 from channels.web.auth import WebAuth
+from core.dispatcher import Dispatcher
 from core.errors import CoreError, InvalidInput
-from core.events import Event, TurnCancelled, TurnFailed, TurnFinished, TurnStarted
-from core.gateway import Gateway
+from core.events import Event, InputQueued, InputsTaken, Notice, TurnCancelled, TurnFailed, TurnFinished, TurnStarted
 from core.model import Inbound, MessageRef
 
 log = logging.getLogger(__name__)
@@ -39,13 +39,13 @@ class WebConfig:
 class WebChannel:
     name = "web"
 
-    def __init__(self, config: WebConfig, gateway: Gateway) -> None:
+    def __init__(self, config: WebConfig, dispatcher: Dispatcher) -> None:
         self.config = config
-        self.gateway = gateway
+        self.dispatcher = dispatcher
         self.auth = WebAuth(config.token, secure_cookie=config.secure_cookie)
         self.started = False
         self._watchers: dict[str, set[asyncio.Queue[dict[str, Any] | None]]] = {}
-        gateway.bus.subscribe(self.render, channel=self.name)
+        dispatcher.bus.subscribe(self.render, channel=self.name)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -89,7 +89,7 @@ class WebChannel:
     # -- API ------------------------------------------------------------------------------------
 
     async def _list(self, _request: web.Request) -> web.Response:
-        sessions = await self.gateway.store.list_sessions(self.name)
+        sessions = await self.dispatcher.list_sessions(self.name)
         return web.json_response({"conversations": [
             {"id": s.id.removeprefix("web:"), "title": s.title or "(empty)", "status": s.status,
              "updated_at": s.updated_at.isoformat()}
@@ -98,16 +98,16 @@ class WebChannel:
 
     async def _conversation(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
-        session = await self.gateway.store.get_session(session_id)
-        entries = await self.gateway.store.history(session_id) if session is not None else []
-        working = session is not None and await self.gateway.store.has_live_turns(session_id)
+        session = await self.dispatcher.session(session_id)
+        entries = await self.dispatcher.history(session_id) if session is not None else []
+        working = session is not None and await self.dispatcher.working(session_id)
         return web.json_response({
             "id": request.match_info["cid"],
             "status": session.status if session is not None else "new",
             "working": working,
             "messages": [
                 {"id": e.id, "role": e.role, "content": e.content, "tools": list(e.tool_names),
-                 "at": e.created_at.isoformat()}
+                 "queued": e.queued, "at": e.created_at.isoformat()}
                 for e in entries
             ],
         })
@@ -125,17 +125,19 @@ class WebChannel:
             ref=MessageRef(), idempotency_key=f"web:{client_id}" if client_id else None,
         )
         try:
-            result = await self.gateway.accept(message)
+            result = await self.dispatcher.accept(message)
         except InvalidInput as exc:
             return web.json_response({"error": str(exc)}, status=400)
         except CoreError as exc:
             return web.json_response({"error": str(exc)}, status=503)
         self._publish(session_id, {"type": "message.accepted", "outcome": result.outcome.value})
-        return web.json_response({"outcome": result.outcome.value, "turn_id": result.turn_id})
+        return web.json_response({"outcome": result.outcome.value, "input_id": result.input_id,
+                                  "note": result.note})
 
     async def _stop(self, request: web.Request) -> web.Response:
-        stopped = await self.gateway.cancel(_session_id(request), by="web")
-        return web.json_response({"stopped": stopped})
+        report = await self.dispatcher.cancel(_session_id(request), by="web")
+        return web.json_response({"stopped": report.running, "waiting_cancelled": report.waiting,
+                                  "text": report.describe("web")})
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         session_id = _session_id(request)
@@ -168,14 +170,22 @@ class WebChannel:
     # -- rendering core events ------------------------------------------------------------------
 
     async def render(self, event: Event) -> None:
-        item: dict[str, Any] = {"type": event.name, "turn_id": event.turn.id}
+        item: dict[str, Any] = {"type": event.name}
         if isinstance(event, TurnFinished):
-            item["text"] = event.text
+            item.update(turn_id=event.turn.id, text=event.text)
         elif isinstance(event, TurnFailed):
-            item["message"] = event.message
+            item.update(turn_id=event.turn.id, message=event.message)
         elif isinstance(event, TurnCancelled):
-            item["by"] = event.by
-        elif not isinstance(event, TurnStarted):
+            item.update(turn_id=event.turn.id, by=event.by)
+        elif isinstance(event, TurnStarted):
+            item.update(turn_id=event.turn.id)
+        elif isinstance(event, InputsTaken):
+            item.update(turn_id=event.turn_id, count=len(event.refs), steered=event.steered)
+        elif isinstance(event, InputQueued):
+            item.update(input_id=event.input_id)
+        elif isinstance(event, Notice):
+            item.update(text=event.text)
+        else:
             return
         self._publish(event.session_id, item)
 

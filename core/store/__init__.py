@@ -1,6 +1,17 @@
 """Durable state: the database, its schema, and the queries core needs."""
 
-from core.store.conversations import AcceptOutcome, ConversationStore
+from core.store.control import ControlStore
+from core.store.conversations import ConversationStore
 from core.store.database import Database
+from core.store.inputs import Accepted, AcceptOutcome, Budget, InputStore, Taken
 
-__all__ = ["AcceptOutcome", "ConversationStore", "Database"]
+__all__ = [
+    "AcceptOutcome",
+    "Accepted",
+    "Budget",
+    "ControlStore",
+    "ConversationStore",
+    "Database",
+    "InputStore",
+    "Taken",
+]

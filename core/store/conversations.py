@@ -1,21 +1,19 @@
-"""Sessions, transcripts, turns and the delivery inbox: every query the gateway runs."""
+"""Sessions, turns, transcripts and what readers see of them."""
 
 from __future__ import annotations
 
-import enum
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, func, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import func, update
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from core.model import (
-    Inbound,
+    InputStatus,
     MessageRef,
+    Outcome,
     SessionInfo,
     SessionStatus,
     SessionSummary,
@@ -24,112 +22,19 @@ from core.model import (
     TurnStatus,
 )
 from core.store.database import Database
-from core.store.tables import MessageRow, ProcessedEventRow, SessionRow, TurnRow
-
-
-class AcceptOutcome(enum.Enum):
-    QUEUED = "queued"  # stored, and a turn will answer it
-    RECORDED = "recorded"  # stored as context for a later turn
-    DUPLICATE = "duplicate"  # seen before (redelivery or second event for the same message)
-    IGNORED = "ignored"  # not for the bot (no mention, no session)
-
-
-@dataclass(frozen=True)
-class Accepted:
-    outcome: AcceptOutcome
-    turn_id: int | None = None
+from core.store.tables import InputRow, MessageRow, SessionRow, TurnRow
 
 
 class ConversationStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    # -- intake ---------------------------------------------------------------------------------
-
-    async def accept(self, msg: Inbound, *, agent: str, record_context: bool, now: datetime) -> Accepted:
-        """Take one inbound message in, in one transaction: dedupe, store, and queue its turn."""
-        async with self.db.write() as s:
-            if msg.delivery_key is not None and not await self._claim_delivery(s, msg.delivery_key, now):
-                return Accepted(AcceptOutcome.DUPLICATE)
-            row = await s.get(SessionRow, msg.session_id)
-            if row is None:
-                if not msg.addressed:
-                    return Accepted(AcceptOutcome.IGNORED)
-                row = SessionRow(
-                    id=msg.session_id,
-                    channel=msg.channel,
-                    agent=msg.agent or agent,
-                    status=SessionStatus.IDLE,
-                    reply_ref=json.dumps(msg.reply_ref),
-                    created_at=now,
-                    updated_at=now,
-                )
-                s.add(row)
-                await s.flush()  # the message below refers to it; no ORM relationship orders the inserts
-            elif not msg.addressed and not record_context:
-                return Accepted(AcceptOutcome.IGNORED)
-            if msg.idempotency_key is not None:
-                seen = await s.exec(
-                    select(MessageRow.id).where(
-                        MessageRow.session_id == msg.session_id,
-                        MessageRow.idempotency_key == msg.idempotency_key,
-                    )
-                )
-                if seen.first() is not None:
-                    return Accepted(AcceptOutcome.DUPLICATE)
-            message = MessageRow(
-                session_id=msg.session_id,
-                role="user",
-                content=msg.text,
-                sender=msg.sender,
-                platform_channel=msg.ref.channel,
-                platform_ts=msg.ref.ts,
-                idempotency_key=msg.idempotency_key,
-                created_at=now,
-            )
-            s.add(message)
-            await s.flush()
-            if not msg.addressed:
-                return Accepted(AcceptOutcome.RECORDED)
-            assert message.id is not None
-            turn = TurnRow(
-                session_id=msg.session_id,
-                agent=row.agent,
-                status=TurnStatus.QUEUED,
-                input_message_id=message.id,
-                attempts=0,
-                created_at=now,
-            )
-            s.add(turn)
-            row.updated_at = now
-            await s.flush()
-            return Accepted(AcceptOutcome.QUEUED, turn.id)
-
-    async def _claim_delivery(self, s: AsyncSession, key: str, now: datetime) -> bool:
-        dialect = s.bind.dialect.name if s.bind is not None else "sqlite"
-        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-        stmt = insert(ProcessedEventRow).values(key=key, received_at=now).on_conflict_do_nothing()
-        result = await s.exec(stmt)
-        return bool(result.rowcount)
-
-    async def prune_deliveries(self, older_than: datetime) -> int:
-        async with self.db.write() as s:
-            result = await s.exec(delete(ProcessedEventRow).where(col(ProcessedEventRow.received_at) < older_than))
-            return int(result.rowcount or 0)
-
     # -- turns ----------------------------------------------------------------------------------
 
-    async def sessions_with_live_turns(self) -> list[str]:
-        async with self.db.read() as s:
-            rows = await s.exec(
-                select(TurnRow.session_id).where(col(TurnRow.status).in_(TurnStatus.LIVE)).distinct()
-            )
-            return list(rows.all())
-
     async def requeue_interrupted(self, max_attempts: int, now: datetime) -> list[int]:
-        """Turns a dead process left ``running``: queue them again, or fail those already retried.
+        """Turns a dead process left ``running``: mark them to be continued, or fail those already retried.
 
-        Returns the ids of the turns failed here, so their threads can be told.
+        Returns the ids of the turns failed here, so their conversations can be told.
         """
         async with self.db.write() as s:
             rows = (await s.exec(select(TurnRow).where(TurnRow.status == TurnStatus.RUNNING))).all()
@@ -151,8 +56,8 @@ class ConversationStore:
                 s.add(turn)
             return failed
 
-    async def start_next_turn(self, session_id: str, now: datetime) -> TurnInfo | None:
-        """Mark the session's oldest queued turn running and return it, or None when none waits."""
+    async def resume_interrupted(self, session_id: str, now: datetime) -> TurnInfo | None:
+        """Start continuing the session's interrupted turn, if it has one."""
         async with self.db.write() as s:
             turn = (
                 await s.exec(
@@ -170,10 +75,9 @@ class ConversationStore:
             turn.attempts += 1
             turn.started_at = now
             session.status = SessionStatus.RUNNING
-            session.updated_at = now
             s.add(turn)
             s.add(session)
-            return await self._turn_info(s, turn, session)
+            return await turn_info(s, turn, session)
 
     async def turn_info(self, turn_id: int) -> TurnInfo | None:
         async with self.db.read() as s:
@@ -182,59 +86,65 @@ class ConversationStore:
                 return None
             session = await s.get(SessionRow, turn.session_id)
             assert session is not None
-            return await self._turn_info(s, turn, session)
-
-    async def _turn_info(self, s: AsyncSession, turn: TurnRow, session: SessionRow) -> TurnInfo:
-        msg = await s.get(MessageRow, turn.input_message_id)
-        inputs = (MessageRef(msg.platform_channel, msg.platform_ts),) if msg is not None else ()
-        assert turn.id is not None
-        return TurnInfo(
-            id=turn.id,
-            session=_session_info(session),
-            inputs=inputs,
-            sender=msg.sender if msg is not None else None,
-        )
+            return await turn_info(s, turn, session)
 
     async def finish_turn(
         self, turn_id: int, *, status: str, answer: str | None, error: str | None, now: datetime
-    ) -> None:
+    ) -> TurnInfo:
+        """Record how the turn ended; returns it with every input it took (for the events)."""
         async with self.db.write() as s:
             turn = await s.get(TurnRow, turn_id)
             assert turn is not None
+            session = await s.get(SessionRow, turn.session_id)
+            assert session is not None
             turn.status = status
             turn.answer = answer
             turn.error = error
             turn.finished_at = now
+            session.status = SessionStatus.FAILED if status == TurnStatus.FAILED else SessionStatus.IDLE
+            session.updated_at = now
             s.add(turn)
-            await s.exec(
-                update(SessionRow)
-                .where(col(SessionRow.id) == turn.session_id)
-                .values(
-                    status=SessionStatus.FAILED if status == TurnStatus.FAILED else SessionStatus.IDLE,
-                    updated_at=now,
-                )
+            s.add(session)
+            return await turn_info(s, turn, session)
+
+    async def final_answer(self, turn_id: int) -> str | None:
+        """The turn's saved final answer (an assistant message without tool calls), if it got that far."""
+        async with self.db.read() as s:
+            row = await s.exec(
+                select(MessageRow.content)
+                .where(MessageRow.turn_id == turn_id, MessageRow.role == "assistant",
+                       col(MessageRow.tool_calls).is_(None))
+                .order_by(col(MessageRow.id).desc())
+                .limit(1)
             )
+            return row.first()
+
+    async def running_turn(self, session_id: str) -> int | None:
+        async with self.db.read() as s:
+            row = await s.exec(
+                select(TurnRow.id).where(TurnRow.session_id == session_id, TurnRow.status == TurnStatus.RUNNING)
+            )
+            return row.first()
+
+    async def sessions_with_work(self) -> list[str]:
+        """Sessions with a turn to continue or a message waiting for an answer."""
+        async with self.db.read() as s:
+            turns = await s.exec(select(TurnRow.session_id).where(TurnRow.status == TurnStatus.QUEUED).distinct())
+            inputs = await s.exec(
+                select(InputRow.session_id)
+                .where(InputRow.status == InputStatus.WAITING, InputRow.kind == "message")
+                .distinct()
+            )
+            return sorted(set(turns.all()) | set(inputs.all()))
 
     # -- transcript -----------------------------------------------------------------------------
 
-    async def transcript(self, session_id: str, turn_id: int, limit: int) -> list[MessageRow]:
-        """The newest ``limit`` messages of the session, oldest first.
-
-        Inputs of turns still waiting behind this one are left out: they are not this turn's to answer.
-        """
+    async def transcript(self, session_id: str, limit: int) -> list[MessageRow]:
+        """The newest ``limit`` messages of the session, oldest first."""
         async with self.db.read() as s:
-            waiting = (
-                select(TurnRow.input_message_id)
-                .where(
-                    TurnRow.session_id == session_id,
-                    TurnRow.status == TurnStatus.QUEUED,
-                    TurnRow.id != turn_id,
-                )
-                .scalar_subquery()
-            )
             rows = await s.exec(
                 select(MessageRow)
-                .where(MessageRow.session_id == session_id, col(MessageRow.id).not_in(waiting))
+                .where(MessageRow.session_id == session_id)
                 .order_by(col(MessageRow.id).desc())
                 .limit(limit)
             )
@@ -264,28 +174,34 @@ class ConversationStore:
             s.add(row)
         return row
 
-    # -- reads for status pages -----------------------------------------------------------------
+    # -- reads for people -----------------------------------------------------------------------
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
         async with self.db.read() as s:
             row = await s.get(SessionRow, session_id)
-            return _session_info(row) if row is not None else None
+            return session_info(row) if row is not None else None
 
-    async def has_live_turns(self, session_id: str) -> bool:
+    async def has_live_work(self, session_id: str) -> bool:
         async with self.db.read() as s:
-            row = await s.exec(
+            turn = await s.exec(
                 select(TurnRow.id)
                 .where(TurnRow.session_id == session_id, col(TurnRow.status).in_(TurnStatus.LIVE))
                 .limit(1)
             )
-            return row.first() is not None
+            waiting = await s.exec(
+                select(InputRow.id)
+                .where(InputRow.session_id == session_id, InputRow.status == InputStatus.WAITING,
+                       InputRow.kind == "message")
+                .limit(1)
+            )
+            return turn.first() is not None or waiting.first() is not None
 
     async def list_sessions(self, channel: str, limit: int = 100) -> list[SessionSummary]:
         """The channel's conversations, most recently active first, titled by their first message."""
         first_text = (
-            select(MessageRow.content)
-            .where(MessageRow.session_id == SessionRow.id, MessageRow.role == "user")
-            .order_by(col(MessageRow.id))
+            select(InputRow.text)
+            .where(InputRow.session_id == SessionRow.id, InputRow.kind != "control")
+            .order_by(col(InputRow.id))
             .limit(1)
             .correlate(SessionRow)
             .scalar_subquery()
@@ -303,7 +219,7 @@ class ConversationStore:
             ]
 
     async def history(self, session_id: str, limit: int = 500) -> list[TranscriptEntry]:
-        """What a reader sees: user and assistant messages, and which tools were called."""
+        """What a reader sees: the transcript's user and assistant messages, notices, and queued inputs."""
         async with self.db.read() as s:
             rows = await s.exec(
                 select(MessageRow)
@@ -313,10 +229,15 @@ class ConversationStore:
             )
             notices = await s.exec(
                 select(TurnRow)
-                .where(TurnRow.session_id == session_id,
-                       col(TurnRow.status).in_((TurnStatus.FAILED, TurnStatus.CANCELLED)))
+                .where(TurnRow.session_id == session_id, TurnRow.status == TurnStatus.FAILED)
                 .order_by(col(TurnRow.id).desc())
                 .limit(limit)
+            )
+            waiting = await s.exec(
+                select(InputRow)
+                .where(InputRow.session_id == session_id, InputRow.status == InputStatus.WAITING,
+                       col(InputRow.message_id).is_(None))  # converted by migration 0002: already shown
+                .order_by(col(InputRow.id))
             )
             entries = [
                 TranscriptEntry(id=-(t.id or 0), role="notice", content=t.error or t.status, sender=None,
@@ -330,8 +251,13 @@ class ConversationStore:
                     id=row.id, role=row.role, content=row.content, sender=row.sender, created_at=row.created_at,
                     tool_names=tuple(str(c.get("name")) for c in calls),
                 ))
-            # A failed or stopped turn leaves a notice (not a message: the model never sees it).
+            # A failed turn leaves a notice (not a message: the model never sees it).
             entries.sort(key=lambda e: (e.created_at, e.id > 0, abs(e.id)))
+            entries += [
+                TranscriptEntry(id=0, role="user", content=i.text, sender=i.sender, created_at=i.created_at,
+                                queued=True)
+                for i in waiting.all()
+            ]
             return entries
 
     async def count_turns(self, status: str) -> int:
@@ -340,12 +266,40 @@ class ConversationStore:
             return int(result.one())
 
 
+async def turn_info(s: AsyncSession, turn: TurnRow, session: SessionRow) -> TurnInfo:
+    """A turn as events carry it, with every input it took (steered ones too) in arrival order."""
+    assert turn.id is not None
+    inputs = (
+        await s.exec(
+            select(InputRow).where(InputRow.turn_id == turn.id, InputRow.kind != "control").order_by(col(InputRow.id))
+        )
+    ).all()
+    refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in inputs)
+    ids = tuple(i.id for i in inputs if i.id is not None)
+    sender = next((i.sender for i in inputs if i.kind == "message"), inputs[0].sender if inputs else None)
+    if not inputs and turn.input_message_id is not None:  # a turn from before merged turns existed
+        msg = await s.get(MessageRow, turn.input_message_id)
+        if msg is not None:
+            refs, sender = (MessageRef(msg.platform_channel, msg.platform_ts),), msg.sender
+    return TurnInfo(id=turn.id, session=session_info(session), inputs=refs, sender=sender, input_ids=ids)
+
+
+def turn_outcome(turn: TurnRow) -> Outcome | None:
+    if turn.status == TurnStatus.FINISHED:
+        return Outcome("answered", turn.answer or "", turn.id)
+    if turn.status == TurnStatus.FAILED:
+        return Outcome("failed", turn.error or "failed", turn.id)
+    if turn.status == TurnStatus.CANCELLED:
+        return Outcome("cancelled", turn.error or "stopped", turn.id)
+    return None
+
+
 def _title(text: str | None) -> str:
     line = (text or "").strip().split("\n", 1)[0]
     return line if len(line) <= 80 else line[:79] + "…"
 
 
-def _session_info(row: SessionRow) -> SessionInfo:
+def session_info(row: SessionRow) -> SessionInfo:
     return SessionInfo(
         id=row.id,
         channel=row.channel,

@@ -41,6 +41,9 @@ class SessionRow(SQLModel, table=True):
     status: str = Field(max_length=32)
     # Platform data the channel adapter needs to answer (JSON), e.g. Slack channel and thread_ts.
     reply_ref: str = Field(sa_column=Column(Text, nullable=False))
+    # Where the conversation lives (e.g. "slack:T1:C1"), for per-channel settings such as the queue mode.
+    place: str | None = Field(default=None, max_length=255)
+    queue_mode: str | None = Field(default=None, max_length=16)
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
 
@@ -74,13 +77,55 @@ class TurnRow(SQLModel, table=True):
     session_id: str = Field(foreign_key="sessions.id", max_length=255)
     agent: str = Field(max_length=64)
     status: str = Field(max_length=16)
-    input_message_id: int = Field(foreign_key="messages.id")
+    # Set on turns from before merged turns existed; newer turns list their inputs in ``inputs``.
+    input_message_id: int | None = Field(default=None, foreign_key="messages.id")
     attempts: int = Field(default=0)
     answer: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     created_at: datetime = _ts()
     started_at: datetime | None = _ts(nullable=True)
     finished_at: datetime | None = _ts(nullable=True)
+
+
+class InputRow(SQLModel, table=True):
+    """One message a person sent, from arrival until a turn takes it into the transcript (or it is refused).
+
+    Inputs wait here, not in ``messages``: a turn writes them to the transcript when it takes them, so
+    the transcript's order is the order the model saw things in, and a cancelled input leaves no trace.
+    """
+
+    __tablename__ = "inputs"
+    __table_args__ = (
+        UniqueConstraint("session_id", "idempotency_key", name="uq_inputs_session_key"),
+        Index("ix_inputs_session_status", "session_id", "status", "id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(foreign_key="sessions.id", max_length=255)
+    kind: str = Field(max_length=16)  # "message" (asks for an answer) or "context"
+    status: str = Field(max_length=16)  # waiting, taken, cancelled, refused
+    text: str = Field(sa_column=Column(Text, nullable=False))
+    images: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    sender: str | None = Field(default=None, max_length=64)
+    agent: str | None = Field(default=None, max_length=64)
+    platform_channel: str | None = Field(default=None, max_length=64)
+    platform_ts: str | None = Field(default=None, max_length=64)
+    idempotency_key: str | None = Field(default=None, max_length=255)
+    turn_id: int | None = Field(default=None, foreign_key="turns.id")
+    message_id: int | None = Field(default=None, foreign_key="messages.id")
+    note: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # why refused or cancelled
+    created_at: datetime = _ts()
+    taken_at: datetime | None = _ts(nullable=True)
+
+
+class ControlRow(SQLModel, table=True):
+    """Operator switches that every process must see: intake pause, per-place queue modes."""
+
+    __tablename__ = "control"
+
+    key: str = Field(primary_key=True, max_length=255)
+    value: str = Field(sa_column=Column(Text, nullable=False))
+    updated_at: datetime = _ts()
 
 
 class ProcessedEventRow(SQLModel, table=True):

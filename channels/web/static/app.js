@@ -2,7 +2,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { cid: null, stream: null, working: false, pending: [] };
+const state = { cid: null, stream: null, working: false, pending: [], notices: [] };
 
 function randomHex(bytes) {
   const a = new Uint8Array(bytes);
@@ -76,11 +76,14 @@ function renderTranscript(messages) {
       continue;
     }
     const role = m.role === "user" ? "user" : m.role === "notice" ? "notice" : "assistant";
-    const meta = m.tools.length ? `used ${m.tools.join(", ")}` : "";
-    box.appendChild(messageElement(role, renderMarkdown(m.content || ""), meta));
+    const meta = m.queued ? "queued — waits for the current turn" : m.tools.length ? `used ${m.tools.join(", ")}` : "";
+    box.appendChild(messageElement(role, renderMarkdown(m.content || ""), meta, m.queued ? "pending" : ""));
   }
   for (const text of state.pending) {
     box.appendChild(messageElement("user", renderMarkdown(text), "sending…", "pending"));
+  }
+  for (const text of state.notices) {
+    box.appendChild(messageElement("notice", renderMarkdown(text)));
   }
   box.scrollTop = box.scrollHeight;
 }
@@ -128,7 +131,9 @@ function listen() {
       await loadConversation();
       await loadList();
     }
-    if (item.type === "message.accepted") await loadConversation();
+    if (item.type === "message.accepted" || item.type === "input.queued") await loadConversation();
+    if (item.type === "inputs.taken") { setWorking(true, item.steered ? "Taken into the running turn…" : ""); await loadConversation(); }
+    if (item.type === "notice") { state.notices.push(item.text); await loadConversation(); }
   };
   state.stream = stream;
 }
@@ -136,6 +141,7 @@ function listen() {
 async function openConversation(cid, push) {
   state.cid = cid;
   state.pending = [];
+  state.notices = [];
   if (push) history.pushState({}, "", cid ? `/c/${cid}` : "/");
   $("sidebar").classList.remove("open");
   setWorking(false);
@@ -184,7 +190,9 @@ $("message").addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); $("composer").requestSubmit(); }
 });
 $("stop").addEventListener("click", async () => {
-  if (state.cid) await api(`/api/conversations/${state.cid}/stop`, { body: {} });
+  if (!state.cid) return;
+  await api(`/api/conversations/${state.cid}/stop`, { body: {} });  // the stream brings the notice
+  setWorking(false, "Stopped");
 });
 $("new-conversation").addEventListener("click", () => openConversation(null, true));
 $("toggle-sidebar").addEventListener("click", () => $("sidebar").classList.toggle("open"));
