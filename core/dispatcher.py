@@ -229,6 +229,24 @@ class Dispatcher:
     async def working(self, session_id: str) -> bool:
         return await self.conversations.has_live_work(session_id)
 
+    async def dispatch(self, message: Inbound, cancel: asyncio.Event | None = None) -> Outcome:
+        """Accept an input and wait for its outcome; setting ``cancel`` withdraws it (see ``cancel_input``)."""
+        result = await self.accept(message)
+        if result.input_id is None:
+            return Outcome("refused", "not for the bot" if result.outcome is AcceptOutcome.IGNORED
+                           else "already received")
+        pending = asyncio.ensure_future(self.outcome(result.input_id))
+        if cancel is None:
+            return await pending
+        cancelled = asyncio.ensure_future(cancel.wait())
+        try:
+            await asyncio.wait({pending, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+            if not pending.done():
+                await self.cancel_input(result.input_id, by=message.sender)
+            return await pending
+        finally:
+            cancelled.cancel()
+
     # -- outcomes and cancellation --------------------------------------------------------------
 
     async def outcome(self, input_id: int) -> Outcome:

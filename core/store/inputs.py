@@ -256,10 +256,9 @@ class InputStore:
             turn = await s.get(TurnRow, row.turn_id)
             if turn is None:
                 return None
-            result = turn_outcome(turn)
-            if result is not None and row.status == InputStatus.CANCELLED and result.status == "answered":
-                return Outcome("cancelled", row.note or "cancelled", turn.id)
-            return result
+            # Once taken, an input shares its turn's outcome: if the turn answered (a stop lost the race,
+            # or others in a merged turn still wanted it), this message was answered too.
+            return turn_outcome(turn)
 
     async def input_ids_of_turn(self, turn_id: int) -> list[int]:
         async with self.db.read() as s:
