@@ -9,16 +9,19 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from bot.agents_config import load_agents
 from bot.providers import build_provider
 from bot.settings import Settings
 from bot.tools import build_registry
-from core.agents import DEFAULT_INSTRUCTIONS, Agent, AgentDirectory
+from bot.tools.message import message_send_tool
+from core.agents import AgentDirectory
+from core.approvals import ApprovalBroker, ApprovalPolicy
 from core.clock import Clock, SystemClock
 from core.dispatcher import DispatchConfig, Dispatcher
 from core.events import EventBus
 from core.providers import Provider, RetryPolicy
 from core.runner import AgentRunner, RunnerLimits
-from core.store import ControlStore, ConversationStore, Database, InputStore
+from core.store import ApprovalStore, ControlStore, ConversationStore, Database, InputStore
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,7 @@ class Application:
     settings: Settings
     db: Database
     dispatcher: Dispatcher
+    approvals: ApprovalBroker
     channels: list[Channel] = field(default_factory=list)
     web_app: web.Application = field(default_factory=web.Application)
     _runner: web.AppRunner | None = None
@@ -45,6 +49,7 @@ class Application:
     async def start(self) -> None:
         """Migrate, recover, start channels, then listen. Order matters: no input before recovery."""
         await self.db.migrate()
+        await self.approvals.expire_overdue()  # those that ran out while no process was up
         await self.dispatcher.start()
         for channel in self.channels:
             await channel.start()
@@ -76,17 +81,23 @@ def build_application(
     clock = clock or SystemClock()
     db = Database(settings.resolved_database_url)
     store = ConversationStore(db)
+    bus = EventBus()
+    agents = AgentDirectory(load_agents(settings.bot_config, default_instructions=settings.bot_instructions))
+    policy = ApprovalPolicy(settings.approvers, settings.admins)
+    approvals = ApprovalBroker(ApprovalStore(db), bus, clock, policy, agents,
+                               timeout_s=settings.approval_timeout_s, poll_s=settings.approval_poll_s)
+    tools = build_registry(settings.bot_home.resolve())
     runner = AgentRunner(
         store,
         provider or build_provider(settings),
-        build_registry(),
+        tools,
         clock,
         limits=RunnerLimits(max_steps=settings.max_steps, tool_result_max_chars=settings.tool_result_max_chars),
         retry=RetryPolicy(attempts=settings.llm_max_attempts, base_delay_s=settings.llm_retry_base_s),
+        gate=approvals,
     )
-    agents = AgentDirectory([Agent(instructions=settings.bot_instructions or DEFAULT_INSTRUCTIONS)])
     dispatcher = Dispatcher(
-        store, InputStore(db), ControlStore(db), runner, agents, EventBus(), clock,
+        store, InputStore(db), ControlStore(db), runner, agents, bus, clock,
         DispatchConfig(
             max_concurrent_turns=settings.max_concurrent_turns,
             record_thread_context=settings.bot_record_thread_context,
@@ -95,16 +106,16 @@ def build_application(
             max_waiting=settings.queue_max_waiting,
         ),
     )
-    app = Application(settings=settings, db=db, dispatcher=dispatcher)
+    app = Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals)
     if settings.bot_web_chat:
         from channels.web import WebChannel, WebConfig
 
-        app.channels.append(WebChannel(WebConfig(token=settings.bot_web_token), dispatcher))
+        app.channels.append(WebChannel(WebConfig(token=settings.bot_web_token), dispatcher, approvals))
     if settings.slack_mode is not None:
         from channels.slack import SlackChannel, SlackConfig
 
         assert settings.slack_bot_token is not None
-        app.channels.append(SlackChannel(
+        slack = SlackChannel(
             SlackConfig(
                 bot_token=settings.slack_bot_token,
                 signing_secret=settings.slack_signing_secret,
@@ -114,7 +125,11 @@ def build_application(
                 rate_limit_retries=settings.slack_max_retries,
             ),
             dispatcher,
-        ))
+            approvals,
+        )
+        policy.groups = slack  # user groups in BOT_APPROVERS are resolved through the Slack API
+        tools.register(message_send_tool(slack.send_message))
+        app.channels.append(slack)
     app.web_app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", _readyz_handler(app))])
     for channel in app.channels:
         app.web_app.add_routes(channel.routes())

@@ -59,7 +59,9 @@ class Settings(BaseSettings):
     # People and policy
     bot_approvers: str = "requester"
     bot_admins: str | None = None
-    approval_timeout_s: int = Field(default=900, ge=1)
+    approval_timeout_s: float = Field(default=900, gt=0)
+    approval_poll_s: float = Field(default=2.0, gt=0)
+    bot_config: Path = Path("bot.toml")
     queue_mode: QueueMode = "steer"
     queue_debounce_ms: int = Field(default=500, ge=0, le=60_000)
     queue_max_waiting: int = Field(default=20, ge=1, le=1000)
@@ -133,8 +135,9 @@ class Settings(BaseSettings):
         if value is None:
             return None
         for item in _split(value):
-            if item != "requester" and not (item[:1] in ("U", "W", "S") and item[1:].isalnum()):
-                raise ValueError(f"{item!r} is not a Slack user id (U…/W…), user-group id (S…) or 'requester'")
+            if item not in ("requester", "web") and not (item[:1] in ("U", "W", "S") and item[1:].isalnum()):
+                raise ValueError(f"{item!r} is not a Slack user id (U…/W…), user-group id (S…), "
+                                 "'requester' or 'web' (whoever uses the web chat)")
         return value
 
     @model_validator(mode="after")

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from core.model import MessageRef, SessionInfo, TurnInfo
+from core.model import ApprovalInfo, MessageRef, SessionInfo, TurnInfo
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,22 @@ class Notice(Event):
     name: ClassVar[str] = "notice"
     text: str
     ref: MessageRef | None = None  # the message it answers, if any
+
+
+@dataclass(frozen=True)
+class ApprovalRequested(Event):
+    """A gated call is parked (already in the database): show it with its buttons."""
+
+    name: ClassVar[str] = "approval.requested"
+    request: ApprovalInfo
+
+
+@dataclass(frozen=True)
+class ApprovalResolved(Event):
+    """A parked call was settled (already in the database): update its message, no buttons left."""
+
+    name: ClassVar[str] = "approval.resolved"
+    request: ApprovalInfo
 
 
 Handler = Callable[[Event], Awaitable[None]]

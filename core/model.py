@@ -88,6 +88,7 @@ class SessionInfo:
     agent: str
     status: str
     reply_ref: dict[str, Any]
+    place: str | None = None
 
     @staticmethod
     def parse_reply_ref(raw: str) -> dict[str, Any]:
@@ -102,6 +103,51 @@ class TurnInfo:
     inputs: tuple[MessageRef, ...]  # every input the turn took, steered ones included
     sender: str | None  # who asked first
     input_ids: tuple[int, ...] = ()
+
+
+class ApprovalStatus:
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class ApprovalInfo:
+    """A parked tool call as channels render it, and as deciders see it."""
+
+    id: int
+    session: SessionInfo
+    tool: str
+    arguments: dict[str, Any]
+    agent: str
+    requester: str | None
+    status: str
+    parked_at: datetime
+    expires_at: datetime
+    decided_by: str | None = None
+    reason: str | None = None
+    always: bool = False
+    announcement: dict[str, Any] | None = None
+    started: bool = False
+
+    @property
+    def settled(self) -> bool:
+        return self.status != ApprovalStatus.PENDING
+
+    def summary(self) -> str:
+        """One line saying how it was settled, e.g. "Denied by U1: not now"."""
+        who = self.decided_by or "someone"
+        if self.status == ApprovalStatus.APPROVED:
+            return f"{'Always allowed' if self.always else 'Approved'} by {who}"
+        if self.status == ApprovalStatus.DENIED:
+            return f"Denied by {who}" + (f": {self.reason}" if self.reason else "")
+        if self.status == ApprovalStatus.EXPIRED:
+            return "Expired: nobody decided in time"
+        if self.status == ApprovalStatus.CANCELLED:
+            return "Cancelled" + (f" ({self.reason})" if self.reason else "")
+        return "Waiting for a decision"
 
 
 @dataclass(frozen=True)

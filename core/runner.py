@@ -6,6 +6,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from core.agents import Agent
 from core.clock import Clock
@@ -21,7 +22,7 @@ from core.providers import (
 )
 from core.store import ConversationStore
 from core.store.tables import MessageRow
-from core.tools import Risk, ToolContext, ToolError, ToolRegistry, run_tool
+from core.tools import Risk, Tool, ToolContext, ToolError, ToolGate, ToolRegistry, run_tool
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class AgentRunner:
         *,
         limits: RunnerLimits = RunnerLimits(),
         retry: RetryPolicy = RetryPolicy(),
+        gate: ToolGate | None = None,
     ) -> None:
         self.store = store
         self.provider = provider
@@ -54,6 +56,7 @@ class AgentRunner:
         self.clock = clock
         self.limits = limits
         self.retry = retry
+        self.gate = gate
 
     async def run(
         self,
@@ -69,14 +72,15 @@ class AgentRunner:
         that arrived meanwhile (already saved to the transcript); ``images`` go with the turn's input.
         """
         session_id = turn.session.id
-        rows = await self.store.transcript(session_id, self.limits.history_messages)
-        history = await self._close_dangling_calls(session_id, turn.id, _to_chat(rows))
-        if images and history and history[-1].role == "user":
-            history[-1] = replace(history[-1], images=images)
         allowed = self.tools.allowed(agent.tools)
         specs = [t.spec() for t in allowed]
         allowed_names = {t.name for t in allowed}
-        ctx = ToolContext(session_id=session_id, turn_id=turn.id, agent=agent.name, sender=turn.sender)
+        ctx = ToolContext(session_id=session_id, turn_id=turn.id, agent=agent.name, sender=turn.sender,
+                          place=turn.session.place)
+        rows = await self.store.transcript(session_id, self.limits.history_messages)
+        history = await self._close_dangling_calls(_to_chat(rows), allowed_names, ctx)
+        if images and history and history[-1].role == "user":
+            history[-1] = replace(history[-1], images=images)
 
         for _step in range(self.limits.max_steps):
             request = CompletionRequest(instructions=agent.instructions, messages=merge_user_runs(history),
@@ -111,33 +115,63 @@ class AgentRunner:
         tool = self.tools.get(call.name)
         if tool is None or call.name not in allowed:
             return f"error: there is no tool named {call.name!r} available to you"
+        ctx = replace(ctx, call_id=call.id)
         try:
             args = tool.parse_arguments(call.arguments)
             if tool.risk is Risk.GATED:
-                # Approvals arrive with the approval broker; until then nothing gated runs unasked.
-                raise ToolError(f"{tool.name} needs a person's approval, and approvals are not enabled here")
-            log.info("tool %s called (session %s, turn %s)", tool.name, ctx.session_id, ctx.turn_id)
+                if self.gate is None:
+                    raise ToolError(f"{tool.name} needs a person's approval, and nobody can approve here")
+                decision = await self.gate.authorize(ctx, tool, args)
+                if not decision.allowed:
+                    return decision.result
+                await self.gate.started(decision)  # the decision is on record before the tool runs
+            return await self._execute(tool, ctx, args)
+        except ToolError as exc:
+            return f"error: {exc}"
+
+    async def _execute(self, tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> str:
+        log.info("tool %s called (session %s, turn %s)", tool.name, ctx.session_id, ctx.turn_id)
+        try:
             result = await run_tool(tool, ctx, args)
         except ToolError as exc:
             return f"error: {exc}"
         return _truncate(result, self.limits.tool_result_max_chars)
 
     async def _close_dangling_calls(
-        self, session_id: str, turn_id: int, history: list[ChatMessage]
+        self, history: list[ChatMessage], allowed: set[str], ctx: ToolContext
     ) -> list[ChatMessage]:
-        """A crash can leave tool calls without results; record them as interrupted, never re-run them."""
+        """A crash can leave tool calls without results. One still waiting for its approval waits
+        again (its buttons keep working); one approved but never begun runs now; anything else is
+        recorded as interrupted and never re-run."""
         answered = {m.tool_call_id for m in history if m.role == "tool"}
         closed: list[ChatMessage] = []
         for message in history:
             closed.append(message)
             for call in message.tool_calls:
                 if call.id not in answered:
+                    result = await self._recover_call(call, allowed, replace(ctx, call_id=call.id))
                     await self.store.add_message(
-                        session_id, role="tool", content=INTERRUPTED_RESULT, turn_id=turn_id,
+                        ctx.session_id, role="tool", content=result, turn_id=ctx.turn_id,
                         now=self.clock.now(), tool_call_id=call.id,
                     )
-                    closed.append(ChatMessage("tool", INTERRUPTED_RESULT, tool_call_id=call.id))
+                    closed.append(ChatMessage("tool", result, tool_call_id=call.id))
         return closed
+
+    async def _recover_call(self, call: ToolCall, allowed: set[str], ctx: ToolContext) -> str:
+        tool = self.tools.get(call.name)
+        if tool is None or call.name not in allowed or tool.risk is not Risk.GATED or self.gate is None:
+            return INTERRUPTED_RESULT
+        try:
+            args = tool.parse_arguments(call.arguments)
+        except ToolError:
+            return INTERRUPTED_RESULT
+        decision = await self.gate.recover(ctx, tool, args)
+        if decision is None or decision.already_started:
+            return INTERRUPTED_RESULT
+        if not decision.allowed:
+            return decision.result
+        await self.gate.started(decision)
+        return await self._execute(tool, ctx, args)
 
 
 def merge_user_runs(messages: list[ChatMessage]) -> list[ChatMessage]:

@@ -8,7 +8,7 @@ import fnmatch
 import json
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import jsonschema
 
@@ -32,6 +32,9 @@ class ToolContext:
     turn_id: int
     agent: str
     sender: str | None
+    place: str | None = None  # where the conversation lives (grants are scoped to it)
+    call_id: str = ""
+    interactive: bool = True  # False where nobody can be asked (a scheduled firing)
 
 
 ToolFunction = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
@@ -45,6 +48,8 @@ class Tool:
     risk: Risk
     function: ToolFunction
     timeout_s: float = 60.0
+    # The argument "Always allow" patterns match (e.g. shell_run's command); None: the whole tool.
+    pattern_arg: str | None = None
 
     def spec(self) -> dict[str, Any]:
         """The OpenAI-style function description the model sees."""
@@ -94,6 +99,30 @@ class ToolRegistry:
         """Tools whose names match an allowlist entry (exact names or globs such as ``schedule_*``)."""
         pats = list(patterns)
         return [t for name, t in sorted(self._tools.items()) if any(fnmatch.fnmatchcase(name, p) for p in pats)]
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """Whether a gated call may run; when not, ``result`` is what the model is told instead."""
+
+    allowed: bool
+    result: str = ""
+    request_id: int | None = None
+    already_started: bool = False  # approved before a crash and begun: never run it twice
+
+
+class ToolGate(Protocol):
+    async def authorize(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> GateDecision:
+        """Decide (possibly asking a person, possibly waiting) whether this gated call may run."""
+        ...
+
+    async def recover(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> GateDecision | None:
+        """For a call a crash left without result: its approval's state, or None if it never had one."""
+        ...
+
+    async def started(self, decision: GateDecision) -> None:
+        """Record that an approved call begins to run (before it runs)."""
+        ...
 
 
 async def run_tool(tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> str:

@@ -82,6 +82,11 @@ class GatewayClient:
             headers["X-Slack-Retry-Reason"] = "http_timeout"
         return await self.post_raw(body, headers)
 
+    async def interact(self, form_body: str) -> aiohttp.ClientResponse:
+        """A signed interactivity request (button click, modal submission) or slash command."""
+        form = "application/x-www-form-urlencoded"
+        return await self.post_raw(form_body, signed_headers(form_body, content_type=form))
+
     async def idle(self, timeout: float = 10.0) -> None:
         """Wait until no turn is running and every event has been rendered."""
         async with asyncio.timeout(timeout):

@@ -62,3 +62,27 @@ def command_body(text: str, *, command: str = "/bot", user: str = "U1", channel:
 
 def dumps(body: dict[str, Any]) -> str:
     return json.dumps(body)
+
+
+def block_action(action_id: str, value: str, *, user: str = "U1", channel: str = "C1",
+                 message_ts: str = "1.0") -> str:
+    """A signed-ready interactivity body: a button click."""
+    payload = {
+        "type": "block_actions", "team": {"id": TEAM_ID}, "user": {"id": user}, "api_app_id": "A1",
+        "token": "legacy", "trigger_id": f"trigger-{next(_counter)}",
+        "channel": {"id": channel}, "container": {"type": "message", "message_ts": message_ts},
+        "message": {"ts": message_ts, "text": ""},
+        "actions": [{"action_id": action_id, "block_id": "b", "value": value, "type": "button",
+                     "action_ts": "1.1"}],
+    }
+    return urlencode({"payload": json.dumps(payload)})
+
+
+def view_submission(callback_id: str, private_metadata: str, values: dict[str, Any], *, user: str = "U1") -> str:
+    payload = {
+        "type": "view_submission", "team": {"id": TEAM_ID}, "user": {"id": user}, "api_app_id": "A1",
+        "token": "legacy", "trigger_id": f"trigger-{next(_counter)}",
+        "view": {"id": "V1", "type": "modal", "callback_id": callback_id, "private_metadata": private_metadata,
+                 "state": {"values": values}},
+    }
+    return urlencode({"payload": json.dumps(payload)})

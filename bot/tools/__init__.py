@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import logging
 from importlib.metadata import entry_points
+from pathlib import Path
 
+from bot.tools.http import CredentialHeaders, http_request_tool
+from bot.tools.shell import EnvFor, shell_run_tool
 from bot.tools.time_now import time_now_tool
 from core.tools import Tool, ToolRegistry
 
 log = logging.getLogger(__name__)
 
 
-def build_registry() -> ToolRegistry:
+def build_registry(home: Path, *, shell_env: EnvFor | None = None,
+                   credential_headers: CredentialHeaders | None = None) -> ToolRegistry:
+    """The built-in tools that need nothing but this machine, then plugins.
+
+    ``message_send`` is added by the wiring once a chat channel that can post exists."""
     registry = ToolRegistry()
     registry.register(time_now_tool())
+    registry.register(shell_run_tool(home, env_for=shell_env))
+    registry.register(http_request_tool(credential_headers=credential_headers))
     for tool in _plugin_tools():
         registry.register(tool)
     return registry

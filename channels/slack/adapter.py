@@ -6,8 +6,10 @@ core's. It only knows Slack's shapes (ids, mentions, threads, reactions, limits)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +24,25 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.errors import MalformedPayload
+from channels.slack.api import error_code
+from channels.slack.approvals import SlackApprovals
 from channels.slack.formatting import split_message, to_mrkdwn
+from core.approvals import ApprovalBroker
 from core.dispatcher import Dispatcher
 from core.errors import InvalidInput
-from core.events import Event, InputQueued, InputsTaken, Notice, TurnCancelled, TurnFailed, TurnFinished
+from core.events import (
+    ApprovalRequested,
+    ApprovalResolved,
+    Event,
+    InputQueued,
+    InputsTaken,
+    Notice,
+    TurnCancelled,
+    TurnFailed,
+    TurnFinished,
+)
 from core.model import Inbound, MessageRef
+from core.tools import ToolError
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +65,10 @@ class SlackConfig:
 class SlackChannel:
     name = "slack"
 
-    def __init__(self, config: SlackConfig, dispatcher: Dispatcher) -> None:
+    def __init__(self, config: SlackConfig, dispatcher: Dispatcher, approvals: ApprovalBroker) -> None:
         self.config = config
         self.dispatcher = dispatcher
+        self.approvals = approvals
         self.client = AsyncWebClient(token=config.bot_token, base_url=config.api_url)
         self.client.retry_handlers.append(AsyncRateLimitErrorRetryHandler(max_retry_count=config.rate_limit_retries))
         http_mode = config.app_token is None
@@ -72,7 +89,11 @@ class SlackChannel:
         self.app.event("app_mention")(self._on_app_mention)
         self.app.event("message")(self._on_message)
         self.app.command(config.command)(self._on_command)
+        self._approvals = SlackApprovals(self.app, self.client, approvals)
+        self.app.action(re.compile(".*"))(self._on_unknown_action)  # registered last: anything not matched above
         self.app.error(self._on_error)
+        self._groups: dict[str, tuple[float, set[str]]] = {}
+        self._channel_ids: dict[str, str] = {}
         dispatcher.bus.subscribe(self.render, channel=self.name)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -119,7 +140,7 @@ class SlackChannel:
         if isinstance(error, MalformedPayload):
             log.warning("malformed Slack payload: %s", error)
             return BoltResponse(status=400, body=f'{{"error": "malformed payload: {error}"}}')
-        log.error("Slack listener failed: %s: %s", type(error).__name__, error)
+        log.error("Slack listener failed: %s: %s", type(error).__name__, error, exc_info=error)
         return None  # bolt answers 500, so Slack delivers it again
 
     # -- inbound --------------------------------------------------------------------------------
@@ -205,6 +226,8 @@ class SlackChannel:
                 return
             await ack(text=f"Queue mode in this channel is now {words[1].lower()} "
                            "(a thread can still override it: mention me with `queue collect`).")
+        elif sub == "approvals":
+            await ack(text=await self._approvals_command(words[1:], user))
         elif sub == "help":
             await ack(text=self._help())
         else:
@@ -218,7 +241,9 @@ class SlackChannel:
             "In a thread: `@bot stop` stops my work there; `@bot queue steer|collect|followup` sets how "
             "messages sent while I work are handled.\n"
             f"`{c} status` — am I up and how busy\n`{c} stop` — stop the latest busy thread in this channel\n"
-            f"`{c} queue steer|collect|followup` — the queue mode for this channel\n`{c} help` — this text"
+            f"`{c} queue steer|collect|followup` — the queue mode for this channel\n"
+            f"`{c} approvals` — pending approvals and \"Always allow\" grants; "
+            f"`{c} approvals revoke <id>` (admins)\n`{c} help` — this text"
         )
 
     # -- outbound (rendering core events) -------------------------------------------------------
@@ -248,16 +273,95 @@ class SlackChannel:
             await self._clear(event.turn.inputs)
         elif isinstance(event, Notice):
             await self._post(channel, thread_ts, f":information_source: {event.text}")
+        elif isinstance(event, ApprovalRequested):
+            await self._approvals.announce(event.request)
+        elif isinstance(event, ApprovalResolved):
+            await self._approvals.resolve(event.request)
 
     async def _clear(self, refs: tuple[MessageRef, ...]) -> None:
         for item in refs:
             await self._react("reactions_remove", item, PROGRESS_REACTION)
 
+    async def _approvals_command(self, args: list[str], user: str) -> str:
+        if len(args) == 2 and args[0] == "revoke" and args[1].isdigit():
+            return await self.approvals.revoke_grant(int(args[1]), by=user)
+        pending = await self.approvals.pending()
+        grants = await self.approvals.grants()
+        lines = [f"*Pending approvals:* {len(pending)}"]
+        lines += [f"• #{p.id} `{p.tool}` asked by <@{p.requester}> — expires {p.expires_at:%H:%M} UTC"
+                  for p in pending[:20]]
+        lines.append(f"*Always-allow grants:* {len(grants)}")
+        lines += [f"• {g.id}: agent `{g.agent}` may run `{g.tool}`"
+                  + (f" matching `{g.arg_pattern}`" if g.arg_pattern else "")
+                  + (f" in {_place_text(g.place)}" if g.place else "") + f" (by <@{g.created_by}>)"
+                  for g in grants[:30]]
+        if grants:
+            lines.append(f"Revoke one with `{self.config.command} approvals revoke <id>` (admins).")
+        return "\n".join(lines)
+
+    async def _on_unknown_action(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        await ack()
+        user = str((body.get("user") or {}).get("id") or "")
+        channel = str((body.get("channel") or {}).get("id") or "")
+        log.warning("unknown Slack action %r", action.get("action_id"))
+        if channel and user:
+            with contextlib.suppress(SlackApiError):
+                await self.client.chat_postEphemeral(channel=channel, user=user,
+                                                     text="I don't know that button; nothing was done.")
+
+    # -- used by core through bot's wiring --------------------------------------------------------
+
+    async def members(self, group_id: str) -> set[str]:
+        """Members of a Slack user group (cached for a minute: approvers are checked on every click)."""
+        cached = self._groups.get(group_id)
+        if cached is not None and time.monotonic() - cached[0] < 60:
+            return cached[1]
+        try:
+            response = await self.client.usergroups_users_list(usergroup=group_id)
+            users = set(response.get("users") or [])
+        except SlackApiError as exc:
+            log.warning("usergroups.users.list %s failed: %s", group_id, error_code(exc))
+            users = set()
+        self._groups[group_id] = (time.monotonic(), users)
+        return users
+
+    async def send_message(self, channel: str, text: str) -> str:
+        """``message_send``: post to ``#name`` or a channel id; errors become tool errors the model reads."""
+        channel_id = await self._channel_id(channel)
+        try:
+            response = await self.client.chat_postMessage(channel=channel_id, text=text)
+        except SlackApiError as exc:
+            error = error_code(exc)
+            hint = {"not_in_channel": "invite the bot to that channel first",
+                    "channel_not_found": "no such channel", "is_archived": "that channel is archived"}
+            raise ToolError(f"Slack refused the message to {channel}: {hint.get(error, error)}") from None
+        return f"posted to {channel} (ts {response.get('ts')})"
+
+    async def _channel_id(self, channel: str) -> str:
+        if not channel.startswith("#"):
+            if re.fullmatch(r"[CGD][A-Z0-9]{2,}", channel):
+                return channel
+            raise ToolError(f"{channel!r} is not a channel: use #name or a channel id such as C0123ABCD")
+        name = channel[1:].lower()
+        if name not in self._channel_ids:
+            cursor = None
+            while True:
+                response = await self.client.conversations_list(
+                    types="public_channel,private_channel", exclude_archived=True, limit=1000, cursor=cursor)
+                for item in response.get("channels") or []:
+                    self._channel_ids[str(item.get("name"))] = str(item.get("id"))
+                cursor = (response.get("response_metadata") or {}).get("next_cursor")
+                if not cursor:
+                    break
+        if name not in self._channel_ids:
+            raise ToolError(f"there is no channel {channel} that the bot can see")
+        return self._channel_ids[name]
+
     async def _post(self, channel: str, thread_ts: str | None, text: str) -> None:
         try:
             await self.client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text)
         except SlackApiError as exc:
-            log.error("chat.postMessage to %s failed: %s", channel, exc.response.get("error"))
+            log.error("chat.postMessage to %s failed: %s", channel, error_code(exc))
 
     async def _react(self, method: str, item: MessageRef, name: str) -> None:
         if not item.channel or not item.ts:
@@ -265,8 +369,13 @@ class SlackChannel:
         try:
             await getattr(self.client, method)(channel=item.channel, timestamp=item.ts, name=name)
         except SlackApiError as exc:
-            if exc.response.get("error") not in ("already_reacted", "no_reaction"):
-                log.warning("%s failed: %s", method, exc.response.get("error"))
+            if error_code(exc) not in ("already_reacted", "no_reaction"):
+                log.warning("%s failed: %s", method, error_code(exc))
+
+
+def _place_text(place: str) -> str:
+    parts = place.split(":")
+    return f"<#{parts[-1]}>" if place.startswith("slack:") and len(parts) == 3 else place
 
 
 def _shape_problem(body: Any) -> str | None:

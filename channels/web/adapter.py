@@ -17,10 +17,22 @@ from typing import Any
 from aiohttp import web
 
 from channels.web.auth import WebAuth
+from core.approvals import ApprovalBroker
 from core.dispatcher import Dispatcher
 from core.errors import CoreError, InvalidInput
-from core.events import Event, InputQueued, InputsTaken, Notice, TurnCancelled, TurnFailed, TurnFinished, TurnStarted
-from core.model import Inbound, MessageRef
+from core.events import (
+    ApprovalRequested,
+    ApprovalResolved,
+    Event,
+    InputQueued,
+    InputsTaken,
+    Notice,
+    TurnCancelled,
+    TurnFailed,
+    TurnFinished,
+    TurnStarted,
+)
+from core.model import ApprovalInfo, Inbound, MessageRef
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +40,8 @@ _CONVERSATION_ID = re.compile(r"^[0-9a-f]{32}$")
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _STATIC = {"app.js": "application/javascript", "app.css": "text/css", "index.html": "text/html"}
 _KEEPALIVE_S = 15.0
+# Whoever uses the web chat (local, or holding BOT_WEB_TOKEN); may approve as the requester or via BOT_ADMINS.
+WEB_USER = "web"
 
 
 @dataclass(frozen=True)
@@ -39,9 +53,10 @@ class WebConfig:
 class WebChannel:
     name = "web"
 
-    def __init__(self, config: WebConfig, dispatcher: Dispatcher) -> None:
+    def __init__(self, config: WebConfig, dispatcher: Dispatcher, approvals: ApprovalBroker) -> None:
         self.config = config
         self.dispatcher = dispatcher
+        self.approvals = approvals
         self.auth = WebAuth(config.token, secure_cookie=config.secure_cookie)
         self.started = False
         self._watchers: dict[str, set[asyncio.Queue[dict[str, Any] | None]]] = {}
@@ -62,6 +77,7 @@ class WebChannel:
             web.post("/api/conversations/{cid}/messages", guard(self._send)),
             web.post("/api/conversations/{cid}/stop", guard(self._stop)),
             web.get("/api/conversations/{cid}/events", guard(self._events)),
+            web.post("/api/approvals/{id}", guard(self._decide)),
         ]
 
     async def start(self) -> None:
@@ -110,7 +126,26 @@ class WebChannel:
                  "queued": e.queued, "at": e.created_at.isoformat()}
                 for e in entries
             ],
+            "approvals": [_approval(a) for a in await self.approvals.recent(session_id)] if session else [],
         })
+
+    async def _decide(self, request: web.Request) -> web.Response:
+        try:
+            request_id = int(request.match_info["id"])
+        except ValueError:
+            return web.json_response({"error": "approval ids are numbers"}, status=400)
+        body = await _json_object(request)
+        verdict, reason = body.get("verdict"), body.get("reason")
+        if verdict not in ("approve", "deny", "always"):
+            return web.json_response({"error": "verdict must be approve, deny or always"}, status=400)
+        if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
+            return web.json_response({"error": "reason must be text of at most 500 characters"}, status=400)
+        current = await self.approvals.get(request_id)
+        if current is None or current.session.channel != self.name:
+            return web.json_response({"error": "no such approval request here"}, status=404)
+        result = await self.approvals.decide(request_id, verdict, by=WEB_USER, reason=reason)
+        status = 403 if result.refused else 200 if result.won else 409
+        return web.json_response({"won": result.won, "message": result.message}, status=status)
 
     async def _send(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
@@ -121,8 +156,8 @@ class WebChannel:
         if client_id is not None and (not isinstance(client_id, str) or not _CLIENT_ID.match(client_id)):
             return web.json_response({"error": "client_id must be 1-64 letters, digits, - or _"}, status=400)
         message = Inbound(
-            session_id=session_id, channel=self.name, sender="web", text=text.strip(), addressed=True,
-            ref=MessageRef(), idempotency_key=f"web:{client_id}" if client_id else None,
+            session_id=session_id, channel=self.name, sender=WEB_USER, text=text.strip(), addressed=True,
+            ref=MessageRef(), idempotency_key=f"web:{client_id}" if client_id else None, place="web",
         )
         try:
             result = await self.dispatcher.accept(message)
@@ -135,7 +170,7 @@ class WebChannel:
                                   "note": result.note})
 
     async def _stop(self, request: web.Request) -> web.Response:
-        report = await self.dispatcher.cancel(_session_id(request), by="web")
+        report = await self.dispatcher.cancel(_session_id(request), by=WEB_USER)
         return web.json_response({"stopped": report.running, "waiting_cancelled": report.waiting,
                                   "text": report.describe("web")})
 
@@ -185,6 +220,8 @@ class WebChannel:
             item.update(input_id=event.input_id)
         elif isinstance(event, Notice):
             item.update(text=event.text)
+        elif isinstance(event, ApprovalRequested | ApprovalResolved):
+            item.update(approval=_approval(event.request))
         else:
             return
         self._publish(event.session_id, item)
@@ -192,6 +229,11 @@ class WebChannel:
     def _publish(self, session_id: str, item: dict[str, Any]) -> None:
         for queue in self._watchers.get(session_id, ()):
             queue.put_nowait(item)
+
+
+def _approval(a: ApprovalInfo) -> dict[str, Any]:
+    return {"id": a.id, "tool": a.tool, "arguments": a.arguments, "status": a.status, "summary": a.summary(),
+            "expires_at": a.expires_at.isoformat(), "requester": a.requester}
 
 
 def _session_id(request: web.Request) -> str:

@@ -1,5 +1,6 @@
 """Durable state: the database, its schema, and the queries core needs."""
 
+from core.store.approvals import ApprovalStore
 from core.store.control import ControlStore
 from core.store.conversations import ConversationStore
 from core.store.database import Database
@@ -8,6 +9,7 @@ from core.store.inputs import Accepted, AcceptOutcome, Budget, InputStore, Taken
 __all__ = [
     "AcceptOutcome",
     "Accepted",
+    "ApprovalStore",
     "Budget",
     "ControlStore",
     "ConversationStore",

@@ -306,4 +306,5 @@ def session_info(row: SessionRow) -> SessionInfo:
         agent=row.agent,
         status=row.status,
         reply_ref=SessionInfo.parse_reply_ref(row.reply_ref),
+        place=row.place,
     )

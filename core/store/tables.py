@@ -135,3 +135,60 @@ class ProcessedEventRow(SQLModel, table=True):
 
     key: str = Field(primary_key=True, max_length=255)
     received_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False, index=True))
+
+
+class ApprovalRow(SQLModel, table=True):
+    """A gated tool call parked until a person decides (SPEC §7). Settled exactly once."""
+
+    __tablename__ = "approvals"
+    __table_args__ = (Index("ix_approvals_status_expires", "status", "expires_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(foreign_key="sessions.id", max_length=255)
+    turn_id: int | None = Field(default=None, foreign_key="turns.id")
+    tool_call_id: str = Field(max_length=128, index=True)
+    tool: str = Field(max_length=64)
+    arguments: str = Field(sa_column=Column(Text, nullable=False))  # JSON
+    agent: str = Field(max_length=64)
+    place: str | None = Field(default=None, max_length=255)
+    requester: str | None = Field(default=None, max_length=64)
+    risk: str = Field(max_length=16)
+    status: str = Field(max_length=16)  # pending, approved, denied, expired, cancelled
+    parked_at: datetime = _ts()
+    expires_at: datetime = _ts()
+    decided_by: str | None = Field(default=None, max_length=64)
+    decided_at: datetime | None = _ts(nullable=True)
+    reason: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    always: bool = Field(default=False)  # approved with "Always allow": a grant was recorded
+    announcement: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # where it was posted
+    started_at: datetime | None = _ts(nullable=True)  # the approved call began to run
+
+
+class GrantRow(SQLModel, table=True):
+    """An "Always allow": this agent may run this tool at this place (optionally only matching args)."""
+
+    __tablename__ = "grants"
+    __table_args__ = (Index("ix_grants_lookup", "agent", "tool", "place"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    agent: str = Field(max_length=64)
+    tool: str = Field(max_length=64)
+    place: str | None = Field(default=None, max_length=255)
+    arg_pattern: str | None = Field(default=None, max_length=500)
+    created_by: str = Field(max_length=64)
+    created_at: datetime = _ts()
+    revoked_by: str | None = Field(default=None, max_length=64)
+    revoked_at: datetime | None = _ts(nullable=True)
+
+
+class AuditRow(SQLModel, table=True):
+    """Who did what, when: decisions, grants, overrides. Never holds a secret value."""
+
+    __tablename__ = "audit"
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False, index=True))
+    actor: str = Field(max_length=64)
+    action: str = Field(max_length=64)
+    subject: str = Field(max_length=255)
+    detail: str | None = Field(default=None, sa_column=Column(Text, nullable=True))

@@ -34,6 +34,8 @@ class FakeSlack:
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     _ts: int = 0
     _host: str = ""
+    groups: dict[str, list[str]] = field(default_factory=dict)  # user group id -> member ids
+    channels: dict[str, str] = field(default_factory=lambda: {"ops": "COPS", "general": "CGEN"})
     # Socket Mode: the WebSocket the bot opened, and the envelope ids it acknowledged.
     socket: web.WebSocketResponse | None = None
     socket_acks: list[str] = field(default_factory=list)
@@ -43,6 +45,7 @@ class FakeSlack:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/api/{method}", self._handle)
+        app.router.add_get("/api/{method}", self._handle)
         app.router.add_get("/link", self._socket_mode)
         return app
 
@@ -83,6 +86,9 @@ class FakeSlack:
     def posts(self) -> list[Call]:
         return self.of("chat.postMessage")
 
+    def ephemerals(self, user: str) -> list[str]:
+        return [str(c.params.get("text")) for c in self.of("chat.postEphemeral") if c.params.get("user") == user]
+
     async def wait_for(self, method: str, count: int = 1, timeout: float = 10.0) -> list[Call]:
         async with self._changed:
             await asyncio.wait_for(self._changed.wait_for(lambda: len(self.of(method)) >= count), timeout)
@@ -118,6 +124,13 @@ class FakeSlack:
             self._ts += 1
             return {"ok": True, "channel": params.get("channel"), "ts": f"1700000000.{self._ts:06d}",
                     "message": {"text": params.get("text")}}
-        if method in ("reactions.add", "reactions.remove", "chat.update", "chat.postEphemeral"):
+        if method in ("reactions.add", "reactions.remove", "chat.postEphemeral", "views.open"):
             return {"ok": True}
+        if method == "chat.update":
+            return {"ok": True, "channel": params.get("channel"), "ts": params.get("ts")}
+        if method == "usergroups.users.list":
+            return {"ok": True, "users": self.groups.get(str(params.get("usergroup")), [])}
+        if method == "conversations.list":
+            return {"ok": True, "channels": [{"id": i, "name": n} for n, i in self.channels.items()],
+                    "response_metadata": {"next_cursor": ""}}
         return {"ok": False, "error": "unknown_method", "detail": json.dumps(params)[:200]}

@@ -1,0 +1,234 @@
+"""The approval broker (SPEC §7): park a gated call, announce it, settle it exactly once.
+
+Order of effects: the request is committed before it is announced; a decision is committed before
+the tool runs, and before the resolution is announced. Settling is a conditional update of a
+pending row, so a double click, two approvers, a click racing the timeout, a stop or an operator
+all produce one outcome; every later attempt is told what already happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Protocol
+
+from core.agents import AgentDirectory
+from core.clock import Clock
+from core.events import ApprovalRequested, ApprovalResolved, EventBus
+from core.model import ApprovalInfo, ApprovalStatus
+from core.store import ApprovalStore
+from core.store.tables import ApprovalRow, GrantRow
+from core.tools import GateDecision, Tool, ToolContext
+
+log = logging.getLogger(__name__)
+
+REQUESTER = "requester"
+
+
+class GroupResolver(Protocol):
+    async def members(self, group_id: str) -> set[str]:
+        """User ids in a user group (e.g. a Slack user group ``S…``)."""
+        ...
+
+
+class ApprovalPolicy:
+    """Who may decide: admins always; approvers by user id, by user group, or as the requester."""
+
+    def __init__(self, approvers: tuple[str, ...], admins: tuple[str, ...], groups: GroupResolver | None = None):
+        self.approvers = approvers
+        self.admins = admins
+        self.groups = groups
+
+    async def may_decide(self, user: str, request: ApprovalInfo, agent_approvers: tuple[str, ...] = ()) -> bool:
+        if not user:
+            return False
+        if user in self.admins:
+            return True
+        approvers = agent_approvers or self.approvers
+        if user in approvers or (REQUESTER in approvers and user == request.requester):
+            return True
+        for group in (a for a in approvers if a.startswith("S")):
+            if self.groups is not None and user in await self.groups.members(group):
+                return True
+        return False
+
+    def is_admin(self, user: str) -> bool:
+        return user in self.admins
+
+
+@dataclass(frozen=True)
+class DecideResult:
+    """What a click (or an operator) achieved: ``won`` when it settled the request."""
+
+    won: bool
+    request: ApprovalInfo | None
+    refused: str | None = None  # the clicker may not decide: why
+
+    @property
+    def message(self) -> str:
+        if self.refused is not None:
+            return self.refused
+        if self.request is None:
+            return "That approval request does not exist."
+        if self.won:
+            return self.request.summary() + "."
+        return f"Already settled: {self.request.summary()}."
+
+
+class ApprovalBroker:
+    def __init__(
+        self, store: ApprovalStore, bus: EventBus, clock: Clock, policy: ApprovalPolicy, agents: AgentDirectory,
+        *, timeout_s: float, poll_s: float = 2.0,
+    ) -> None:
+        self.store = store
+        self.bus = bus
+        self.clock = clock
+        self.policy = policy
+        self.agents = agents
+        self.timeout = timedelta(seconds=timeout_s)
+        self.poll_s = poll_s
+        self._settled: dict[int, asyncio.Event] = {}
+
+    # -- the runner's side (core.tools.ToolGate) ------------------------------------------------
+
+    async def authorize(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> GateDecision:
+        subject = _subject(tool, args)
+        grant = await self.store.grant_for(ctx.agent, tool.name, ctx.place, subject)
+        if grant is not None:
+            return GateDecision(True)
+        if not ctx.interactive:
+            return GateDecision(False, f"error: `{tool.name}` needs a person's approval and nobody can be asked "
+                                       "here, so it did not run; continue without it")
+        now = self.clock.now()
+        request = await self.store.park(ApprovalRow(
+            session_id=ctx.session_id, turn_id=ctx.turn_id, tool_call_id=ctx.call_id, tool=tool.name,
+            arguments=json.dumps(args), agent=ctx.agent, place=ctx.place, requester=ctx.sender,
+            risk=tool.risk.value, status=ApprovalStatus.PENDING, parked_at=now, expires_at=now + self.timeout,
+        ))
+        log.info("approval %s requested for %s (session %s)", request.id, tool.name, ctx.session_id)
+        self.bus.emit(ApprovalRequested(request.session, request))
+        return _decision(await self._wait(request))
+
+    async def recover(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> GateDecision | None:
+        request = await self.store.for_call(ctx.session_id, ctx.call_id)
+        if request is None:
+            return None
+        if request.status == ApprovalStatus.PENDING:
+            request = await self._wait(request)  # its buttons still work after a restart
+        return _decision(request)
+
+    async def started(self, decision: GateDecision) -> None:
+        if decision.request_id is not None:
+            await self.store.mark_started(decision.request_id, self.clock.now())
+
+    async def _wait(self, request: ApprovalInfo) -> ApprovalInfo:
+        """Until someone decides, the timeout (counted from parked_at), or the turn is cancelled."""
+        event = self._settled.setdefault(request.id, asyncio.Event())
+        try:
+            while True:
+                left = (request.expires_at - self.clock.now()).total_seconds()
+                if left <= 0:
+                    return (await self._settle(request.id, ApprovalStatus.EXPIRED, by=None, reason=None))[1]
+                try:
+                    # Woken at once by a decision in this process; polls for one made by another
+                    # process (an operator's CLI, another replica).
+                    await asyncio.wait_for(event.wait(), min(left, self.poll_s))
+                except TimeoutError:
+                    pass
+                current = await self.store.get(request.id)
+                if current is not None and current.settled:
+                    return current
+        except asyncio.CancelledError:
+            await self._settle(request.id, ApprovalStatus.CANCELLED, by=None, reason="the turn was stopped")
+            raise
+        finally:
+            self._settled.pop(request.id, None)
+
+    # -- deciders' side -------------------------------------------------------------------------
+
+    async def decide(self, request_id: int, verdict: str, by: str, reason: str | None = None, *,
+                     operator: bool = False) -> DecideResult:
+        """A person's click (or an operator's override). ``verdict``: approve, deny or always."""
+        request = await self.store.get(request_id)
+        if request is None:
+            return DecideResult(False, None)
+        if not operator and not await self.may_decide(by, request):
+            log.info("approval %s: %s may not decide", request_id, by)
+            return DecideResult(False, request, refused="You can't approve this: you are not one of its approvers.")
+        status = ApprovalStatus.DENIED if verdict == "deny" else ApprovalStatus.APPROVED
+        won, settled = await self._settle(request_id, status, by=by,
+                                          reason=(reason or None) if verdict == "deny" else None,
+                                          always=verdict == "always")
+        return DecideResult(won, settled)
+
+    async def get(self, request_id: int) -> ApprovalInfo | None:
+        return await self.store.get(request_id)
+
+    async def record_announcement(self, request_id: int, where: dict[str, Any]) -> None:
+        """Where a channel showed the request, so its message can be updated when settled."""
+        await self.store.record_announcement(request_id, where)
+
+    async def pending(self) -> list[ApprovalInfo]:
+        return await self.store.pending()
+
+    async def recent(self, session_id: str) -> list[ApprovalInfo]:
+        return await self.store.recent(session_id)
+
+    async def grants(self) -> list[GrantRow]:
+        return await self.store.grants()
+
+    async def revoke_grant(self, grant_id: int, by: str, *, operator: bool = False) -> str:
+        if not operator and not self.policy.is_admin(by):
+            return "Only admins (BOT_ADMINS) can revoke grants."
+        if await self.store.revoke(grant_id, by, self.clock.now()):
+            return f"Grant {grant_id} revoked: that call needs approval again."
+        return f"There is no active grant {grant_id}."
+
+    async def may_decide(self, user: str, request: ApprovalInfo) -> bool:
+        agent = self.agents.get(request.agent)
+        return await self.policy.may_decide(user, request, agent.approvers)
+
+    async def _settle(self, request_id: int, status: str, *, by: str | None, reason: str | None,
+                      always: bool = False) -> tuple[bool, ApprovalInfo]:
+        """Settle if still pending; returns whether this call did, and the request as it stands."""
+        won, request = await self.store.settle(request_id, status, by=by, reason=reason, always=always,
+                                               now=self.clock.now())
+        assert request is not None
+        if won:
+            log.info("approval %s settled: %s", request_id, request.summary())
+            event = self._settled.get(request_id)
+            if event is not None:
+                event.set()
+            self.bus.emit(ApprovalResolved(request.session, request))
+        return won, request
+
+    # -- recovery and housekeeping --------------------------------------------------------------
+
+    async def expire_overdue(self) -> int:
+        """Settle as expired every request whose time ran out (e.g. while the process was down)."""
+        overdue = await self.store.pending(due_before=self.clock.now())
+        for request in overdue:
+            await self._settle(request.id, ApprovalStatus.EXPIRED, by=None, reason=None)
+        return len(overdue)
+
+
+def _subject(tool: Tool, args: dict[str, Any]) -> str | None:
+    value = args.get(tool.pattern_arg) if tool.pattern_arg else None
+    return str(value) if value is not None else None
+
+
+def _decision(request: ApprovalInfo) -> GateDecision:
+    if request.status == ApprovalStatus.APPROVED:
+        return GateDecision(True, request_id=request.id, already_started=request.started)
+    if request.status == ApprovalStatus.DENIED:
+        reason = request.reason or "no reason given"
+        return GateDecision(False, f"error: the user denied `{request.tool}`: {reason}; do not retry it; "
+                                   "continue without it", request.id)
+    if request.status == ApprovalStatus.EXPIRED:
+        return GateDecision(False, f"error: nobody approved `{request.tool}` in time, so it did not run; "
+                                   "do not retry it; continue without it", request.id)
+    return GateDecision(False, f"error: the request to run `{request.tool}` was cancelled; it did not run",
+                        request.id)
