@@ -24,6 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     manifest.add_argument("--mode", choices=["socket", "http"], default="http")
     sub.add_parser("pause", help="stop taking new requests (accepted work continues); every replica sees it")
     sub.add_parser("resume", help="take new requests again")
+    approvals = sub.add_parser("approvals", help="pending approvals and grants; operator overrides (audited)")
+    verbs = approvals.add_subparsers(dest="verb", required=True)
+    verbs.add_parser("list", help="pending approval requests")
+    approve = verbs.add_parser("approve", help="approve a pending request")
+    approve.add_argument("id", type=int)
+    deny = verbs.add_parser("deny", help="deny a pending request")
+    deny.add_argument("id", type=int)
+    deny.add_argument("--reason", default=None)
+    verbs.add_parser("grants", help="active \"Always allow\" grants")
+    revoke = verbs.add_parser("revoke", help="revoke a grant")
+    revoke.add_argument("id", type=int)
     args = parser.parse_args(argv)
 
     if args.command == "manifest":
@@ -32,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in ("pause", "resume"):
             return asyncio.run(_set_paused(args.command == "pause"))
+        if args.command == "approvals":
+            from bot.operator import approvals_command
+
+            return asyncio.run(approvals_command(args))
         return asyncio.run(_run())
     except BotError as exc:
         print(f"bot: {exc}", file=sys.stderr)

@@ -14,8 +14,11 @@ BOT_SCOPES = [
     "im:history",  # message.im: direct messages
     "mpim:history",  # message.mpim
     "chat:write",  # replies in threads
-    "reactions:write",  # the progress sign on the message being worked on
+    "reactions:write",  # the progress and queued signs on messages
     "commands",  # the /bot slash command
+    "channels:read",  # message_send: find a public channel by #name
+    "groups:read",  # message_send: find a private channel the bot is in by #name
+    "usergroups:read",  # BOT_APPROVERS may name user groups (S…): read their members
 ]
 BOT_EVENTS = ["app_mention", "message.channels", "message.groups", "message.im", "message.mpim"]
 
@@ -24,11 +27,15 @@ def build_manifest(mode: Mode, *, name: str = "Chat-ops bot", command: str = "/b
                    request_url: str = "https://bot.example.com/slack/events") -> dict[str, Any]:
     socket = mode == "socket"
     slash: dict[str, Any] = {"command": command, "description": "Talk to the chat-ops bot",
-                             "usage_hint": "help | status", "should_escape": False}
+                             "usage_hint": "help | status | stop | queue <mode> | approvals",
+                             "should_escape": False}
     events: dict[str, Any] = {"bot_events": BOT_EVENTS}
+    # Buttons (Approve / Deny / Always allow) and the Deny reason modal.
+    interactivity: dict[str, Any] = {"is_enabled": True}
     if not socket:
         slash["url"] = request_url
         events["request_url"] = request_url
+        interactivity["request_url"] = request_url
     return {
         "display_information": {"name": name, "description": "Answers mentions in threads with an LLM agent"},
         "features": {
@@ -39,6 +46,7 @@ def build_manifest(mode: Mode, *, name: str = "Chat-ops bot", command: str = "/b
         "oauth_config": {"scopes": {"bot": BOT_SCOPES}},
         "settings": {
             "event_subscriptions": events,
+            "interactivity": interactivity,
             "org_deploy_enabled": False,
             "socket_mode_enabled": socket,
             "token_rotation_enabled": False,

@@ -140,6 +140,8 @@ class ApprovalBroker:
                     pass
                 current = await self.store.get(request.id)
                 if current is not None and current.settled:
+                    if not event.is_set():  # settled elsewhere: this process's channels show it
+                        self.bus.emit(ApprovalResolved(current.session, current))
                     return current
         except asyncio.CancelledError:
             await self._settle(request.id, ApprovalStatus.CANCELLED, by=None, reason="the turn was stopped")

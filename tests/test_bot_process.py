@@ -10,7 +10,15 @@ import aiohttp
 from tests.bot_process import BotProcess, run_cli, run_to_exit
 from tests.fakes.llm import FakeLLM, Gate, Reply
 from tests.fakes.slack_api import FakeSlack
-from tests.slack_requests import SIGNING_SECRET, dumps, event_body, mention, message, signed_headers
+from tests.slack_requests import (
+    SIGNING_SECRET,
+    block_action,
+    dumps,
+    event_body,
+    mention,
+    message,
+    signed_headers,
+)
 
 
 async def test_starts_with_no_settings_on_the_embedded_default(tmp_path: Path, unused_port: int) -> None:
@@ -124,5 +132,65 @@ async def test_pause_and_resume_from_the_command_line(
         assert await _send(bot, mention("now?", thread_ts=root["ts"]), "EvResumed") == 200
         posts = await fake_slack.wait_for("chat.postMessage", 2)
         assert posts[1].params["text"] == "echo: now?"
+    finally:
+        assert await bot.terminate() == 0
+
+
+async def _click(bot: BotProcess, body: str) -> int:
+    headers = signed_headers(body, content_type="application/x-www-form-urlencoded")
+    async with aiohttp.ClientSession() as http, http.post(f"{bot.base}/slack/events", data=body,
+                                                          headers=headers) as resp:
+        return resp.status
+
+
+async def test_a_parked_approval_survives_a_kill_and_its_button_still_works(
+    tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    env = _slack_env(fake_slack, fake_llm, unused_port) | {"APPROVAL_POLL_S": "0.1"}
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo survived"})]))
+    bot = await BotProcess(tmp_path, env).start()
+    assert await _send(bot, mention("run it"), "EvPark") == 200
+    request = (await fake_slack.wait_for("chat.postMessage"))[0]
+    request_id = request.params["blocks"][-1]["elements"][0]["value"]
+    await bot.kill()
+
+    bot = await BotProcess(tmp_path, env).start()
+    try:
+        fake_llm.then(Reply("it survived"))
+        assert await _click(bot, block_action("approval:approve", request_id, user="U1")) == 200
+        async with asyncio.timeout(10):
+            while "it survived" not in [p.params["text"] for p in fake_slack.posts()]:
+                await fake_slack.wait_for("chat.postMessage", len(fake_slack.posts()) + 1)
+        # The request's message shows the decision: updated in place, or (if the kill came between
+        # posting it and recording where) posted anew.
+        shown = [str(c.params.get("blocks")) for c in fake_slack.of("chat.update") + fake_slack.posts()]
+        assert any("Approved by" in text for text in shown)
+        assert "survived" in fake_llm.requests[1]["messages"][-1]["content"]  # ran once, after the restart
+        assert len(fake_llm.requests) == 2
+    finally:
+        assert await bot.terminate() == 0
+
+
+async def test_operator_override_from_the_command_line(
+    tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    env = _slack_env(fake_slack, fake_llm, unused_port) | {"APPROVAL_POLL_S": "0.1"}
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo by-operator"})]), Reply("operator said no"))
+    bot = await BotProcess(tmp_path, env).start()
+    try:
+        assert await _send(bot, mention("run it"), "EvOperator") == 200
+        await fake_slack.wait_for("chat.postMessage")
+        code, out = await run_cli(tmp_path, env, "approvals", "list")
+        assert code == 0 and "shell_run" in out and "echo by-operator" in out
+        request_id = out.split("\t", 1)[0]
+        code, out = await run_cli(tmp_path, env, "approvals", "deny", request_id, "--reason", "maintenance")
+        assert code == 0 and "Denied by operator" in out
+        posts = await fake_slack.wait_for("chat.postMessage", 2)
+        assert posts[1].params["text"] == "operator said no"
+        assert "maintenance" in fake_llm.requests[1]["messages"][-1]["content"]
+        updates = await fake_slack.wait_for("chat.update")  # the running process updated the message
+        assert "Denied by operator" in str(updates[0].params["blocks"])
+        code, out = await run_cli(tmp_path, env, "approvals", "deny", request_id)
+        assert code == 1 and "Already settled" in out
     finally:
         assert await bot.terminate() == 0

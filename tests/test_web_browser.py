@@ -47,10 +47,21 @@ async def test_chat_in_a_real_browser(tmp_path: Path, unused_port: int) -> None:
             await page.get_by_role("button", name="Send").click()
             await expect(page.locator(".msg.assistant").last).to_contain_text("You said: hello there")
 
+            # A gated tool: the approval card, the same broker as Slack, then the answer.
+            await page.get_by_label("Message").fill("run `echo browser-approved`")
+            await page.get_by_label("Message").press("Enter")
+            card = page.locator(".msg.approval.pending")
+            await expect(card).to_contain_text("shell_run", timeout=15_000)
+            await expect(card).to_contain_text("echo browser-approved")
+            await card.get_by_role("button", name="Approve").click()
+            await expect(page.locator(".msg.approval.approved")).to_contain_text("Approved by web")
+            await expect(page.locator(".msg.assistant").last).to_contain_text("browser-approved", timeout=15_000)
+
             await page.reload()
-            await expect(page.locator(".msg.user")).to_have_count(2)
+            await expect(page.locator(".msg.user")).to_have_count(3)
             await expect(page.locator(".msg.user").first).to_have_text("what time is it?")
-            await expect(page.locator(".msg.assistant").last).to_contain_text("LLM_BASE_URL")
+            await expect(page.locator(".msg.assistant").last).to_contain_text("browser-approved")
+            await expect(page.locator(".msg.approval.approved")).to_have_count(1)
             await expect(page.locator("#conversations a")).to_have_text(["what time is it?"])
             await page.screenshot(path=str(tmp_path / "web-chat.png"))
             if os.environ.get("UPDATE_SCREENSHOT") == "1":

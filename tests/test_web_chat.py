@@ -169,3 +169,29 @@ async def test_messages_sent_while_busy_show_as_queued_then_taken(gateway: Gatew
     assert next(e for e in seen if e["type"] == "inputs.taken")["steered"] is True
     _, conv = await _get(gateway, f"/api/conversations/{CID}")
     assert not any(m["queued"] for m in conv["messages"])
+
+
+async def test_approvals_in_the_web_chat(gateway: GatewayClient, fake_llm: FakeLLM) -> None:
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo from-web"})]))
+    await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "run it"})
+    conv: dict[str, Any] = {}
+    for _ in range(200):
+        _, conv = await _get(gateway, f"/api/conversations/{CID}")
+        if conv["approvals"]:
+            break
+        await asyncio.sleep(0.02)
+    approval = conv["approvals"][0]
+    assert (approval["tool"], approval["status"], approval["arguments"]) == (
+        "shell_run", "pending", {"command": "echo from-web"})
+    assert (await _post(gateway, f"/api/approvals/{approval['id']}", {"verdict": "maybe"}))[0] == 400
+    assert (await _post(gateway, "/api/approvals/x", {"verdict": "approve"}))[0] == 400
+    assert (await _post(gateway, "/api/approvals/999", {"verdict": "approve"}))[0] == 404
+    fake_llm.then(Reply("ok, skipped"))
+    status, body = await _post(gateway, f"/api/approvals/{approval['id']}", {"verdict": "deny", "reason": "no"})
+    assert (status, body["won"]) == (200, True)
+    status, body = await _post(gateway, f"/api/approvals/{approval['id']}", {"verdict": "approve"})
+    assert status == 409 and "Already settled: Denied by web: no" in body["message"]
+    await gateway.idle()
+    assert "the user denied `shell_run`: no;" in fake_llm.requests[1]["messages"][-1]["content"]
+    _, conv = await _get(gateway, f"/api/conversations/{CID}")
+    assert conv["approvals"][0]["summary"] == "Denied by web: no"

@@ -233,7 +233,7 @@ class WebChannel:
 
 def _approval(a: ApprovalInfo) -> dict[str, Any]:
     return {"id": a.id, "tool": a.tool, "arguments": a.arguments, "status": a.status, "summary": a.summary(),
-            "expires_at": a.expires_at.isoformat(), "requester": a.requester}
+            "expires_at": a.expires_at.isoformat(), "requester": a.requester, "at": a.parked_at.isoformat()}
 
 
 def _session_id(request: web.Request) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,7 @@ class FakeLLM:
     script: list[Step] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     delay_s: float = 0.0  # every answer waits this long (benchmarks: a slow model)
+    arrivals: list[float] = field(default_factory=list)  # time.perf_counter() of each request
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def app(self) -> web.Application:
@@ -58,6 +60,7 @@ class FakeLLM:
 
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.json()
+        self.arrivals.append(time.perf_counter())
         self.requests.append(body)
         step: Step = self.script.pop(0) if self.script else Reply(text=self._echo(body))
         if self.delay_s:

@@ -66,11 +66,58 @@ function messageElement(role, html, meta, extraClass) {
   return el;
 }
 
-function renderTranscript(messages) {
+function approvalElement(a) {
+  const el = document.createElement("div");
+  el.className = `msg approval ${a.status}`;
+  const args = Object.entries(a.arguments).map(([k, v]) => `${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`).join("\n");
+  el.innerHTML = `<p><strong>Approval needed:</strong> the agent wants to run <code>${escapeHtml(a.tool)}</code></p><pre><code>${escapeHtml(args)}</code></pre>`;
+  const meta = document.createElement("div");
+  meta.className = "meta";
+  if (a.status !== "pending") {
+    meta.textContent = a.summary;
+    el.appendChild(meta);
+    return el;
+  }
+  meta.textContent = `expires ${new Date(a.expires_at).toLocaleTimeString()}`;
+  const actions = document.createElement("div");
+  actions.className = "approval-actions";
+  const reason = document.createElement("input");
+  reason.type = "text";
+  reason.placeholder = "Reason for denying (optional)";
+  reason.setAttribute("aria-label", "Reason for denying");
+  reason.hidden = true;
+  const decide = async (verdict) => {
+    try {
+      await api(`/api/approvals/${a.id}`, { body: { verdict, reason: verdict === "deny" ? reason.value : undefined } });
+    } catch (error) {
+      meta.textContent = error.message;
+    }
+    await loadConversation();
+  };
+  for (const [label, verdict, cls] of [["Approve", "approve", ""], ["Deny", "deny", "danger"], ["Always allow", "always", "secondary"]]) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.textContent = label;
+    if (cls) button.className = cls;
+    button.addEventListener("click", () => {
+      if (verdict === "deny" && reason.hidden) { reason.hidden = false; reason.focus(); button.textContent = "Deny now"; return; }
+      decide(verdict);
+    });
+    actions.appendChild(button);
+  }
+  el.append(actions, reason, meta);
+  return el;
+}
+
+function renderTranscript(messages, approvals = []) {
   const box = $("transcript");
   box.querySelectorAll(".msg").forEach((el) => el.remove());
   $("empty").hidden = messages.length > 0 || state.pending.length > 0;
-  for (const m of messages) {
+  const timeline = [...messages.map((m) => ({ kind: "m", at: m.at, m })), ...approvals.map((a) => ({ kind: "a", at: a.at, a }))];
+  timeline.sort((x, y) => (x.at < y.at ? -1 : x.at > y.at ? 1 : 0));
+  for (const item of timeline) {
+    if (item.kind === "a") { box.appendChild(approvalElement(item.a)); continue; }
+    const m = item.m;
     if (m.role === "assistant" && !m.content && m.tools.length) {
       box.appendChild(messageElement("notice", escapeHtml(`Used ${m.tools.join(", ")}`)));
       continue;
@@ -93,7 +140,7 @@ async function loadConversation() {
   const data = await api(`/api/conversations/${state.cid}`);
   const firstUser = data.messages.find((m) => m.role === "user");
   $("title").textContent = firstUser ? firstUser.content.split("\n")[0].slice(0, 80) : "New conversation";
-  renderTranscript(data.messages);
+  renderTranscript(data.messages, data.approvals || []);
   setWorking(data.working, data.working ? "" : $("state").textContent === "Stopped" ? "Stopped" : "");
 }
 
@@ -134,6 +181,7 @@ function listen() {
     if (item.type === "message.accepted" || item.type === "input.queued") await loadConversation();
     if (item.type === "inputs.taken") { setWorking(true, item.steered ? "Taken into the running turn…" : ""); await loadConversation(); }
     if (item.type === "notice") { state.notices.push(item.text); await loadConversation(); }
+    if (item.type === "approval.requested" || item.type === "approval.resolved") await loadConversation();
   };
   state.stream = stream;
 }
