@@ -4,24 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiohttp import web
 
 from bot.agents_config import load_agents
+from bot.keys import load_keyring
 from bot.providers import build_provider
 from bot.settings import Settings
 from bot.tools import build_registry
 from bot.tools.message import message_send_tool
+from channels.web.credential_link import CredentialLinkPage
 from core.agents import AgentDirectory
 from core.approvals import ApprovalBroker, ApprovalPolicy
 from core.clock import Clock, SystemClock
+from core.credentials import CredentialService
 from core.dispatcher import DispatchConfig, Dispatcher
 from core.events import EventBus
 from core.providers import Provider, RetryPolicy
 from core.runner import AgentRunner, RunnerLimits
-from core.store import ApprovalStore, ControlStore, ConversationStore, Database, InputStore
+from core.store import ApprovalStore, ControlStore, ConversationStore, CredentialStore, Database, InputStore
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,8 @@ class Application:
     db: Database
     dispatcher: Dispatcher
     approvals: ApprovalBroker
+    credentials: CredentialService
+    secret_sink: Callable[[str], None] | None = None
     channels: list[Channel] = field(default_factory=list)
     web_app: web.Application = field(default_factory=web.Application)
     _runner: web.AppRunner | None = None
@@ -49,7 +55,11 @@ class Application:
     async def start(self) -> None:
         """Migrate, recover, start channels, then listen. Order matters: no input before recovery."""
         await self.db.migrate()
+        if self.secret_sink is not None:
+            for value in await self.credentials.known_values():
+                self.secret_sink(value)
         await self.approvals.expire_overdue()  # those that ran out while no process was up
+        await self.credentials.expire_overdue()
         await self.dispatcher.start()
         for channel in self.channels:
             await channel.start()
@@ -76,8 +86,10 @@ class Application:
 
 
 def build_application(
-    settings: Settings, *, clock: Clock | None = None, provider: Provider | None = None
+    settings: Settings, *, clock: Clock | None = None, provider: Provider | None = None,
+    secret_sink: Callable[[str], None] | None = None,
 ) -> Application:
+    """``secret_sink`` learns every stored secret value (the log filter masks them)."""
     clock = clock or SystemClock()
     db = Database(settings.resolved_database_url)
     store = ConversationStore(db)
@@ -86,7 +98,14 @@ def build_application(
     policy = ApprovalPolicy(settings.approvers, settings.admins)
     approvals = ApprovalBroker(ApprovalStore(db), bus, clock, policy, agents,
                                timeout_s=settings.approval_timeout_s, poll_s=settings.approval_poll_s)
-    tools = build_registry(settings.bot_home.resolve())
+    credentials = CredentialService(
+        CredentialStore(db), load_keyring(settings), bus, clock, policy, agents,
+        timeout_s=settings.credential_timeout_s, max_bytes=settings.credential_max_bytes,
+        poll_s=settings.approval_poll_s, on_secret=secret_sink,
+    )
+    tools = build_registry(settings.bot_home.resolve(), shell_env=credentials.env_for,
+                           credential_headers=credentials.headers_for)
+    tools.register(credentials.tool())
     runner = AgentRunner(
         store,
         provider or build_provider(settings),
@@ -95,6 +114,7 @@ def build_application(
         limits=RunnerLimits(max_steps=settings.max_steps, tool_result_max_chars=settings.tool_result_max_chars),
         retry=RetryPolicy(attempts=settings.llm_max_attempts, base_delay_s=settings.llm_retry_base_s),
         gate=approvals,
+        redactor=credentials.redact,
     )
     dispatcher = Dispatcher(
         store, InputStore(db), ControlStore(db), runner, agents, bus, clock,
@@ -106,11 +126,12 @@ def build_application(
             max_waiting=settings.queue_max_waiting,
         ),
     )
-    app = Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals)
+    app = Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals,
+                      credentials=credentials, secret_sink=secret_sink)
     if settings.bot_web_chat:
         from channels.web import WebChannel, WebConfig
 
-        app.channels.append(WebChannel(WebConfig(token=settings.bot_web_token), dispatcher, approvals))
+        app.channels.append(WebChannel(WebConfig(token=settings.bot_web_token), dispatcher, approvals, credentials))
     if settings.slack_mode is not None:
         from channels.slack import SlackChannel, SlackConfig
 
@@ -126,11 +147,13 @@ def build_application(
             ),
             dispatcher,
             approvals,
+            credentials,
         )
         policy.groups = slack  # user groups in BOT_APPROVERS are resolved through the Slack API
         tools.register(message_send_tool(slack.send_message))
         app.channels.append(slack)
     app.web_app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", _readyz_handler(app))])
+    app.web_app.add_routes(CredentialLinkPage(credentials).routes())
     for channel in app.channels:
         app.web_app.add_routes(channel.routes())
     return app

@@ -82,8 +82,8 @@ async def _run() -> int:
     from core.errors import StoreError
 
     settings = load_settings()
-    configure_logging(settings.log_level, settings.log_format, settings.secret_values())
-    app = build_application(settings)
+    redactor = configure_logging(settings.log_level, settings.log_format, settings.secret_values())
+    app = build_application(settings, secret_sink=redactor.add)
     try:
         await app.start()
     except StoreError as exc:

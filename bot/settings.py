@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     approval_timeout_s: float = Field(default=900, gt=0)
     approval_poll_s: float = Field(default=2.0, gt=0)
     bot_config: Path = Path("bot.toml")
+    credential_timeout_s: float = Field(default=1800, gt=0)
+    credential_max_bytes: int = Field(default=16_384, ge=64, le=1_000_000)
+    bot_public_url: str | None = None
     queue_mode: QueueMode = "steer"
     queue_debounce_ms: int = Field(default=500, ge=0, le=60_000)
     queue_max_waiting: int = Field(default=20, ge=1, le=1000)
@@ -75,7 +78,7 @@ class Settings(BaseSettings):
     @field_validator(
         "slack_bot_token", "slack_signing_secret", "slack_app_token", "database_url", "bot_secret_keys",
         "llm_base_url", "llm_api_key", "llm_model", "bot_admins", "bot_instructions", "llm_provider",
-        "bot_web_token",
+        "bot_web_token", "bot_public_url",
         mode="before",
     )
     @classmethod
@@ -96,7 +99,20 @@ class Settings(BaseSettings):
             raise ValueError("must be an app-level token starting with 'xapp-'")
         return value
 
-    @field_validator("slack_api_url", "llm_base_url")
+    @field_validator("bot_secret_keys")
+    @classmethod
+    def _keys(cls, value: str | None) -> str | None:
+        if value is not None:
+            from core.vault import KeyRing, VaultError
+
+            try:
+                KeyRing.parse(value)
+            except VaultError as exc:
+                raise ValueError(f"{exc} (generate a key with: python -c \"import base64,os; "
+                                 "print('k1:' + base64.b64encode(os.urandom(32)).decode())\")") from None
+        return value
+
+    @field_validator("slack_api_url", "llm_base_url", "bot_public_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("http://", "https://")):

@@ -42,13 +42,14 @@ class ApprovalPolicy:
         self.admins = admins
         self.groups = groups
 
-    async def may_decide(self, user: str, request: ApprovalInfo, agent_approvers: tuple[str, ...] = ()) -> bool:
+    async def may_decide(self, user: str, requester: str | None, agent_approvers: tuple[str, ...] = ()) -> bool:
+        """Whether ``user`` may decide for something ``requester`` asked for (approvals and credentials)."""
         if not user:
             return False
         if user in self.admins:
             return True
         approvers = agent_approvers or self.approvers
-        if user in approvers or (REQUESTER in approvers and user == request.requester):
+        if user in approvers or (REQUESTER in approvers and user == requester):
             return True
         for group in (a for a in approvers if a.startswith("S")):
             if self.groups is not None and user in await self.groups.members(group):
@@ -191,7 +192,7 @@ class ApprovalBroker:
 
     async def may_decide(self, user: str, request: ApprovalInfo) -> bool:
         agent = self.agents.get(request.agent)
-        return await self.policy.may_decide(user, request, agent.approvers)
+        return await self.policy.may_decide(user, request.requester, agent.approvers)
 
     async def _settle(self, request_id: int, status: str, *, by: str | None, reason: str | None,
                       always: bool = False) -> tuple[bool, ApprovalInfo]:

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from core.model import ApprovalInfo, MessageRef, SessionInfo, TurnInfo
+from core.model import ApprovalInfo, CredentialRequestInfo, MessageRef, SessionInfo, TurnInfo
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,22 @@ class ApprovalResolved(Event):
 
     name: ClassVar[str] = "approval.resolved"
     request: ApprovalInfo
+
+
+@dataclass(frozen=True)
+class CredentialRequested(Event):
+    """The agent asked for a secret (the request is in the database): show a way to provide it."""
+
+    name: ClassVar[str] = "credential.requested"
+    request: CredentialRequestInfo
+
+
+@dataclass(frozen=True)
+class CredentialResolved(Event):
+    """Provided, expired or cancelled: update the request's message."""
+
+    name: ClassVar[str] = "credential.resolved"
+    request: CredentialRequestInfo
 
 
 Handler = Callable[[Event], Awaitable[None]]

@@ -150,6 +150,44 @@ class ApprovalInfo:
         return "Waiting for a decision"
 
 
+class CredentialStatus:
+    PENDING = "pending"
+    PROVIDED = "provided"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class CredentialRequestInfo:
+    """The agent asked for a secret: what channels show (never a value)."""
+
+    id: int
+    session: SessionInfo
+    name: str
+    reason: str
+    scope: str
+    agent: str
+    requester: str | None
+    status: str
+    created_at: datetime
+    expires_at: datetime
+    provided_by: str | None = None
+    announcement: dict[str, Any] | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.status != CredentialStatus.PENDING
+
+    def summary(self) -> str:
+        if self.status == CredentialStatus.PROVIDED:
+            return f"{self.name} stored by {self.provided_by or 'someone'}"
+        if self.status == CredentialStatus.EXPIRED:
+            return f"{self.name}: expired, nobody provided it in time"
+        if self.status == CredentialStatus.CANCELLED:
+            return f"{self.name}: cancelled"
+        return f"{self.name}: waiting for someone to provide it"
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How one input ended: answered, failed, cancelled or refused (with the text to show)."""

@@ -27,6 +27,7 @@ from core.tools import Risk, Tool, ToolContext, ToolError, ToolGate, ToolRegistr
 log = logging.getLogger(__name__)
 
 Steer = Callable[[], Awaitable[list[ChatMessage]]]
+Redactor = Callable[[str], Awaitable[str]]  # masks every stored secret value in a text
 
 INTERRUPTED_RESULT = "error: interrupted — unknown whether it completed; do not assume it ran"
 
@@ -49,6 +50,7 @@ class AgentRunner:
         limits: RunnerLimits = RunnerLimits(),
         retry: RetryPolicy = RetryPolicy(),
         gate: ToolGate | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self.store = store
         self.provider = provider
@@ -57,6 +59,7 @@ class AgentRunner:
         self.limits = limits
         self.retry = retry
         self.gate = gate
+        self.redactor = redactor
 
     async def run(
         self,
@@ -134,8 +137,12 @@ class AgentRunner:
         try:
             result = await run_tool(tool, ctx, args)
         except ToolError as exc:
-            return f"error: {exc}"
-        return _truncate(result, self.limits.tool_result_max_chars)
+            result = f"error: {exc}"
+        # Before anything else sees it (model, transcript, channels): no stored secret in it.
+        return _truncate(await self._redact(result), self.limits.tool_result_max_chars)
+
+    async def _redact(self, text: str) -> str:
+        return await self.redactor(text) if self.redactor is not None else text
 
     async def _close_dangling_calls(
         self, history: list[ChatMessage], allowed: set[str], ctx: ToolContext
@@ -159,11 +166,19 @@ class AgentRunner:
 
     async def _recover_call(self, call: ToolCall, allowed: set[str], ctx: ToolContext) -> str:
         tool = self.tools.get(call.name)
-        if tool is None or call.name not in allowed or tool.risk is not Risk.GATED or self.gate is None:
+        if tool is None or call.name not in allowed:
             return INTERRUPTED_RESULT
         try:
             args = tool.parse_arguments(call.arguments)
         except ToolError:
+            return INTERRUPTED_RESULT
+        if tool.recover is not None:
+            try:
+                recovered = await tool.recover(ctx, args)
+            except ToolError as exc:
+                return f"error: {exc}"
+            return await self._redact(recovered) if recovered is not None else INTERRUPTED_RESULT
+        if tool.risk is not Risk.GATED or self.gate is None:
             return INTERRUPTED_RESULT
         decision = await self.gate.recover(ctx, tool, args)
         if decision is None or decision.already_started:

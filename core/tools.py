@@ -50,6 +50,9 @@ class Tool:
     timeout_s: float = 60.0
     # The argument "Always allow" patterns match (e.g. shell_run's command); None: the whole tool.
     pattern_arg: str | None = None
+    # For a call a crash left without a result: finish it if that is safe (e.g. keep waiting for a
+    # parked request); None (or returning None) records it as interrupted.
+    recover: Callable[[ToolContext, dict[str, Any]], Awaitable[str | None]] | None = None
 
     def spec(self) -> dict[str, Any]:
         """The OpenAI-style function description the model sees."""

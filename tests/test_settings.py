@@ -164,10 +164,18 @@ def test_explicit_demo_provider_needs_no_model() -> None:
 
 
 def test_secret_values_listed() -> None:
+    k1, k2 = "A" * 43 + "=", "B" * 43 + "="  # 32-byte keys, base64
     s = load_settings(env_file=None, slack_bot_token="xoxb-1-abc", slack_signing_secret=SIGNING,
-                      llm_api_key="sk-key-1234", bot_secret_keys="k1:aaaaaaa,bbbbbbbb",
+                      llm_api_key="sk-key-1234", bot_secret_keys=f"k1:{k1},k2:{k2}",
                       database_url="postgresql://u:dbpassword@h/db")
-    assert set(s.secret_values()) >= {"xoxb-1-abc", SIGNING, "sk-key-1234", "aaaaaaa", "bbbbbbbb", "dbpassword"}
+    assert set(s.secret_values()) >= {"xoxb-1-abc", SIGNING, "sk-key-1234", k1, k2, "dbpassword"}
+
+
+@pytest.mark.parametrize(
+    "keys", ["nocolon", "k1:short", "k1:!!!notbase64", "k1:" + "A" * 43 + "=,k1:" + "B" * 43 + "="])
+def test_bad_secret_keys_are_refused_without_echoing_them(keys: str) -> None:
+    message = error_of(bot_secret_keys=keys)
+    assert "BOT_SECRET_KEYS" in message and keys not in message
 
 
 def test_approvers_accepted() -> None:

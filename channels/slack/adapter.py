@@ -26,13 +26,17 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.errors import MalformedPayload
 from channels.slack.api import error_code
 from channels.slack.approvals import SlackApprovals
+from channels.slack.credentials import SlackCredentials
 from channels.slack.formatting import split_message, to_mrkdwn
 from core.approvals import ApprovalBroker
+from core.credentials import CredentialService
 from core.dispatcher import Dispatcher
 from core.errors import InvalidInput
 from core.events import (
     ApprovalRequested,
     ApprovalResolved,
+    CredentialRequested,
+    CredentialResolved,
     Event,
     InputQueued,
     InputsTaken,
@@ -65,7 +69,8 @@ class SlackConfig:
 class SlackChannel:
     name = "slack"
 
-    def __init__(self, config: SlackConfig, dispatcher: Dispatcher, approvals: ApprovalBroker) -> None:
+    def __init__(self, config: SlackConfig, dispatcher: Dispatcher, approvals: ApprovalBroker,
+                 credentials: CredentialService) -> None:
         self.config = config
         self.dispatcher = dispatcher
         self.approvals = approvals
@@ -90,6 +95,7 @@ class SlackChannel:
         self.app.event("message")(self._on_message)
         self.app.command(config.command)(self._on_command)
         self._approvals = SlackApprovals(self.app, self.client, approvals)
+        self._credentials = SlackCredentials(self.app, self.client, credentials)
         self.app.action(re.compile(".*"))(self._on_unknown_action)  # registered last: anything not matched above
         self.app.error(self._on_error)
         self._groups: dict[str, tuple[float, set[str]]] = {}
@@ -277,6 +283,10 @@ class SlackChannel:
             await self._approvals.announce(event.request)
         elif isinstance(event, ApprovalResolved):
             await self._approvals.resolve(event.request)
+        elif isinstance(event, CredentialRequested):
+            await self._credentials.announce(event.request)
+        elif isinstance(event, CredentialResolved):
+            await self._credentials.resolve(event.request)
 
     async def _clear(self, refs: tuple[MessageRef, ...]) -> None:
         for item in refs:

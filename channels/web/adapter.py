@@ -18,11 +18,14 @@ from aiohttp import web
 
 from channels.web.auth import WebAuth
 from core.approvals import ApprovalBroker
+from core.credentials import CredentialService
 from core.dispatcher import Dispatcher
 from core.errors import CoreError, InvalidInput
 from core.events import (
     ApprovalRequested,
     ApprovalResolved,
+    CredentialRequested,
+    CredentialResolved,
     Event,
     InputQueued,
     InputsTaken,
@@ -32,7 +35,7 @@ from core.events import (
     TurnFinished,
     TurnStarted,
 )
-from core.model import ApprovalInfo, Inbound, MessageRef
+from core.model import ApprovalInfo, CredentialRequestInfo, Inbound, MessageRef
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +56,12 @@ class WebConfig:
 class WebChannel:
     name = "web"
 
-    def __init__(self, config: WebConfig, dispatcher: Dispatcher, approvals: ApprovalBroker) -> None:
+    def __init__(self, config: WebConfig, dispatcher: Dispatcher, approvals: ApprovalBroker,
+                 credentials: CredentialService) -> None:
         self.config = config
         self.dispatcher = dispatcher
         self.approvals = approvals
+        self.credentials = credentials
         self.auth = WebAuth(config.token, secure_cookie=config.secure_cookie)
         self.started = False
         self._watchers: dict[str, set[asyncio.Queue[dict[str, Any] | None]]] = {}
@@ -78,6 +83,7 @@ class WebChannel:
             web.post("/api/conversations/{cid}/stop", guard(self._stop)),
             web.get("/api/conversations/{cid}/events", guard(self._events)),
             web.post("/api/approvals/{id}", guard(self._decide)),
+            web.post("/api/credentials/{id}", guard(self._provide)),
         ]
 
     async def start(self) -> None:
@@ -127,7 +133,27 @@ class WebChannel:
                 for e in entries
             ],
             "approvals": [_approval(a) for a in await self.approvals.recent(session_id)] if session else [],
+            "credentials": [_credential(c) for c in await self.credentials.recent(session_id)] if session else [],
         })
+
+    async def _provide(self, request: web.Request) -> web.Response:
+        try:
+            request_id = int(request.match_info["id"])
+        except ValueError:
+            return web.json_response({"error": "credential request ids are numbers"}, status=400)
+        body = await _json_object(request)
+        value = body.get("value")
+        if not isinstance(value, str):
+            return web.json_response({"error": "value must be text"}, status=400)
+        current = await self.credentials.get(request_id)
+        if current is None or current.session.channel != self.name:
+            return web.json_response({"error": "no such credential request here"}, status=404)
+        result = await self.credentials.provide(request_id, value, by=WEB_USER)
+        if result.stored:
+            return web.json_response({"stored": True, "message": result.message})
+        status = 400 if result.field_error else 409
+        return web.json_response({"stored": False, "error": result.message, "field_error": result.field_error},
+                                 status=status)
 
     async def _decide(self, request: web.Request) -> web.Response:
         try:
@@ -222,6 +248,8 @@ class WebChannel:
             item.update(text=event.text)
         elif isinstance(event, ApprovalRequested | ApprovalResolved):
             item.update(approval=_approval(event.request))
+        elif isinstance(event, CredentialRequested | CredentialResolved):
+            item.update(credential=_credential(event.request))
         else:
             return
         self._publish(event.session_id, item)
@@ -234,6 +262,11 @@ class WebChannel:
 def _approval(a: ApprovalInfo) -> dict[str, Any]:
     return {"id": a.id, "tool": a.tool, "arguments": a.arguments, "status": a.status, "summary": a.summary(),
             "expires_at": a.expires_at.isoformat(), "requester": a.requester, "at": a.parked_at.isoformat()}
+
+
+def _credential(c: CredentialRequestInfo) -> dict[str, Any]:
+    return {"id": c.id, "name": c.name, "reason": c.reason, "scope": c.scope, "status": c.status,
+            "summary": c.summary(), "expires_at": c.expires_at.isoformat(), "at": c.created_at.isoformat()}
 
 
 def _session_id(request: web.Request) -> str:

@@ -3,6 +3,7 @@
 from core.store.approvals import ApprovalStore
 from core.store.control import ControlStore
 from core.store.conversations import ConversationStore
+from core.store.credentials import CredentialStore
 from core.store.database import Database
 from core.store.inputs import Accepted, AcceptOutcome, Budget, InputStore, Taken
 
@@ -13,6 +14,7 @@ __all__ = [
     "Budget",
     "ControlStore",
     "ConversationStore",
+    "CredentialStore",
     "Database",
     "InputStore",
     "Taken",

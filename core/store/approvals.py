@@ -55,7 +55,7 @@ class ApprovalStore:
                 if always and status == ApprovalStatus.APPROVED:
                     s.add(GrantRow(agent=row.agent, tool=row.tool, place=row.place, arg_pattern=grant_pattern,
                                    created_by=by or "operator", created_at=now))
-                s.add(_audit(now, by or "system", f"approval.{status}", f"approval:{row.id}",
+                s.add(audit_row(now, by or "system", f"approval.{status}", f"approval:{row.id}",
                              {"tool": row.tool, "session": row.session_id, "reason": reason, "always": always}))
             return won, await _info(s, row)
 
@@ -114,7 +114,7 @@ class ApprovalStore:
     async def add_grant(self, grant: GrantRow) -> GrantRow:
         async with self.db.write() as s:
             s.add(grant)
-            s.add(_audit(grant.created_at, grant.created_by, "grant.added", f"{grant.agent}:{grant.tool}",
+            s.add(audit_row(grant.created_at, grant.created_by, "grant.added", f"{grant.agent}:{grant.tool}",
                          {"place": grant.place, "pattern": grant.arg_pattern}))
             await s.flush()
             return grant
@@ -132,7 +132,7 @@ class ApprovalStore:
                                   .where(col(GrantRow.id) == grant_id, col(GrantRow.revoked_at).is_(None))
                                   .values(revoked_at=now, revoked_by=by))
             if result.rowcount:
-                s.add(_audit(now, by, "grant.revoked", f"grant:{grant_id}", None))
+                s.add(audit_row(now, by, "grant.revoked", f"grant:{grant_id}", None))
             return bool(result.rowcount)
 
     async def audit_log(self, limit: int = 100) -> list[AuditRow]:
@@ -141,7 +141,7 @@ class ApprovalStore:
             return list(reversed(rows))
 
 
-def _audit(at: datetime, actor: str, action: str, subject: str, detail: dict[str, Any] | None) -> AuditRow:
+def audit_row(at: datetime, actor: str, action: str, subject: str, detail: dict[str, Any] | None) -> AuditRow:
     return AuditRow(at=at, actor=actor, action=action, subject=subject,
                     detail=json.dumps(detail) if detail is not None else None)
 

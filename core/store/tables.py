@@ -192,3 +192,66 @@ class AuditRow(SQLModel, table=True):
     action: str = Field(max_length=64)
     subject: str = Field(max_length=255)
     detail: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class SecretRow(SQLModel, table=True):
+    """A sealed credential. Everything but ``ciphertext`` is readable without a key."""
+
+    __tablename__ = "secrets"
+    __table_args__ = (UniqueConstraint("name", "scope", "agent", name="uq_secrets_name_scope_agent"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=64)
+    scope: str = Field(max_length=16)  # "agent" (one agent's) or "shared" (agents granted it)
+    agent: str = Field(default="", max_length=64)  # the owner for scope "agent"; "" for shared
+    key_id: str = Field(max_length=64)
+    ciphertext: str = Field(sa_column=Column(Text, nullable=False))  # base64(nonce + AES-GCM ciphertext)
+    created_by: str = Field(max_length=64)
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+    last_used_at: datetime | None = _ts(nullable=True)
+
+
+class SecretGrantRow(SQLModel, table=True):
+    """A shared credential an agent may use."""
+
+    __tablename__ = "secret_grants"
+
+    secret_id: int = Field(foreign_key="secrets.id", primary_key=True)
+    agent: str = Field(max_length=64, primary_key=True)
+    granted_by: str = Field(max_length=64)
+    granted_at: datetime = _ts()
+
+
+class CredentialRequestRow(SQLModel, table=True):
+    """The agent asked for a secret; a person provides it (SPEC §8)."""
+
+    __tablename__ = "credential_requests"
+    __table_args__ = (Index("ix_credential_requests_status_expires", "status", "expires_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(foreign_key="sessions.id", max_length=255)
+    turn_id: int | None = Field(default=None, foreign_key="turns.id")
+    tool_call_id: str = Field(max_length=128)
+    name: str = Field(max_length=64)
+    reason: str = Field(sa_column=Column(Text, nullable=False))
+    scope: str = Field(max_length=16)
+    agent: str = Field(max_length=64)
+    requester: str | None = Field(default=None, max_length=64)
+    status: str = Field(max_length=16)  # pending, provided, expired, cancelled
+    created_at: datetime = _ts()
+    expires_at: datetime = _ts()
+    provided_by: str | None = Field(default=None, max_length=64)
+    provided_at: datetime | None = _ts(nullable=True)
+    announcement: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class CredentialLinkRow(SQLModel, table=True):
+    """A one-time link's id (JWT ``jti``): burned when used."""
+
+    __tablename__ = "credential_links"
+
+    jti: str = Field(primary_key=True, max_length=64)
+    request_id: int = Field(foreign_key="credential_requests.id")
+    expires_at: datetime = _ts()
+    used_at: datetime | None = _ts(nullable=True)

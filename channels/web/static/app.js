@@ -109,14 +109,51 @@ function approvalElement(a) {
   return el;
 }
 
-function renderTranscript(messages, approvals = []) {
+function credentialElement(c) {
+  const el = document.createElement("div");
+  el.className = `msg approval credential ${c.status}`;
+  el.innerHTML = `<p><strong>Credential needed:</strong> <code>${escapeHtml(c.name)}</code> (${escapeHtml(c.scope)} scope)</p>` +
+    `<p>Reason: ${escapeHtml(c.reason)}</p>`;
+  const meta = document.createElement("div");
+  meta.className = "meta";
+  if (c.status !== "pending") {
+    meta.textContent = c.summary;
+    el.appendChild(meta);
+    return el;
+  }
+  meta.textContent = `The value is sealed and never shown again · expires ${new Date(c.expires_at).toLocaleTimeString()}`;
+  const value = document.createElement("textarea");
+  value.rows = 3;
+  value.setAttribute("aria-label", `Value for ${c.name}`);
+  value.autocomplete = "off";
+  const error = document.createElement("p");
+  error.className = "error";
+  const store = document.createElement("button");
+  store.type = "button";
+  store.textContent = "Store";
+  store.addEventListener("click", async () => {
+    try {
+      await api(`/api/credentials/${c.id}`, { body: { value: value.value } });
+      value.value = "";
+      await loadConversation();
+    } catch (e) {
+      error.textContent = e.message;
+    }
+  });
+  el.append(value, error, store, meta);
+  return el;
+}
+
+function renderTranscript(messages, approvals = [], credentials = []) {
   const box = $("transcript");
   box.querySelectorAll(".msg").forEach((el) => el.remove());
   $("empty").hidden = messages.length > 0 || state.pending.length > 0;
-  const timeline = [...messages.map((m) => ({ kind: "m", at: m.at, m })), ...approvals.map((a) => ({ kind: "a", at: a.at, a }))];
+  const timeline = [...messages.map((m) => ({ kind: "m", at: m.at, m })), ...approvals.map((a) => ({ kind: "a", at: a.at, a })),
+    ...credentials.map((c) => ({ kind: "c", at: c.at, c }))];
   timeline.sort((x, y) => (x.at < y.at ? -1 : x.at > y.at ? 1 : 0));
   for (const item of timeline) {
     if (item.kind === "a") { box.appendChild(approvalElement(item.a)); continue; }
+    if (item.kind === "c") { box.appendChild(credentialElement(item.c)); continue; }
     const m = item.m;
     if (m.role === "assistant" && !m.content && m.tools.length) {
       box.appendChild(messageElement("notice", escapeHtml(`Used ${m.tools.join(", ")}`)));
@@ -140,7 +177,7 @@ async function loadConversation() {
   const data = await api(`/api/conversations/${state.cid}`);
   const firstUser = data.messages.find((m) => m.role === "user");
   $("title").textContent = firstUser ? firstUser.content.split("\n")[0].slice(0, 80) : "New conversation";
-  renderTranscript(data.messages, data.approvals || []);
+  renderTranscript(data.messages, data.approvals || [], data.credentials || []);
   setWorking(data.working, data.working ? "" : $("state").textContent === "Stopped" ? "Stopped" : "");
 }
 
@@ -181,7 +218,7 @@ function listen() {
     if (item.type === "message.accepted" || item.type === "input.queued") await loadConversation();
     if (item.type === "inputs.taken") { setWorking(true, item.steered ? "Taken into the running turn…" : ""); await loadConversation(); }
     if (item.type === "notice") { state.notices.push(item.text); await loadConversation(); }
-    if (item.type === "approval.requested" || item.type === "approval.resolved") await loadConversation();
+    if (item.type.startsWith("approval.") || item.type.startsWith("credential.")) await loadConversation();
   };
   state.stream = stream;
 }

@@ -1,0 +1,155 @@
+"""Credential requests in Slack: a Provide button, a modal to type the value into, field errors,
+and the message updated once stored. The value goes from the modal straight to the vault."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from slack_bolt.async_app import AsyncApp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.slack.api import error_code
+from core.credentials import CredentialService
+from core.model import CredentialRequestInfo, CredentialStatus
+
+log = logging.getLogger(__name__)
+
+ACTION = "credential:provide"
+VIEW = "credential_provide"
+_ICON = {CredentialStatus.PROVIDED: ":white_check_mark:", CredentialStatus.EXPIRED: ":hourglass:",
+         CredentialStatus.CANCELLED: ":no_entry_sign:"}
+
+
+class SlackCredentials:
+    def __init__(self, app: AsyncApp, client: AsyncWebClient, credentials: CredentialService) -> None:
+        self.client = client
+        self.credentials = credentials
+        self._telling: set[asyncio.Task[None]] = set()
+        app.action(ACTION)(self._on_provide_clicked)
+        app.view(VIEW)(self._on_submitted)
+
+    async def announce(self, request: CredentialRequestInfo) -> None:
+        ref = request.session.reply_ref
+        try:
+            posted = await self.client.chat_postMessage(channel=ref["channel"], thread_ts=ref.get("thread_ts"),
+                                                        text=_fallback(request), blocks=request_blocks(request))
+        except SlackApiError as exc:
+            log.error("could not post credential request %s: %s", request.id, error_code(exc))
+            return
+        await self.credentials.record_announcement(request.id, {"channel": posted["channel"], "ts": posted["ts"]})
+
+    async def resolve(self, request: CredentialRequestInfo) -> None:
+        where = request.announcement or (await self.credentials.get(request.id) or request).announcement
+        try:
+            if where:
+                await self.client.chat_update(channel=where["channel"], ts=where["ts"], text=_fallback(request),
+                                              blocks=request_blocks(request))
+            else:
+                ref = request.session.reply_ref
+                await self.client.chat_postMessage(channel=ref["channel"], thread_ts=ref.get("thread_ts"),
+                                                   text=_fallback(request), blocks=request_blocks(request))
+        except SlackApiError as exc:
+            log.error("could not update credential request %s: %s", request.id, error_code(exc))
+
+    async def _on_provide_clicked(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        await ack()
+        user = str((body.get("user") or {}).get("id") or "")
+        channel = str((body.get("channel") or {}).get("id") or "")
+        request = await self.credentials.get(_number(action.get("value")) or 0)
+        if request is None:
+            self._tell(channel, user, "That button does not belong to a credential request I know.")
+        elif not await self.credentials.may_provide(user, request):
+            self._tell(channel, user, "You can't provide this credential: you are not one of its approvers.")
+        elif request.settled:
+            self._tell(channel, user, f"Already settled: {request.summary()}.")
+        else:
+            try:
+                await self.client.views_open(trigger_id=str(body.get("trigger_id") or ""), view=provide_modal(request))
+            except SlackApiError as exc:
+                log.warning("could not open the credential modal: %s", error_code(exc))
+                self._tell(channel, user, "Slack would not open the form; click Provide again.")
+
+    async def _on_submitted(self, ack: Any, body: dict[str, Any], view: dict[str, Any]) -> None:
+        user = str((body.get("user") or {}).get("id") or "")
+        values = (view.get("state") or {}).get("values") or {}
+        value = str(((values.get("value") or {}).get("value") or {}).get("value") or "")
+        request_id = _number(view.get("private_metadata"))
+        result = await self.credentials.provide(request_id or 0, value, by=user)
+        if result.stored:
+            await ack()  # closes the modal; the request's message is updated through the event
+        else:  # the modal stays open and says why next to the field; nothing was stored
+            await ack(response_action="errors", errors={"value": result.field_error or result.message})
+
+    def _tell(self, channel: str, user: str, text: str) -> None:
+        if channel and user:
+            task = asyncio.create_task(self._post_ephemeral(channel, user, text))
+            self._telling.add(task)
+            task.add_done_callback(self._telling.discard)
+
+    async def _post_ephemeral(self, channel: str, user: str, text: str) -> None:
+        try:
+            await self.client.chat_postEphemeral(channel=channel, user=user, text=text)
+        except SlackApiError as exc:
+            log.warning("could not tell %s: %s", user, error_code(exc))
+
+
+def request_blocks(request: CredentialRequestInfo) -> list[dict[str, Any]]:
+    who = f"<@{request.requester}> or an approver" if request.requester else "an approver"
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": (
+            f":key: *{_escape(request.agent)}* needs the credential `{request.name}` ({request.scope} scope)\n"
+            f"Reason: {_escape(request.reason)}")}},
+    ]
+    if request.status == CredentialStatus.PENDING:
+        expires = f"<!date^{int(request.expires_at.timestamp())}^{{time}}|{request.expires_at:%H:%M} UTC>"
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
+            f"{who} may provide it · expires {expires} · the value is sealed and never shown again")}]})
+        blocks.append({"type": "actions", "block_id": f"credential:{request.id}", "elements": [
+            {"type": "button", "action_id": ACTION, "style": "primary", "value": str(request.id),
+             "text": {"type": "plain_text", "text": "Provide"}}]})
+    else:
+        text = request.summary()
+        if request.provided_by and request.provided_by[:1] in ("U", "W"):
+            text = text.replace(f"by {request.provided_by}", f"by <@{request.provided_by}>")
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn",
+                                                        "text": f"{_ICON.get(request.status, '')} {text}"}]})
+    return blocks
+
+
+def provide_modal(request: CredentialRequestInfo) -> dict[str, Any]:
+    return {
+        "type": "modal", "callback_id": VIEW, "private_metadata": str(request.id),  # the id only, never a value
+        "title": {"type": "plain_text", "text": "Provide a credential"},
+        "submit": {"type": "plain_text", "text": "Store"},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": [
+            {"type": "section", "text": {"type": "mrkdwn", "text": (
+                f"*{request.name}* for agent *{_escape(request.agent)}* ({request.scope} scope)\n"
+                f"Reason: {_escape(request.reason)}")}},
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": (
+                ":warning: Slack has no hidden input: the value is visible while you type. Once stored it is "
+                "sealed and never shown again, never logged, never sent to the model.")}]},
+            {"type": "input", "block_id": "value", "label": {"type": "plain_text", "text": "Value"},
+             "element": {"type": "plain_text_input", "action_id": "value", "multiline": True}},
+        ],
+    }
+
+
+def _fallback(request: CredentialRequestInfo) -> str:
+    if request.status == CredentialStatus.PENDING:
+        return f"{request.agent} needs the credential {request.name}: Provide"
+    return request.summary()
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _number(value: Any) -> int | None:
+    try:
+        return int(str(value))
+    except ValueError:
+        return None

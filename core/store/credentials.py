@@ -1,0 +1,205 @@
+"""Sealed secrets, grants, credential requests and one-time link ids (SPEC §8). No plaintext here."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, or_, update
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from core.model import CredentialRequestInfo, CredentialStatus, SessionStatus
+from core.store.approvals import audit_row
+from core.store.conversations import session_info
+from core.store.database import Database
+from core.store.tables import (
+    CredentialLinkRow,
+    CredentialRequestRow,
+    SecretGrantRow,
+    SecretRow,
+    SessionRow,
+)
+
+
+class CredentialStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # -- secrets --------------------------------------------------------------------------------
+
+    async def save_secret(self, row: SecretRow, *, grant: str | None, by: str, now: datetime,
+                          s: AsyncSession | None = None) -> SecretRow:
+        """Insert or replace (same name, scope, owner) a sealed secret; grant a shared one to ``grant``."""
+        if s is None:
+            async with self.db.write() as session:
+                return await self.save_secret(row, grant=grant, by=by, now=now, s=session)
+        existing = (await s.exec(select(SecretRow).where(
+            SecretRow.name == row.name, SecretRow.scope == row.scope, SecretRow.agent == row.agent))).first()
+        if existing is not None:
+            existing.key_id, existing.ciphertext, existing.updated_at = row.key_id, row.ciphertext, now
+            existing.created_by = by
+            row = existing
+        s.add(row)
+        await s.flush()
+        assert row.id is not None
+        if grant is not None and row.scope == "shared":
+            if await s.get(SecretGrantRow, (row.id, grant)) is None:
+                s.add(SecretGrantRow(secret_id=row.id, agent=grant, granted_by=by, granted_at=now))
+        s.add(audit_row(now, by, "credential.stored", f"credential:{row.name}",
+                     {"scope": row.scope, "agent": row.agent or None, "key_id": row.key_id}))
+        return row
+
+    async def usable(self, agent: str, name: str | None = None) -> list[SecretRow]:
+        """Secrets this agent may use: its own, and shared ones granted to it."""
+        async with self.db.read() as s:
+            granted = select(SecretGrantRow.secret_id).where(SecretGrantRow.agent == agent)
+            query = select(SecretRow).where(or_(
+                (col(SecretRow.scope) == "agent") & (col(SecretRow.agent) == agent),
+                (col(SecretRow.scope) == "shared") & col(SecretRow.id).in_(granted),
+            ))
+            if name is not None:
+                query = query.where(SecretRow.name == name)
+            return list((await s.exec(query.order_by(col(SecretRow.name)))).all())
+
+    async def all_secrets(self) -> list[SecretRow]:
+        async with self.db.read() as s:
+            return list((await s.exec(select(SecretRow).order_by(col(SecretRow.name)))).all())
+
+    async def grants_of(self, secret_id: int) -> list[str]:
+        async with self.db.read() as s:
+            return list((await s.exec(select(SecretGrantRow.agent).where(SecretGrantRow.secret_id == secret_id))).all())
+
+    async def delete_secret(self, name: str, *, by: str, now: datetime) -> int:
+        async with self.db.write() as s:
+            ids = list((await s.exec(select(SecretRow.id).where(SecretRow.name == name))).all())
+            if not ids:
+                return 0
+            await s.exec(delete(SecretGrantRow).where(col(SecretGrantRow.secret_id).in_(ids)))
+            await s.exec(delete(SecretRow).where(col(SecretRow.id).in_(ids)))
+            s.add(audit_row(now, by, "credential.deleted", f"credential:{name}", None))
+            return len(ids)
+
+    async def reseal(self, secret_id: int, *, expected_key: str, key_id: str, ciphertext: str,
+                     now: datetime) -> bool:
+        """Replace one ciphertext, only if it is still under ``expected_key`` (safe to run twice)."""
+        async with self.db.write() as s:
+            result = await s.exec(update(SecretRow)
+                                  .where(col(SecretRow.id) == secret_id, col(SecretRow.key_id) == expected_key)
+                                  .values(key_id=key_id, ciphertext=ciphertext, updated_at=now))
+            return bool(result.rowcount)
+
+    async def touch(self, secret_ids: list[int], now: datetime) -> None:
+        if secret_ids:
+            async with self.db.write() as s:
+                await s.exec(update(SecretRow).where(col(SecretRow.id).in_(secret_ids)).values(last_used_at=now))
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def park(self, row: CredentialRequestRow) -> CredentialRequestInfo:
+        async with self.db.write() as s:
+            s.add(row)
+            await s.exec(update(SessionRow).where(col(SessionRow.id) == row.session_id)
+                         .values(status=SessionStatus.WAITING_CREDENTIAL))
+            await s.flush()
+            return await _info(s, row)
+
+    async def provide(self, request_id: int, secret: SecretRow, *, by: str, now: datetime
+                      ) -> tuple[bool, CredentialRequestInfo | None]:
+        """Store the sealed value and settle the request in one commit, once: a second submission loses."""
+        async with self.db.write() as s:
+            result = await s.exec(update(CredentialRequestRow)
+                                  .where(col(CredentialRequestRow.id) == request_id,
+                                         col(CredentialRequestRow.status) == CredentialStatus.PENDING)
+                                  .values(status=CredentialStatus.PROVIDED, provided_by=by, provided_at=now))
+            won = bool(result.rowcount)
+            row = await s.get(CredentialRequestRow, request_id)
+            if row is None:
+                return False, None
+            await s.refresh(row)
+            if won:
+                await self.save_secret(secret, grant=row.agent, by=by, now=now, s=s)
+                await _resume_session(s, row.session_id)
+            return won, await _info(s, row)
+
+    async def settle(self, request_id: int, status: str, now: datetime) -> tuple[bool, CredentialRequestInfo | None]:
+        async with self.db.write() as s:
+            result = await s.exec(update(CredentialRequestRow)
+                                  .where(col(CredentialRequestRow.id) == request_id,
+                                         col(CredentialRequestRow.status) == CredentialStatus.PENDING)
+                                  .values(status=status, provided_at=now))
+            row = await s.get(CredentialRequestRow, request_id)
+            if row is None:
+                return False, None
+            await s.refresh(row)
+            if result.rowcount:
+                await _resume_session(s, row.session_id)
+            return bool(result.rowcount), await _info(s, row)
+
+    async def get(self, request_id: int) -> CredentialRequestInfo | None:
+        async with self.db.read() as s:
+            row = await s.get(CredentialRequestRow, request_id)
+            return await _info(s, row) if row is not None else None
+
+    async def for_call(self, session_id: str, tool_call_id: str) -> CredentialRequestInfo | None:
+        async with self.db.read() as s:
+            row = (await s.exec(select(CredentialRequestRow).where(
+                CredentialRequestRow.session_id == session_id, CredentialRequestRow.tool_call_id == tool_call_id)
+                .order_by(col(CredentialRequestRow.id).desc()))).first()
+            return await _info(s, row) if row is not None else None
+
+    async def pending(self, *, due_before: datetime | None = None, session_id: str | None = None
+                      ) -> list[CredentialRequestInfo]:
+        async with self.db.read() as s:
+            query = select(CredentialRequestRow).where(CredentialRequestRow.status == CredentialStatus.PENDING)
+            if due_before is not None:
+                query = query.where(col(CredentialRequestRow.expires_at) <= due_before)
+            if session_id is not None:
+                query = query.where(CredentialRequestRow.session_id == session_id)
+            return [await _info(s, r) for r in (await s.exec(query.order_by(col(CredentialRequestRow.id)))).all()]
+
+    async def recent(self, session_id: str, limit: int = 50) -> list[CredentialRequestInfo]:
+        async with self.db.read() as s:
+            rows = (await s.exec(select(CredentialRequestRow).where(CredentialRequestRow.session_id == session_id)
+                                 .order_by(col(CredentialRequestRow.id).desc()).limit(limit))).all()
+            return [await _info(s, r) for r in reversed(rows)]
+
+    async def record_announcement(self, request_id: int, where: dict[str, Any]) -> None:
+        async with self.db.write() as s:
+            await s.exec(update(CredentialRequestRow).where(col(CredentialRequestRow.id) == request_id)
+                         .values(announcement=json.dumps(where)))
+
+    # -- one-time links -------------------------------------------------------------------------
+
+    async def add_link(self, jti: str, request_id: int, expires_at: datetime) -> None:
+        async with self.db.write() as s:
+            s.add(CredentialLinkRow(jti=jti, request_id=request_id, expires_at=expires_at))
+
+    async def link(self, jti: str) -> CredentialLinkRow | None:
+        async with self.db.read() as s:
+            return await s.get(CredentialLinkRow, jti)
+
+    async def burn(self, jti: str, now: datetime) -> bool:
+        async with self.db.write() as s:
+            result = await s.exec(update(CredentialLinkRow)
+                                  .where(col(CredentialLinkRow.jti) == jti, col(CredentialLinkRow.used_at).is_(None))
+                                  .values(used_at=now))
+            return bool(result.rowcount)
+
+
+async def _resume_session(s: AsyncSession, session_id: str) -> None:
+    await s.exec(update(SessionRow).where(col(SessionRow.id) == session_id,
+                                          col(SessionRow.status) == SessionStatus.WAITING_CREDENTIAL)
+                 .values(status=SessionStatus.RUNNING))
+
+
+async def _info(s: AsyncSession, row: CredentialRequestRow) -> CredentialRequestInfo:
+    session = await s.get(SessionRow, row.session_id)
+    assert session is not None and row.id is not None
+    return CredentialRequestInfo(
+        id=row.id, session=session_info(session), name=row.name, reason=row.reason, scope=row.scope,
+        agent=row.agent, requester=row.requester, status=row.status, created_at=row.created_at,
+        expires_at=row.expires_at,
+        provided_by=row.provided_by, announcement=json.loads(row.announcement) if row.announcement else None,
+    )
