@@ -35,6 +35,18 @@ def main(argv: list[str] | None = None) -> int:
     verbs.add_parser("grants", help="active \"Always allow\" grants")
     revoke = verbs.add_parser("revoke", help="revoke a grant")
     revoke.add_argument("id", type=int)
+    creds = sub.add_parser("credentials", help="stored credentials (values are never printed)")
+    cverbs = creds.add_subparsers(dest="verb", required=True)
+    cverbs.add_parser("list", help="names, scopes, key ids, who stored them, last use")
+    cset = cverbs.add_parser("set", help="store a value read from stdin or a hidden prompt (never from arguments)")
+    cset.add_argument("name")
+    cset.add_argument("--scope", choices=["agent", "shared"], default="agent")
+    cset.add_argument("--agent", default=None, help="the owning agent (scope agent) or the agent granted (shared)")
+    cdel = cverbs.add_parser("delete", help="delete a credential (every scope of that name)")
+    cdel.add_argument("name")
+    cverbs.add_parser("rotate", help="re-seal every credential under the first key in BOT_SECRET_KEYS")
+    clink = cverbs.add_parser("link", help="print a one-time link (15 min) to answer a pending credential request")
+    clink.add_argument("request_id", type=int)
     args = parser.parse_args(argv)
 
     if args.command == "manifest":
@@ -47,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
             from bot.operator import approvals_command
 
             return asyncio.run(approvals_command(args))
+        if args.command == "credentials":
+            from bot.operator import credentials_command, read_secret
+
+            value = read_secret(args.name) if args.verb == "set" else None
+            return asyncio.run(credentials_command(args, value))
         return asyncio.run(_run())
     except BotError as exc:
         print(f"bot: {exc}", file=sys.stderr)

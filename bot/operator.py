@@ -4,34 +4,60 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from bot.agents_config import load_agents
 from bot.errors import BotError
-from bot.settings import load_settings
+from bot.keys import load_keyring
+from bot.settings import Settings, load_settings
 from core.agents import AgentDirectory
 from core.approvals import ApprovalBroker, ApprovalPolicy
 from core.clock import SystemClock
-from core.errors import StoreError
+from core.credentials import CredentialService
+from core.errors import InvalidInput, StoreError
 from core.events import EventBus
-from core.store import ApprovalStore, Database
+from core.store import ApprovalStore, CredentialStore, Database
+from core.vault import VaultError
+
+
+@dataclass
+class _Core:
+    settings: Settings
+    approvals: ApprovalBroker
+    credentials: CredentialService
+    agents: AgentDirectory
 
 
 @asynccontextmanager
-async def _broker() -> AsyncIterator[ApprovalBroker]:
+async def _core() -> AsyncIterator[_Core]:
     settings = load_settings()
     db = Database(settings.resolved_database_url)
     try:
         await db.migrate()
         agents = AgentDirectory(load_agents(settings.bot_config, default_instructions=settings.bot_instructions))
-        yield ApprovalBroker(ApprovalStore(db), EventBus(), SystemClock(),
-                             ApprovalPolicy(settings.approvers, settings.admins), agents,
-                             timeout_s=settings.approval_timeout_s)
-    except StoreError as exc:
+        policy = ApprovalPolicy(settings.approvers, settings.admins)
+        bus, clock = EventBus(), SystemClock()
+        yield _Core(
+            settings,
+            ApprovalBroker(ApprovalStore(db), bus, clock, policy, agents, timeout_s=settings.approval_timeout_s),
+            CredentialService(CredentialStore(db), load_keyring(settings), bus, clock, policy, agents,
+                              timeout_s=settings.credential_timeout_s, max_bytes=settings.credential_max_bytes),
+            agents,
+        )
+    except (StoreError, VaultError) as exc:
         raise BotError(str(exc)) from exc
     finally:
         await db.close()
+
+
+def read_secret(name: str) -> str:
+    """From stdin when piped (``… | bot credentials set NAME``), else a prompt that does not echo."""
+    if not sys.stdin.isatty():
+        return sys.stdin.read()
+    return getpass.getpass(f"Value for {name} (not shown): ")
 
 
 def operator_name() -> str:
@@ -42,7 +68,8 @@ def operator_name() -> str:
 
 
 async def approvals_command(args: argparse.Namespace) -> int:
-    async with _broker() as broker:
+    async with _core() as core:
+        broker = core.approvals
         if args.verb == "list":
             pending = await broker.pending()
             if not pending:
@@ -68,4 +95,48 @@ async def approvals_command(args: argparse.Namespace) -> int:
             message = await broker.revoke_grant(args.id, by=operator_name(), operator=True)
             print(message)
             return 0 if "revoked" in message else 1
+    return 2
+
+
+async def credentials_command(args: argparse.Namespace, value: str | None) -> int:
+    async with _core() as core:
+        service = core.credentials
+        if args.verb == "list":
+            rows = await service.store.all_secrets()
+            if not rows:
+                print("no stored credentials")
+            for row in rows:
+                owner = row.agent if row.scope == "agent" else "granted to " + ", ".join(
+                    await service.store.grants_of(row.id or 0)) or "nobody"
+                used = f"{row.last_used_at:%Y-%m-%d %H:%M} UTC" if row.last_used_at else "never"
+                print(f"{row.name}\t{row.scope} ({owner})\tkey {row.key_id}\tstored by {row.created_by} "
+                      f"{row.updated_at:%Y-%m-%d %H:%M} UTC\tlast used {used}")
+            return 0
+        if args.verb == "set":
+            assert value is not None
+            agent = args.agent or core.agents.default.name
+            try:
+                key_id = await service.set_secret(args.name, value.rstrip("\n"), scope=args.scope, agent=agent,
+                                                  by=operator_name())
+            except InvalidInput as exc:
+                raise BotError(str(exc)) from exc
+            print(f"stored {args.name} ({args.scope}, agent {agent}), sealed with key {key_id!r}")
+            return 0
+        if args.verb == "delete":
+            count = await service.store.delete_secret(args.name, by=operator_name(), now=SystemClock().now())
+            print(f"deleted {args.name}" if count else f"no credential named {args.name}")
+            return 0 if count else 1
+        if args.verb == "rotate":
+            moved, current = await service.rotate(lambda line: print(line, flush=True))
+            print(f"done: {moved} re-sealed, {current} already under key {service.keys.current!r}")
+            return 0
+        if args.verb == "link":
+            try:
+                token = await service.create_link(args.request_id)
+            except InvalidInput as exc:
+                raise BotError(str(exc)) from exc
+            base = core.settings.bot_public_url or f"http://{core.settings.host}:{core.settings.port}"
+            print(f"{base.rstrip('/')}/credentials/{token}")
+            print("(one use, 15 minutes at most; it opens only over HTTPS or on this machine)", file=sys.stderr)
+            return 0
     return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -194,3 +195,29 @@ async def test_operator_override_from_the_command_line(
         assert code == 1 and "Already settled" in out
     finally:
         assert await bot.terminate() == 0
+
+
+async def test_credentials_from_the_command_line(tmp_path: Path) -> None:
+    import base64
+    import os
+
+    k1 = f"k1:{base64.b64encode(os.urandom(32)).decode()}"
+    k2 = f"k2:{base64.b64encode(os.urandom(32)).decode()}"
+    env = {"BOT_SECRET_KEYS": k1}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "credentials", "set", "acc.token", cwd=tmp_path,
+        env=BotProcess(tmp_path, env).env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate(b"cli-secret-value-5\n")
+    assert proc.returncode == 0 and b"sealed with key 'k1'" in out and b"cli-secret-value-5" not in out
+    code, out = await run_cli(tmp_path, env, "credentials", "list")
+    assert code == 0 and "acc.token" in out and "key k1" in out and "cli-secret-value-5" not in out
+    code, out = await run_cli(tmp_path, {"BOT_SECRET_KEYS": f"{k2},{k1}"}, "credentials", "rotate")
+    assert code == 0 and "1 re-sealed" in out
+    code, out = await run_cli(tmp_path, {"BOT_SECRET_KEYS": k2}, "credentials", "list")
+    assert "key k2" in out  # the old key is no longer needed
+    code, out = await run_cli(tmp_path, {"BOT_SECRET_KEYS": k1}, "credentials", "rotate")
+    assert code == 2 and "sealed with key 'k2', which is not configured" in out and "Traceback" not in out
+    code, out = await run_cli(tmp_path, {"BOT_SECRET_KEYS": k2}, "credentials", "delete", "acc.token")
+    assert code == 0 and "deleted" in out
+    assert b"cli-secret-value-5" not in (tmp_path / ".bot" / "bot.db").read_bytes()
