@@ -16,6 +16,7 @@ from bot.providers import build_provider
 from bot.settings import Settings
 from bot.tools import build_registry
 from bot.tools.message import message_send_tool
+from bot.tools.schedules import schedule_tools
 from channels.web.credential_link import CredentialLinkPage
 from core.agents import AgentDirectory
 from core.approvals import ApprovalBroker, ApprovalPolicy
@@ -25,7 +26,9 @@ from core.dispatcher import DispatchConfig, Dispatcher
 from core.events import EventBus
 from core.providers import Provider, RetryPolicy
 from core.runner import AgentRunner, RunnerLimits
+from core.schedules import ScheduleService
 from core.store import ApprovalStore, ControlStore, ConversationStore, CredentialStore, Database, InputStore
+from core.store.schedules import ScheduleStore
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,7 @@ class Application:
     dispatcher: Dispatcher
     approvals: ApprovalBroker
     credentials: CredentialService
+    schedules: ScheduleService
     secret_sink: Callable[[str], None] | None = None
     channels: list[Channel] = field(default_factory=list)
     web_app: web.Application = field(default_factory=web.Application)
@@ -63,6 +67,7 @@ class Application:
         await self.dispatcher.start()
         for channel in self.channels:
             await channel.start()
+        await self.schedules.start()
         self._runner = web.AppRunner(self.web_app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
@@ -77,6 +82,7 @@ class Application:
         return self.settings.port
 
     async def stop(self) -> None:
+        await self.schedules.stop()
         for channel in self.channels:
             await channel.stop()
         await self.dispatcher.stop(drain_s=self.settings.shutdown_drain_s)
@@ -126,12 +132,19 @@ def build_application(
             max_waiting=settings.queue_max_waiting,
         ),
     )
+    schedules = ScheduleService(
+        db, ScheduleStore(db), store, dispatcher, approvals, policy, bus, clock,
+        interval_floor_s=settings.schedule_min_interval_s, misfire_grace_min=settings.schedule_misfire_grace_min,
+    )
+    for tool in schedule_tools(schedules, store):
+        tools.register(tool)
     app = Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals,
-                      credentials=credentials, secret_sink=secret_sink)
+                      credentials=credentials, schedules=schedules, secret_sink=secret_sink)
     if settings.bot_web_chat:
         from channels.web import WebChannel, WebConfig
 
-        app.channels.append(WebChannel(WebConfig(token=settings.bot_web_token), dispatcher, approvals, credentials))
+        app.channels.append(WebChannel(WebConfig(token=settings.bot_web_token), dispatcher, approvals, credentials,
+                                       schedules))
     if settings.slack_mode is not None:
         from channels.slack import SlackChannel, SlackConfig
 
@@ -150,6 +163,8 @@ def build_application(
             credentials,
         )
         policy.groups = slack  # user groups in BOT_APPROVERS are resolved through the Slack API
+        schedules.destinations["slack"] = slack.resolve_destination
+        slack.schedules = schedules
         tools.register(message_send_tool(slack.send_message))
         app.channels.append(slack)
     app.web_app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", _readyz_handler(app))])

@@ -47,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     cverbs.add_parser("rotate", help="re-seal every credential under the first key in BOT_SECRET_KEYS")
     clink = cverbs.add_parser("link", help="print a one-time link (15 min) to answer a pending credential request")
     clink.add_argument("request_id", type=int)
+    scheds = sub.add_parser("schedules", help="scheduled sessions (operator actions are audited by name)")
+    sverbs = scheds.add_subparsers(dest="verb", required=True)
+    sverbs.add_parser("list", help="every schedule, its status and last outcome")
+    for verb in ("pause", "resume", "cancel"):
+        one = sverbs.add_parser(verb, help=f"{verb} a schedule")
+        one.add_argument("id", type=int)
     args = parser.parse_args(argv)
 
     if args.command == "manifest":
@@ -59,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
             from bot.operator import approvals_command
 
             return asyncio.run(approvals_command(args))
+        if args.command == "schedules":
+            from bot.operator import schedules_command
+
+            return asyncio.run(schedules_command(args))
         if args.command == "credentials":
             from bot.operator import credentials_command, read_secret
 

@@ -19,6 +19,7 @@ BOT_SCOPES = [
     "channels:read",  # message_send: find a public channel by #name
     "groups:read",  # message_send: find a private channel the bot is in by #name
     "usergroups:read",  # BOT_APPROVERS may name user groups (S…): read their members
+    "im:write",  # tell a schedule's creator by DM when it keeps failing
 ]
 BOT_EVENTS = ["app_mention", "message.channels", "message.groups", "message.im", "message.mpim"]
 
@@ -27,7 +28,7 @@ def build_manifest(mode: Mode, *, name: str = "Chat-ops bot", command: str = "/b
                    request_url: str = "https://bot.example.com/slack/events") -> dict[str, Any]:
     socket = mode == "socket"
     slash: dict[str, Any] = {"command": command, "description": "Talk to the chat-ops bot",
-                             "usage_hint": "help | status | stop | queue <mode> | approvals",
+                             "usage_hint": "help | status | stop | queue <mode> | approvals | schedule | schedules",
                              "should_escape": False}
     events: dict[str, Any] = {"bot_events": BOT_EVENTS}
     # Buttons (Approve / Deny / Always allow) and the Deny reason modal.

@@ -140,3 +140,29 @@ async def credentials_command(args: argparse.Namespace, value: str | None) -> in
             print("(one use, 15 minutes at most; it opens only over HTTPS or on this machine)", file=sys.stderr)
             return 0
     return 2
+
+
+async def schedules_command(args: argparse.Namespace) -> int:
+    """Acts on the schedules table; the running gateway follows it at the next firing (pause, cancel)
+    or within a few seconds (resume)."""
+    from core.schedules import ScheduleService, TriggerSpec
+    from core.store.schedules import ScheduleStore
+
+    async with _core() as core:
+        db = core.credentials.store.db
+        service = ScheduleService(db, ScheduleStore(db), None, None, core.approvals, core.approvals.policy,  # type: ignore[arg-type]
+                                  EventBus(), SystemClock())
+        if args.verb == "list":
+            rows = await service.list()
+            if not rows:
+                print("no schedules")
+            for r in rows:
+                print(f"{r.id}\t{r.status}\t{TriggerSpec.from_json(r.trigger).describe()}\t-> {r.destination}"
+                      f"\tby {r.creator}\tfirings {r.firings}\tlast: {r.last_outcome or '-'}\t{r.prompt[:60]}")
+            return 0
+        try:
+            print(await service.change(args.id, args.verb, by=operator_name(), operator=True))
+        except InvalidInput as exc:
+            print(str(exc), file=sys.stderr)
+            return 1
+        return 0

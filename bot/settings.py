@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     credential_timeout_s: float = Field(default=1800, gt=0)
     credential_max_bytes: int = Field(default=16_384, ge=64, le=1_000_000)
     bot_public_url: str | None = None
+    schedule_min_interval_s: int = Field(default=60, ge=1)
+    schedule_misfire_grace_min: float = Field(default=5, gt=0)
     queue_mode: QueueMode = "steer"
     queue_debounce_ms: int = Field(default=500, ge=0, le=60_000)
     queue_max_waiting: int = Field(default=20, ge=1, le=1000)

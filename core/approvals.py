@@ -97,21 +97,36 @@ class ApprovalBroker:
 
     async def authorize(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> GateDecision:
         subject = _subject(tool, args)
+        if subject is not None and (tool.name, subject) in ctx.preapproved:  # e.g. a firing's own destination
+            return GateDecision(True)
         grant = await self.store.grant_for(ctx.agent, tool.name, ctx.place, subject)
         if grant is not None:
             return GateDecision(True)
         if not ctx.interactive:
             return GateDecision(False, f"error: `{tool.name}` needs a person's approval and nobody can be asked "
                                        "here, so it did not run; continue without it")
+        request = await self.request(session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=ctx.call_id,
+                                     tool=tool.name, args=args, agent=ctx.agent, place=ctx.place,
+                                     requester=ctx.sender, risk=tool.risk.value)
+        return _decision(await self._wait(request))
+
+    async def request(self, *, session_id: str, turn_id: int | None, call_id: str, tool: str, args: dict[str, Any],
+                      agent: str, place: str | None, requester: str | None, risk: str = "gated") -> ApprovalInfo:
+        """Park a request (committed) and announce it; settle it later. Used by gated calls and by
+        anything else a person must approve (a schedule's destination)."""
         now = self.clock.now()
         request = await self.store.park(ApprovalRow(
-            session_id=ctx.session_id, turn_id=ctx.turn_id, tool_call_id=ctx.call_id, tool=tool.name,
-            arguments=json.dumps(args), agent=ctx.agent, place=ctx.place, requester=ctx.sender,
-            risk=tool.risk.value, status=ApprovalStatus.PENDING, parked_at=now, expires_at=now + self.timeout,
+            session_id=session_id, turn_id=turn_id, tool_call_id=call_id, tool=tool, arguments=json.dumps(args),
+            agent=agent, place=place, requester=requester, risk=risk, status=ApprovalStatus.PENDING,
+            parked_at=now, expires_at=now + self.timeout,
         ))
-        log.info("approval %s requested for %s (session %s)", request.id, tool.name, ctx.session_id)
+        log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
         self.bus.emit(ApprovalRequested(request.session, request))
-        return _decision(await self._wait(request))
+        return request
+
+    async def wait(self, request: ApprovalInfo) -> ApprovalInfo:
+        """Until it is settled (by anyone, in any process); returns it settled."""
+        return await self._wait(request)
 
     async def recover(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> GateDecision | None:
         request = await self.store.for_call(ctx.session_id, ctx.call_id)

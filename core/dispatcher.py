@@ -148,10 +148,15 @@ class Dispatcher:
 
     # -- intake ---------------------------------------------------------------------------------
 
-    async def accept(self, message: Inbound) -> Accepted:
-        """Store one input durably (deduplicated) and act on it: queue it, record it, or obey it."""
-        if message.session_id.startswith(RESERVED_SESSION_PREFIXES):
+    async def accept(self, message: Inbound, *, internal: bool = False) -> Accepted:
+        """Store one input durably (deduplicated) and act on it: queue it, record it, or obey it.
+
+        ``internal`` is for core's own inputs (a scheduled firing): only they may use reserved
+        session ids and preapproved calls."""
+        if not internal and message.session_id.startswith(RESERVED_SESSION_PREFIXES):
             raise InvalidInput(f"session id {message.session_id!r} is reserved")
+        if not internal and message.preapproved:
+            raise InvalidInput("preapproved calls cannot be set from outside")
         if len(message.text) > MAX_TEXT_CHARS:
             raise InvalidInput(f"message is longer than {MAX_TEXT_CHARS} characters")
         if not self._accepting:
@@ -228,6 +233,10 @@ class Dispatcher:
 
     async def working(self, session_id: str) -> bool:
         return await self.conversations.has_live_work(session_id)
+
+    async def report_delivery(self, turn_id: int, ref: str | None, error: str | None) -> None:
+        """A channel says how delivering a turn's answer went (e.g. Slack's message ts, or the error)."""
+        await self.conversations.report_delivery(turn_id, ref, error)
 
     async def dispatch(self, message: Inbound, cancel: asyncio.Event | None = None) -> Outcome:
         """Accept an input and wait for its outcome; setting ``cancel`` withdraws it (see ``cancel_input``)."""

@@ -121,6 +121,15 @@ class CredentialResolved(Event):
     request: CredentialRequestInfo
 
 
+@dataclass(frozen=True)
+class DirectNotice(Event):
+    """Tell one person privately (e.g. a schedule's creator that it keeps failing)."""
+
+    name: ClassVar[str] = "notice.direct"
+    user: str
+    text: str
+
+
 Handler = Callable[[Event], Awaitable[None]]
 
 

@@ -79,6 +79,8 @@ class Inbound:
     agent: str | None = None
     images: tuple[str, ...] = ()  # image URLs or data: URIs
     place: str | None = None  # where the conversation lives, e.g. "slack:T1:C1" (per-place settings)
+    # Reserved for core (a scheduled firing's destination); refused from channels.
+    preapproved: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class SessionInfo:
     status: str
     reply_ref: dict[str, Any]
     place: str | None = None
+    preapproved: tuple[tuple[str, str], ...] = ()  # (tool, subject) calls that need no approval here
 
     @staticmethod
     def parse_reply_ref(raw: str) -> dict[str, Any]:

@@ -79,7 +79,7 @@ class AgentRunner:
         specs = [t.spec() for t in allowed]
         allowed_names = {t.name for t in allowed}
         ctx = ToolContext(session_id=session_id, turn_id=turn.id, agent=agent.name, sender=turn.sender,
-                          place=turn.session.place)
+                          place=turn.session.place, preapproved=turn.session.preapproved)
         rows = await self.store.transcript(session_id, self.limits.history_messages)
         history = await self._close_dangling_calls(_to_chat(rows), allowed_names, ctx)
         if images and history and history[-1].role == "user":

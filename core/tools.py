@@ -34,7 +34,8 @@ class ToolContext:
     sender: str | None
     place: str | None = None  # where the conversation lives (grants are scoped to it)
     call_id: str = ""
-    interactive: bool = True  # False where nobody can be asked (a scheduled firing)
+    interactive: bool = True  # False where nobody can be asked
+    preapproved: tuple[tuple[str, str], ...] = ()  # (tool, subject) that need no approval here
 
 
 ToolFunction = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]

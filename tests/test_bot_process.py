@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -14,6 +16,7 @@ from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import (
     SIGNING_SECRET,
     block_action,
+    command_body,
     dumps,
     event_body,
     mention,
@@ -221,3 +224,34 @@ async def test_credentials_from_the_command_line(tmp_path: Path) -> None:
     code, out = await run_cli(tmp_path, {"BOT_SECRET_KEYS": k2}, "credentials", "delete", "acc.token")
     assert code == 0 and "deleted" in out
     assert b"cli-secret-value-5" not in (tmp_path / ".bot" / "bot.db").read_bytes()
+
+
+async def test_an_active_schedule_keeps_firing_after_a_kill_without_duplicates(
+    tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    env = _slack_env(fake_slack, fake_llm, unused_port) | {"SCHEDULE_MIN_INTERVAL_S": "1"}
+    bot = await BotProcess(tmp_path, env).start()
+    assert await _click(bot, command_body("schedule every 1s #acc-dest say hi")) == 200
+    approval = (await fake_slack.wait_for("chat.postMessage"))[0]
+    assert await _click(bot, block_action("approval:approve",
+                                          approval.params["blocks"][-1]["elements"][0]["value"])) == 200
+
+    def to_dest() -> list[Any]:
+        return [c for c in fake_slack.posts() if c.params.get("channel") == "CACC"]
+
+    async def wait_dest(count: int) -> None:
+        async with asyncio.timeout(20):
+            while len(to_dest()) < count:
+                await fake_slack.wait_for("chat.postMessage", len(fake_slack.posts()) + 1, 20)
+
+    await wait_dest(2)
+    await bot.kill()
+    before = len(to_dest())
+    bot = await BotProcess(tmp_path, env).start()
+    try:
+        await wait_dest(before + 3)
+        after = [c.at for c in to_dest()[before:]]
+        gaps = [b - a for a, b in itertools.pairwise(after)]
+        assert all(gap > 0.5 for gap in gaps), gaps  # no burst of catch-up or duplicate firings
+    finally:
+        assert await bot.terminate() == 0

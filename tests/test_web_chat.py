@@ -195,3 +195,25 @@ async def test_approvals_in_the_web_chat(gateway: GatewayClient, fake_llm: FakeL
     assert "the user denied `shell_run`: no;" in fake_llm.requests[1]["messages"][-1]["content"]
     _, conv = await _get(gateway, f"/api/conversations/{CID}")
     assert conv["approvals"][0]["summary"] == "Denied by web: no"
+
+
+async def test_schedules_view_lists_and_changes_schedules(gateway: GatewayClient) -> None:
+    from core.model import SessionInfo
+    from core.schedules import TriggerSpec
+
+    service = gateway.app.schedules
+    origin = SessionInfo(id=f"web:{CID}", channel="web", agent="default", status="idle", reply_ref={})
+    mine = await service.create(prompt="report", trigger=TriggerSpec(every_seconds=3600), destination="#ops",
+                                agent="default", creator="web", origin=origin)
+    theirs = await service.create(prompt="other", trigger=TriggerSpec(every_seconds=3600), destination="#ops",
+                                  agent="default", creator="U5", origin=origin)
+    _, listing = await _get(gateway, "/api/schedules")
+    rows = {s["id"]: s for s in listing["schedules"]}
+    assert rows[mine.id]["can_change"] and not rows[theirs.id]["can_change"]
+    assert rows[mine.id]["when"] == "every 3600 s" and rows[mine.id]["status"] == "pending_destination"
+    status, body = await _post(gateway, f"/api/schedules/{theirs.id}/cancel", {})
+    assert status == 403 and "only its creator" in body["error"]
+    status, body = await _post(gateway, f"/api/schedules/{mine.id}/cancel", {})
+    assert (status, body["message"]) == (200, f"Schedule {mine.id} cancelled.")
+    status, body = await _post(gateway, f"/api/schedules/{mine.id}/pause", {})
+    assert status == 409 and "cancelled" in body["error"]

@@ -37,6 +37,7 @@ from core.events import (
     ApprovalResolved,
     CredentialRequested,
     CredentialResolved,
+    DirectNotice,
     Event,
     InputQueued,
     InputsTaken,
@@ -45,7 +46,8 @@ from core.events import (
     TurnFailed,
     TurnFinished,
 )
-from core.model import Inbound, MessageRef
+from core.model import Inbound, MessageRef, SessionInfo
+from core.schedules import ScheduleService, TriggerSpec, parse_when
 from core.tools import ToolError
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,7 @@ class SlackChannel:
         self.app.action(re.compile(".*"))(self._on_unknown_action)  # registered last: anything not matched above
         self.app.error(self._on_error)
         self._groups: dict[str, tuple[float, set[str]]] = {}
+        self.schedules: ScheduleService | None = None  # set by the wiring once the scheduler exists
         self._channel_ids: dict[str, str] = {}
         dispatcher.bus.subscribe(self.render, channel=self.name)
 
@@ -234,6 +237,11 @@ class SlackChannel:
                            "(a thread can still override it: mention me with `queue collect`).")
         elif sub == "approvals":
             await ack(text=await self._approvals_command(words[1:], user))
+        elif sub == "schedules":
+            await ack(text=await self._schedules_command(words[1:], user, command))
+        elif sub == "schedule":
+            text = str(command.get("text") or "").strip()[len("schedule"):].strip()
+            await ack(text=await self._schedule_command(text, user, command))
         elif sub == "help":
             await ack(text=self._help())
         else:
@@ -248,6 +256,8 @@ class SlackChannel:
             "messages sent while I work are handled.\n"
             f"`{c} status` — am I up and how busy\n`{c} stop` — stop the latest busy thread in this channel\n"
             f"`{c} queue steer|collect|followup` — the queue mode for this channel\n"
+            f"`{c} schedule every 1h #ops <prompt>` — run a prompt on a schedule (also `cron \"0 9 * * 1-5\"`, "
+            f"`at 2026-12-01T09:00`); `{c} schedules` — list, pause, resume, cancel\n"
             f"`{c} approvals` — pending approvals and \"Always allow\" grants; "
             f"`{c} approvals revoke <id>` (admins)\n`{c} help` — this text"
         )
@@ -255,6 +265,9 @@ class SlackChannel:
     # -- outbound (rendering core events) -------------------------------------------------------
 
     async def render(self, event: Event) -> None:
+        if isinstance(event, DirectNotice):
+            await self._direct(event.user, event.text)
+            return
         ref = event.session.reply_ref
         channel, thread_ts = ref.get("channel"), ref.get("thread_ts")
         if not channel:
@@ -269,8 +282,12 @@ class SlackChannel:
                     await self._react("reactions_remove", item, QUEUED_REACTION)
                 await self._react("reactions_add", item, PROGRESS_REACTION)
         elif isinstance(event, TurnFinished):
+            first_ts, error = None, None
             for chunk in split_message(to_mrkdwn(event.text)):
-                await self._post(channel, thread_ts, chunk)
+                ts, problem = await self._post(channel, thread_ts, chunk)
+                first_ts, error = first_ts or ts, error or problem
+            # Verified, not assumed: core records where the answer landed (or why it did not).
+            await self.dispatcher.report_delivery(event.turn.id, first_ts, error)
             await self._clear(event.turn.inputs)
         elif isinstance(event, TurnFailed):
             await self._post(channel, thread_ts, f":warning: {event.message}")
@@ -291,6 +308,65 @@ class SlackChannel:
     async def _clear(self, refs: tuple[MessageRef, ...]) -> None:
         for item in refs:
             await self._react("reactions_remove", item, PROGRESS_REACTION)
+
+    async def _direct(self, user: str, text: str) -> None:
+        try:
+            opened = await self.client.conversations_open(users=user)
+            await self.client.chat_postMessage(channel=opened["channel"]["id"], text=text)
+        except SlackApiError as exc:
+            log.error("could not DM %s: %s", user, error_code(exc))
+
+    async def resolve_destination(self, destination: str) -> str:
+        """A schedule's destination: the channel id, if the bot can post there (else InvalidInput)."""
+        try:
+            channel_id = await self._channel_id(destination)
+        except ToolError as exc:
+            raise InvalidInput(str(exc)) from None
+        if channel_id.startswith("D"):
+            return channel_id
+        try:
+            info = await self.client.conversations_info(channel=channel_id)
+        except SlackApiError as exc:
+            raise InvalidInput(f"cannot post to {destination}: {error_code(exc)}") from None
+        if (info.get("channel") or {}).get("is_member") is False:
+            raise InvalidInput(f"the bot is not in {destination}: invite it there first (/invite @bot)")
+        return channel_id
+
+    async def _schedules_command(self, words: list[str], user: str, command: dict[str, Any]) -> str:
+        if self.schedules is None:
+            return "Schedules are not available here."
+        if words and words[0] in ("pause", "resume", "cancel") and len(words) == 2 and words[1].isdigit():
+            try:
+                return await self.schedules.change(int(words[1]), words[0], by=user)
+            except InvalidInput as exc:
+                return str(exc)
+        rows = await self.schedules.list()
+        if not rows:
+            return f"No schedules. Create one: `{self.config.command} schedule every 1h #ops summarize open incidents`"
+        return "\n".join(
+            f"• {r.id}: {TriggerSpec.from_json(r.trigger).describe()} → {r.destination} *{r.status}* "
+            f"(by <@{r.creator}>) · firings {r.firings} · last: {r.last_outcome or 'none yet'}" for r in rows[:30]
+        ) + f"\n`{self.config.command} schedules pause|resume|cancel <id>` (creator or admin)"
+
+    async def _schedule_command(self, text: str, user: str, command: dict[str, Any]) -> str:
+        if self.schedules is None:
+            return "Schedules are not available here."
+        try:
+            trigger, rest = parse_when(text)
+            destination, _, prompt = rest.partition(" ")
+            if not destination or not prompt.strip():
+                raise InvalidInput(f"usage: {self.config.command} schedule every 5m #channel <prompt>")
+            team, channel = command.get("team_id"), str(command.get("channel_id") or "")
+            # The destination approval is asked where the command was typed, as a top-level message.
+            origin = SessionInfo(id=f"slack:{team}:{channel}:command-{command.get('trigger_id')}", channel=self.name,
+                                 agent=self.dispatcher.agents.default.name, status="idle",
+                                 reply_ref={"channel": channel}, place=f"slack:{team}:{channel}")
+            schedule = await self.schedules.create(prompt=prompt, trigger=trigger, destination=destination,
+                                                   agent=origin.agent, creator=user, origin=origin)
+        except InvalidInput as exc:
+            return f"Not scheduled: {exc}"
+        return (f"Schedule {schedule.id} created ({trigger.describe()} → {destination}); it starts once posting "
+                f"to {destination} is approved.")
 
     async def _approvals_command(self, args: list[str], user: str) -> str:
         if len(args) == 2 and args[0] == "revoke" and args[1].isdigit():
@@ -367,11 +443,14 @@ class SlackChannel:
             raise ToolError(f"there is no channel {channel} that the bot can see")
         return self._channel_ids[name]
 
-    async def _post(self, channel: str, thread_ts: str | None, text: str) -> None:
+    async def _post(self, channel: str, thread_ts: str | None, text: str) -> tuple[str | None, str | None]:
+        """Post; returns (ts, None) or (None, Slack's error)."""
         try:
-            await self.client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text)
+            response = await self.client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text)
         except SlackApiError as exc:
             log.error("chat.postMessage to %s failed: %s", channel, error_code(exc))
+            return None, error_code(exc)
+        return str(response.get("ts")), None
 
     async def _react(self, method: str, item: MessageRef, name: str) -> None:
         if not item.channel or not item.ts:

@@ -36,6 +36,7 @@ from core.events import (
     TurnStarted,
 )
 from core.model import ApprovalInfo, CredentialRequestInfo, Inbound, MessageRef
+from core.schedules import ScheduleService, TriggerSpec
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,8 @@ class WebChannel:
     name = "web"
 
     def __init__(self, config: WebConfig, dispatcher: Dispatcher, approvals: ApprovalBroker,
-                 credentials: CredentialService) -> None:
+                 credentials: CredentialService, schedules: ScheduleService | None = None) -> None:
+        self.schedules = schedules
         self.config = config
         self.dispatcher = dispatcher
         self.approvals = approvals
@@ -84,6 +86,8 @@ class WebChannel:
             web.get("/api/conversations/{cid}/events", guard(self._events)),
             web.post("/api/approvals/{id}", guard(self._decide)),
             web.post("/api/credentials/{id}", guard(self._provide)),
+            web.get("/api/schedules", guard(self._list_schedules)),
+            web.post("/api/schedules/{id}/{action}", guard(self._change_schedule)),
         ]
 
     async def start(self) -> None:
@@ -135,6 +139,27 @@ class WebChannel:
             "approvals": [_approval(a) for a in await self.approvals.recent(session_id)] if session else [],
             "credentials": [_credential(c) for c in await self.credentials.recent(session_id)] if session else [],
         })
+
+    async def _list_schedules(self, _request: web.Request) -> web.Response:
+        rows = await self.schedules.list() if self.schedules is not None else []
+        admin = WEB_USER in self.approvals.policy.admins
+        return web.json_response({"schedules": [
+            {"id": r.id, "when": TriggerSpec.from_json(r.trigger).describe(), "destination": r.destination,
+             "status": r.status, "creator": r.creator, "prompt": r.prompt, "firings": r.firings,
+             "last_outcome": r.last_outcome, "can_change": r.creator == WEB_USER or admin}
+            for r in rows]})
+
+    async def _change_schedule(self, request: web.Request) -> web.Response:
+        if self.schedules is None:
+            return web.json_response({"error": "schedules are not available"}, status=404)
+        try:
+            schedule_id = int(request.match_info["id"])
+            message = await self.schedules.change(schedule_id, request.match_info["action"], by=WEB_USER)
+        except ValueError:
+            return web.json_response({"error": "schedule ids are numbers"}, status=400)
+        except InvalidInput as exc:
+            return web.json_response({"error": str(exc)}, status=403 if "only its creator" in str(exc) else 409)
+        return web.json_response({"message": message})
 
     async def _provide(self, request: web.Request) -> web.Response:
         try:

@@ -25,8 +25,9 @@ class ApprovalStore:
         """Persist a new pending request and mark its session as waiting for a decision."""
         async with self.db.write() as s:
             s.add(row)
-            await s.exec(update(SessionRow).where(col(SessionRow.id) == row.session_id)
-                         .values(status=SessionStatus.PENDING_APPROVAL))
+            if row.turn_id is not None:  # a turn waits on it (not, e.g., a schedule's destination)
+                await s.exec(update(SessionRow).where(col(SessionRow.id) == row.session_id)
+                             .values(status=SessionStatus.PENDING_APPROVAL))
             await s.flush()
             return await _info(s, row)
 

@@ -260,6 +260,28 @@ class ConversationStore:
             ]
             return entries
 
+    async def report_delivery(self, turn_id: int, ref: str | None, error: str | None) -> None:
+        async with self.db.write() as s:
+            await s.exec(update(TurnRow).where(col(TurnRow.id) == turn_id)
+                         .values(delivered_ref=ref, delivery_error=error))
+
+    async def delivery(self, turn_id: int) -> tuple[str | None, str | None, bool]:
+        """(delivered ref, delivery error, reported at all) for a turn's answer."""
+        async with self.db.read() as s:
+            turn = await s.get(TurnRow, turn_id)
+            if turn is None:
+                return None, "unknown turn", True
+            return turn.delivered_ref, turn.delivery_error, bool(turn.delivered_ref or turn.delivery_error)
+
+    async def ensure_session(self, info: SessionInfo, now: datetime) -> None:
+        """Create a session core starts itself (a firing, a command's request), if it does not exist."""
+        async with self.db.write() as s:
+            if await s.get(SessionRow, info.id) is None:
+                preapproved = json.dumps([list(p) for p in info.preapproved]) if info.preapproved else None
+                s.add(SessionRow(id=info.id, channel=info.channel, agent=info.agent, status=SessionStatus.IDLE,
+                                 reply_ref=json.dumps(info.reply_ref), place=info.place, preapproved=preapproved,
+                                 created_at=now, updated_at=now))
+
     async def count_turns(self, status: str) -> int:
         async with self.db.read() as s:
             result = await s.exec(select(func.count()).select_from(TurnRow).where(TurnRow.status == status))
@@ -307,4 +329,5 @@ def session_info(row: SessionRow) -> SessionInfo:
         status=row.status,
         reply_ref=SessionInfo.parse_reply_ref(row.reply_ref),
         place=row.place,
+        preapproved=tuple((str(t), str(s)) for t, s in json.loads(row.preapproved)) if row.preapproved else (),
     )

@@ -81,6 +81,27 @@ class Database:
             async with session.begin():
                 yield session
 
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """No write transaction of this process is open inside this block (SQLite): synchronous code
+        that writes to the same file (APScheduler's job store) can run here without waiting on us."""
+        async with self._write_turn or _NO_LOCK:
+            yield
+
+    @property
+    def write_in_progress(self) -> bool:
+        return self._write_turn is not None and self._write_turn.locked()
+
+    @property
+    def sync_url(self) -> str:
+        """The same database for synchronous clients (APScheduler's SQLAlchemyJobStore)."""
+        url = make_url(self.url)
+        if url.get_backend_name() == "sqlite":
+            url = url.set(drivername="sqlite")
+        else:
+            url = url.set(drivername="postgresql+psycopg")
+        return url.render_as_string(hide_password=False)
+
     async def ping(self) -> None:
         async with self.engine.connect() as conn:
             await conn.execute(text("SELECT 1"))

@@ -87,6 +87,7 @@ class InputStore:
                 session = SessionRow(
                     id=msg.session_id, channel=msg.channel, agent=msg.agent or agent, status=SessionStatus.IDLE,
                     reply_ref=json.dumps(msg.reply_ref), place=msg.place, created_at=now, updated_at=now,
+                    preapproved=json.dumps([list(p) for p in msg.preapproved]) if msg.preapproved else None,
                 )
                 s.add(session)
                 await s.flush()  # inputs refer to it; no ORM relationship orders the inserts

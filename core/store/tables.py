@@ -44,6 +44,8 @@ class SessionRow(SQLModel, table=True):
     # Where the conversation lives (e.g. "slack:T1:C1"), for per-channel settings such as the queue mode.
     place: str | None = Field(default=None, max_length=255)
     queue_mode: str | None = Field(default=None, max_length=16)
+    # Calls that need no approval in this session, JSON [[tool, subject], ...] (a firing's destination).
+    preapproved: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
 
@@ -85,6 +87,9 @@ class TurnRow(SQLModel, table=True):
     created_at: datetime = _ts()
     started_at: datetime | None = _ts(nullable=True)
     finished_at: datetime | None = _ts(nullable=True)
+    # What the channel reported after delivering the answer: the platform's message id, or the error.
+    delivered_ref: str | None = Field(default=None, max_length=255)
+    delivery_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class InputRow(SQLModel, table=True):
@@ -255,3 +260,41 @@ class CredentialLinkRow(SQLModel, table=True):
     request_id: int = Field(foreign_key="credential_requests.id")
     expires_at: datetime = _ts()
     used_at: datetime | None = _ts(nullable=True)
+
+
+class ScheduleRow(SQLModel, table=True):
+    """A prompt that runs on a trigger and posts its answer to an approved destination (SPEC §9)."""
+
+    __tablename__ = "schedules"
+
+    id: int | None = Field(default=None, primary_key=True)
+    prompt: str = Field(sa_column=Column(Text, nullable=False))
+    trigger: str = Field(sa_column=Column(Text, nullable=False))  # JSON: {"cron"|"every_seconds"|"at", "timezone"}
+    destination: str = Field(max_length=255)  # as the person wrote it ("#ops")
+    destination_id: str = Field(max_length=255)  # as the channel knows it ("C123")
+    channel: str = Field(max_length=32)  # the adapter that delivers ("slack")
+    agent: str = Field(max_length=64)
+    creator: str = Field(max_length=64)
+    origin_session: str | None = Field(default=None, max_length=255)  # where it was asked for
+    status: str = Field(max_length=32)  # pending_destination, active, paused, cancelled, done
+    approval_id: int | None = Field(default=None)
+    created_at: datetime = _ts()
+    firings: int = Field(default=0)
+    failures: int = Field(default=0)  # consecutive failed deliveries
+    last_fired_at: datetime | None = _ts(nullable=True)
+    last_outcome: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class FiringRow(SQLModel, table=True):
+    __tablename__ = "firings"
+    __table_args__ = (UniqueConstraint("schedule_id", "n", name="uq_firings_schedule_n"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    schedule_id: int = Field(foreign_key="schedules.id")
+    n: int
+    session_id: str = Field(max_length=255)
+    status: str = Field(max_length=16)  # running, posted, failed, skipped
+    started_at: datetime = _ts()
+    finished_at: datetime | None = _ts(nullable=True)
+    ts: str | None = Field(default=None, max_length=64)
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))

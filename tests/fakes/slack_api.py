@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ TEAM_ID = "T1"
 class Call:
     method: str
     params: dict[str, Any]
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -35,7 +37,9 @@ class FakeSlack:
     _ts: int = 0
     _host: str = ""
     groups: dict[str, list[str]] = field(default_factory=dict)  # user group id -> member ids
-    channels: dict[str, str] = field(default_factory=lambda: {"ops": "COPS", "general": "CGEN"})
+    channels: dict[str, str] = field(default_factory=lambda: {"ops": "COPS", "general": "CGEN", "acc-dest": "CACC",
+                                                              "outside": "COUT"})
+    not_member: set[str] = field(default_factory=lambda: {"COUT"})
     # Socket Mode: the WebSocket the bot opened, and the envelope ids it acknowledged.
     socket: web.WebSocketResponse | None = None
     socket_acks: list[str] = field(default_factory=list)
@@ -130,6 +134,15 @@ class FakeSlack:
             return {"ok": True, "channel": params.get("channel"), "ts": params.get("ts")}
         if method == "usergroups.users.list":
             return {"ok": True, "users": self.groups.get(str(params.get("usergroup")), [])}
+        if method == "conversations.info":
+            channel = str(params.get("channel"))
+            names = {i: n for n, i in self.channels.items()}
+            if channel not in names:
+                return {"ok": False, "error": "channel_not_found"}
+            return {"ok": True, "channel": {"id": channel, "name": names[channel],
+                                            "is_member": channel not in self.not_member}}
+        if method == "conversations.open":
+            return {"ok": True, "channel": {"id": f"D{params.get('users')}"}}
         if method == "conversations.list":
             return {"ok": True, "channels": [{"id": i, "name": n} for n, i in self.channels.items()],
                     "response_metadata": {"next_cursor": ""}}

@@ -203,6 +203,41 @@ async function loadList() {
   }
 }
 
+async function loadSchedules() {
+  const data = await api("/api/schedules");
+  const list = $("schedules");
+  list.innerHTML = "";
+  if (!data.schedules.length) {
+    const li = document.createElement("li");
+    li.className = "schedule muted";
+    li.textContent = "None yet — ask the bot to do something on a schedule.";
+    list.appendChild(li);
+  }
+  for (const s of data.schedules) {
+    const li = document.createElement("li");
+    li.className = "schedule";
+    li.innerHTML = `<div><strong>#${s.id}</strong> ${escapeHtml(s.when)} → ${escapeHtml(s.destination)} · <em>${escapeHtml(s.status)}</em></div>` +
+      `<div class="meta">${escapeHtml(s.prompt.slice(0, 80))}</div>` +
+      `<div class="meta">firings ${s.firings}; last: ${escapeHtml(s.last_outcome || "none yet")}</div>`;
+    if (s.can_change) {
+      const actions = document.createElement("div");
+      actions.className = "approval-actions";
+      const choices = s.status === "active" ? ["pause", "cancel"] : s.status === "paused" ? ["resume", "cancel"]
+        : s.status === "pending_destination" ? ["cancel"] : [];
+      for (const action of choices) {
+        const button = document.createElement("button");
+        button.type = "button";
+        button.className = action === "cancel" ? "danger" : "secondary";
+        button.textContent = action[0].toUpperCase() + action.slice(1);
+        button.addEventListener("click", async () => { await api(`/api/schedules/${s.id}/${action}`, { body: {} }); await loadSchedules(); });
+        actions.appendChild(button);
+      }
+      li.appendChild(actions);
+    }
+    list.appendChild(li);
+  }
+}
+
 function listen() {
   if (state.stream) state.stream.close();
   if (!state.cid) return;
@@ -280,7 +315,9 @@ $("stop").addEventListener("click", async () => {
   setWorking(false, "Stopped");
 });
 $("new-conversation").addEventListener("click", () => openConversation(null, true));
+$("refresh-schedules").addEventListener("click", () => loadSchedules());
 $("toggle-sidebar").addEventListener("click", () => $("sidebar").classList.toggle("open"));
 window.addEventListener("popstate", () => openConversation(cidFromPath(), false));
 
 openConversation(cidFromPath(), false);
+loadSchedules();

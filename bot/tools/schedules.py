@@ -1,0 +1,72 @@
+"""``schedule_create`` (gated), ``schedule_list`` and ``schedule_cancel`` over core's schedule service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.errors import InvalidInput
+from core.schedules import ScheduleService, TriggerSpec
+from core.store import ConversationStore
+from core.tools import Risk, Tool, ToolContext, ToolError
+
+
+def schedule_tools(service: ScheduleService, conversations: ConversationStore) -> list[Tool]:
+    async def create(ctx: ToolContext, args: dict[str, Any]) -> str:
+        origin = await conversations.get_session(ctx.session_id)
+        if origin is None:
+            raise ToolError("this conversation is not stored")
+        trigger = TriggerSpec(cron=args.get("cron"), every_seconds=args.get("every_seconds"), at=args.get("at"),
+                              timezone=args.get("timezone") or "UTC")
+        try:
+            schedule = await service.create(prompt=str(args["prompt"]), trigger=trigger,
+                                            destination=str(args["destination"]), agent=ctx.agent,
+                                            creator=ctx.sender or "unknown", origin=origin)
+        except InvalidInput as exc:
+            raise ToolError(str(exc)) from None
+        return (f"schedule {schedule.id} created ({trigger.describe()}, posting to {schedule.destination}); "
+                "it becomes active once someone approves that destination (asked in this conversation)")
+
+    async def list_(_ctx: ToolContext, _args: dict[str, Any]) -> str:
+        rows = await service.list()
+        if not rows:
+            return "no schedules"
+        return "\n".join(
+            f"{r.id}: {TriggerSpec.from_json(r.trigger).describe()} → {r.destination} [{r.status}] "
+            f"by {r.creator}; firings {r.firings}; last: {r.last_outcome or 'none yet'}; prompt: {r.prompt[:80]}"
+            for r in rows)
+
+    async def cancel(ctx: ToolContext, args: dict[str, Any]) -> str:
+        try:
+            return await service.change(int(args["schedule_id"]), "cancel", by=ctx.sender or "")
+        except InvalidInput as exc:
+            raise ToolError(str(exc)) from None
+
+    return [
+        Tool(
+            name="schedule_create",
+            description=("Run a prompt on a schedule and post each answer to a channel. Give exactly one of cron "
+                         "(5 fields), every_seconds, or at (ISO 8601). A person approves the call, then the "
+                         "destination."),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "prompt": {"type": "string", "minLength": 1},
+                    "cron": {"type": "string"},
+                    "every_seconds": {"type": "integer", "minimum": 1},
+                    "at": {"type": "string"},
+                    "timezone": {"type": "string", "default": "UTC"},
+                    "destination": {"type": "string", "description": "#name or channel id"},
+                },
+                "required": ["prompt", "destination"],
+                "additionalProperties": False,
+            },
+            risk=Risk.GATED, function=create, timeout_s=60, pattern_arg="destination",
+        ),
+        Tool(name="schedule_list", description="List the schedules, their status and last outcome.",
+             parameters={"type": "object", "properties": {}, "additionalProperties": False},
+             risk=Risk.SAFE, function=list_, timeout_s=30),
+        Tool(name="schedule_cancel", description="Cancel a schedule (its creator or an admin only).",
+             parameters={"type": "object", "properties": {"schedule_id": {"type": "integer"}},
+                         "required": ["schedule_id"], "additionalProperties": False},
+             risk=Risk.SAFE, function=cancel, timeout_s=30),
+    ]

@@ -1,0 +1,447 @@
+"""Scheduled sessions (SPEC §9): APScheduler fires prompts whose answers post to approved destinations.
+
+The ``schedules`` table is the truth (status, destination, tally); APScheduler's job store, on the
+same database, only holds the triggers. A job's only argument is the schedule id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from apscheduler.jobstores.base import JobLookupError
+from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+from apscheduler.schedulers.asyncio import AsyncIOScheduler, run_in_event_loop
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.date import DateTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from core.approvals import ApprovalBroker, ApprovalPolicy
+from core.clock import Clock
+from core.dispatcher import Dispatcher
+from core.errors import InvalidInput
+from core.events import DirectNotice, EventBus, Notice
+from core.model import ApprovalStatus, Inbound, MessageRef, SessionInfo
+from core.store import ConversationStore, Database
+from core.store.schedules import ScheduleStore
+from core.store.tables import ScheduleRow
+
+log = logging.getLogger(__name__)
+
+DESTINATION_TOOL = "schedule_destination"  # what a destination approval is filed under (and granted as)
+# Resolves "#name" or an id to the channel's own id; raises InvalidInput if unknown or out of reach.
+DestinationResolver = Callable[[str], Awaitable[str]]
+
+
+class Status:
+    PENDING_DESTINATION = "pending_destination"
+    ACTIVE = "active"
+    PAUSED = "paused"
+    CANCELLED = "cancelled"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class TriggerSpec:
+    cron: str | None = None
+    every_seconds: int | None = None
+    at: str | None = None
+    timezone: str = "UTC"
+
+    def build(self, now: datetime, floor_s: int) -> BaseTrigger:
+        """The APScheduler trigger, or InvalidInput saying exactly what is wrong."""
+        given = [x for x in (self.cron, self.every_seconds, self.at) if x is not None]
+        if len(given) != 1:
+            raise InvalidInput("give exactly one of cron (5 fields), every_seconds or at (ISO 8601)")
+        try:
+            zone = ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise InvalidInput(f"unknown timezone {self.timezone!r} (use an IANA name such as Europe/Paris)") from None
+        if self.cron is not None:
+            if len(self.cron.split()) != 5:
+                raise InvalidInput(f"cron must have 5 fields (minute hour day month weekday), got {self.cron!r}")
+            try:
+                return CronTrigger.from_crontab(self.cron, timezone=zone)
+            except ValueError as exc:
+                raise InvalidInput(f"invalid cron {self.cron!r}: {exc}") from None
+        if self.every_seconds is not None:
+            if self.every_seconds < floor_s:
+                raise InvalidInput(f"every_seconds must be at least {floor_s}")
+            return IntervalTrigger(seconds=self.every_seconds, timezone=zone)
+        assert self.at is not None
+        try:
+            when = datetime.fromisoformat(self.at)
+        except ValueError:
+            raise InvalidInput(f"at must be an ISO 8601 date and time, got {self.at!r}") from None
+        when = when.replace(tzinfo=zone) if when.tzinfo is None else when
+        if when <= now:
+            raise InvalidInput(f"{when.isoformat()} is in the past")
+        return DateTrigger(run_date=when, timezone=zone)
+
+    def min_gap_s(self) -> float:
+        """Two firings closer than this are one firing seen twice (a re-fire after a crash)."""
+        if self.every_seconds is not None:
+            return self.every_seconds / 2
+        return 30.0 if self.cron is not None else float("inf")
+
+    def describe(self) -> str:
+        if self.cron is not None:
+            return f"cron '{self.cron}' ({self.timezone})"
+        if self.every_seconds is not None:
+            return f"every {self.every_seconds} s"
+        return f"once at {self.at} ({self.timezone})"
+
+    def to_json(self) -> str:
+        return json.dumps({k: v for k, v in self.__dict__.items() if v is not None})
+
+    @staticmethod
+    def from_json(text: str) -> TriggerSpec:
+        return TriggerSpec(**json.loads(text))
+
+
+class _DbFriendlyScheduler(AsyncIOScheduler):
+    """Runs its (synchronous) job store work only while no write transaction of ours is open, so
+    SQLite's single writer lock is never waited for on the event loop that holds it."""
+
+    def __init__(self, busy: Callable[[], bool], **options: Any) -> None:
+        super().__init__(**options)
+        self._busy = busy
+
+    @run_in_event_loop
+    def wakeup(self) -> None:
+        self._stop_timer()
+        if self._busy():
+            self._start_timer(0.005)
+            return
+        self._start_timer(self._process_jobs())
+
+
+_service: ScheduleService | None = None
+
+
+async def run_schedule(schedule_id: int) -> None:
+    """The job function APScheduler stores by reference; its one argument is the schedule id."""
+    if _service is None:
+        log.error("schedule %s fired before the schedule service started", schedule_id)
+        return
+    await _service.fire(schedule_id)
+
+
+class ScheduleService:
+    def __init__(
+        self, db: Database, store: ScheduleStore, conversations: ConversationStore, dispatcher: Dispatcher,
+        approvals: ApprovalBroker, policy: ApprovalPolicy, bus: EventBus, clock: Clock, *,
+        interval_floor_s: int = 60, misfire_grace_min: float = 5, delivery_wait_s: float = 30,
+        sync_every_s: float = 5,
+    ) -> None:
+        self.sync_every_s = sync_every_s
+        self.db = db
+        self.store = store
+        self.conversations = conversations
+        self.dispatcher = dispatcher
+        self.approvals = approvals
+        self.policy = policy
+        self.bus = bus
+        self.clock = clock
+        self.floor_s = interval_floor_s
+        self.misfire_grace_s = int(misfire_grace_min * 60)
+        self.delivery_wait_s = delivery_wait_s
+        self.destinations: dict[str, DestinationResolver] = {}
+        self._scheduler: _DbFriendlyScheduler | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        global _service
+        _service = self
+        store = SQLAlchemyJobStore(url=self.db.sync_url, engine_options=_engine_options(self.db))
+        self._scheduler = _DbFriendlyScheduler(
+            lambda: self.db.write_in_progress, jobstores={"default": store},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": self.misfire_grace_s},
+        )
+        async with self.db.exclusive():
+            self._scheduler.start()
+        for schedule in await self.store.all(statuses=(Status.PENDING_DESTINATION,)):
+            self._spawn(self._await_destination(schedule))
+        for firing in await self.store.unfinished_firings():
+            assert firing.id is not None
+            self._spawn(self._finish_recovered(firing.id, firing.session_id, firing.schedule_id))
+        self._spawn(self._follow_table())
+
+    async def _follow_table(self) -> None:
+        """Pick up changes made outside this process (an operator's resume) every few seconds."""
+        while True:
+            await asyncio.sleep(self.sync_every_s)
+            try:
+                await self.sync_jobs()
+            except Exception:
+                log.exception("could not sync schedules with the scheduler")
+
+    async def stop(self) -> None:
+        global _service
+        if self._scheduler is not None and self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        _service = None
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- creating -------------------------------------------------------------------------------
+
+    async def create(self, *, prompt: str, trigger: TriggerSpec, destination: str, agent: str, creator: str,
+                     origin: SessionInfo, channel: str = "slack") -> ScheduleRow:
+        """Validate everything, store the schedule (pending its destination) and ask for the destination
+        approval in ``origin``. Bad input raises InvalidInput and stores nothing."""
+        if not prompt.strip():
+            raise InvalidInput("the prompt is empty")
+        trigger.build(self.clock.now(), self.floor_s)
+        resolver = self.destinations.get(channel)
+        if resolver is None:
+            raise InvalidInput(f"no {channel} channel is configured to deliver to {destination}")
+        destination_id = await resolver(destination)
+        await self.conversations.ensure_session(origin, self.clock.now())
+        schedule = await self.store.add(ScheduleRow(
+            prompt=prompt.strip(), trigger=trigger.to_json(), destination=destination, destination_id=destination_id,
+            channel=channel, agent=agent, creator=creator, origin_session=origin.id,
+            status=Status.PENDING_DESTINATION, created_at=self.clock.now(),
+        ))
+        self._spawn(self._await_destination(schedule))
+        return schedule
+
+    async def _await_destination(self, schedule: ScheduleRow) -> None:
+        assert schedule.id is not None
+        approval = await self.approvals.get(schedule.approval_id) if schedule.approval_id else None
+        if approval is None:
+            approval = await self.approvals.request(
+                session_id=schedule.origin_session or "", turn_id=None, call_id=f"schedule:{schedule.id}",
+                tool=DESTINATION_TOOL, args={"schedule": schedule.id, "destination": schedule.destination,
+                                             "when": TriggerSpec.from_json(schedule.trigger).describe(),
+                                             "prompt": schedule.prompt},
+                agent=schedule.agent, place=_place(schedule), requester=schedule.creator,
+            )
+            await self.store.set_status(schedule.id, Status.PENDING_DESTINATION, approval_id=approval.id)
+        settled = await self.approvals.wait(approval) if not approval.settled else approval
+        origin = await self.conversations.get_session(schedule.origin_session or "")
+        if settled.status == ApprovalStatus.APPROVED:
+            await self._activate(schedule)
+            text = (f"Schedule {schedule.id} is active: {TriggerSpec.from_json(schedule.trigger).describe()}, "
+                    f"posting to {schedule.destination}.")
+        else:
+            await self.store.set_status(schedule.id, Status.CANCELLED, only_from=(Status.PENDING_DESTINATION,))
+            text = f"Schedule {schedule.id} was not started: posting to {schedule.destination} was not approved."
+        if origin is not None:
+            self.bus.emit(Notice(origin, text))
+
+    async def _activate(self, schedule: ScheduleRow) -> None:
+        assert schedule.id is not None and self._scheduler is not None
+        trigger = TriggerSpec.from_json(schedule.trigger)
+        if not await self.store.set_status(schedule.id, Status.ACTIVE,
+                                           only_from=(Status.PENDING_DESTINATION, Status.PAUSED)):
+            return
+        async with self.db.exclusive():
+            self._scheduler.add_job(run_schedule, trigger.build(self.clock.now() - timedelta(days=1), 0),
+                                    args=[schedule.id], id=_job_id(schedule.id), replace_existing=True,
+                                    coalesce=True, max_instances=1, misfire_grace_time=self.misfire_grace_s)
+        log.info("schedule %s active (%s)", schedule.id, trigger.describe())
+
+    # -- firing ---------------------------------------------------------------------------------
+
+    async def fire(self, schedule_id: int) -> None:
+        schedule = await self.store.get(schedule_id)
+        if schedule is None or schedule.status != Status.ACTIVE:
+            if schedule is None or schedule.status in (Status.CANCELLED, Status.DONE):
+                await self._remove_job(schedule_id)
+            return  # paused (e.g. from another process): skip this one
+        trigger = TriggerSpec.from_json(schedule.trigger)
+        firing = await self.store.start_firing(schedule_id, self.clock.now(), trigger.min_gap_s())
+        if firing is None:
+            log.info("schedule %s: skipped a second firing for the same slot", schedule_id)
+            return
+        assert firing.id is not None
+        log.info("schedule %s firing %s", schedule_id, firing.n)
+        session = SessionInfo(
+            id=firing.session_id, channel=schedule.channel, agent=schedule.agent, status="idle",
+            reply_ref={"channel": schedule.destination_id},  # no thread: the answer is a top-level post
+            place=_place(schedule),
+            preapproved=(("message_send", schedule.destination), ("message_send", schedule.destination_id)),
+        )
+        accepted = await self.dispatcher.accept(Inbound(
+            session_id=session.id, channel=session.channel, sender=schedule.creator, text=schedule.prompt,
+            addressed=True, reply_ref=session.reply_ref, ref=MessageRef(), idempotency_key=f"firing:{firing.id}",
+            agent=schedule.agent, place=session.place, preapproved=session.preapproved,
+        ), internal=True)
+        await self._finish(firing.id, firing.session_id, accepted.input_id, schedule, trigger)
+
+    async def _finish_recovered(self, firing_id: int, session_id: str, schedule_id: int) -> None:
+        schedule = await self.store.get(schedule_id)
+        if schedule is not None:
+            input_id = await self.store.firing_input(session_id)
+            await self._finish(firing_id, session_id, input_id, schedule, TriggerSpec.from_json(schedule.trigger))
+
+    async def _finish(self, firing_id: int, session_id: str, input_id: int | None, schedule: ScheduleRow,
+                      trigger: TriggerSpec) -> None:
+        """Wait for the firing's answer and its delivery; record the outcome (verified, not assumed)."""
+        ts: str | None = None
+        error: str | None = "the firing was not accepted"
+        if input_id is not None:
+            outcome = await self.dispatcher.outcome(input_id)
+            if outcome.status != "answered":
+                error = f"{outcome.status}: {outcome.text}"
+            else:
+                ts, error = await self._delivery(session_id)
+        retire = trigger.at is not None
+        updated = await self.store.finish_firing(firing_id, ts=ts, error=error, now=self.clock.now(), retire=retire)
+        if retire:
+            await self._remove_job(updated.id or 0)
+        if error:
+            log.warning("schedule %s firing failed: %s", schedule.id, error)
+        if updated.failures == 2:  # told once, when it starts failing for real
+            self.bus.emit(DirectNotice(_dm_session(schedule), schedule.creator,
+                                       f"Your schedule {schedule.id} ({trigger.describe()} to {schedule.destination}) "
+                                       f"failed twice in a row; last error: {error}"))
+
+    async def _delivery(self, session_id: str) -> tuple[str | None, str | None]:
+        turn_id = await self.store.firing_turn(session_id)
+        if turn_id is None:
+            return None, "no turn ran"
+        deadline = self.clock.now() + timedelta(seconds=self.delivery_wait_s)
+        while self.clock.now() < deadline:
+            ref, error, reported = await self.conversations.delivery(turn_id)
+            if reported:
+                return ref, error
+            await asyncio.sleep(0.05)
+        return None, "the channel did not confirm delivery"
+
+    # -- managing -------------------------------------------------------------------------------
+
+    async def list(self) -> list[ScheduleRow]:
+        return await self.store.all()
+
+    async def change(self, schedule_id: int, action: str, by: str, *, operator: bool = False) -> str:
+        """pause, resume or cancel — by its creator, an admin, or an operator."""
+        schedule = await self.store.get(schedule_id)
+        if schedule is None:
+            raise InvalidInput(f"there is no schedule {schedule_id}")
+        if not operator and by != schedule.creator and not self.policy.is_admin(by):
+            raise InvalidInput(f"only its creator or an admin can {action} schedule {schedule_id}")
+        if action == "pause":
+            if not await self.store.set_status(schedule_id, Status.PAUSED, only_from=(Status.ACTIVE,)):
+                raise InvalidInput(f"schedule {schedule_id} is {schedule.status}, not active")
+            await self._pause_job(schedule_id)
+            return f"Schedule {schedule_id} paused."
+        if action == "resume":
+            if schedule.status != Status.PAUSED:
+                raise InvalidInput(f"schedule {schedule_id} is {schedule.status}, not paused")
+            if self._scheduler is not None:
+                await self._activate(schedule)
+            else:  # an operator's CLI: the running gateway picks it up at the next start or firing
+                await self.store.set_status(schedule_id, Status.ACTIVE, only_from=(Status.PAUSED,))
+            return f"Schedule {schedule_id} resumed."
+        if action == "cancel":
+            if not await self.store.set_status(schedule_id, Status.CANCELLED,
+                                               only_from=(Status.ACTIVE, Status.PAUSED, Status.PENDING_DESTINATION)):
+                raise InvalidInput(f"schedule {schedule_id} is already {schedule.status}")
+            await self._remove_job(schedule_id)
+            return f"Schedule {schedule_id} cancelled."
+        raise InvalidInput(f"unknown action {action!r}: pause, resume or cancel")
+
+    async def sync_jobs(self) -> None:
+        """Make APScheduler agree with the table (e.g. after a resume made by the CLI)."""
+        if self._scheduler is None:
+            return
+        for schedule in await self.store.all(statuses=(Status.ACTIVE,)):
+            assert schedule.id is not None
+            job = self._scheduler.get_job(_job_id(schedule.id))
+            if job is None or job.next_run_time is None:
+                await self.store.set_status(schedule.id, Status.PAUSED, only_from=(Status.ACTIVE,))
+                await self._activate(schedule)
+
+    async def _pause_job(self, schedule_id: int) -> None:
+        if self._scheduler is not None:
+            async with self.db.exclusive():
+                try:
+                    self._scheduler.pause_job(_job_id(schedule_id))
+                except JobLookupError:
+                    pass
+
+    async def _remove_job(self, schedule_id: int) -> None:
+        if self._scheduler is not None:
+            async with self.db.exclusive():
+                try:
+                    self._scheduler.remove_job(_job_id(schedule_id))
+                except JobLookupError:
+                    pass
+
+    def next_run(self, schedule_id: int) -> datetime | None:
+        job = self._scheduler.get_job(_job_id(schedule_id)) if self._scheduler is not None else None
+        return job.next_run_time if job is not None else None
+
+
+def _job_id(schedule_id: int) -> str:
+    return f"schedule:{schedule_id}"
+
+
+def _place(schedule: ScheduleRow) -> str:
+    return f"{schedule.channel}:dest:{schedule.destination_id}"
+
+
+def _dm_session(schedule: ScheduleRow) -> SessionInfo:
+    return SessionInfo(id=f"dm:{schedule.channel}:{schedule.creator}", channel=schedule.channel, agent=schedule.agent,
+                       status="idle", reply_ref={"user": schedule.creator})
+
+
+def _engine_options(db: Database) -> dict[str, Any]:
+    return {"connect_args": {"timeout": 10}} if db.is_sqlite else {"pool_pre_ping": True}
+
+
+
+
+
+_UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600,
+          "d": 86400, "day": 86400}
+
+
+def parse_when(text: str) -> tuple[TriggerSpec, str]:
+    """``every 5m …``, ``every 30 seconds …``, ``cron "0 9 * * 1-5" …``, ``at 2026-12-01T09:00 …``,
+    optionally followed by ``tz Europe/Paris``. Returns the trigger and the rest of the text."""
+    import shlex
+
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise InvalidInput(f"cannot read {text!r}: {exc}") from None
+    if not words:
+        raise InvalidInput("say when: every 5m, cron \"0 9 * * 1-5\" or at 2026-12-01T09:00")
+    head, rest = words[0].lower(), words[1:]
+    spec: dict[str, Any] = {}
+    if head == "every" and rest:
+        amount = rest.pop(0)
+        number = "".join(ch for ch in amount if ch.isdigit())
+        unit = amount[len(number):] or (rest.pop(0) if rest else "")
+        factor = _UNITS.get(unit.lower().rstrip("s") or "s") or _UNITS.get(unit.lower())
+        if not number or factor is None:
+            raise InvalidInput(f"cannot read the interval {amount!r} (e.g. every 5m, every 30 seconds)")
+        spec["every_seconds"] = int(number) * factor
+    elif head == "cron" and rest:
+        spec["cron"] = rest.pop(0)
+    elif head == "at" and rest:
+        spec["at"] = rest.pop(0)
+    else:
+        raise InvalidInput("say when: every 5m, cron \"0 9 * * 1-5\" or at 2026-12-01T09:00")
+    if len(rest) >= 2 and rest[0].lower() == "tz":
+        spec["timezone"] = rest[1]
+        rest = rest[2:]
+    return TriggerSpec(**spec), " ".join(rest)

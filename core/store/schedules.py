@@ -1,0 +1,100 @@
+"""Schedules and firings (SPEC §9)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import update
+from sqlmodel import col, select
+
+from core.store.database import Database
+from core.store.tables import FiringRow, InputRow, ScheduleRow, TurnRow
+
+
+class ScheduleStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def add(self, row: ScheduleRow) -> ScheduleRow:
+        async with self.db.write() as s:
+            s.add(row)
+            await s.flush()
+            return row
+
+    async def get(self, schedule_id: int) -> ScheduleRow | None:
+        async with self.db.read() as s:
+            return await s.get(ScheduleRow, schedule_id)
+
+    async def all(self, *, statuses: tuple[str, ...] | None = None) -> list[ScheduleRow]:
+        async with self.db.read() as s:
+            query = select(ScheduleRow)
+            if statuses is not None:
+                query = query.where(col(ScheduleRow.status).in_(statuses))
+            return list((await s.exec(query.order_by(col(ScheduleRow.id)))).all())
+
+    async def set_status(self, schedule_id: int, status: str, *, only_from: tuple[str, ...] | None = None,
+                         approval_id: int | None = None) -> bool:
+        async with self.db.write() as s:
+            query = update(ScheduleRow).where(col(ScheduleRow.id) == schedule_id)
+            if only_from is not None:
+                query = query.where(col(ScheduleRow.status).in_(only_from))
+            values: dict[str, object] = {"status": status}
+            if approval_id is not None:
+                values["approval_id"] = approval_id
+            return bool((await s.exec(query.values(**values))).rowcount)
+
+    async def start_firing(self, schedule_id: int, now: datetime, min_gap_s: float) -> FiringRow | None:
+        """Record the next firing, unless one started within ``min_gap_s`` (a re-fire after a crash)."""
+        async with self.db.write() as s:
+            schedule = await s.get(ScheduleRow, schedule_id)
+            if schedule is None:
+                return None
+            if schedule.last_fired_at is not None and (now - schedule.last_fired_at).total_seconds() < min_gap_s:
+                return None
+            schedule.firings += 1
+            schedule.last_fired_at = now
+            firing = FiringRow(schedule_id=schedule_id, n=schedule.firings,
+                               session_id=f"schedule:{schedule_id}:{schedule.firings}", status="running",
+                               started_at=now)
+            s.add(schedule)
+            s.add(firing)
+            await s.flush()
+            return firing
+
+    async def finish_firing(self, firing_id: int, *, ts: str | None, error: str | None, now: datetime,
+                            retire: bool) -> ScheduleRow:
+        """Record how a firing ended and the schedule's running tally; ``retire`` ends a one-shot."""
+        async with self.db.write() as s:
+            firing = await s.get(FiringRow, firing_id)
+            assert firing is not None
+            firing.status = "failed" if error else "posted"
+            firing.ts, firing.error, firing.finished_at = ts, error, now
+            schedule = await s.get(ScheduleRow, firing.schedule_id)
+            assert schedule is not None
+            schedule.failures = schedule.failures + 1 if error else 0
+            schedule.last_outcome = f"failed: {error}" if error else f"posted (ts {ts})"
+            if retire and schedule.status == "active":
+                schedule.status = "done"
+            s.add(firing)
+            s.add(schedule)
+            return schedule
+
+    async def unfinished_firings(self) -> list[FiringRow]:
+        async with self.db.read() as s:
+            return list((await s.exec(select(FiringRow).where(FiringRow.status == "running"))).all())
+
+    async def firing_input(self, session_id: str) -> int | None:
+        async with self.db.read() as s:
+            return (await s.exec(select(InputRow.id).where(InputRow.session_id == session_id)
+                                 .order_by(col(InputRow.id)).limit(1))).first()
+
+    async def firing_turn(self, session_id: str) -> int | None:
+        async with self.db.read() as s:
+            return (await s.exec(select(TurnRow.id).where(TurnRow.session_id == session_id)
+                                 .order_by(col(TurnRow.id).desc()).limit(1))).first()
+
+    async def firings(self, schedule_id: int, limit: int = 20) -> list[FiringRow]:
+        async with self.db.read() as s:
+            rows = (await s.exec(select(FiringRow).where(FiringRow.schedule_id == schedule_id)
+                                 .order_by(col(FiringRow.n).desc()).limit(limit))).all()
+            return list(rows)
