@@ -27,7 +27,15 @@ from core.events import EventBus
 from core.providers import Provider, RetryPolicy
 from core.runner import AgentRunner, RunnerLimits
 from core.schedules import ScheduleService
-from core.store import ApprovalStore, ControlStore, ConversationStore, CredentialStore, Database, InputStore
+from core.store import (
+    ApprovalStore,
+    ControlStore,
+    ConversationStore,
+    CredentialStore,
+    Database,
+    InputStore,
+    LeaseStore,
+)
 from core.store.schedules import ScheduleStore
 
 log = logging.getLogger(__name__)
@@ -122,6 +130,8 @@ def build_application(
         gate=approvals,
         redactor=credentials.redact,
     )
+    # With SQLite there is one process; with PostgreSQL several replicas share the work through leases.
+    leases = None if db.is_sqlite else LeaseStore(db)
     dispatcher = Dispatcher(
         store, InputStore(db), ControlStore(db), runner, agents, bus, clock,
         DispatchConfig(
@@ -130,11 +140,14 @@ def build_application(
             queue_mode=settings.queue_mode,
             debounce_s=settings.queue_debounce_ms / 1000,
             max_waiting=settings.queue_max_waiting,
+            lease_ttl_s=settings.lease_ttl_s,
         ),
+        leases=leases,
     )
     schedules = ScheduleService(
         db, ScheduleStore(db), store, dispatcher, approvals, policy, bus, clock,
         interval_floor_s=settings.schedule_min_interval_s, misfire_grace_min=settings.schedule_misfire_grace_min,
+        leases=leases, holder=dispatcher.holder, lease_ttl_s=settings.lease_ttl_s,
     )
     for tool in schedule_tools(schedules, store):
         tools.register(tool)

@@ -67,6 +67,7 @@ class Settings(BaseSettings):
     bot_public_url: str | None = None
     schedule_min_interval_s: int = Field(default=60, ge=1)
     schedule_misfire_grace_min: float = Field(default=5, gt=0)
+    lease_ttl_s: float = Field(default=30, ge=1)
     queue_mode: QueueMode = "steer"
     queue_debounce_ms: int = Field(default=500, ge=0, le=60_000)
     queue_max_waiting: int = Field(default=20, ge=1, le=1000)

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
+import socket
+import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -43,7 +46,16 @@ from core.model import (
 )
 from core.providers import ChatMessage
 from core.runner import AgentRunner
-from core.store import Accepted, AcceptOutcome, Budget, ControlStore, ConversationStore, InputStore, Taken
+from core.store import (
+    Accepted,
+    AcceptOutcome,
+    Budget,
+    ControlStore,
+    ConversationStore,
+    InputStore,
+    LeaseStore,
+    Taken,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +74,8 @@ class DispatchConfig:
     debounce_s: float = 0.5
     max_waiting: int = 20
     budget: Budget = field(default_factory=Budget)
+    lease_ttl_s: float = 30.0  # a replica that stops renewing loses its sessions after this long
+    lease_retry_s: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,7 @@ class Dispatcher:
         bus: EventBus,
         clock: Clock,
         config: DispatchConfig = DispatchConfig(),
+        leases: LeaseStore | None = None,
     ) -> None:
         self.conversations = conversations
         self.inputs = inputs
@@ -112,24 +127,52 @@ class Dispatcher:
         self._drivers: dict[str, _Driver] = {}
         self._waiters: dict[int, list[asyncio.Future[Outcome]]] = {}
         self._accepting = False
+        self.leases = leases  # with several replicas: one process at a time runs a session
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._sweeper: asyncio.Task[None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Recover what the last process left, then resume every session with work to do."""
-        failed = await self.conversations.requeue_interrupted(self.config.max_turn_attempts, self.clock.now())
+        """Recover what a dead process left, then resume every session with work to do."""
+        await self._recover_abandoned()
+        for session_id in await self.conversations.sessions_with_work():
+            self._kick(session_id)
+        await self.inputs.prune_deliveries(self.clock.now() - DELIVERY_RETENTION)
+        if self.leases is not None:
+            self._sweeper = asyncio.create_task(self._sweep_abandoned(), name="turns:sweep")
+        self._accepting = True
+
+    async def _recover_abandoned(self) -> None:
+        """Turns left running by a process that is gone: continued once, or failed and told. With
+        several replicas, only sessions whose lease ran out (its holder died) are recovered."""
+        sessions: list[str] | None = None
+        if self.leases is not None:
+            running = await self.conversations.running_sessions()
+            live = await self.leases.live_holders([_lease_name(s) for s in running], self.clock.now())
+            sessions = [s for s in running if _lease_name(s) not in live and s not in self._drivers]
+        failed = await self.conversations.requeue_interrupted(self.config.max_turn_attempts, self.clock.now(),
+                                                              sessions)
         for turn_id in failed:
             info = await self.conversations.turn_info(turn_id)
             if info is not None:
                 self.bus.emit(TurnFailed(info.session, info, "interrupted", _INTERRUPTED_TWICE))
-        for session_id in await self.conversations.sessions_with_work():
+        for session_id in sessions or []:
             self._kick(session_id)
-        await self.inputs.prune_deliveries(self.clock.now() - DELIVERY_RETENTION)
-        self._accepting = True
+
+    async def _sweep_abandoned(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.lease_ttl_s)
+            try:
+                await self._recover_abandoned()
+            except Exception:
+                log.exception("recovering abandoned turns failed")
 
     async def stop(self, drain_s: float) -> None:
         """Stop taking input, give running turns ``drain_s`` to finish; the rest resume at next start."""
         self._accepting = False
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         tasks = [d.task for d in self._drivers.values()]
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=drain_s)
@@ -335,12 +378,22 @@ class Dispatcher:
 
     async def _drive(self, session_id: str) -> None:
         first = True
+        holding = False
+        heartbeat: asyncio.Task[None] | None = None
         try:
             while True:
                 driver = self._drivers[session_id]
                 driver.wake = False
                 # After a turn, look again only if something waits (one read), after its quiet window.
                 if first or await self._quiet_window(session_id):
+                    if self.leases is not None and not holding:
+                        holding = await self._take_lease(session_id)
+                        if not holding:  # another replica runs this session: it will take what waits,
+                            if await self.inputs.last_arrival(session_id) is None:  # or we try again
+                                return
+                            await asyncio.sleep(self.config.lease_retry_s)
+                            continue
+                        heartbeat = asyncio.create_task(self._heartbeat(session_id, driver))
                     async with self._slots:
                         started = await self._next(session_id, resume=first)
                         if started is not None:
@@ -354,6 +407,27 @@ class Dispatcher:
             log.exception("turn driver for %s stopped", session_id)
         finally:
             self._drivers.pop(session_id, None)
+            if heartbeat is not None:
+                heartbeat.cancel()
+            if holding and self.leases is not None:
+                await asyncio.shield(self.leases.release(_lease_name(session_id), self.holder))
+
+    async def _take_lease(self, session_id: str) -> bool:
+        assert self.leases is not None
+        return await self.leases.acquire(_lease_name(session_id), self.holder,
+                                         timedelta(seconds=self.config.lease_ttl_s), self.clock.now())
+
+    async def _heartbeat(self, session_id: str, driver: _Driver) -> None:
+        assert self.leases is not None
+        while True:
+            await asyncio.sleep(self.config.lease_ttl_s / 3)
+            if not await self.leases.renew(_lease_name(session_id), self.holder,
+                                           timedelta(seconds=self.config.lease_ttl_s), self.clock.now()):
+                # Another replica took the session over (we stalled past the lease): stop, never run twice.
+                log.error("lost the lease on %s; stopping its turn here", session_id)
+                if driver.turn is not None:
+                    driver.turn.cancel()
+                return
 
     async def _quiet_window(self, session_id: str) -> bool:
         """Let a burst finish arriving, so it becomes one merged turn (SPEC §5 debounce).
@@ -460,6 +534,10 @@ class Dispatcher:
         final = await self.conversations.finish_turn(turn.id, status=TurnStatus.FAILED, answer=None,
                                                      error=message, now=self.clock.now())
         self.bus.emit(TurnFailed(final.session, final, kind, message))
+
+
+def _lease_name(session_id: str) -> str:
+    return f"session:{session_id}"
 
 
 def _is_command(text: str) -> bool:

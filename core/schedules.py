@@ -29,12 +29,13 @@ from core.dispatcher import Dispatcher
 from core.errors import InvalidInput
 from core.events import DirectNotice, EventBus, Notice
 from core.model import ApprovalStatus, Inbound, MessageRef, SessionInfo
-from core.store import ConversationStore, Database
+from core.store import ConversationStore, Database, LeaseStore
 from core.store.schedules import ScheduleStore
 from core.store.tables import ScheduleRow
 
 log = logging.getLogger(__name__)
 
+LEADER_LEASE = "scheduler"
 DESTINATION_TOOL = "schedule_destination"  # what a destination approval is filed under (and granted as)
 # Resolves "#name" or an id to the channel's own id; raises InvalidInput if unknown or out of reach.
 DestinationResolver = Callable[[str], Awaitable[str]]
@@ -139,9 +140,12 @@ class ScheduleService:
         self, db: Database, store: ScheduleStore, conversations: ConversationStore, dispatcher: Dispatcher,
         approvals: ApprovalBroker, policy: ApprovalPolicy, bus: EventBus, clock: Clock, *,
         interval_floor_s: int = 60, misfire_grace_min: float = 5, delivery_wait_s: float = 30,
-        sync_every_s: float = 5,
+        sync_every_s: float = 5, leases: LeaseStore | None = None, holder: str = "", lease_ttl_s: float = 30,
     ) -> None:
         self.sync_every_s = sync_every_s
+        self.leases = leases
+        self.holder = holder
+        self.lease_ttl_s = lease_ttl_s
         self.db = db
         self.store = store
         self.conversations = conversations
@@ -162,13 +166,10 @@ class ScheduleService:
     async def start(self) -> None:
         global _service
         _service = self
-        store = SQLAlchemyJobStore(url=self.db.sync_url, engine_options=_engine_options(self.db))
-        self._scheduler = _DbFriendlyScheduler(
-            lambda: self.db.write_in_progress, jobstores={"default": store},
-            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": self.misfire_grace_s},
-        )
-        async with self.db.exclusive():
-            self._scheduler.start()
+        if self.leases is None:
+            await self._start_scheduler()
+        else:  # several replicas: only the lease holder runs APScheduler (it must not share a job store)
+            self._spawn(self._lead())
         for schedule in await self.store.all(statuses=(Status.PENDING_DESTINATION,)):
             self._spawn(self._await_destination(schedule))
         for firing in await self.store.unfinished_firings():
@@ -185,13 +186,49 @@ class ScheduleService:
             except Exception:
                 log.exception("could not sync schedules with the scheduler")
 
-    async def stop(self) -> None:
-        global _service
+    async def _start_scheduler(self) -> None:
+        store = SQLAlchemyJobStore(url=self.db.sync_url, engine_options=_engine_options(self.db))
+        self._scheduler = _DbFriendlyScheduler(
+            lambda: self.db.write_in_progress, jobstores={"default": store},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": self.misfire_grace_s},
+        )
+        async with self.db.exclusive():
+            self._scheduler.start()
+
+    def _stop_scheduler(self) -> None:
         if self._scheduler is not None and self._scheduler.running:
             self._scheduler.shutdown(wait=False)
+        self._scheduler = None
+
+    async def _lead(self) -> None:
+        assert self.leases is not None
+        ttl = timedelta(seconds=self.lease_ttl_s)
+        while True:
+            try:
+                held = await self.leases.acquire(LEADER_LEASE, self.holder, ttl, self.clock.now())
+            except Exception:
+                log.exception("could not reach the scheduler lease")
+                held = False
+            if held and self._scheduler is None:
+                log.info("this replica now runs the scheduler")
+                await self._start_scheduler()
+            elif not held and self._scheduler is not None:
+                log.warning("lost the scheduler lease; another replica runs the schedules now")
+                self._stop_scheduler()
+            await asyncio.sleep(self.lease_ttl_s / 3)
+
+    @property
+    def leading(self) -> bool:
+        return self._scheduler is not None
+
+    async def stop(self) -> None:
+        global _service
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._stop_scheduler()
+        if self.leases is not None:
+            await self.leases.release(LEADER_LEASE, self.holder)
         _service = None
 
     def _spawn(self, coro: Awaitable[None]) -> None:
@@ -246,10 +283,12 @@ class ScheduleService:
             self.bus.emit(Notice(origin, text))
 
     async def _activate(self, schedule: ScheduleRow) -> None:
-        assert schedule.id is not None and self._scheduler is not None
+        assert schedule.id is not None
         trigger = TriggerSpec.from_json(schedule.trigger)
         if not await self.store.set_status(schedule.id, Status.ACTIVE,
                                            only_from=(Status.PENDING_DESTINATION, Status.PAUSED)):
+            return
+        if self._scheduler is None:  # not the leader: the leader adds the job when it syncs with the table
             return
         async with self.db.exclusive():
             self._scheduler.add_job(run_schedule, trigger.build(self.clock.now() - timedelta(days=1), 0),

@@ -7,8 +7,11 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+
+from tests.slack_requests import SIGNING_SECRET, dumps, event_body, signed_headers
 
 # Variables a developer's shell may carry that would change what the bot under test does.
 _SCRUB = ("SLACK_", "LLM_", "BOT_", "DATABASE_URL", "HOST", "PORT", "QUEUE_MODE", "MAX_", "APPROVAL_", "LOG_")
@@ -18,6 +21,9 @@ class BotProcess:
     def __init__(self, cwd: Path, env: dict[str, str]) -> None:
         self.cwd = cwd
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)} | env
+        database = os.environ.get("BOT_PROCESS_DATABASE_URL")  # set per test by the database_url fixture
+        if database and "DATABASE_URL" not in env:
+            self.env["DATABASE_URL"] = database
         self.proc: asyncio.subprocess.Process | None = None
         self.stdout = ""
 
@@ -78,3 +84,36 @@ async def run_cli(cwd: Path, env: dict[str, str], *args: str, timeout: float = 3
     async with asyncio.timeout(timeout):
         out, _ = await proc.communicate()
     return int(proc.returncode or 0), out.decode()
+
+
+def slack_env(fake_slack: Any, fake_llm: Any, port: int) -> dict[str, str]:
+    """Settings that point a real process at the test's fake Slack and fake model."""
+    return {
+        "PORT": str(port),
+        "SLACK_BOT_TOKEN": "xoxb-process-test-token",
+        "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+        "SLACK_API_URL": f"{fake_slack.url}/api/",
+        "LLM_BASE_URL": f"{fake_llm.url}/v1",
+        "LLM_API_KEY": "sk-process-test",
+        "LLM_MODEL": "fake-model",
+        # On PostgreSQL a killed process's leases must run out before its restart takes over: keep it short.
+        "LEASE_TTL_S": "2",
+    }
+
+
+async def send_event(bot: BotProcess, event: dict[str, Any], event_id: str, retry: int | None = None) -> int:
+    body = dumps(event_body(event, event_id=event_id))
+    headers = signed_headers(body)
+    if retry is not None:
+        headers["X-Slack-Retry-Num"] = str(retry)
+    async with aiohttp.ClientSession() as http, http.post(f"{bot.base}/slack/events", data=body,
+                                                          headers=headers) as resp:
+        return resp.status
+
+
+async def post_form(bot: BotProcess, body: str) -> int:
+    """A signed interactivity request or slash command."""
+    headers = signed_headers(body, content_type="application/x-www-form-urlencoded")
+    async with aiohttp.ClientSession() as http, http.post(f"{bot.base}/slack/events", data=body,
+                                                          headers=headers) as resp:
+        return resp.status

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -38,9 +40,37 @@ async def fake_llm() -> AsyncIterator[FakeLLM]:
 
 
 @pytest.fixture
-def make_settings(tmp_path: Path, fake_slack: FakeSlack, fake_llm: FakeLLM) -> Callable[..., Settings]:
+async def database_url(tmp_path: Path) -> AsyncIterator[str | None]:
+    """None (SQLite under BOT_HOME), or with TEST_DATABASE_URL a fresh PostgreSQL database per test."""
+    admin_url = os.environ.get("TEST_DATABASE_URL")
+    if not admin_url:
+        yield None
+        return
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(admin_url)
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    admin = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    yield url.set(database=name).render_as_string(hide_password=False)
+    admin = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path, fake_slack: FakeSlack, fake_llm: FakeLLM,
+                  database_url: str | None) -> Callable[..., Settings]:
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = {
+            "database_url": database_url,
             "bot_home": tmp_path / "home",
             "host": "127.0.0.1",
             "port": 0,

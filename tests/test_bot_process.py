@@ -4,25 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import pytest
 
-from tests.bot_process import BotProcess, run_cli, run_to_exit
+from tests.bot_process import BotProcess, post_form, run_cli, run_to_exit, send_event, slack_env
 from tests.fakes.llm import FakeLLM, Gate, Reply
 from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import (
-    SIGNING_SECRET,
     block_action,
     command_body,
-    dumps,
-    event_body,
     mention,
     message,
-    signed_headers,
 )
+
+
+@pytest.fixture(autouse=True)
+def _process_database(database_url: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With TEST_DATABASE_URL, the real processes share this test's fresh PostgreSQL database."""
+    if database_url:
+        monkeypatch.setenv("BOT_PROCESS_DATABASE_URL", database_url)
 
 
 async def test_starts_with_no_settings_on_the_embedded_default(tmp_path: Path, unused_port: int) -> None:
@@ -34,7 +38,7 @@ async def test_starts_with_no_settings_on_the_embedded_default(tmp_path: Path, u
         assert await bot.get("/healthz") == (200, {"status": "ok"})
         status, body = await bot.get("/readyz")
         assert status == 200 and body["status"] == "ready"
-        assert (tmp_path / ".bot" / "bot.db").exists()
+        assert (tmp_path / ".bot" / "bot.db").exists() or os.environ.get("TEST_DATABASE_URL")
     finally:
         assert await bot.terminate() == 0
 
@@ -51,44 +55,22 @@ async def test_bad_settings_are_refused_with_a_clear_message(tmp_path: Path) -> 
     assert "HOST=0.0.0.0" in out and "BOT_WEB_TOKEN" in out and "Traceback" not in out
 
 
-def _slack_env(fake_slack: FakeSlack, fake_llm: FakeLLM, port: int) -> dict[str, str]:
-    return {
-        "PORT": str(port),
-        "SLACK_BOT_TOKEN": "xoxb-process-test-token",
-        "SLACK_SIGNING_SECRET": SIGNING_SECRET,
-        "SLACK_API_URL": f"{fake_slack.url}/api/",  # type: ignore[attr-defined]
-        "LLM_BASE_URL": f"{fake_llm.url}/v1",  # type: ignore[attr-defined]
-        "LLM_API_KEY": "sk-process-test",
-        "LLM_MODEL": "fake-model",
-    }
-
-
-async def _send(bot: BotProcess, event: dict[str, object], event_id: str, retry: int | None = None) -> int:
-    body = dumps(event_body(event, event_id=event_id))
-    headers = signed_headers(body)
-    if retry is not None:
-        headers["X-Slack-Retry-Num"] = str(retry)
-    async with aiohttp.ClientSession() as http, http.post(f"{bot.base}/slack/events", data=body,
-                                                          headers=headers) as resp:
-        return resp.status
-
-
 async def test_redelivery_after_a_kill_is_not_answered_twice(
     tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
-    env = _slack_env(fake_slack, fake_llm, unused_port)
+    env = slack_env(fake_slack, fake_llm, unused_port)
     first = mention("hello once")
     bot = await BotProcess(tmp_path, env).start()
-    assert await _send(bot, first, "EvFirst") == 200
+    assert await send_event(bot, first, "EvFirst") == 200
     await fake_slack.wait_for("chat.postMessage")
     await bot.kill()
 
     bot = await BotProcess(tmp_path, env).start()
     try:
-        assert await _send(bot, first, "EvFirst", retry=1) == 200
-        assert await _send(bot, message(first["text"], ts=first["ts"]), "EvTwin") == 200
+        assert await send_event(bot, first, "EvFirst", retry=1) == 200
+        assert await send_event(bot, message(first["text"], ts=first["ts"]), "EvTwin") == 200
         # A later mention in the same thread runs after anything queued there: a barrier.
-        assert await _send(bot, mention("barrier", thread_ts=first["ts"]), "EvBarrier") == 200
+        assert await send_event(bot, mention("barrier", thread_ts=first["ts"]), "EvBarrier") == 200
         posts = await fake_slack.wait_for("chat.postMessage", 2)
         await asyncio.sleep(0)  # let any stray (wrong) extra answer surface
         assert [p.params["text"] for p in posts] == ["echo: hello once", "echo: barrier"]
@@ -100,11 +82,11 @@ async def test_redelivery_after_a_kill_is_not_answered_twice(
 async def test_a_turn_killed_mid_flight_is_continued_after_restart(
     tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
-    env = _slack_env(fake_slack, fake_llm, unused_port)
+    env = slack_env(fake_slack, fake_llm, unused_port)
     gate = Gate(Reply("never delivered"))
     fake_llm.then(gate)
     bot = await BotProcess(tmp_path, env).start()
-    assert await _send(bot, mention("survive this"), "EvKill") == 200
+    assert await send_event(bot, mention("survive this"), "EvKill") == 200
     await asyncio.wait_for(gate.reached.wait(), 10)
     await bot.kill()
     gate.opened.set()
@@ -121,39 +103,32 @@ async def test_a_turn_killed_mid_flight_is_continued_after_restart(
 async def test_pause_and_resume_from_the_command_line(
     tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
-    env = _slack_env(fake_slack, fake_llm, unused_port)
+    env = slack_env(fake_slack, fake_llm, unused_port)
     bot = await BotProcess(tmp_path, env).start()
     try:
         code, out = await run_cli(tmp_path, env, "pause")
         assert code == 0 and "paused" in out
         root = mention("are you there?")
-        assert await _send(bot, root, "EvPaused") == 200
+        assert await send_event(bot, root, "EvPaused") == 200
         posts = await fake_slack.wait_for("chat.postMessage")
         assert "paused by an operator" in posts[0].params["text"]
         assert fake_llm.requests == []
         code, out = await run_cli(tmp_path, env, "resume")
         assert code == 0 and "resumed" in out
-        assert await _send(bot, mention("now?", thread_ts=root["ts"]), "EvResumed") == 200
+        assert await send_event(bot, mention("now?", thread_ts=root["ts"]), "EvResumed") == 200
         posts = await fake_slack.wait_for("chat.postMessage", 2)
         assert posts[1].params["text"] == "echo: now?"
     finally:
         assert await bot.terminate() == 0
 
 
-async def _click(bot: BotProcess, body: str) -> int:
-    headers = signed_headers(body, content_type="application/x-www-form-urlencoded")
-    async with aiohttp.ClientSession() as http, http.post(f"{bot.base}/slack/events", data=body,
-                                                          headers=headers) as resp:
-        return resp.status
-
-
 async def test_a_parked_approval_survives_a_kill_and_its_button_still_works(
     tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
-    env = _slack_env(fake_slack, fake_llm, unused_port) | {"APPROVAL_POLL_S": "0.1"}
+    env = slack_env(fake_slack, fake_llm, unused_port) | {"APPROVAL_POLL_S": "0.1"}
     fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo survived"})]))
     bot = await BotProcess(tmp_path, env).start()
-    assert await _send(bot, mention("run it"), "EvPark") == 200
+    assert await send_event(bot, mention("run it"), "EvPark") == 200
     request = (await fake_slack.wait_for("chat.postMessage"))[0]
     request_id = request.params["blocks"][-1]["elements"][0]["value"]
     await bot.kill()
@@ -161,7 +136,7 @@ async def test_a_parked_approval_survives_a_kill_and_its_button_still_works(
     bot = await BotProcess(tmp_path, env).start()
     try:
         fake_llm.then(Reply("it survived"))
-        assert await _click(bot, block_action("approval:approve", request_id, user="U1")) == 200
+        assert await post_form(bot, block_action("approval:approve", request_id, user="U1")) == 200
         async with asyncio.timeout(10):
             while "it survived" not in [p.params["text"] for p in fake_slack.posts()]:
                 await fake_slack.wait_for("chat.postMessage", len(fake_slack.posts()) + 1)
@@ -178,11 +153,11 @@ async def test_a_parked_approval_survives_a_kill_and_its_button_still_works(
 async def test_operator_override_from_the_command_line(
     tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
-    env = _slack_env(fake_slack, fake_llm, unused_port) | {"APPROVAL_POLL_S": "0.1"}
+    env = slack_env(fake_slack, fake_llm, unused_port) | {"APPROVAL_POLL_S": "0.1"}
     fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo by-operator"})]), Reply("operator said no"))
     bot = await BotProcess(tmp_path, env).start()
     try:
-        assert await _send(bot, mention("run it"), "EvOperator") == 200
+        assert await send_event(bot, mention("run it"), "EvOperator") == 200
         await fake_slack.wait_for("chat.postMessage")
         code, out = await run_cli(tmp_path, env, "approvals", "list")
         assert code == 0 and "shell_run" in out and "echo by-operator" in out
@@ -223,17 +198,18 @@ async def test_credentials_from_the_command_line(tmp_path: Path) -> None:
     assert code == 2 and "sealed with key 'k2', which is not configured" in out and "Traceback" not in out
     code, out = await run_cli(tmp_path, {"BOT_SECRET_KEYS": k2}, "credentials", "delete", "acc.token")
     assert code == 0 and "deleted" in out
-    assert b"cli-secret-value-5" not in (tmp_path / ".bot" / "bot.db").read_bytes()
+    if not os.environ.get("TEST_DATABASE_URL"):
+        assert b"cli-secret-value-5" not in (tmp_path / ".bot" / "bot.db").read_bytes()
 
 
 async def test_an_active_schedule_keeps_firing_after_a_kill_without_duplicates(
     tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
-    env = _slack_env(fake_slack, fake_llm, unused_port) | {"SCHEDULE_MIN_INTERVAL_S": "1"}
+    env = slack_env(fake_slack, fake_llm, unused_port) | {"SCHEDULE_MIN_INTERVAL_S": "1"}
     bot = await BotProcess(tmp_path, env).start()
-    assert await _click(bot, command_body("schedule every 1s #acc-dest say hi")) == 200
+    assert await post_form(bot, command_body("schedule every 1s #acc-dest say hi")) == 200
     approval = (await fake_slack.wait_for("chat.postMessage"))[0]
-    assert await _click(bot, block_action("approval:approve",
+    assert await post_form(bot, block_action("approval:approve",
                                           approval.params["blocks"][-1]["elements"][0]["value"])) == 200
 
     def to_dest() -> list[Any]:

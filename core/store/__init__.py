@@ -6,6 +6,7 @@ from core.store.conversations import ConversationStore
 from core.store.credentials import CredentialStore
 from core.store.database import Database
 from core.store.inputs import Accepted, AcceptOutcome, Budget, InputStore, Taken
+from core.store.leases import LeaseStore
 
 __all__ = [
     "AcceptOutcome",
@@ -17,5 +18,6 @@ __all__ = [
     "CredentialStore",
     "Database",
     "InputStore",
+    "LeaseStore",
     "Taken",
 ]

@@ -31,13 +31,22 @@ class ConversationStore:
 
     # -- turns ----------------------------------------------------------------------------------
 
-    async def requeue_interrupted(self, max_attempts: int, now: datetime) -> list[int]:
-        """Turns a dead process left ``running``: mark them to be continued, or fail those already retried.
+    async def running_sessions(self) -> list[str]:
+        async with self.db.read() as s:
+            rows = await s.exec(select(TurnRow.session_id).where(TurnRow.status == TurnStatus.RUNNING).distinct())
+            return list(rows.all())
 
-        Returns the ids of the turns failed here, so their conversations can be told.
-        """
+    async def requeue_interrupted(self, max_attempts: int, now: datetime,
+                                  sessions: list[str] | None = None) -> list[int]:
+        """Turns a dead process left ``running`` (all, or those of ``sessions``): mark them to be
+        continued, or fail those already retried. Returns the ids of the turns failed here."""
+        if sessions is not None and not sessions:
+            return []
         async with self.db.write() as s:
-            rows = (await s.exec(select(TurnRow).where(TurnRow.status == TurnStatus.RUNNING))).all()
+            query = select(TurnRow).where(TurnRow.status == TurnStatus.RUNNING)
+            if sessions is not None:
+                query = query.where(col(TurnRow.session_id).in_(sessions))
+            rows = (await s.exec(query)).all()
             failed: list[int] = []
             for turn in rows:
                 if turn.attempts >= max_attempts:

@@ -9,6 +9,7 @@ from datetime import datetime
 
 from sqlalchemy import delete, func, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -77,6 +78,16 @@ class InputStore:
     ) -> Accepted:
         """Take one inbound message in, in one transaction: dedupe, then store it as waiting,
         a command, context, or refused (``refuse`` is the operator's reason, e.g. paused)."""
+        try:
+            return await self._accept(msg, kind=kind, agent=agent, refuse=refuse, max_waiting=max_waiting, now=now)
+        except IntegrityError:
+            # Another replica stored the same session or message at the same moment: read again,
+            # and this delivery turns out to be a duplicate (or finds the session now there).
+            return await self._accept(msg, kind=kind, agent=agent, refuse=refuse, max_waiting=max_waiting, now=now)
+
+    async def _accept(
+        self, msg: Inbound, *, kind: str, agent: str, refuse: str | None, max_waiting: int, now: datetime
+    ) -> Accepted:
         async with self.db.write() as s:
             if msg.delivery_key is not None and not await _claim_delivery(s, msg.delivery_key, now):
                 return Accepted(AcceptOutcome.DUPLICATE)

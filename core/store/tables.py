@@ -298,3 +298,13 @@ class FiringRow(SQLModel, table=True):
     finished_at: datetime | None = _ts(nullable=True)
     ts: str | None = Field(default=None, max_length=64)
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class LeaseRow(SQLModel, table=True):
+    """Who may do something alone (run a session's turns, run the scheduler) until ``expires_at``."""
+
+    __tablename__ = "leases"
+
+    name: str = Field(primary_key=True, max_length=255)
+    holder: str = Field(max_length=64)
+    expires_at: datetime = _ts()
