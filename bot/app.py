@@ -12,6 +12,7 @@ from aiohttp import web
 
 from bot.agents_config import load_agents
 from bot.keys import load_keyring
+from bot.metrics import Metrics
 from bot.providers import build_provider
 from bot.settings import Settings
 from bot.tools import build_registry
@@ -180,7 +181,9 @@ def build_application(
         slack.schedules = schedules
         tools.register(message_send_tool(slack.send_message))
         app.channels.append(slack)
-    app.web_app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", _readyz_handler(app))])
+    metrics = Metrics(db, bus)
+    app.web_app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", _readyz_handler(app)),
+                            web.get("/metrics", metrics.handle)])
     app.web_app.add_routes(CredentialLinkPage(credentials).routes())
     for channel in app.channels:
         app.web_app.add_routes(channel.routes())

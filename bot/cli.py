@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"bot {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="start the gateway")
+    sub.add_parser("doctor", help="check settings, database, keys, Slack and the model; say what to fix")
     manifest = sub.add_parser("manifest", help="print the Slack app manifest")
     manifest.add_argument("--mode", choices=["socket", "http"], default="http")
     sub.add_parser("pause", help="stop taking new requests (accepted work continues); every replica sees it")
@@ -59,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(render_manifest(args.mode))
         return 0
     try:
+        if args.command == "doctor":
+            from bot.doctor import run_doctor
+
+            return asyncio.run(run_doctor())
         if args.command in ("pause", "resume"):
             return asyncio.run(_set_paused(args.command == "pause"))
         if args.command == "approvals":

@@ -8,6 +8,8 @@ import re
 import sys
 from collections.abc import Iterable
 
+from core.logcontext import ContextFilter
+
 # Slack tokens (bot, user, app, refresh) have a recognisable shape even when not configured here.
 _TOKEN_SHAPES = re.compile(r"\b(xox[abeposr]|xapp)-[A-Za-z0-9-]{8,}")
 
@@ -46,23 +48,37 @@ class RedactingFilter(logging.Filter):
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
+        entry: dict[str, object] = {
             "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        for key in ("session_id", "turn_id"):
+            value = getattr(record, key, None)
+            if value is not None:
+                entry[key] = value
         if record.exc_text:
             entry["exc"] = record.exc_text
         return json.dumps(entry, ensure_ascii=False)
 
 
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        session, turn = getattr(record, "session_id", None), getattr(record, "turn_id", None)
+        if session is not None:
+            line += f" [session={session}" + (f" turn={turn}]" if turn is not None else "]")
+        return line
+
+
 def configure_logging(level: str, fmt: str, secrets: Iterable[str]) -> RedactingFilter:
     handler = logging.StreamHandler(sys.stderr)
     redactor = RedactingFilter(secrets)
+    handler.addFilter(ContextFilter())
     handler.addFilter(redactor)
     handler.setFormatter(
-        JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        JsonFormatter() if fmt == "json" else TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from core import logcontext
 from core.agents import AgentDirectory
 from core.clock import Clock
 from core.errors import CoreError, InvalidInput, ProviderError, StepLimitReached
@@ -460,6 +461,8 @@ class Dispatcher:
     async def _run(self, turn: TurnInfo, text: str, images: tuple[str, ...]) -> None:
         agent = self.agents.get(turn.session.agent)
         driver = self._drivers[turn.session.id]
+        logcontext.session_id.set(turn.session.id)  # every line logged for this turn carries both
+        logcontext.turn_id.set(turn.id)
         log.info("turn %s started (session %s)", turn.id, turn.session.id)
         self.bus.emit(InputsTaken(turn.session, turn.id, turn.inputs, steered=False))
         self.bus.emit(TurnStarted(turn.session, turn))

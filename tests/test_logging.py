@@ -140,3 +140,20 @@ def test_malformed_log_call_does_not_raise(monkeypatch: pytest.MonkeyPatch) -> N
     logger.info("two %s %s", "only-one")  # a bug in a log line must not break the code that logs
     logger.info("still logging %s", SECRET)
     assert "still logging [redacted]" in out.getvalue()
+
+
+def test_lines_carry_the_session_and_turn(restore_root: None, capsys: pytest.CaptureFixture[str]) -> None:
+    import json as _json
+
+    from core import logcontext
+
+    configure_logging("INFO", "json", ["xoxb-hidden-token-1234"])
+    token_s, token_t = logcontext.session_id.set("slack:T1:C1:1.0"), logcontext.turn_id.set(7)
+    try:
+        logging.getLogger("core.dispatcher").info("turn %s started with xoxb-hidden-token-1234", 7)
+    finally:
+        logcontext.session_id.reset(token_s)
+        logcontext.turn_id.reset(token_t)
+    line = _json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert (line["session_id"], line["turn_id"]) == ("slack:T1:C1:1.0", 7)
+    assert "xoxb-hidden-token-1234" not in line["msg"] and "[redacted]" in line["msg"]

@@ -212,3 +212,31 @@ async def test_oversized_message_gets_a_clear_refusal(
     posts = await fake_slack.wait_for("chat.postMessage")
     assert "can't take this message" in posts[0].params["text"]
     assert fake_llm.requests == []
+
+
+async def test_metrics_move_as_turns_run(gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
+    async def scrape() -> dict[str, float]:
+        async with gateway.http.get(f"{gateway.base}/metrics") as resp:
+            assert resp.status == 200 and resp.content_type == "text/plain"
+            text = await resp.text()
+        figures: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                figures[name] = float(value)
+        return figures
+
+    before = await scrape()
+    fake_slack.fail_next("reactions.add", Failure(error="invalid_name"))
+    await gateway.send_event(mention("count me"))
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    after = await scrape()
+    assert after["bot_turns_started_total"] == before.get("bot_turns_started_total", 0) + 1
+    key = 'bot_turns_ended_total{outcome="answered"}'
+    assert after[key] == before.get(key, 0) + 1
+    assert after["bot_turn_duration_seconds_count"] == before.get("bot_turn_duration_seconds_count", 0) + 1
+    error = 'bot_slack_api_errors_total{error="invalid_name",method="reactions.add"}'
+    assert after[error] == before.get(error, 0) + 1
+    for gauge in ("bot_queue_depth", "bot_approvals_pending", "bot_credential_requests_pending"):
+        assert after[gauge] == 0

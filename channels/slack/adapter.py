@@ -448,8 +448,9 @@ class SlackChannel:
         try:
             response = await self.client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text)
         except SlackApiError as exc:
-            log.error("chat.postMessage to %s failed: %s", channel, error_code(exc))
-            return None, error_code(exc)
+            code = error_code(exc)
+            log.error("chat.postMessage to %s failed: %s", channel, code)
+            return None, code
         return str(response.get("ts")), None
 
     async def _react(self, method: str, item: MessageRef, name: str) -> None:
@@ -458,8 +459,9 @@ class SlackChannel:
         try:
             await getattr(self.client, method)(channel=item.channel, timestamp=item.ts, name=name)
         except SlackApiError as exc:
-            if error_code(exc) not in ("already_reacted", "no_reaction"):
-                log.warning("%s failed: %s", method, error_code(exc))
+            code = error_code(exc)
+            if code not in ("already_reacted", "no_reaction"):
+                log.warning("%s failed: %s", method, code)
 
 
 def _place_text(place: str) -> str:

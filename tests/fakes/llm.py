@@ -49,7 +49,13 @@ class FakeLLM:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
+        app.router.add_get("/v1/models", self._models)
         return app
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization", "").endswith("bad-key"):
+            return web.json_response({"error": {"message": "Incorrect API key provided"}}, status=401)
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 
     def then(self, *steps: Step) -> None:
         self.script.extend(steps)

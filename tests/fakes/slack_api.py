@@ -40,6 +40,7 @@ class FakeSlack:
     channels: dict[str, str] = field(default_factory=lambda: {"ops": "COPS", "general": "CGEN", "acc-dest": "CACC",
                                                               "outside": "COUT"})
     not_member: set[str] = field(default_factory=lambda: {"COUT"})
+    scopes: list[str] = field(default_factory=lambda: __import__("bot.manifest", fromlist=["BOT_SCOPES"]).BOT_SCOPES)
     # Socket Mode: the WebSocket the bot opened, and the envelope ids it acknowledged.
     socket: web.WebSocketResponse | None = None
     socket_acks: list[str] = field(default_factory=list)
@@ -116,7 +117,10 @@ class FakeSlack:
         async with self._changed:
             self.calls.append(Call(method, params))
             self._changed.notify_all()
-        return web.json_response(self._answer(method, params))
+        if method == "auth.test" and params.get("token", request.headers.get("Authorization", "")).endswith("bad"):
+            return web.json_response({"ok": False, "error": "invalid_auth"})
+        headers = {"x-oauth-scopes": ",".join(self.scopes)} if method == "auth.test" else {}
+        return web.json_response(self._answer(method, params), headers=headers)
 
     def _answer(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         if method == "auth.test":

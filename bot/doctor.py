@@ -1,0 +1,157 @@
+"""``bot doctor``: check settings, database, keys, Slack and the model; say what to fix."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from bot.errors import BotError
+from bot.manifest import BOT_SCOPES
+from bot.settings import Settings, load_settings
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    warning: bool = False
+
+
+async def run_doctor() -> int:
+    try:
+        settings = load_settings()
+    except BotError as exc:
+        print(f"✗ settings: {exc}\n  fix: correct the variables above in the environment or .env")
+        return 1
+    checks = [Check("settings", True, f"valid (Slack: {settings.slack_mode or 'off'}, model: {settings.provider})")]
+    checks += await _database(settings)
+    checks += await _keys(settings)
+    if settings.slack_mode is not None:
+        checks.append(await _slack(settings))
+    if settings.provider == "openai":
+        checks.append(await _model(settings))
+    failed = False
+    for check in checks:
+        mark = "✓" if check.ok and not check.warning else ("!" if check.ok else "✗")
+        print(f"{mark} {check.name}: {check.detail}")
+        if check.fix:
+            print(f"  fix: {check.fix}")
+        failed = failed or not check.ok
+    print("everything looks right" if not failed else "some checks failed (see the fixes above)")
+    sys.stdout.flush()
+    return 1 if failed else 0
+
+
+async def _database(settings: Settings) -> list[Check]:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+    from sqlalchemy import text
+
+    from core.errors import StoreError
+    from core.store import Database
+    from core.store.database import MIGRATIONS_DIR
+
+    try:
+        db = Database(settings.resolved_database_url)
+    except StoreError as exc:
+        return [Check("database", False, str(exc), "set DATABASE_URL to a sqlite:/// or postgresql:// URL")]
+    try:
+        async with db.engine.connect() as conn:
+            try:
+                current = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+            except Exception:
+                current = None
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+        head = ScriptDirectory.from_config(cfg).get_current_head()
+        if current == head:
+            return [Check("database", True, f"{db.display_url} reachable, schema {current} (current)")]
+        return [Check("database", True, f"{db.display_url} reachable, schema {current or 'empty'}; newest is {head}",
+                      "nothing to do by hand: `bot run` upgrades it in place at start", warning=True)]
+    except Exception as exc:
+        return [Check("database", False, f"{db.display_url} unreachable: {type(exc).__name__}: {exc}",
+                      "check DATABASE_URL, that the server runs, and the credentials in the URL")]
+    finally:
+        await db.close()
+
+
+async def _keys(settings: Settings) -> list[Check]:
+    from bot.keys import KEY_FILE, load_keyring
+    from core.errors import StoreError
+    from core.store import CredentialStore, Database
+    from core.vault import Sealed, VaultError
+
+    try:
+        if not settings.bot_secret_keys and not (settings.bot_home / KEY_FILE).exists():
+            return [Check("encryption keys", True, "none yet: one is generated into BOT_HOME at the first start",
+                          "in production set BOT_SECRET_KEYS (id:base64key) and keep a copy", warning=True)]
+        keys = load_keyring(settings)
+    except BotError as exc:
+        return [Check("encryption keys", False, str(exc), "fix BOT_SECRET_KEYS or the key file's permissions")]
+    db = Database(settings.resolved_database_url)
+    problems: list[str] = []
+    count = 0
+    try:
+        for row in await CredentialStore(db).all_secrets():
+            count += 1
+            try:
+                keys.open(Sealed(row.key_id, row.ciphertext), row.name)
+            except VaultError as exc:
+                problems.append(str(exc))
+    except (StoreError, Exception):
+        pass  # the database check reports an unreachable database
+    finally:
+        await db.close()
+    source = "BOT_SECRET_KEYS" if settings.bot_secret_keys else f"{settings.bot_home / KEY_FILE} (generated)"
+    if problems:
+        return [Check("encryption keys", False, "; ".join(problems),
+                      "add the missing key to BOT_SECRET_KEYS (after the current one), then `bot credentials rotate`")]
+    warning = not settings.bot_secret_keys
+    return [Check("encryption keys", True, f"current key {keys.current!r} from {source}; {count} credential(s) open",
+                  "in production set BOT_SECRET_KEYS and keep a copy" if warning else "", warning=warning)]
+
+
+async def _slack(settings: Settings) -> Check:
+    from slack_sdk.errors import SlackApiError
+    from slack_sdk.web.async_client import AsyncWebClient
+
+    client = AsyncWebClient(token=settings.slack_bot_token, base_url=settings.slack_api_url)
+    try:
+        response = await client.auth_test()
+    except SlackApiError as exc:
+        data = exc.response.data if isinstance(exc.response.data, dict) else {}
+        return Check("slack", False, f"auth.test failed: {data.get('error') or exc.response.status_code}",
+                     "check SLACK_BOT_TOKEN (xoxb-…) and that the app is installed in the workspace")
+    except Exception as exc:
+        return Check("slack", False, f"cannot reach {settings.slack_api_url}: {type(exc).__name__}",
+                     "check SLACK_API_URL and the network")
+    granted = {s.strip() for s in str(response.headers.get("x-oauth-scopes", "")).split(",") if s.strip()}
+    missing = sorted(set(BOT_SCOPES) - granted) if granted else []
+    who = f"bot {response.get('user')} in team {response.get('team')}"
+    if missing:
+        return Check("slack", False, f"{who}; missing scopes: {', '.join(missing)}",
+                     "update the app from `bot manifest` and reinstall it to the workspace")
+    return Check("slack", True, f"{who}; scopes match the manifest ({settings.slack_mode} mode)")
+
+
+async def _model(settings: Settings) -> Check:
+    import openai
+
+    from bot.providers.openai_compat import classify
+
+    client = openai.AsyncOpenAI(base_url=settings.llm_base_url, api_key=settings.llm_api_key or "not-needed",
+                                max_retries=0, timeout=10)
+    try:
+        models = await client.models.list()
+    except openai.NotFoundError:
+        return Check("model", True, f"{settings.llm_base_url} answers (it lists no models)", warning=True)
+    except openai.APIError as exc:
+        error = classify(exc)
+        return Check("model", False, error.user_message, "check LLM_BASE_URL, LLM_API_KEY and LLM_MODEL")
+    names = [m.id for m in models.data]
+    if names and settings.llm_model not in names:
+        return Check("model", False, f"{settings.llm_base_url} has no model {settings.llm_model!r} "
+                     f"(it has {', '.join(names[:5])}{'…' if len(names) > 5 else ''})", "set LLM_MODEL to one of those")
+    return Check("model", True, f"{settings.llm_base_url} reachable, model {settings.llm_model!r}")

@@ -1,0 +1,67 @@
+"""``GET /metrics`` in Prometheus format: counters fed by core's events, gauges read from the database."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+
+from core.events import (
+    ApprovalRequested,
+    ApprovalResolved,
+    CredentialRequested,
+    Event,
+    EventBus,
+    TurnCancelled,
+    TurnFailed,
+    TurnFinished,
+    TurnStarted,
+)
+from core.store import Database
+from core.store.stats import snapshot
+
+TURNS_STARTED = Counter("bot_turns_started", "Turns started")
+TURNS_ENDED = Counter("bot_turns_ended", "Turns ended, by outcome", ["outcome"])
+TURN_SECONDS = Histogram("bot_turn_duration_seconds", "From a turn's start to its end",
+                         buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900))
+APPROVALS = Counter("bot_approvals", "Approval requests, by event and outcome", ["event"])
+CREDENTIAL_REQUESTS = Counter("bot_credential_requests", "Credential requests made")
+GAUGES = {name: Gauge(f"bot_{name}", help_text) for name, help_text in (
+    ("queue_depth", "Messages waiting for a turn"),
+    ("turns_running", "Turns running (all replicas)"),
+    ("approvals_pending", "Approval requests waiting for a decision"),
+    ("credential_requests_pending", "Credential requests waiting for a value"),
+    ("schedules_active", "Active schedules"),
+    ("firings_posted", "Schedule firings whose answer was delivered"),
+    ("firings_failed", "Schedule firings that failed"),
+)}
+
+
+class Metrics:
+    def __init__(self, db: Database, bus: EventBus) -> None:
+        self.db = db
+        self._started: dict[int, float] = {}  # turn id -> monotonic start, for the duration histogram
+        bus.subscribe(self.observe)
+
+    async def observe(self, event: Event) -> None:
+        if isinstance(event, TurnStarted):
+            TURNS_STARTED.inc()
+            self._started[event.turn.id] = time.monotonic()
+        elif isinstance(event, TurnFinished | TurnFailed | TurnCancelled):
+            outcome = {TurnFinished: "answered", TurnFailed: "failed", TurnCancelled: "cancelled"}[type(event)]
+            TURNS_ENDED.labels(outcome=outcome).inc()
+            started = self._started.pop(event.turn.id, None)
+            if started is not None:
+                TURN_SECONDS.observe(time.monotonic() - started)
+        elif isinstance(event, ApprovalRequested):
+            APPROVALS.labels(event="requested").inc()
+        elif isinstance(event, ApprovalResolved):
+            APPROVALS.labels(event=event.request.status).inc()
+        elif isinstance(event, CredentialRequested):
+            CREDENTIAL_REQUESTS.inc()
+
+    async def handle(self, _request: web.Request) -> web.Response:
+        for name, value in (await snapshot(self.db)).items():
+            GAUGES[name].set(value)
+        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,33 @@
+"""Counts for operators (metrics, doctor): read from the database, so every replica agrees."""
+
+from __future__ import annotations
+
+from sqlalchemy import func
+from sqlmodel import select
+
+from core.model import ApprovalStatus, CredentialStatus, InputStatus, TurnStatus
+from core.store.database import Database
+from core.store.tables import ApprovalRow, CredentialRequestRow, FiringRow, InputRow, ScheduleRow, TurnRow
+
+
+async def snapshot(db: Database) -> dict[str, float]:
+    async with db.read() as s:
+        async def count(query: object) -> float:
+            return float((await s.exec(query)).one())  # type: ignore[call-overload]
+
+        figures = {
+            "queue_depth": await count(select(func.count()).select_from(InputRow).where(
+                InputRow.status == InputStatus.WAITING, InputRow.kind == "message")),
+            "turns_running": await count(select(func.count()).select_from(TurnRow).where(
+                TurnRow.status == TurnStatus.RUNNING)),
+            "approvals_pending": await count(select(func.count()).select_from(ApprovalRow).where(
+                ApprovalRow.status == ApprovalStatus.PENDING)),
+            "credential_requests_pending": await count(select(func.count()).select_from(CredentialRequestRow).where(
+                CredentialRequestRow.status == CredentialStatus.PENDING)),
+            "schedules_active": await count(select(func.count()).select_from(ScheduleRow).where(
+                ScheduleRow.status == "active")),
+        }
+        for status in ("posted", "failed"):
+            figures[f"firings_{status}"] = await count(select(func.count()).select_from(FiringRow).where(
+                FiringRow.status == status))
+        return figures

@@ -1,0 +1,53 @@
+"""`bot doctor` names each problem of a misconfigured setup, and passes a good one."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.bot_process import run_cli, slack_env
+from tests.fakes.llm import FakeLLM
+from tests.fakes.slack_api import FakeSlack
+
+
+async def test_a_good_setup_passes(tmp_path: Path, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
+    env = slack_env(fake_slack, fake_llm, 3000) | {"BOT_SECRET_KEYS": "k1:" + "A" * 43 + "="}
+    code, out = await run_cli(tmp_path, env, "doctor")
+    assert code == 0, out
+    assert "database: sqlite" in out and "✗" not in out  # a new database is fine: `bot run` creates it
+    assert "✓ slack: bot bot in team Team; scopes match" in out
+    assert "✓ model" in out and "everything looks right" in out
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"SLACK_BOT_TOKEN": "xoxb-this-is-bad"}, "✗ slack: auth.test failed: invalid_auth"),
+        ({"LLM_API_KEY": "sk-bad-key"}, "✗ model: The model endpoint rejected the API key"),
+        ({"LLM_MODEL": "gpt-unknown"}, "has no model 'gpt-unknown'"),
+        ({"LLM_BASE_URL": "http://127.0.0.1:{port}/v1"}, "✗ model: I could not reach the model endpoint"),
+        ({"DATABASE_URL": "postgresql://u:p@127.0.0.1:{port}/db"}, "✗ database: postgresql+asyncpg://u:***@"),
+        ({"PORT": "abc"}, "✗ settings: invalid settings"),
+    ],
+)
+async def test_each_problem_is_named(tmp_path: Path, fake_slack: FakeSlack, fake_llm: FakeLLM,
+                                     change: dict[str, str], expected: str) -> None:
+    port = _closed_port()
+    env = slack_env(fake_slack, fake_llm, 3000) | {k: v.format(port=port) for k, v in change.items()}
+    code, out = await run_cli(tmp_path, env, "doctor")
+    assert code == 1 and expected in out, out
+    assert "fix:" in out and "Traceback" not in out
+
+
+async def test_missing_scopes_are_listed(tmp_path: Path, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
+    fake_slack.scopes = ["chat:write", "app_mentions:read"]
+    code, out = await run_cli(tmp_path, slack_env(fake_slack, fake_llm, 3000), "doctor")
+    assert code == 1 and "missing scopes: " in out and "reactions:write" in out and "bot manifest" in out
