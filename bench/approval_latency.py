@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.common import summary
 from bot.app import build_application
 from bot.settings import load_settings
 from tests.fakes.llm import FakeLLM, Reply
@@ -75,6 +76,8 @@ async def main() -> None:
     print(f"  approved shell_run: p50 {ms(approval, .5):6.1f} ms  p99 {ms(approval, .99):6.1f} ms")
     print(f"  safe time_now turnaround (baseline): p50 {ms(baseline, .5):6.1f} ms  p99 {ms(baseline, .99):6.1f} ms")
     print(f"  ratio p50: {statistics.median(approval) / statistics.median(baseline):.2f}x")
+    summary("approval click to resumed model call, p50", statistics.median(approval) * 1000,
+            statistics.median(baseline) * 1000, "ms", "(informative; baseline: a safe tool's turnaround)")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,12 @@ def build() -> web.Application:
     llm = AsyncOpenAI(base_url=os.environ["LLM_BASE_URL"], api_key="x", max_retries=0)
     seen: set[str] = set()
 
+    noop = os.environ.get("BASELINE_NOOP") == "1"
+
     @app.event("app_mention")
     async def on_mention(body: dict, event: dict) -> None:  # type: ignore[type-arg]
+        if noop:
+            return
         if body["event_id"] in seen:
             return
         seen.add(body["event_id"])

@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import summary
 from core.agents import Agent, AgentDirectory
 from core.clock import SystemClock
 from core.dispatcher import DispatchConfig, Dispatcher
@@ -35,14 +36,16 @@ class InstantProvider:
     def __init__(self) -> None:
         self.calls = 0
         self.called = asyncio.Event()
-        self.hold: asyncio.Event | None = None  # when set, the first call waits for it and asks for a tool
+        self.hold: asyncio.Event | None = None  # when set, the first call waits for it
+        self.tool_step = True  # ...and then asks for a tool (else it answers at once)
 
     async def complete(self, request: CompletionRequest) -> Completion:
         self.calls += 1
         self.called.set()
         if self.hold is not None and self.calls == 1:
             await self.hold.wait()
-            return Completion("", (ToolCall("t1", "noop", "{}"),))
+            if self.tool_step:
+                return Completion("", (ToolCall("t1", "noop", "{}"),))
         return Completion("ok")
 
 
@@ -103,11 +106,12 @@ async def overhead(sessions: int, home: Path) -> tuple[float, float]:
     return through_dispatcher, direct
 
 
-async def burst(mode: str, messages: int, home: Path) -> int:
-    db = Database(f"sqlite:///{home / f'burst-{mode}-{messages}.db'}")
+async def burst(mode: str, messages: int, home: Path, *, tool_step: bool) -> int:
+    db = Database(f"sqlite:///{home / f'burst-{mode}-{messages}-{tool_step}.db'}")
     await db.migrate()
     provider = InstantProvider()
     provider.hold = asyncio.Event()
+    provider.tool_step = tool_step
     dispatcher = _build(db, provider, mode, 8)
     await dispatcher.start()
     first = await dispatcher.accept(_inbound("burst", "first", "busy work"))
@@ -132,13 +136,21 @@ async def main() -> None:
         ours, direct = await overhead(args.sessions, home)
         print(f"turns/s over {args.sessions} sessions, instant model:")
         print(f"  dispatcher {ours:8.1f}   runner alone {direct:8.1f}   ratio {ours / direct:.2f}x")
-        print("model calls for a busy turn plus M messages sent during it (the busy turn makes one tool step):")
-        print(f"  {'M':>4} {'steer':>6} {'collect':>8} {'followup':>9}")
-        for m in args.burst:
-            calls = [await burst(mode, m, home) for mode in (QueueMode.STEER, QueueMode.COLLECT, QueueMode.FOLLOWUP)]
-            print(f"  {m:>4} {calls[0]:>6} {calls[1]:>8} {calls[2]:>9}")
-        print("  (the busy turn itself needs 2 calls: its tool step and its answer; collect adds 1 merged turn,"
-              " followup adds 1 per message)")
+        summary(f"turns/s over {args.sessions} sessions (instant model)", ours, direct, "/s", "(informative)")
+        modes = (QueueMode.STEER, QueueMode.COLLECT, QueueMode.FOLLOWUP)
+        for tool_step in (False, True):
+            shape = "answers directly" if not tool_step else "makes one tool step (2 calls by itself)"
+            print(f"model calls for a busy turn plus M messages sent during it; the busy turn {shape}:")
+            print(f"  {'M':>4} {'steer':>6} {'collect':>8} {'followup':>9}")
+            for m in args.burst:
+                calls = [await burst(mode, m, home, tool_step=tool_step) for mode in modes]
+                print(f"  {m:>4} {calls[0]:>6} {calls[1]:>8} {calls[2]:>9}")
+                if not tool_step:
+                    for mode, made in zip(("steer", "collect"), calls[:2], strict=True):
+                        summary(f"model calls, busy turn + {m} messages, {mode}", made, calls[2], "calls",
+                                "<= 2 (baseline: followup, M+1)")
+        print("  (with a tool step, steer hands the messages to the running turn: no extra call; collect adds one"
+              " merged turn; followup one turn per message)")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.common import summary
 from core.store import Database
 
 
@@ -98,6 +99,8 @@ async def main() -> None:
     for parked, seconds in results.items():
         ratio = seconds / results[0]
         print(f"  {parked:>6} parked approvals: {seconds * 1000:7.0f} ms   ratio vs empty {ratio:.2f}x")
+        if parked:
+            summary(f"start-up with {parked} parked approvals", seconds * 1000, results[0] * 1000, "ms", "<= 1.5x")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from bench.common import summary
 from bot.app import build_application
 from bot.settings import load_settings
 from tests.fakes.llm import FakeLLM
@@ -92,6 +93,8 @@ async def main() -> None:
     print(f"firing drift over {args.firings} firings every {args.every} s (ms late vs the ideal cadence)")
     for label, values in (("gateway (answer posted)", ours), ("bare APScheduler job", bare)):
         print(f"  {label:<24} median {statistics.median(values):7.1f}  max {max(values):7.1f}")
+    summary("schedule firing lateness, median", statistics.median(ours), statistics.median(bare), "ms",
+            "(informative; baseline: a bare APScheduler job)")
     print("  (the gateway's figures include each firing's own work: record, model call, Slack post; "
           "the cadence itself does not drift)")
 

@@ -1,0 +1,51 @@
+"""Run every benchmark (as separate processes, one after another) and print one table.
+
+    python -m bench.run_all            # about 3-5 minutes on 2 cores
+
+Each figure is measured in the same run as its baseline and given as a ratio.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+RUNS = [
+    ("ack latency, burst", ["bench.ack_latency", "--burst", "500", "--model-delay", "10", "--noop-baseline"]),
+    ("ack latency, 100/s", ["bench.ack_latency", "--rate", "100", "--seconds", "5", "--model-delay", "10"]),
+    ("dispatcher", ["bench.dispatcher", "--sessions", "1000", "--burst", "5"]),
+    ("approval latency", ["bench.approval_latency", "--rounds", "20"]),
+    ("schedule drift", ["bench.schedule_drift", "--every", "1", "--firings", "8"]),
+    ("recovery", ["bench.recovery", "--parked", "1000", "10000", "--rounds", "2"]),
+    ("memory", ["bench.memory", "--sessions", "10000"]),
+]
+
+
+def main() -> None:
+    rows: list[list[str]] = []
+    started = time.monotonic()
+    for label, argv in RUNS:
+        print(f"== {label}: python -m {' '.join(argv)}", flush=True)
+        t0 = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, check=False)
+        for line in done.stdout.splitlines():
+            if line.startswith("SUMMARY\t"):
+                rows.append(line.split("\t")[1:])
+            else:
+                print("   " + line)
+        if done.returncode != 0:
+            print(f"   FAILED ({done.returncode}): {done.stderr.strip()[-500:]}")
+        print(f"   ({time.monotonic() - t0:.0f} s)", flush=True)
+    headers = ["figure", "gateway", "baseline", "ratio", "target"]
+    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
+    print()
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+    print(f"\n(total {time.monotonic() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
