@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import delete, func, update
+from sqlalchemy import insert as sa_insert
+from sqlalchemy import select as sa_select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
@@ -88,31 +90,37 @@ class InputStore:
     async def _accept(
         self, msg: Inbound, *, kind: str, agent: str, refuse: str | None, max_waiting: int, now: datetime
     ) -> Accepted:
+        # Core statements, not ORM objects: this runs before Slack is acknowledged, for every message.
         async with self.db.write() as s:
             if msg.delivery_key is not None and not await _claim_delivery(s, msg.delivery_key, now):
                 return Accepted(AcceptOutcome.DUPLICATE)
-            session = await s.get(SessionRow, msg.session_id)
-            if session is None:
+            conn = await s.connection()
+            found = (await conn.execute(sa_select(SessionRow.__table__).where(  # type: ignore[attr-defined]
+                SessionRow.__table__.c.id == msg.session_id))).mappings().first()  # type: ignore[attr-defined]
+            new_session = found is None
+            if found is None:
                 if kind == InputKind.CONTEXT:
                     return Accepted(AcceptOutcome.IGNORED)
-                session = SessionRow(
+                values = dict(
                     id=msg.session_id, channel=msg.channel, agent=msg.agent or agent, status=SessionStatus.IDLE,
                     reply_ref=json.dumps(msg.reply_ref), place=msg.place, created_at=now, updated_at=now,
                     preapproved=json.dumps([list(p) for p in msg.preapproved]) if msg.preapproved else None,
+                    queue_mode=None,
                 )
-                s.add(session)
-                await s.flush()  # inputs refer to it; no ORM relationship orders the inserts
+                await conn.execute(sa_insert(SessionRow.__table__).values(**values))  # type: ignore[attr-defined]
+                session = SessionRow.model_validate(values)
+            else:
+                session = SessionRow.model_validate(dict(found))
+            info = session_info(session)
             if msg.agent is not None and msg.agent != session.agent:
                 raise InvalidInput(f"this conversation belongs to agent {session.agent!r}, not {msg.agent!r}")
-            if msg.idempotency_key is not None:
-                seen = await s.exec(
-                    select(InputRow.id).where(
-                        InputRow.session_id == msg.session_id, InputRow.idempotency_key == msg.idempotency_key
-                    )
-                )
-                seen_id = seen.first()
+            if msg.idempotency_key is not None and not new_session:
+                seen_id = (await conn.execute(sa_select(InputRow.__table__.c.id).where(  # type: ignore[attr-defined]
+                    InputRow.__table__.c.session_id == msg.session_id,  # type: ignore[attr-defined]
+                    InputRow.__table__.c.idempotency_key == msg.idempotency_key,  # type: ignore[attr-defined]
+                ))).scalar()
                 if seen_id is not None:
-                    return Accepted(AcceptOutcome.DUPLICATE, seen_id, session_info(session))
+                    return Accepted(AcceptOutcome.DUPLICATE, seen_id, info)
             status, outcome = InputStatus.WAITING, AcceptOutcome.QUEUED
             note = None
             if kind == InputKind.CONTEXT:
@@ -121,20 +129,21 @@ class InputStore:
                 status, outcome = InputStatus.TAKEN, AcceptOutcome.COMMAND
             elif refuse is not None:
                 status, outcome, note = InputStatus.REFUSED, AcceptOutcome.REFUSED, refuse
-            elif await _waiting_count(s, msg.session_id) >= max_waiting:
+            elif not new_session and await _waiting_count(s, msg.session_id) >= max_waiting:
                 note = (f"I'm busy: {max_waiting} messages in this conversation are already waiting for me. "
                         "Send this again once I've answered them.")
                 status, outcome = InputStatus.REFUSED, AcceptOutcome.REFUSED
-            row = InputRow(
+            inserted = await conn.execute(sa_insert(InputRow.__table__).values(  # type: ignore[attr-defined]
                 session_id=msg.session_id, kind=kind, status=status, text=msg.text,
                 images=json.dumps(list(msg.images)) if msg.images else None, sender=msg.sender,
                 agent=msg.agent, platform_channel=msg.ref.channel, platform_ts=msg.ref.ts,
                 idempotency_key=msg.idempotency_key, note=note, created_at=now,
-            )
-            s.add(row)
-            session.updated_at = now
-            await s.flush()
-            return Accepted(outcome, row.id, session_info(session), note)
+            ))
+            if not new_session:
+                await conn.execute(update(SessionRow).where(col(SessionRow.id) == msg.session_id)
+                                   .values(updated_at=now))
+            input_id = int(inserted.inserted_primary_key[0])  # type: ignore[index]
+            return Accepted(outcome, input_id, info, note)
 
     async def prune_deliveries(self, older_than: datetime) -> int:
         async with self.db.write() as s:
