@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import func, update
+from sqlalchemy import func, true, update
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -42,28 +42,19 @@ class ConversationStore:
         continued, or fail those already retried. Returns the ids of the turns failed here."""
         if sessions is not None and not sessions:
             return []
+        # Set-based, not row by row: start-up time must not grow with the number of parked turns.
         async with self.db.write() as s:
-            query = select(TurnRow).where(TurnRow.status == TurnStatus.RUNNING)
-            if sessions is not None:
-                query = query.where(col(TurnRow.session_id).in_(sessions))
-            rows = (await s.exec(query)).all()
-            failed: list[int] = []
-            for turn in rows:
-                if turn.attempts >= max_attempts:
-                    turn.status = TurnStatus.FAILED
-                    turn.error = "interrupted by a restart more than once"
-                    turn.finished_at = now
-                    await s.exec(
-                        update(SessionRow)
-                        .where(col(SessionRow.id) == turn.session_id)
-                        .values(status=SessionStatus.FAILED, updated_at=now)
-                    )
-                    assert turn.id is not None
-                    failed.append(turn.id)
-                else:
-                    turn.status = TurnStatus.QUEUED
-                s.add(turn)
-            return failed
+            running = col(TurnRow.status) == TurnStatus.RUNNING
+            scope = col(TurnRow.session_id).in_(sessions) if sessions is not None else true()
+            dead = list((await s.exec(select(TurnRow.id, TurnRow.session_id).where(
+                running, scope, col(TurnRow.attempts) >= max_attempts))).all())
+            if dead:
+                await s.exec(update(TurnRow).where(col(TurnRow.id).in_([d[0] for d in dead])).values(
+                    status=TurnStatus.FAILED, error="interrupted by a restart more than once", finished_at=now))
+                await s.exec(update(SessionRow).where(col(SessionRow.id).in_([d[1] for d in dead])).values(
+                    status=SessionStatus.FAILED, updated_at=now))
+            await s.exec(update(TurnRow).where(running, scope).values(status=TurnStatus.QUEUED))
+            return [d[0] for d in dead if d[0] is not None]
 
     async def resume_interrupted(self, session_id: str, now: datetime) -> TurnInfo | None:
         """Start continuing the session's interrupted turn, if it has one."""
