@@ -17,6 +17,10 @@ from tests.slack_requests import SIGNING_SECRET, dumps, event_body, signed_heade
 _SCRUB = ("SLACK_", "LLM_", "BOT_", "DATABASE_URL", "HOST", "PORT", "QUEUE_MODE", "MAX_", "APPROVAL_", "LOG_")
 
 
+# Every process started, so none outlives the test session even when a test fails half way.
+STARTED: list[asyncio.subprocess.Process] = []
+
+
 class BotProcess:
     def __init__(self, cwd: Path, env: dict[str, str]) -> None:
         self.cwd = cwd
@@ -36,6 +40,7 @@ class BotProcess:
             sys.executable, "-m", "bot", "run", cwd=self.cwd, env=self.env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )
+        STARTED.append(self.proc)
         assert self.proc.stdout is not None
         async with asyncio.timeout(timeout):
             while True:

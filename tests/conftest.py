@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,19 @@ from tests.fakes.llm import FakeLLM
 from tests.fakes.server import RunningServer
 from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import SIGNING_SECRET, dumps, event_body, signed_headers
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left_behind() -> Iterator[None]:
+    """A test that fails half way must not leave a real `bot run` running (and eating the CPU)."""
+    yield
+    from tests.bot_process import STARTED
+
+    for proc in STARTED:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+    STARTED.clear()
 
 
 @pytest.fixture

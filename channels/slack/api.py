@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 from prometheus_client import Counter
 from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+log = logging.getLogger(__name__)
 
 SLACK_API_ERRORS = Counter("bot_slack_api_errors", "Slack Web API calls that failed, by method and error",
                            ["method", "error"])
@@ -18,3 +24,23 @@ def error_code(exc: SlackApiError) -> str:
     method = str(getattr(exc.response, "api_url", "") or "").rstrip("/").rsplit("/", 1)[-1] or "unknown"
     SLACK_API_ERRORS.labels(method=method, error=code).inc()
     return code
+
+
+class PrivateReplies:
+    """Answers a clicker privately, after the ack: Slack's API must never delay acknowledging."""
+
+    def __init__(self, client: AsyncWebClient) -> None:
+        self.client = client
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def tell(self, channel: str, user: str, text: str) -> None:
+        if channel and user:
+            task = asyncio.create_task(self._post(channel, user, text))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _post(self, channel: str, user: str, text: str) -> None:
+        try:
+            await self.client.chat_postEphemeral(channel=channel, user=user, text=text)
+        except SlackApiError as exc:
+            log.warning("could not tell %s: %s", user, error_code(exc))

@@ -3,7 +3,6 @@ in-place update once settled. Every rule (who may decide, settle once) is the br
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -14,7 +13,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.slack.api import error_code
+from channels.slack.api import PrivateReplies, error_code
 from core.approvals import ApprovalBroker
 from core.model import ApprovalInfo, ApprovalStatus
 
@@ -32,7 +31,7 @@ class SlackApprovals:
     def __init__(self, app: AsyncApp, client: AsyncWebClient, broker: ApprovalBroker) -> None:
         self.client = client
         self.broker = broker
-        self._telling: set[asyncio.Task[None]] = set()
+        self._private = PrivateReplies(client)
         app.action(ACTION)(self._on_click)
         app.view(DENY_VIEW)(self._on_deny_submitted)
 
@@ -73,19 +72,19 @@ class SlackApprovals:
         verdict = ACTION.match(str(action.get("action_id")))
         request_id = _request_id(action.get("value"))
         if verdict is None or request_id is None:
-            await self._tell(channel, user, "That button does not belong to an approval request I know.")
+            self._private.tell(channel, user, "That button does not belong to an approval request I know.")
             return
         if verdict.group(1) == "deny":
             request = await self.broker.get(request_id)
             if request is None or request.settled or not await self.broker.may_decide(user, request):
                 result = await self.broker.decide(request_id, "deny", by=user)  # refuses, or says what happened
-                await self._tell(channel, user, result.message)
+                self._private.tell(channel, user, result.message)
                 return
             await self._open_deny_modal(str(body.get("trigger_id") or ""), request)
             return
         result = await self.broker.decide(request_id, verdict.group(1), by=user)
         if not result.won:
-            await self._tell(channel, user, result.message)
+            self._private.tell(channel, user, result.message)
 
     async def _open_deny_modal(self, trigger_id: str, request: ApprovalInfo) -> None:
         try:
@@ -103,20 +102,8 @@ class SlackApprovals:
         reason = str(((values.get("reason") or {}).get("text") or {}).get("value") or "").strip()
         result = await self.broker.decide(request_id, "deny", by=user, reason=reason or None)
         if not result.won and result.request is not None and result.request.announcement:
-            await self._tell(result.request.announcement["channel"], user, result.message)
+            self._private.tell(result.request.announcement["channel"], user, result.message)
 
-    async def _tell(self, channel: str, user: str, text: str) -> None:
-        """Answer the clicker privately, after the ack: Slack's API must not delay acknowledging."""
-        if channel and user:
-            task = asyncio.create_task(self._post_ephemeral(channel, user, text))
-            self._telling.add(task)
-            task.add_done_callback(self._telling.discard)
-
-    async def _post_ephemeral(self, channel: str, user: str, text: str) -> None:
-        try:
-            await self.client.chat_postEphemeral(channel=channel, user=user, text=text)
-        except SlackApiError as exc:
-            log.warning("could not tell %s: %s", user, error_code(exc))
 
 
 def approval_blocks(request: ApprovalInfo) -> list[dict[str, Any]]:

@@ -3,7 +3,6 @@ and the message updated once stored. The value goes from the modal straight to t
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -11,7 +10,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.slack.api import error_code
+from channels.slack.api import PrivateReplies, error_code
 from core.credentials import CredentialService
 from core.model import CredentialRequestInfo, CredentialStatus
 
@@ -27,7 +26,7 @@ class SlackCredentials:
     def __init__(self, app: AsyncApp, client: AsyncWebClient, credentials: CredentialService) -> None:
         self.client = client
         self.credentials = credentials
-        self._telling: set[asyncio.Task[None]] = set()
+        self._private = PrivateReplies(client)
         app.action(ACTION)(self._on_provide_clicked)
         app.view(VIEW)(self._on_submitted)
 
@@ -60,17 +59,17 @@ class SlackCredentials:
         channel = str((body.get("channel") or {}).get("id") or "")
         request = await self.credentials.get(_number(action.get("value")) or 0)
         if request is None:
-            self._tell(channel, user, "That button does not belong to a credential request I know.")
+            self._private.tell(channel, user, "That button does not belong to a credential request I know.")
         elif not await self.credentials.may_provide(user, request):
-            self._tell(channel, user, "You can't provide this credential: you are not one of its approvers.")
+            self._private.tell(channel, user, "You can't provide this credential: you are not one of its approvers.")
         elif request.settled:
-            self._tell(channel, user, f"Already settled: {request.summary()}.")
+            self._private.tell(channel, user, f"Already settled: {request.summary()}.")
         else:
             try:
                 await self.client.views_open(trigger_id=str(body.get("trigger_id") or ""), view=provide_modal(request))
             except SlackApiError as exc:
                 log.warning("could not open the credential modal: %s", error_code(exc))
-                self._tell(channel, user, "Slack would not open the form; click Provide again.")
+                self._private.tell(channel, user, "Slack would not open the form; click Provide again.")
 
     async def _on_submitted(self, ack: Any, body: dict[str, Any], view: dict[str, Any]) -> None:
         user = str((body.get("user") or {}).get("id") or "")
@@ -83,17 +82,6 @@ class SlackCredentials:
         else:  # the modal stays open and says why next to the field; nothing was stored
             await ack(response_action="errors", errors={"value": result.field_error or result.message})
 
-    def _tell(self, channel: str, user: str, text: str) -> None:
-        if channel and user:
-            task = asyncio.create_task(self._post_ephemeral(channel, user, text))
-            self._telling.add(task)
-            task.add_done_callback(self._telling.discard)
-
-    async def _post_ephemeral(self, channel: str, user: str, text: str) -> None:
-        try:
-            await self.client.chat_postEphemeral(channel=channel, user=user, text=text)
-        except SlackApiError as exc:
-            log.warning("could not tell %s: %s", user, error_code(exc))
 
 
 def request_blocks(request: CredentialRequestInfo) -> list[dict[str, Any]]:
