@@ -8,7 +8,6 @@ all produce one outcome; every later attempt is told what already happened.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from core.agents import AgentDirectory
 from core.clock import Clock
 from core.events import ApprovalRequested, ApprovalResolved, EventBus
 from core.model import ApprovalInfo, ApprovalStatus
+from core.parking import Waiters
 from core.store import ApprovalStore
 from core.store.tables import ApprovalRow, GrantRow
 from core.tools import GateDecision, Tool, ToolContext
@@ -90,8 +90,7 @@ class ApprovalBroker:
         self.policy = policy
         self.agents = agents
         self.timeout = timedelta(seconds=timeout_s)
-        self.poll_s = poll_s
-        self._settled: dict[int, asyncio.Event] = {}
+        self._waiters = Waiters(clock, poll_s)
 
     # -- the runner's side (core.tools.ToolGate) ------------------------------------------------
 
@@ -142,28 +141,17 @@ class ApprovalBroker:
 
     async def _wait(self, request: ApprovalInfo) -> ApprovalInfo:
         """Until someone decides, the timeout (counted from parked_at), or the turn is cancelled."""
-        event = self._settled.setdefault(request.id, asyncio.Event())
-        try:
-            while True:
-                left = (request.expires_at - self.clock.now()).total_seconds()
-                if left <= 0:
-                    return (await self._settle(request.id, ApprovalStatus.EXPIRED, by=None, reason=None))[1]
-                try:
-                    # Woken at once by a decision in this process; polls for one made by another
-                    # process (an operator's CLI, another replica).
-                    await asyncio.wait_for(event.wait(), min(left, self.poll_s))
-                except TimeoutError:
-                    pass
-                current = await self.store.get(request.id)
-                if current is not None and current.settled:
-                    if not event.is_set():  # settled elsewhere: this process's channels show it
-                        self.bus.emit(ApprovalResolved(current.session, current))
-                    return current
-        except asyncio.CancelledError:
-            await self._settle(request.id, ApprovalStatus.CANCELLED, by=None, reason="the turn was stopped")
-            raise
-        finally:
-            self._settled.pop(request.id, None)
+
+        async def expire(request_id: int) -> ApprovalInfo:
+            return (await self._settle(request_id, ApprovalStatus.EXPIRED, by=None, reason=None))[1]
+
+        async def cancel(request_id: int) -> object:
+            return await self._settle(request_id, ApprovalStatus.CANCELLED, by=None, reason="the turn was stopped")
+
+        return await self._waiters.wait(
+            request, load=self.store.get, expire=expire, cancel=cancel,
+            settled_elsewhere=lambda current: self.bus.emit(ApprovalResolved(current.session, current)),
+        )
 
     # -- deciders' side -------------------------------------------------------------------------
 
@@ -217,9 +205,7 @@ class ApprovalBroker:
         assert request is not None
         if won:
             log.info("approval %s settled: %s", request_id, request.summary())
-            event = self._settled.get(request_id)
-            if event is not None:
-                event.set()
+            self._waiters.wake(request_id)
             self.bus.emit(ApprovalResolved(request.session, request))
         return won, request
 

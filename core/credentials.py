@@ -7,7 +7,6 @@ that shows up in a tool's output is replaced by ``[redacted:<name>]`` before any
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import secrets
@@ -24,6 +23,7 @@ from core.clock import Clock
 from core.errors import InvalidInput
 from core.events import CredentialRequested, CredentialResolved, EventBus
 from core.model import CredentialRequestInfo, CredentialStatus
+from core.parking import Waiters
 from core.store import CredentialStore
 from core.store.tables import CredentialRequestRow, SecretRow
 from core.tools import Risk, Tool, ToolContext, ToolError
@@ -63,9 +63,8 @@ class CredentialService:
         self.agents = agents
         self.timeout = timedelta(seconds=timeout_s)
         self.max_bytes = max_bytes
-        self.poll_s = poll_s
         self.on_secret = on_secret  # e.g. the log filter learning a value to mask
-        self._settled: dict[int, asyncio.Event] = {}
+        self._waiters = Waiters(clock, poll_s)
 
     # -- the tool -------------------------------------------------------------------------------
 
@@ -128,26 +127,16 @@ class CredentialService:
         return f"shell_run sees ${env_name(name)}; http_request takes credential={name!r}"
 
     async def _wait(self, request: CredentialRequestInfo) -> CredentialRequestInfo:
-        event = self._settled.setdefault(request.id, asyncio.Event())
-        try:
-            while True:
-                left = (request.expires_at - self.clock.now()).total_seconds()
-                if left <= 0:
-                    return await self._settle(request.id, CredentialStatus.EXPIRED)
-                try:
-                    await asyncio.wait_for(event.wait(), min(left, self.poll_s))
-                except TimeoutError:
-                    pass
-                current = await self.store.get(request.id)
-                if current is not None and current.settled:
-                    if not event.is_set():  # provided through another process (a replica, the CLI)
-                        self.bus.emit(CredentialResolved(current.session, current))
-                    return current
-        except asyncio.CancelledError:
-            await self._settle(request.id, CredentialStatus.CANCELLED)
-            raise
-        finally:
-            self._settled.pop(request.id, None)
+        async def expire(request_id: int) -> CredentialRequestInfo:
+            return await self._settle(request_id, CredentialStatus.EXPIRED)
+
+        async def cancel(request_id: int) -> object:
+            return await self._settle(request_id, CredentialStatus.CANCELLED)
+
+        return await self._waiters.wait(
+            request, load=self.store.get, expire=expire, cancel=cancel,
+            settled_elsewhere=lambda current: self.bus.emit(CredentialResolved(current.session, current)),
+        )
 
     async def _settle(self, request_id: int, status: str) -> CredentialRequestInfo:
         won, request = await self.store.settle(request_id, status, self.clock.now())
@@ -157,9 +146,7 @@ class CredentialService:
         return request
 
     def _announce_settled(self, request: CredentialRequestInfo) -> None:
-        event = self._settled.get(request.id)
-        if event is not None:
-            event.set()
+        self._waiters.wake(request.id)
         self.bus.emit(CredentialResolved(request.session, request))
 
     # -- providing ------------------------------------------------------------------------------
