@@ -369,12 +369,16 @@ class ScheduleService:
     async def list(self) -> list[ScheduleRow]:
         return await self.store.all()
 
+    def may_change(self, schedule: ScheduleRow, user: str) -> bool:
+        """Pausing, resuming and cancelling belong to a schedule's creator and to admins."""
+        return user == schedule.creator or self.policy.is_admin(user)
+
     async def change(self, schedule_id: int, action: str, by: str, *, operator: bool = False) -> str:
         """pause, resume or cancel — by its creator, an admin, or an operator."""
         schedule = await self.store.get(schedule_id)
         if schedule is None:
             raise InvalidInput(f"there is no schedule {schedule_id}")
-        if not operator and by != schedule.creator and not self.policy.is_admin(by):
+        if not operator and not self.may_change(schedule, by):
             raise InvalidInput(f"only its creator or an admin can {action} schedule {schedule_id}")
         if action == "pause":
             if not await self.store.set_status(schedule_id, Status.PAUSED, only_from=(Status.ACTIVE,)):

@@ -142,11 +142,11 @@ class WebChannel:
 
     async def _list_schedules(self, _request: web.Request) -> web.Response:
         rows = await self.schedules.list() if self.schedules is not None else []
-        admin = WEB_USER in self.approvals.policy.admins
+        schedules = self.schedules
         return web.json_response({"schedules": [
             {"id": r.id, "when": TriggerSpec.from_json(r.trigger).describe(), "destination": r.destination,
              "status": r.status, "creator": r.creator, "prompt": r.prompt, "firings": r.firings,
-             "last_outcome": r.last_outcome, "can_change": r.creator == WEB_USER or admin}
+             "last_outcome": r.last_outcome, "can_change": schedules is not None and schedules.may_change(r, WEB_USER)}
             for r in rows]})
 
     async def _change_schedule(self, request: web.Request) -> web.Response:
