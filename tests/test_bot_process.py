@@ -228,6 +228,7 @@ async def test_an_active_schedule_keeps_firing_after_a_kill_without_duplicates(
         await wait_dest(before + 3)
         after = [c.at for c in to_dest()[before:]]
         gaps = [b - a for a, b in itertools.pairwise(after)]
-        assert all(gap > 0.5 for gap in gaps), gaps  # no burst of catch-up or duplicate firings
+        # A duplicate firing of one slot would post twice at once; start latency alone varies by a few 100 ms.
+        assert all(gap > 0.2 for gap in gaps), gaps
     finally:
         assert await bot.terminate() == 0
