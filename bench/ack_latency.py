@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -20,19 +19,13 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.common import summary
+from bench.common import free_port, summary
 from tests.fakes.llm import FakeLLM
 from tests.fakes.server import RunningServer
 from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import SIGNING_SECRET, dumps, event_body, mention, signed_headers
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _start(argv: list[str], env: dict[str, str], cwd: Path) -> asyncio.subprocess.Process:
@@ -107,7 +100,7 @@ async def main() -> None:
             ("bare slack-bolt", [sys.executable, "-m", "bench.baseline_app"]),
             ("gateway", [sys.executable, "-m", "bot", "run"]),
         ):
-            port = _free_port()
+            port = free_port()
             cwd = ROOT if label != "gateway" else Path(home)
             extra = {"BASELINE_NOOP": "1"} if args.noop_baseline else {}
             proc = await _start(argv, env | extra | {"PORT": str(port), "PYTHONPATH": str(ROOT)}, cwd)

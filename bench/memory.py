@@ -9,17 +9,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sqlite3
-import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
 
-from bench.common import summary
-from bench.recovery import _free_port
+from bench.common import running_bot, summary
 from core.store import Database
 
 
@@ -42,29 +39,12 @@ async def _prepare(home: Path, sessions: int) -> None:
 
 
 async def _rss_kib(home: Path) -> int:
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "LLM_", "BOT_", "DATABASE_"))}
-    env |= {"PORT": str(port), "BOT_HOME": str(home), "LOG_LEVEL": "WARNING"}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bot", "run", env=env, cwd=home,
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-    try:
-        async with aiohttp.ClientSession() as http:
-            while True:
-                try:
-                    async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                await asyncio.sleep(0.05)
-            for _ in range(3):  # touch the pages a person would open: list and one conversation
-                await (await http.get(f"http://127.0.0.1:{port}/api/conversations")).read()
+    async with running_bot(home) as (proc, port), aiohttp.ClientSession() as http:
+        for _ in range(3):  # touch the pages a person would open: the conversation list
+            await (await http.get(f"http://127.0.0.1:{port}/api/conversations")).read()
         await asyncio.sleep(1)
         status = Path(f"/proc/{proc.pid}/status").read_text()  # noqa: ASYNC240 - /proc, instant
         return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
-    finally:
-        proc.terminate()
-        await proc.wait()
 
 
 async def main() -> None:

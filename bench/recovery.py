@@ -10,26 +10,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import aiohttp
-
-from bench.common import summary
+from bench.common import running_bot, summary
 from core.store import Database
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _prepare(home: Path, parked: int) -> None:
@@ -60,25 +49,9 @@ async def _prepare(home: Path, parked: int) -> None:
 
 
 async def _start_time(home: Path) -> float:
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "LLM_", "BOT_", "DATABASE_"))}
-    env |= {"PORT": str(port), "BOT_HOME": str(home), "LOG_LEVEL": "WARNING"}
     t0 = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bot", "run", env=env, cwd=home,
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-    try:
-        async with aiohttp.ClientSession() as http:
-            while True:
-                try:
-                    async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
-                        if resp.status == 200:
-                            return time.perf_counter() - t0
-                except aiohttp.ClientConnectionError:
-                    pass
-                await asyncio.sleep(0.02)
-    finally:
-        proc.terminate()
-        await proc.wait()
+    async with running_bot(home):
+        return time.perf_counter() - t0
 
 
 async def main() -> None:

@@ -388,10 +388,7 @@ class ScheduleService:
         if action == "resume":
             if schedule.status != Status.PAUSED:
                 raise InvalidInput(f"schedule {schedule_id} is {schedule.status}, not paused")
-            if self._scheduler is not None:
-                await self._activate(schedule)
-            else:  # an operator's CLI: the running gateway picks it up at the next start or firing
-                await self.store.set_status(schedule_id, Status.ACTIVE, only_from=(Status.PAUSED,))
+            await self._activate(schedule)  # without a scheduler here (the CLI), the leader syncs it in
             return f"Schedule {schedule_id} resumed."
         if action == "cancel":
             if not await self.store.set_status(schedule_id, Status.CANCELLED,

@@ -6,7 +6,6 @@ core's. It only knows Slack's shapes (ids, mentions, threads, reactions, limits)
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import time
@@ -24,7 +23,7 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.errors import MalformedPayload
-from channels.slack.api import error_code
+from channels.slack.api import PrivateReplies, error_code
 from channels.slack.approvals import SlackApprovals
 from channels.slack.credentials import SlackCredentials
 from channels.slack.formatting import split_message, to_mrkdwn
@@ -96,6 +95,7 @@ class SlackChannel:
         self.app.event("app_mention")(self._on_app_mention)
         self.app.event("message")(self._on_message)
         self.app.command(config.command)(self._on_command)
+        self._private = PrivateReplies(self.client)
         self._approvals = SlackApprovals(self.app, self.client, approvals)
         self._credentials = SlackCredentials(self.app, self.client, credentials)
         self.app.action(re.compile(".*"))(self._on_unknown_action)  # registered last: anything not matched above
@@ -387,13 +387,10 @@ class SlackChannel:
 
     async def _on_unknown_action(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
-        user = str((body.get("user") or {}).get("id") or "")
-        channel = str((body.get("channel") or {}).get("id") or "")
         log.warning("unknown Slack action %r", action.get("action_id"))
-        if channel and user:
-            with contextlib.suppress(SlackApiError):
-                await self.client.chat_postEphemeral(channel=channel, user=user,
-                                                     text="I don't know that button; nothing was done.")
+        self._private.tell(str((body.get("channel") or {}).get("id") or ""),
+                           str((body.get("user") or {}).get("id") or ""),
+                           "I don't know that button; nothing was done.")
 
     # -- used by core through bot's wiring --------------------------------------------------------
 
