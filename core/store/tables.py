@@ -170,7 +170,11 @@ class ApprovalRow(SQLModel, table=True):
 
 
 class GrantRow(SQLModel, table=True):
-    """An "Always allow": this agent may run this tool at this place (optionally only matching args)."""
+    """An "Always allow": this agent may run exactly this call (``call_text``) at this place again.
+
+    ``arg_pattern`` is what grants before revision 0007 matched; 0007 revoked those (they covered
+    every call of a tool), and it is never written again.
+    """
 
     __tablename__ = "grants"
     __table_args__ = (Index("ix_grants_lookup", "agent", "tool", "place"),)
@@ -180,6 +184,7 @@ class GrantRow(SQLModel, table=True):
     tool: str = Field(max_length=64)
     place: str | None = Field(default=None, max_length=255)
     arg_pattern: str | None = Field(default=None, max_length=500)
+    call_text: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # the exact canonical call
     created_by: str = Field(max_length=64)
     created_at: datetime = _ts()
     revoked_by: str | None = Field(default=None, max_length=64)
@@ -211,6 +216,9 @@ class SecretRow(SQLModel, table=True):
     agent: str = Field(default="", max_length=64)  # the owner for scope "agent"; "" for shared
     key_id: str = Field(max_length=64)
     ciphertext: str = Field(sa_column=Column(Text, nullable=False))  # base64(nonce + AES-GCM ciphertext)
+    # What the AEAD associated data binds: 1 = the name only (before 0007), 2 = name, scope, agent and row id.
+    aad_version: int = Field(default=2)
+    hosts: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # JSON list; None = anywhere
     created_by: str = Field(max_length=64)
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
@@ -308,3 +316,14 @@ class LeaseRow(SQLModel, table=True):
     name: str = Field(primary_key=True, max_length=255)
     holder: str = Field(max_length=64)
     expires_at: datetime = _ts()
+
+
+class WebSessionRow(SQLModel, table=True):
+    """A web chat login. Only a digest of the cookie's random id is stored; revoking ends it everywhere."""
+
+    __tablename__ = "web_sessions"
+
+    id_digest: str = Field(primary_key=True, max_length=64)  # sha256 hex of the cookie value
+    created_at: datetime = _ts()
+    expires_at: datetime = _ts()
+    revoked_at: datetime | None = _ts(nullable=True)
