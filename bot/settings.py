@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -73,6 +74,14 @@ class Settings(BaseSettings):
     queue_max_waiting: int = Field(default=20, ge=1, le=1000)
     max_concurrent_turns: int = Field(default=8, ge=1, le=1000)
 
+    # Trust boundary (SPEC §16): where shell_run runs and where http_request may connect
+    shell_sandbox: Literal["bwrap", "none"] = "bwrap"
+    shell_network: bool = True
+    http_allow_private: bool = False
+    http_allow_hosts: str | None = None
+    # Reverse proxies (IP addresses) whose X-Forwarded-Proto / X-Forwarded-Host are believed.
+    bot_trusted_proxies: str | None = None
+
     # Operations
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
@@ -81,7 +90,7 @@ class Settings(BaseSettings):
     @field_validator(
         "slack_bot_token", "slack_signing_secret", "slack_app_token", "database_url", "bot_secret_keys",
         "llm_base_url", "llm_api_key", "llm_model", "bot_admins", "bot_instructions", "llm_provider",
-        "bot_web_token", "bot_public_url",
+        "bot_web_token", "bot_public_url", "http_allow_hosts", "bot_trusted_proxies",
         mode="before",
     )
     @classmethod
@@ -148,6 +157,24 @@ class Settings(BaseSettings):
             raise ValueError(f"must be sqlite or postgresql, not {url.get_backend_name()!r}")
         return value
 
+    @field_validator("http_allow_hosts")
+    @classmethod
+    def _host_names(cls, value: str | None) -> str | None:
+        for item in _split(value or ""):
+            if not re.fullmatch(r"[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]+\]", item):
+                raise ValueError(f"{item!r} is not a host name or address (comma-separated, no scheme or port)")
+        return value
+
+    @field_validator("bot_trusted_proxies")
+    @classmethod
+    def _proxy_addresses(cls, value: str | None) -> str | None:
+        for item in _split(value or ""):
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP address or network") from None
+        return value
+
     @field_validator("bot_approvers", "bot_admins")
     @classmethod
     def _people(cls, value: str | None) -> str | None:
@@ -205,6 +232,15 @@ class Settings(BaseSettings):
     @property
     def admins(self) -> tuple[str, ...]:
         return tuple(_split(self.bot_admins or ""))
+
+    @property
+    def allowed_http_hosts(self) -> tuple[str, ...]:
+        """HTTP_ALLOW_HOSTS, lower-cased: hosts http_request may reach even on private addresses."""
+        return tuple(h.lower().strip("[]") for h in _split(self.http_allow_hosts or ""))
+
+    @property
+    def trusted_proxies(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return tuple(ipaddress.ip_network(p, strict=False) for p in _split(self.bot_trusted_proxies or ""))
 
     @property
     def is_local_bind(self) -> bool:
