@@ -28,6 +28,7 @@ async def run_doctor() -> int:
     checks = [Check("settings", True, f"valid (Slack: {settings.slack_mode or 'off'}, model: {settings.provider})")]
     checks += await _database(settings)
     checks += await _keys(settings)
+    checks += _trust_boundary(settings)
     if settings.slack_mode is not None:
         checks.append(await _slack(settings))
     if settings.provider == "openai":
@@ -79,9 +80,10 @@ async def _database(settings: Settings) -> list[Check]:
 
 async def _keys(settings: Settings) -> list[Check]:
     from bot.keys import KEY_FILE, load_keyring
+    from core.credentials import open_secret
     from core.errors import StoreError
     from core.store import CredentialStore, Database
-    from core.vault import Sealed, VaultError
+    from core.vault import VaultError
 
     try:
         if not settings.bot_secret_keys and not (settings.bot_home / KEY_FILE).exists():
@@ -97,7 +99,7 @@ async def _keys(settings: Settings) -> list[Check]:
         for row in await CredentialStore(db).all_secrets():
             count += 1
             try:
-                keys.open(Sealed(row.key_id, row.ciphertext), row.name)
+                open_secret(keys, row)  # bound to its row (or, sealed before 0007, to its name)
             except VaultError as exc:
                 problems.append(str(exc))
     except (StoreError, Exception):
@@ -111,6 +113,53 @@ async def _keys(settings: Settings) -> list[Check]:
     warning = not settings.bot_secret_keys
     return [Check("encryption keys", True, f"current key {keys.current!r} from {source}; {count} credential(s) open",
                   "in production set BOT_SECRET_KEYS and keep a copy" if warning else "", warning=warning)]
+
+
+def _trust_boundary(settings: Settings) -> list[Check]:
+    """The sandbox shell_run runs in, where http_request may connect, and who may approve commands."""
+    from bot.sandbox import Bubblewrap, probe
+
+    found = probe(settings.shell_sandbox, network=settings.shell_network)
+    checks = [Check("sandbox", True, found.summary, found.fix, warning=not isinstance(found.sandbox, Bubblewrap)),
+              _egress(settings)]
+    if found.sandbox is not None and settings.slack_mode is not None:  # shell_run is offered
+        checks += _approvers(settings)
+    return checks
+
+
+def _egress(settings: Settings) -> Check:
+    rule = "http_request refuses loopback, private and link-local addresses"
+    if settings.http_allow_private:
+        return Check("egress", True, f"HTTP_ALLOW_PRIVATE=true: the rule that {rule} is lifted (it can reach this "
+                     "host, the local network and cloud metadata addresses)",
+                     "unset HTTP_ALLOW_PRIVATE and list the few internal hosts it needs in HTTP_ALLOW_HOSTS",
+                     warning=True)
+    hosts = settings.allowed_http_hosts
+    return Check("egress", True, f"{rule}" + (f", except {', '.join(hosts)} (HTTP_ALLOW_HOSTS)" if hosts else ""))
+
+
+def _approvers(settings: Settings) -> list[Check]:
+    """Approvers that are only the requester let anyone in a channel approve their own shell commands."""
+    from fnmatch import fnmatchcase
+
+    from bot.agents_config import load_agents
+
+    try:
+        agents = load_agents(settings.bot_config, default_instructions=settings.bot_instructions)
+    except BotError:
+        return []  # `bot run` names the problem in bot.toml
+    open_to = [a.name for a in agents
+               if any(fnmatchcase("shell_run", pattern) for pattern in a.tools)
+               and "requester" in (a.approvers or settings.approvers)
+               and set(a.approvers or settings.approvers) <= {"requester", "web"}]
+    if not open_to:
+        return []
+    by_agent = [a.name for a in agents if a.name in open_to and a.approvers]
+    who = f"the approvers of agent {', '.join(by_agent)} are" if by_agent else "BOT_APPROVERS is"
+    return [Check("approvers", True, f"{who} only `requester` while shell_run is on: in Slack anyone in a "
+                  "channel can ask for a command and approve their own shell commands",
+                  "set BOT_APPROVERS (or `approvers` in bot.toml) to the Slack user or user group ids who may "
+                  "approve, e.g. BOT_APPROVERS=U0123ABCD,S0456EFGH", warning=True)]
 
 
 async def _slack(settings: Settings) -> Check:

@@ -6,6 +6,8 @@ import logging
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from bot.egress import EgressPolicy
+from bot.sandbox import Sandbox
 from bot.tools.http import CredentialHeaders, http_request_tool
 from bot.tools.shell import EnvFor, shell_run_tool
 from bot.tools.time_now import time_now_tool
@@ -14,15 +16,19 @@ from core.tools import Tool, ToolRegistry
 log = logging.getLogger(__name__)
 
 
-def build_registry(home: Path, *, shell_env: EnvFor | None = None,
-                   credential_headers: CredentialHeaders | None = None) -> ToolRegistry:
+def build_registry(home: Path, *, sandbox: Sandbox | None = None, shell_env: EnvFor | None = None,
+                   credential_headers: CredentialHeaders | None = None,
+                   egress: EgressPolicy | None = None) -> ToolRegistry:
     """The built-in tools that need nothing but this machine, then plugins.
 
+    ``shell_run`` only with a sandbox (bot.sandbox.probe; SHELL_SANDBOX=none gives one that is not):
+    without one it is not offered to the model.
     ``message_send`` is added by the wiring once a chat channel that can post exists."""
     registry = ToolRegistry()
     registry.register(time_now_tool())
-    registry.register(shell_run_tool(home, env_for=shell_env))
-    registry.register(http_request_tool(credential_headers=credential_headers))
+    if sandbox is not None:
+        registry.register(shell_run_tool(home, sandbox, env_for=shell_env))
+    registry.register(http_request_tool(credential_headers=credential_headers, egress=egress))
     for tool in _plugin_tools():
         registry.register(tool)
     return registry
