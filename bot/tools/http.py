@@ -1,63 +1,114 @@
-"""``http_request``: one HTTP call with a timeout and a size cap; redirects to other hosts are reported."""
+"""``http_request``: one HTTP call with a timeout and a size cap, under the egress policy (bot/egress.py).
+
+Redirects are followed only on the same host, port and scheme (or an upgrade from http to https);
+any other redirect is reported, not followed. So a credential is never re-sent to another host, nor in
+clear text after an https → http redirect. A credential limited to some hosts is refused elsewhere.
+"""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+from yarl import URL
 
+from bot.egress import EgressPolicy, EgressRefused, normalize_host
+from core.credentials import CredentialUse
 from core.tools import Risk, Tool, ToolContext, ToolError
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"]
 MAX_REDIRECTS = 5
-# Resolves a credential name to the headers it adds (e.g. Authorization), for this call only.
-CredentialHeaders = Callable[[ToolContext, str], Awaitable[dict[str, str]]]
+# Opens a credential by name for this call only: the headers it adds and the hosts it may go to.
+CredentialHeaders = Callable[[ToolContext, str], Awaitable[CredentialUse]]
+
+
+def redirect_refusal(current: URL, target: URL) -> str | None:
+    """Why a redirect from ``current`` to ``target`` is not followed, or None to follow it."""
+    if target.scheme not in ("http", "https") or not target.raw_host:
+        return "redirected to a non-http URL"
+    if normalize_host(target.raw_host) != normalize_host(current.raw_host or ""):
+        return "redirected to another host"
+    if current.scheme == "https" and target.scheme == "http":
+        return "redirected from https to http (the request would travel in clear)"
+    if target.port != current.port and not (current.scheme == "http" and target.scheme == "https"):
+        return "redirected to another port"
+    return None
 
 
 def http_request_tool(*, timeout_s: float = 30, max_bytes: int = 1_000_000,
-                      credential_headers: CredentialHeaders | None = None) -> Tool:
+                      credential_headers: CredentialHeaders | None = None, egress: EgressPolicy | None = None,
+                      ssl_context: ssl.SSLContext | None = None) -> Tool:
+    """``egress``: where it may connect (default: public addresses only). ``ssl_context``: the https trust
+    roots (default: the system's)."""
+    policy = egress or EgressPolicy()
 
     async def http_request(ctx: ToolContext, args: dict[str, Any]) -> str:
         method = str(args["method"]).upper()
-        url = str(args["url"])
-        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+        try:
+            url = URL(str(args["url"]))  # parsed once, as aiohttp would: the host checked is the host used
+        except ValueError:
+            raise ToolError("url is not a valid URL") from None
+        if url.scheme not in ("http", "https") or not url.raw_host:
             raise ToolError("url must be an absolute http:// or https:// URL")
         headers = {str(k): str(v) for k, v in (args.get("headers") or {}).items()}
-        if args.get("credential"):
+        credential: CredentialUse | None = None
+        name = str(args.get("credential") or "")
+        if name:
             if credential_headers is None:
-                raise ToolError(f"credential {args['credential']!r} is not available: no credential store here")
-            headers.update(await credential_headers(ctx, str(args["credential"])))
+                raise ToolError(f"credential {name!r} is not available: no credential store here")
+            credential = await credential_headers(ctx, name)
         body = args.get("body")
         timeout = aiohttp.ClientTimeout(total=timeout_s)
+        jar = aiohttp.CookieJar()
         notes: list[str] = []
-        async with aiohttp.ClientSession(timeout=timeout) as http:
-            for _hop in range(MAX_REDIRECTS + 1):
-                try:
-                    async with http.request(method, url, headers=headers, data=body, allow_redirects=False) as resp:
-                        location = resp.headers.get("Location")
-                        if resp.status in (301, 302, 303, 307, 308) and location:
-                            target = urljoin(url, location)
-                            if urlsplit(target).netloc != urlsplit(url).netloc:
-                                notes.append(f"redirected to another host, not followed: {target}")
-                                return _render(resp.status, resp.headers, b"", 0, notes)
-                            notes.append(f"followed redirect to {target}")
-                            if resp.status == 303 or (resp.status in (301, 302) and method == "POST"):
-                                method, body = "GET", None
-                            url = target
-                            continue
-                        raw = await resp.content.read(max_bytes + 1)
-                        return _render(resp.status, resp.headers, raw[:max_bytes], len(raw), notes)
-                except TimeoutError:
-                    raise ToolError(f"{method} {url} timed out after {timeout_s:g} s") from None
-                except aiohttp.ClientError as exc:
-                    raise ToolError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from None
+        for _hop in range(MAX_REDIRECTS + 1):
+            host, port = url.raw_host or "", url.port or 0
+            sent = dict(headers)
+            if credential is not None:
+                if not credential.allows(host):
+                    raise ToolError(f"http_request refused: credential {name} may only be sent to "
+                                    f"{', '.join(credential.hosts or ())}, not {host}")
+                sent.update(credential.headers)
+            try:
+                policy.check_literal(host, port)
+                async with (policy.session(host, timeout=timeout, ssl_context=ssl_context, cookie_jar=jar) as http,
+                            http.request(method, url, headers=sent, data=body, allow_redirects=False) as resp):
+                    location = resp.headers.get("Location")
+                    if resp.status in (301, 302, 303, 307, 308) and location:
+                        try:
+                            target = url.join(URL(location))
+                        except ValueError:
+                            notes.append(f"redirected to an invalid URL, not followed: {location}")
+                            return _render(resp.status, resp.headers, b"", 0, notes)
+                        why = redirect_refusal(url, target)
+                        if why is not None:
+                            notes.append(f"{why}, not followed: {target}")
+                            return _render(resp.status, resp.headers, b"", 0, notes)
+                        notes.append(f"followed redirect to {target}")
+                        if resp.status == 303 or (resp.status in (301, 302) and method == "POST"):
+                            method, body = "GET", None
+                        url = target
+                        continue
+                    raw = await resp.content.read(max_bytes + 1)
+                    return _render(resp.status, resp.headers, raw[:max_bytes], len(raw), notes)
+            except EgressRefused as exc:
+                raise ToolError(str(exc)) from None
+            except TimeoutError:
+                raise ToolError(f"{method} {url} timed out after {timeout_s:g} s") from None
+            except aiohttp.ClientConnectorError as exc:
+                if isinstance(exc.os_error, EgressRefused):
+                    raise ToolError(str(exc.os_error)) from None
+                raise ToolError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from None
+            except aiohttp.ClientError as exc:
+                raise ToolError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from None
         raise ToolError(f"more than {MAX_REDIRECTS} redirects")
 
     return Tool(
         name="http_request",
-        description="Make one HTTP request and return the status, main headers and body. A person must approve it.",
+        description=("Make one HTTP request and return the status, main headers and body. A person must "
+                     "approve it. Only public addresses can be reached unless the operator allows more."),
         parameters={
             "type": "object",
             "properties": {
