@@ -38,11 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     revoke.add_argument("id", type=int)
     creds = sub.add_parser("credentials", help="stored credentials (values are never printed)")
     cverbs = creds.add_subparsers(dest="verb", required=True)
-    cverbs.add_parser("list", help="names, scopes, key ids, who stored them, last use")
+    cverbs.add_parser("list", help="names, scopes, allowed hosts, key ids, who stored them, last use")
     cset = cverbs.add_parser("set", help="store a value read from stdin or a hidden prompt (never from arguments)")
     cset.add_argument("name")
     cset.add_argument("--scope", choices=["agent", "shared"], default="agent")
     cset.add_argument("--agent", default=None, help="the owning agent (scope agent) or the agent granted (shared)")
+    cset.add_argument("--host", action="append", default=None, metavar="HOST",
+                      help="where it may be sent (repeat for several; api.github.com, *.example.com, an IP); "
+                           "default: any host")
     cdel = cverbs.add_parser("delete", help="delete a credential (every scope of that name)")
     cdel.add_argument("name")
     cverbs.add_parser("rotate", help="re-seal every credential under the first key in BOT_SECRET_KEYS")
@@ -54,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     for verb in ("pause", "resume", "cancel"):
         one = sverbs.add_parser(verb, help=f"{verb} a schedule")
         one.add_argument("id", type=int)
+    webp = sub.add_parser("web", help="web chat logins")
+    wverbs = webp.add_subparsers(dest="verb", required=True)
+    wverbs.add_parser("logout-all", help="end every web chat login (audited); browsers get the login page again")
     args = parser.parse_args(argv)
 
     if args.command == "manifest":
@@ -70,13 +76,19 @@ def main(argv: list[str] | None = None) -> int:
             from bot.operator import approvals_command
 
             return asyncio.run(approvals_command(args))
+        if args.command == "web":
+            return asyncio.run(_web_logout_all())
         if args.command == "schedules":
             from bot.operator import schedules_command
 
             return asyncio.run(schedules_command(args))
         if args.command == "credentials":
             from bot.operator import credentials_command, read_secret
+            from core.credentials import parse_hosts
 
+            problem = parse_hosts(args.host)[1] if args.verb == "set" else None
+            if problem is not None:  # said before the value is typed
+                raise BotError(problem)
             value = read_secret(args.name) if args.verb == "set" else None
             return asyncio.run(credentials_command(args, value))
         return asyncio.run(_run())
@@ -87,13 +99,36 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+async def _web_logout_all() -> int:
+    from bot.operator import operator_name
+    from bot.settings import load_settings
+    from core.clock import SystemClock
+    from core.errors import StoreError
+    from core.store import Database, WebSessionStore
+
+    settings = load_settings()
+    db = Database(settings.resolved_database_url)
+    try:
+        await db.migrate()
+        count = await WebSessionStore(db).revoke_all(operator_name(), SystemClock().now())
+    except StoreError as exc:
+        raise BotError(str(exc)) from exc
+    finally:
+        await db.close()
+    print(f"bot: ended {count} web chat login{'' if count == 1 else 's'}; "
+          "browsers get the login page on their next request")
+    return 0
+
+
 async def _set_paused(paused: bool) -> int:
+    from bot.home import secure_home
     from bot.settings import load_settings
     from core.clock import SystemClock
     from core.errors import StoreError
     from core.store import ControlStore, Database
 
     settings = load_settings()
+    secure_home(settings)
     db = Database(settings.resolved_database_url)
     try:
         await db.migrate()

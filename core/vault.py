@@ -72,19 +72,32 @@ class KeyRing:
         return key_id in self._keys
 
     def seal(self, plaintext: str, context: str) -> Sealed:
-        """``context`` (e.g. the secret's name) is bound to the ciphertext: it cannot be moved to another name."""
+        """``context`` (the associated data, e.g. :func:`row_context`) is bound to the ciphertext: the
+        blob opens only with the same context, so it cannot be moved to another row."""
         nonce = os.urandom(_NONCE_BYTES)
         data = AESGCM(self._keys[self.current]).encrypt(nonce, plaintext.encode(), context.encode())
         return Sealed(self.current, base64.b64encode(nonce + data).decode())
 
-    def open(self, sealed: Sealed, context: str) -> str:
+    def open(self, sealed: Sealed, context: str, *, label: str | None = None) -> str:
+        """``label`` names the secret in errors (default: the context); a value is never in them."""
+        label = label or context
         key = self._keys.get(sealed.key_id)
         if key is None:
-            raise VaultError(f"{context} is sealed with key {sealed.key_id!r}, which is not configured "
+            raise VaultError(f"{label} is sealed with key {sealed.key_id!r}, which is not configured "
                              "(add it to BOT_SECRET_KEYS)")
-        raw = base64.b64decode(sealed.blob)
         try:
+            raw = base64.b64decode(sealed.blob, validate=True)
             return AESGCM(key).decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], context.encode()).decode()
-        except (InvalidTag, ValueError):
-            raise VaultError(f"{context} cannot be opened with key {sealed.key_id!r}: wrong key or damaged data"
-                             ) from None
+        except (InvalidTag, ValueError):  # binascii.Error and UnicodeDecodeError are ValueErrors
+            raise VaultError(f"{label} cannot be opened with key {sealed.key_id!r}: wrong key or damaged "
+                             "data (or a ciphertext moved from another row)") from None
+
+
+# What the associated data binds, by ``secrets.aad_version``.
+LEGACY_AAD = 1  # the name only (sealed before revision 0007)
+ROW_AAD = 2  # name, scope, owning agent and row id
+
+
+def row_context(name: str, scope: str, agent: str, row_id: int) -> str:
+    """``v2|name|scope|agent|id``. Unambiguous: names and scopes have no ``|`` and the id is last."""
+    return f"v{ROW_AAD}|{name}|{scope}|{agent}|{row_id}"

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from core.credentials import open_secret
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
@@ -55,7 +56,7 @@ async def test_provide_store_use_and_never_see_it(
     assert await _submit(gateway, request_id, "   ") == {"response_action": "errors",
                                                           "errors": {"value": "Enter the value."}}
     assert "line breaks were lost" in (await _submit(gateway, request_id, FLAT_PEM))["errors"]["value"]
-    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo token=$ACC_TOKEN"})]))
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo token=$ACC_TOKEN", "credentials": ["acc.token"]})]))
     assert await _submit(gateway, request_id, SECRET) == {}  # stored: the modal closes
 
     approval = (await fake_slack.wait_for("chat.postMessage", 2))[1]
@@ -109,8 +110,7 @@ async def test_only_approvers_provide_and_the_second_submission_is_told(
     assert "Already settled: acc.token stored by UADMIN" in second["errors"]["value"]
     await fake_slack.wait_for("chat.postMessage", 2)
     rows = await gateway.app.credentials.store.all_secrets()
-    assert len(rows) == 1 and gateway.app.credentials.keys.open(
-        __import__("core.vault", fromlist=["Sealed"]).Sealed(rows[0].key_id, rows[0].ciphertext), "acc.token") == SECRET
+    assert len(rows) == 1 and open_secret(gateway.app.credentials.keys, rows[0]) == SECRET
 
 
 async def test_an_unanswered_request_expires_and_the_turn_goes_on(

@@ -87,7 +87,8 @@ async def test_rotation_moves_every_secret_and_resumes_when_interrupted(tmp_path
     await db.close()
 
     only_new, db = await _service(tmp_path, k2)  # the old key can now be removed
-    assert sorted((await only_new.env_for(_ctx())).values()) == ["value-0", "value-1", "value-2"]
+    names = ["s0.token", "s1.token", "s2.token"]
+    assert sorted((await only_new.env_for(_ctx(), names)).values()) == ["value-0", "value-1", "value-2"]
     await db.close()
 
 
@@ -102,11 +103,14 @@ async def test_redaction_and_scopes(tmp_path: Path) -> None:
     await service.set_secret("own.token", "own-secret-1", scope="agent", agent="default", by="U1")
     await service.set_secret("other.token", "other-secret-2", scope="agent", agent="ops", by="U1")
     await service.set_secret("team.key", "shared-secret-3", scope="shared", agent="ops", by="U1")
-    assert await service.env_for(_ctx()) == {"OWN_TOKEN": "own-secret-1"}  # only what is granted
+    assert await service.env_for(_ctx(), ["own.token"]) == {"OWN_TOKEN": "own-secret-1"}
+    for name in ("other.token", "team.key"):  # only what is granted
+        with pytest.raises(ToolError, match="no credential named"):
+            await service.env_for(_ctx(), [name])
     text = "own-secret-1 and other-secret-2 and shared-secret-3"
     assert await service.redact(text) == ("[redacted:own.token] and [redacted:other.token] and "
                                           "[redacted:team.key]")  # every stored value, whoever owns it
-    assert await service.headers_for(_ctx(), "own.token") == {"Authorization": "Bearer own-secret-1"}
+    assert (await service.headers_for(_ctx(), "own.token")).headers == {"Authorization": "Bearer own-secret-1"}
     with pytest.raises(ToolError, match=r"no credential named 'team\.key'"):
         await service.headers_for(_ctx(), "team.key")
     await db.close()
@@ -158,9 +162,11 @@ async def test_an_expired_link_says_so(gateway: GatewayClient, fake_slack: FakeS
 
 
 async def test_http_request_gets_the_credential_as_a_header(
-    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
     from aiohttp import web
+
+    gateway: GatewayClient = await start_gateway(make_settings(http_allow_private=True))  # the server is local
 
     from tests.fakes.server import RunningServer
     from tests.slack_requests import block_action

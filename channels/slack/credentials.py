@@ -4,6 +4,7 @@ and the message updated once stored. The value goes from the modal straight to t
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from slack_bolt.async_app import AsyncApp
@@ -11,6 +12,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import PrivateReplies, error_code
+from channels.slack.payloads import channel_id, user_id
 from core.credentials import CredentialService
 from core.model import CredentialRequestInfo, CredentialStatus
 
@@ -55,8 +57,7 @@ class SlackCredentials:
 
     async def _on_provide_clicked(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
-        user = str((body.get("user") or {}).get("id") or "")
-        channel = str((body.get("channel") or {}).get("id") or "")
+        user, channel = user_id(body), channel_id(body)  # shapes checked before bolt (payloads.shape_problem)
         request = await self.credentials.get(_number(action.get("value")) or 0)
         if request is None:
             self._private.tell(channel, user, "That button does not belong to a credential request I know.")
@@ -72,15 +73,17 @@ class SlackCredentials:
                 self._private.tell(channel, user, "Slack would not open the form; click Provide again.")
 
     async def _on_submitted(self, ack: Any, body: dict[str, Any], view: dict[str, Any]) -> None:
-        user = str((body.get("user") or {}).get("id") or "")
-        values = (view.get("state") or {}).get("values") or {}
-        value = str(((values.get("value") or {}).get("value") or {}).get("value") or "")
+        user = user_id(body)
+        state = view.get("state")
+        values = state.get("values") if isinstance(state, dict) else None
+        value, hosts = _input_text(values, "value"), _input_text(values, "hosts")  # hosts: optional, null if empty
         request_id = _number(view.get("private_metadata"))
-        result = await self.credentials.provide(request_id or 0, value, by=user)
+        result = await self.credentials.provide(request_id or 0, value, by=user, hosts=hosts)
         if result.stored:
             await ack()  # closes the modal; the request's message is updated through the event
         else:  # the modal stays open and says why next to the field; nothing was stored
-            await ack(response_action="errors", errors={"value": result.field_error or result.message})
+            field = result.field if result.field_error else "value"
+            await ack(response_action="errors", errors={field: result.field_error or result.message})
 
 
 
@@ -122,6 +125,12 @@ def provide_modal(request: CredentialRequestInfo) -> dict[str, Any]:
                 "sealed and never shown again, never logged, never sent to the model.")}]},
             {"type": "input", "block_id": "value", "label": {"type": "plain_text", "text": "Value"},
              "element": {"type": "plain_text_input", "action_id": "value", "multiline": True}},
+            {"type": "input", "block_id": "hosts", "optional": True,
+             "label": {"type": "plain_text", "text": "Allowed hosts (comma-separated)"},
+             "hint": {"type": "plain_text", "text": (
+                 "Where http_request may send it, e.g. api.github.com, *.example.com. Empty: any host.")},
+             "element": {"type": "plain_text_input", "action_id": "hosts", "max_length": 2000,
+                         "placeholder": {"type": "plain_text", "text": "api.github.com"}}},
         ],
     }
 
@@ -136,8 +145,16 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def _input_text(values: Any, block: str) -> str:
+    """What was typed into one input of a submitted modal ("" when empty, missing or malformed)."""
+    field = values.get(block) if isinstance(values, dict) else None
+    element = field.get(block) if isinstance(field, dict) else None
+    text = element.get("value") if isinstance(element, dict) else None
+    return text if isinstance(text, str) else ""
+
+
 def _number(value: Any) -> int | None:
-    try:
-        return int(str(value))
-    except ValueError:
+    """The request id our own blocks carry: a string of digits, nothing else."""
+    if not isinstance(value, str) or re.fullmatch(r"[0-9]{1,18}", value) is None:
         return None
+    return int(value)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, or_, update
+from sqlalchemy import delete, func, or_, update
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -29,26 +30,31 @@ class CredentialStore:
 
     # -- secrets --------------------------------------------------------------------------------
 
-    async def save_secret(self, row: SecretRow, *, grant: str | None, by: str, now: datetime,
-                          s: AsyncSession | None = None) -> SecretRow:
-        """Insert or replace (same name, scope, owner) a sealed secret; grant a shared one to ``grant``."""
+    async def save_secret(self, row: SecretRow, *, seal: Callable[[SecretRow], None], grant: str | None, by: str,
+                          now: datetime, s: AsyncSession | None = None) -> SecretRow:
+        """Insert or replace (same name, scope, owner) a secret; grant a shared one to ``grant``.
+
+        The row id is part of what the ciphertext is bound to, so ``seal`` fills in ``key_id``,
+        ``ciphertext`` and ``aad_version`` once the row has its id, in the same transaction."""
         if s is None:
             async with self.db.write() as session:
-                return await self.save_secret(row, grant=grant, by=by, now=now, s=session)
+                return await self.save_secret(row, seal=seal, grant=grant, by=by, now=now, s=session)
         existing = (await s.exec(select(SecretRow).where(
             SecretRow.name == row.name, SecretRow.scope == row.scope, SecretRow.agent == row.agent))).first()
         if existing is not None:
-            existing.key_id, existing.ciphertext, existing.updated_at = row.key_id, row.ciphertext, now
-            existing.created_by = by
+            existing.hosts, existing.updated_at, existing.created_by = row.hosts, now, by
             row = existing
         s.add(row)
         await s.flush()
         assert row.id is not None
+        seal(row)
+        s.add(row)
         if grant is not None and row.scope == "shared":
             if await s.get(SecretGrantRow, (row.id, grant)) is None:
                 s.add(SecretGrantRow(secret_id=row.id, agent=grant, granted_by=by, granted_at=now))
         s.add(audit_row(now, by, "credential.stored", f"credential:{row.name}",
-                     {"scope": row.scope, "agent": row.agent or None, "key_id": row.key_id}))
+                     {"scope": row.scope, "agent": row.agent or None, "key_id": row.key_id,
+                      "hosts": json.loads(row.hosts) if row.hosts else None}))
         return row
 
     async def usable(self, agent: str, name: str | None = None) -> list[SecretRow]:
@@ -67,6 +73,14 @@ class CredentialStore:
         async with self.db.read() as s:
             return list((await s.exec(select(SecretRow).order_by(col(SecretRow.name)))).all())
 
+    async def fingerprint(self) -> tuple[object, ...]:
+        """Changes whenever a secret is stored, replaced, re-sealed or deleted (one small query): the
+        mask cache of every process compares it to know when to reload."""
+        async with self.db.read() as s:
+            row = (await s.exec(select(func.count(), func.max(SecretRow.id),
+                                       func.max(SecretRow.updated_at)))).one()
+            return tuple(row)
+
     async def grants_of(self, secret_id: int) -> list[str]:
         async with self.db.read() as s:
             return list((await s.exec(select(SecretGrantRow.agent).where(SecretGrantRow.secret_id == secret_id))).all())
@@ -81,13 +95,15 @@ class CredentialStore:
             s.add(audit_row(now, by, "credential.deleted", f"credential:{name}", None))
             return len(ids)
 
-    async def reseal(self, secret_id: int, *, expected_key: str, key_id: str, ciphertext: str,
-                     now: datetime) -> bool:
-        """Replace one ciphertext, only if it is still under ``expected_key`` (safe to run twice)."""
+    async def reseal(self, secret_id: int, *, expected_ciphertext: str, key_id: str, ciphertext: str,
+                     aad_version: int, now: datetime) -> bool:
+        """Replace one ciphertext, only if it is still the one read (safe to run twice, or on two replicas)."""
         async with self.db.write() as s:
             result = await s.exec(update(SecretRow)
-                                  .where(col(SecretRow.id) == secret_id, col(SecretRow.key_id) == expected_key)
-                                  .values(key_id=key_id, ciphertext=ciphertext, updated_at=now))
+                                  .where(col(SecretRow.id) == secret_id,
+                                         col(SecretRow.ciphertext) == expected_ciphertext)
+                                  .values(key_id=key_id, ciphertext=ciphertext, aad_version=aad_version,
+                                          updated_at=now))
             return bool(result.rowcount)
 
     async def touch(self, secret_ids: list[int], now: datetime) -> None:
@@ -105,8 +121,8 @@ class CredentialStore:
             await s.flush()
             return await _info(s, row)
 
-    async def provide(self, request_id: int, secret: SecretRow, *, by: str, now: datetime
-                      ) -> tuple[bool, CredentialRequestInfo | None]:
+    async def provide(self, request_id: int, secret: SecretRow, *, seal: Callable[[SecretRow], None], by: str,
+                      now: datetime) -> tuple[bool, CredentialRequestInfo | None]:
         """Store the sealed value and settle the request in one commit, once: a second submission loses."""
         async with self.db.write() as s:
             result = await s.exec(update(CredentialRequestRow)
@@ -119,7 +135,7 @@ class CredentialStore:
                 return False, None
             await s.refresh(row)
             if won:
-                await self.save_secret(secret, grant=row.agent, by=by, now=now, s=s)
+                await self.save_secret(secret, seal=seal, grant=row.agent, by=by, now=now, s=s)
                 await _resume_session(s, row.session_id)
             return won, await _info(s, row)
 

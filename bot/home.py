@@ -1,0 +1,113 @@
+"""BOT_HOME is private: directories 0700, files 0600 (the database holds transcripts and sealed
+credentials, secret.key opens them). Checked at every start that opens the database.
+
+- BOT_HOME is created 0700; a looser BOT_HOME, work folder, database file (and its -wal, -shm,
+  -journal files) or other file at its top level is tightened, with a warning naming the path.
+- A BOT_HOME that every user may write to (or with the sticky bit, like /tmp) is refused: the key
+  or the database may have been replaced. A secret.key in use that others may read is refused by
+  bot.keys: it may already have been copied, so the operator must decide (and rotate).
+- The SQLite file is created 0600 before SQLite opens it; SQLite gives its -wal and -shm files the
+  database file's mode. The process umask is left alone: what shell_run creates in the work folder
+  is behind the 0700 folder anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+from bot.errors import SettingsError
+from bot.keys import KEY_FILE
+from bot.settings import Settings
+
+log = logging.getLogger(__name__)
+
+WORK_DIR = "work"
+_SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def secure_home(settings: Settings) -> None:
+    """Create BOT_HOME and the work folder 0700, tighten what is looser; refuse what cannot be trusted."""
+    home = settings.bot_home.resolve()
+    _make_private_dir(home)
+    _refuse_shared(home)
+    _make_private_dir(home / WORK_DIR)
+    database = sqlite_path(settings)
+    if database is not None:
+        _make_private_dir(database.parent)  # only created here if missing; an existing one is left as it is
+        _create_private_file(database)
+    for path in _private_paths(home, database):
+        # A key file in use has a stricter rule: bot.keys refuses a loose one (it may have been copied).
+        if path != home / KEY_FILE or settings.bot_secret_keys:
+            _tighten(path)
+
+
+def home_problems(settings: Settings) -> list[str]:
+    """What is open to other users, without changing anything (for ``bot doctor``)."""
+    home = settings.bot_home.resolve()
+    if not home.is_dir():
+        return []
+    found = []
+    for path in _private_paths(home, sqlite_path(settings)):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            found.append(f"{path} is open to other users (mode {mode:o})")
+    return found
+
+
+def sqlite_path(settings: Settings) -> Path | None:
+    """The SQLite database file, or None (PostgreSQL, in memory)."""
+    url = make_url(settings.resolved_database_url)
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:" \
+            or url.database.startswith("file:"):
+        return None
+    return Path(url.database).resolve()
+
+
+def _private_paths(home: Path, database: Path | None) -> list[Path]:
+    """BOT_HOME, what is at its top level (not what symlinks point to), and the SQLite files."""
+    paths = [home, *(p for p in sorted(home.iterdir()) if not p.is_symlink())]
+    if database is not None:
+        paths += [p for p in (database, *(database.with_name(database.name + s) for s in _SQLITE_SIDE_FILES))
+                  if p.exists() and p not in paths]
+    return paths
+
+
+def _make_private_dir(path: Path) -> None:
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SettingsError(f"cannot create {path}: {exc.strerror or exc}") from None
+
+
+def _create_private_file(path: Path) -> None:
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise SettingsError(f"cannot create {path}: {exc.strerror or exc}") from None
+
+
+def _refuse_shared(home: Path) -> None:
+    mode = stat.S_IMODE(home.stat().st_mode)
+    if mode & (stat.S_IWOTH | stat.S_ISVTX):
+        raise SettingsError(f"BOT_HOME {home} is writable by other users (mode {mode:o}): its key or database may "
+                            "have been replaced. Use a folder of its own (or check its files, then chmod 700 it)")
+
+
+def _tighten(path: Path) -> None:
+    """Take away every group and other permission, with a warning that names the path."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if not mode & 0o077:
+        return
+    try:
+        path.chmod(mode & 0o700)
+    except OSError as exc:
+        raise SettingsError(f"{path} is open to other users (mode {mode:o}) and cannot be tightened: "
+                            f"{exc.strerror or exc}; run: chmod go= {path}") from None
+    log.warning("%s was open to other users (mode %o); it is now %o", path, mode, mode & 0o700)
