@@ -9,28 +9,37 @@ import sys
 from collections.abc import Iterable
 
 from core.logcontext import ContextFilter
+from core.redaction import MaskSet
 
 # Slack tokens (bot, user, app, refresh) have a recognisable shape even when not configured here.
 _TOKEN_SHAPES = re.compile(r"\b(xox[abeposr]|xapp)-[A-Za-z0-9-]{8,}")
 
 
+def _label(_name: str) -> str:
+    return "[redacted]"
+
+
 class RedactingFilter(logging.Filter):
-    """Masks configured secret values and anything shaped like a Slack token, in message and args."""
+    """Masks configured secret values with their derived forms (a header's value, base64, hex,
+    URL-encoded: see core.redaction), and anything shaped like a Slack token, in message and args."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         super().__init__()
-        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._secrets: list[str] = []
+        self._masks: MaskSet | None = None
+        for secret in secrets:
+            self.add(secret)
 
     def add(self, secret: str) -> None:
         if secret and secret not in self._secrets:
             self._secrets.append(secret)
-            self._secrets.sort(key=len, reverse=True)
+            self._masks = None  # compiled again at the next line, once for a whole batch of additions
 
     def redact(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, "[redacted]")
-        return _TOKEN_SHAPES.sub(r"\1-[redacted]", text)
+        masks = self._masks
+        if masks is None:
+            masks = self._masks = MaskSet.build([("", s) for s in tuple(self._secrets)], label=_label)
+        return _TOKEN_SHAPES.sub(r"\1-[redacted]", masks.mask(text))
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:

@@ -20,6 +20,7 @@ from core.providers import (
     ToolCall,
     complete_with_retries,
 )
+from core.redaction import Redactor
 from core.store import ConversationStore
 from core.store.tables import MessageRow
 from core.tools import Risk, Tool, ToolContext, ToolError, ToolGate, ToolRegistry, run_tool
@@ -27,7 +28,6 @@ from core.tools import Risk, Tool, ToolContext, ToolError, ToolGate, ToolRegistr
 log = logging.getLogger(__name__)
 
 Steer = Callable[[], Awaitable[list[ChatMessage]]]
-Redactor = Callable[[str], Awaitable[str]]  # masks every stored secret value in a text
 
 INTERRUPTED_RESULT = "error: interrupted — unknown whether it completed; do not assume it ran"
 
@@ -75,6 +75,8 @@ class AgentRunner:
         that arrived meanwhile (already saved to the transcript); ``images`` go with the turn's input.
         """
         session_id = turn.session.id
+        if self.redactor is not None:
+            await self.redactor.check()  # another process may have stored a secret since the last turn
         allowed = self.tools.allowed(agent.tools)
         specs = [t.spec() for t in allowed]
         allowed_names = {t.name for t in allowed}
@@ -89,17 +91,21 @@ class AgentRunner:
             request = CompletionRequest(instructions=agent.instructions, messages=merge_user_runs(history),
                                         tools=specs)
             reply = await complete_with_retries(self.provider, request, self.retry)
+            # The model may repeat a secret it saw: masked before it is stored, posted or shown.
+            # The calls run as written; only their recorded arguments are masked.
+            content = await self.redact(reply.content)
+            recorded = tuple([replace(c, arguments=await self.redact(c.arguments)) for c in reply.tool_calls])
             await self.store.add_message(
                 session_id,
                 role="assistant",
-                content=reply.content,
+                content=content,
                 turn_id=turn.id,
                 now=self.clock.now(),
-                tool_calls=[c.as_dict() for c in reply.tool_calls],
+                tool_calls=[c.as_dict() for c in recorded],
             )
-            history.append(ChatMessage("assistant", reply.content, reply.tool_calls))
+            history.append(ChatMessage("assistant", content, recorded))
             if not reply.tool_calls:
-                return reply.content
+                return content
             for call in reply.tool_calls:
                 result = await self._call_tool(call, allowed_names, ctx)
                 await self.store.add_message(
@@ -126,11 +132,11 @@ class AgentRunner:
                     raise ToolError(f"{tool.name} needs a person's approval, and nobody can approve here")
                 decision = await self.gate.authorize(ctx, tool, args)
                 if not decision.allowed:
-                    return decision.result
+                    return await self.redact(decision.result)
                 await self.gate.started(decision)  # the decision is on record before the tool runs
             return await self._execute(tool, ctx, args)
-        except ToolError as exc:
-            return f"error: {exc}"
+        except ToolError as exc:  # e.g. a schema error quoting the model's arguments
+            return await self.redact(f"error: {exc}")
 
     async def _execute(self, tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> str:
         log.info("tool %s called (session %s, turn %s)", tool.name, ctx.session_id, ctx.turn_id)
@@ -139,10 +145,11 @@ class AgentRunner:
         except ToolError as exc:
             result = f"error: {exc}"
         # Before anything else sees it (model, transcript, channels): no stored secret in it.
-        return _truncate(await self._redact(result), self.limits.tool_result_max_chars)
+        return _truncate(await self.redact(result), self.limits.tool_result_max_chars)
 
-    async def _redact(self, text: str) -> str:
-        return await self.redactor(text) if self.redactor is not None else text
+    async def redact(self, text: str) -> str:
+        """``text`` with every secret the redactor knows masked."""
+        return await self.redactor.redact(text) if self.redactor is not None else text
 
     async def _close_dangling_calls(
         self, history: list[ChatMessage], allowed: set[str], ctx: ToolContext
@@ -176,15 +183,15 @@ class AgentRunner:
             try:
                 recovered = await tool.recover(ctx, args)
             except ToolError as exc:
-                return f"error: {exc}"
-            return await self._redact(recovered) if recovered is not None else INTERRUPTED_RESULT
+                return await self.redact(f"error: {exc}")
+            return await self.redact(recovered) if recovered is not None else INTERRUPTED_RESULT
         if tool.risk is not Risk.GATED or self.gate is None:
             return INTERRUPTED_RESULT
         decision = await self.gate.recover(ctx, tool, args)
         if decision is None or decision.already_started:
             return INTERRUPTED_RESULT
         if not decision.allowed:
-            return decision.result
+            return await self.redact(decision.result)
         await self.gate.started(decision)
         return await self._execute(tool, ctx, args)
 
