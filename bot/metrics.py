@@ -1,4 +1,8 @@
-"""``GET /metrics`` in Prometheus format: counters fed by core's events, gauges read from the database."""
+"""``GET /metrics`` in Prometheus format: counters fed by core's events, gauges read from the database.
+
+Only for this machine (a loopback peer talking to us directly) or for whoever holds ``BOT_WEB_TOKEN``
+(``Authorization: Bearer``): the numbers tell an outsider how busy the bot is and what it is waiting for.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import time
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 
+from channels.web.auth import bearer_matches, local_problem
 from core.events import (
     ApprovalRequested,
     ApprovalResolved,
@@ -39,8 +44,9 @@ GAUGES = {name: Gauge(f"bot_{name}", help_text) for name, help_text in (
 
 
 class Metrics:
-    def __init__(self, db: Database, bus: EventBus) -> None:
+    def __init__(self, db: Database, bus: EventBus, *, token: str | None = None) -> None:
         self.db = db
+        self.token = token
         self._started: dict[int, float] = {}  # turn id -> monotonic start, for the duration histogram
         bus.subscribe(self.observe)
 
@@ -61,7 +67,10 @@ class Metrics:
         elif isinstance(event, CredentialRequested):
             CREDENTIAL_REQUESTS.inc()
 
-    async def handle(self, _request: web.Request) -> web.Response:
+    async def handle(self, request: web.Request) -> web.Response:
+        if not (self.token and bearer_matches(request, self.token)) and local_problem(request) is not None:
+            return web.Response(status=403, text="GET /metrics is for this machine, or send "
+                                                 "Authorization: Bearer <BOT_WEB_TOKEN>.")
         for name, value in (await snapshot(self.db)).items():
             GAUGES[name].set(value)
         return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})

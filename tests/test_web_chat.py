@@ -143,7 +143,7 @@ async def test_token_login_guards_everything_but_health(make_settings: Any, star
             assert resp.headers["Location"] == "/login?failed=1"
         async with anonymous.post(f"{gateway.base}/login", data={"token": token}, allow_redirects=False) as resp:
             assert resp.status == 302
-            assert token not in resp.headers["Set-Cookie"]  # the cookie holds a digest, not the token
+            assert token not in resp.headers["Set-Cookie"]  # the cookie holds a random login id, not the token
         async with anonymous.get(f"{gateway.base}/api/conversations") as resp:
             assert resp.status == 200
     status, _ = await _get(gateway, "/api/conversations", headers={"Authorization": f"Bearer {token}"})

@@ -37,6 +37,7 @@ from core.events import (
 )
 from core.model import ApprovalInfo, CredentialRequestInfo, Inbound, MessageRef
 from core.schedules import ScheduleService, TriggerSpec
+from core.store import WebSessionStore
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +59,14 @@ class WebChannel:
     name = "web"
 
     def __init__(self, config: WebConfig, dispatcher: Dispatcher, approvals: ApprovalBroker,
-                 credentials: CredentialService, schedules: ScheduleService | None = None) -> None:
+                 credentials: CredentialService, schedules: ScheduleService | None = None, *,
+                 logins: WebSessionStore | None = None) -> None:
         self.schedules = schedules
         self.config = config
         self.dispatcher = dispatcher
         self.approvals = approvals
         self.credentials = credentials
-        self.auth = WebAuth(config.token, secure_cookie=config.secure_cookie)
+        self.auth = WebAuth(config.token, logins, dispatcher.clock, secure_cookie=config.secure_cookie)
         self.started = False
         self._watchers: dict[str, set[asyncio.Queue[dict[str, Any] | None]]] = {}
         dispatcher.bus.subscribe(self.render, channel=self.name)
@@ -76,9 +78,10 @@ class WebChannel:
         return [
             web.get("/", guard(self._index, page=True)),
             web.get("/c/{cid}", guard(self._index, page=True)),
-            web.get("/static/{name}", self._static),
-            web.get("/login", self.auth.login_page),
-            web.post("/login", self.auth.login),
+            web.get("/static/{name}", guard(self._static, public=True)),
+            web.get("/login", guard(self.auth.login_page, public=True)),
+            web.post("/login", guard(self.auth.login, public=True)),
+            web.post("/logout", guard(self.auth.logout, public=True)),
             web.get("/api/conversations", guard(self._list)),
             web.get("/api/conversations/{cid}", guard(self._conversation)),
             web.post("/api/conversations/{cid}/messages", guard(self._send)),
@@ -173,12 +176,13 @@ class WebChannel:
         current = await self.credentials.get(request_id)
         if current is None or current.session.channel != self.name:
             return web.json_response({"error": "no such credential request here"}, status=404)
-        result = await self.credentials.provide(request_id, value, by=WEB_USER)
+        # hosts: optional, comma-separated text or a list; checked (a field error) by the core.
+        result = await self.credentials.provide(request_id, value, by=WEB_USER, hosts=body.get("hosts"))
         if result.stored:
             return web.json_response({"stored": True, "message": result.message})
         status = 400 if result.field_error else 409
-        return web.json_response({"stored": False, "error": result.message, "field_error": result.field_error},
-                                 status=status)
+        return web.json_response({"stored": False, "error": result.message, "field_error": result.field_error,
+                                  "field": result.field if result.field_error else None}, status=status)
 
     async def _decide(self, request: web.Request) -> web.Response:
         try:
@@ -208,7 +212,8 @@ class WebChannel:
             return web.json_response({"error": "client_id must be 1-64 letters, digits, - or _"}, status=400)
         message = Inbound(
             session_id=session_id, channel=self.name, sender=WEB_USER, text=text.strip(), addressed=True,
-            ref=MessageRef(), idempotency_key=f"web:{client_id}" if client_id else None, place="web",
+            ref=MessageRef(), idempotency_key=f"web:{client_id}" if client_id else None,
+            place=session_id,  # grants and per-place settings belong to this conversation only
         )
         try:
             result = await self.dispatcher.accept(message)
@@ -238,6 +243,8 @@ class WebChannel:
                 try:
                     item = await asyncio.wait_for(queue.get(), _KEEPALIVE_S)
                 except TimeoutError:
+                    if not await self.auth.logged_in(request):
+                        break  # the login was revoked or ran out while the stream was open
                     await response.write(b": keep-alive\n\n")
                     continue
                 if item is None:

@@ -7,6 +7,7 @@ from core.store.credentials import CredentialStore
 from core.store.database import Database
 from core.store.inputs import Accepted, AcceptOutcome, Budget, InputStore, Taken
 from core.store.leases import LeaseStore
+from core.store.web_sessions import WebSessionStore
 
 __all__ = [
     "AcceptOutcome",
@@ -20,4 +21,5 @@ __all__ = [
     "InputStore",
     "LeaseStore",
     "Taken",
+    "WebSessionStore",
 ]
