@@ -20,6 +20,7 @@ BOT_SCOPES = [
     "groups:read",  # message_send: find a private channel the bot is in by #name
     "usergroups:read",  # BOT_APPROVERS may name user groups (S…): read their members
     "im:write",  # tell a schedule's creator by DM when it keeps failing
+    "files:write",  # attach an approval request's arguments in full when they do not fit on the card
 ]
 BOT_EVENTS = ["app_mention", "message.channels", "message.groups", "message.im", "message.mpim"]
 

@@ -11,15 +11,18 @@ from dataclasses import dataclass
 
 from bot.agents_config import load_agents
 from bot.errors import BotError
+from bot.home import secure_home
 from bot.keys import load_keyring
 from bot.settings import Settings, load_settings
 from core.agents import AgentDirectory
-from core.approvals import ApprovalBroker, ApprovalPolicy
+from core.approvals import ApprovalBroker, ApprovalPolicy, describe_grant
 from core.clock import SystemClock
-from core.credentials import CredentialService
+from core.credentials import CredentialService, hosts_of, parse_hosts
+from core.display import visible
 from core.errors import InvalidInput, StoreError
 from core.events import EventBus
 from core.store import ApprovalStore, CredentialStore, Database
+from core.tools import canonical_call
 from core.vault import VaultError
 
 
@@ -34,6 +37,7 @@ class _Core:
 @asynccontextmanager
 async def _core() -> AsyncIterator[_Core]:
     settings = load_settings()
+    secure_home(settings)  # before the database file is opened (or created): 0700 folders, 0600 files
     db = Database(settings.resolved_database_url)
     try:
         await db.migrate()
@@ -74,22 +78,26 @@ async def approvals_command(args: argparse.Namespace) -> int:
             pending = await broker.pending()
             if not pending:
                 print("no pending approval requests")
-            for p in pending:
+            for p in pending:  # the arguments whole, with whitespace and invisible characters marked
                 print(f"{p.id}\t{p.tool}\t{p.session.id}\tasked by {p.requester}"
-                      f"\texpires {p.expires_at:%Y-%m-%d %H:%M} UTC\t{p.arguments}")
+                      f"\texpires {p.expires_at:%Y-%m-%d %H:%M} UTC\t{visible(canonical_call(p.arguments))}")
             return 0
         if args.verb in ("approve", "deny"):
             result = await broker.decide(args.id, args.verb, by=operator_name(),
                                          reason=getattr(args, "reason", None), operator=True)
+            if result.expired and result.request is not None:
+                print(f"request {args.id} expired at {result.request.expires_at:%Y-%m-%d %H:%M:%S} UTC; "
+                      f"nothing was {'approved' if args.verb == 'approve' else 'denied'}")
+                return 1
             print(result.message)
             return 0 if result.won else 1
         if args.verb == "grants":
             grants = await broker.grants()
             if not grants:
                 print("no active grants")
-            for g in grants:
-                print(f"{g.id}\tagent {g.agent}\ttool {g.tool}\tplace {g.place or '-'}\tpattern {g.arg_pattern or '*'}"
-                      f"\tby {g.created_by} at {g.created_at:%Y-%m-%d %H:%M} UTC")
+            for g in grants:  # each covers one exact call: printed whole
+                print(f"{g.id}\tagent {g.agent}\ttool {g.tool}\tplace {g.place or '-'}"
+                      f"\tby {g.created_by} at {g.created_at:%Y-%m-%d %H:%M} UTC\tcall {visible(describe_grant(g))}")
             return 0
         if args.verb == "revoke":
             message = await broker.revoke_grant(args.id, by=operator_name(), operator=True)
@@ -109,7 +117,8 @@ async def credentials_command(args: argparse.Namespace, value: str | None) -> in
                 owner = row.agent if row.scope == "agent" else "granted to " + ", ".join(
                     await service.store.grants_of(row.id or 0)) or "nobody"
                 used = f"{row.last_used_at:%Y-%m-%d %H:%M} UTC" if row.last_used_at else "never"
-                print(f"{row.name}\t{row.scope} ({owner})\tkey {row.key_id}\tstored by {row.created_by} "
+                hosts = ", ".join(hosts_of(row) or ["any"])
+                print(f"{row.name}\t{row.scope} ({owner})\thosts {hosts}\tkey {row.key_id}\tstored by {row.created_by} "
                       f"{row.updated_at:%Y-%m-%d %H:%M} UTC\tlast used {used}")
             return 0
         if args.verb == "set":
@@ -117,10 +126,11 @@ async def credentials_command(args: argparse.Namespace, value: str | None) -> in
             agent = args.agent or core.agents.default.name
             try:
                 key_id = await service.set_secret(args.name, value.rstrip("\n"), scope=args.scope, agent=agent,
-                                                  by=operator_name())
+                                                  by=operator_name(), hosts=args.host)
             except InvalidInput as exc:
                 raise BotError(str(exc)) from exc
-            print(f"stored {args.name} ({args.scope}, agent {agent}), sealed with key {key_id!r}")
+            where = f"; may be sent to {', '.join(parse_hosts(args.host)[0] or [])}" if args.host else ""
+            print(f"stored {args.name} ({args.scope}, agent {agent}), sealed with key {key_id!r}{where}")
             return 0
         if args.verb == "delete":
             count = await service.store.delete_secret(args.name, by=operator_name(), now=SystemClock().now())

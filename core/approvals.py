@@ -21,11 +21,14 @@ from core.model import ApprovalInfo, ApprovalStatus
 from core.parking import Waiters
 from core.store import ApprovalStore
 from core.store.tables import ApprovalRow, GrantRow
-from core.tools import GateDecision, Tool, ToolContext
+from core.tools import CANONICAL_KEYS, GateDecision, Tool, ToolContext, canonical_call, canonical_text
 
 log = logging.getLogger(__name__)
 
 REQUESTER = "requester"
+DESTINATION_TOOL = "schedule_destination"  # what a schedule's destination approval is filed (and granted) under
+# Why a call is refused when no approver can be shown its arguments in full.
+TOO_LONG_TO_SHOW = "its arguments are too long to show an approver, and attaching them in full failed"
 
 
 class GroupResolver(Protocol):
@@ -67,6 +70,12 @@ class DecideResult:
     won: bool
     request: ApprovalInfo | None
     refused: str | None = None  # the clicker may not decide: why
+    late: bool = False  # it was still pending, but past its expiry: settled as expired instead
+
+    @property
+    def expired(self) -> bool:
+        """The decision came after the request ran out of time (now, or earlier): nothing was decided."""
+        return not self.won and self.request is not None and self.request.status == ApprovalStatus.EXPIRED
 
     @property
     def message(self) -> str:
@@ -76,6 +85,9 @@ class DecideResult:
             return "That approval request does not exist."
         if self.won:
             return self.request.summary() + "."
+        if self.late:
+            return (f"Too late: request {self.request.id} expired at {self.request.expires_at:%Y-%m-%d %H:%M:%S} UTC; "
+                    "nothing was approved or denied, and it did not run.")
         return f"Already settled: {self.request.summary()}."
 
 
@@ -98,8 +110,7 @@ class ApprovalBroker:
         subject = _subject(tool, args)
         if subject is not None and (tool.name, subject) in ctx.preapproved:  # e.g. a firing's own destination
             return GateDecision(True)
-        grant = await self.store.grant_for(ctx.agent, tool.name, ctx.place, subject)
-        if grant is not None:
+        if await self.granted(agent=ctx.agent, tool=tool.name, place=ctx.place, args=args):
             return GateDecision(True)
         if not ctx.interactive:
             return GateDecision(False, f"error: `{tool.name}` needs a person's approval and nobody can be asked "
@@ -122,6 +133,11 @@ class ApprovalBroker:
         log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
         self.bus.emit(ApprovalRequested(request.session, request))
         return request
+
+    async def granted(self, *, agent: str, tool: str, place: str | None, args: dict[str, Any]) -> bool:
+        """Whether an "Always allow" covers exactly this call here (same agent, tool, place, arguments)."""
+        call = grant_call(tool, args)
+        return call is not None and await self.store.grant_for(agent, tool, place, call) is not None
 
     async def wait(self, request: ApprovalInfo) -> ApprovalInfo:
         """Until it is settled (by anyone, in any process); returns it settled."""
@@ -165,10 +181,20 @@ class ApprovalBroker:
             log.info("approval %s: %s may not decide", request_id, by)
             return DecideResult(False, request, refused="You can't approve this: you are not one of its approvers.")
         status = ApprovalStatus.DENIED if verdict == "deny" else ApprovalStatus.APPROVED
+        call = grant_call(request.tool, request.arguments) if verdict == "always" else None
         won, settled = await self._settle(request_id, status, by=by,
-                                          reason=(reason or None) if verdict == "deny" else None,
-                                          always=verdict == "always")
+                                          reason=(reason or None) if verdict == "deny" else None, grant=call)
+        if not won and not settled.settled:  # the settle refused it only because it has run out of time
+            won_expiry, settled = await self._settle(request_id, ApprovalStatus.EXPIRED, by=None, reason=None)
+            log.info("approval %s: %s decided after its expiry; settled as expired", request_id, by)
+            return DecideResult(False, settled, late=won_expiry)
         return DecideResult(won, settled)
+
+    async def refuse(self, request_id: int, reason: str) -> bool:
+        """A channel could not show the request as it must be shown (e.g. its arguments in full):
+        nobody can decide on what they cannot see, so the call is cancelled and the model told why."""
+        won, _request = await self._settle(request_id, ApprovalStatus.CANCELLED, by=None, reason=reason)
+        return won
 
     async def get(self, request_id: int) -> ApprovalInfo | None:
         return await self.store.get(request_id)
@@ -177,13 +203,20 @@ class ApprovalBroker:
         """Where a channel showed the request, so its message can be updated when settled."""
         await self.store.record_announcement(request_id, where)
 
-    async def pending(self) -> list[ApprovalInfo]:
+    async def pending(self, *, place: str | None = None, viewer: str | None = None) -> list[ApprovalInfo]:
+        """Pending requests. A ``viewer`` (a person asking in a channel) sees those asked at ``place``
+        only, unless an admin; without a viewer (an operator, core itself) every one."""
+        if viewer is not None and not self.policy.is_admin(viewer):
+            return await self.store.pending(place=place) if place else []
         return await self.store.pending()
 
     async def recent(self, session_id: str) -> list[ApprovalInfo]:
         return await self.store.recent(session_id)
 
-    async def grants(self) -> list[GrantRow]:
+    async def grants(self, *, place: str | None = None, viewer: str | None = None) -> list[GrantRow]:
+        """Active grants; who sees which as for ``pending``."""
+        if viewer is not None and not self.policy.is_admin(viewer):
+            return await self.store.grants(place=place) if place else []
         return await self.store.grants()
 
     async def revoke_grant(self, grant_id: int, by: str, *, operator: bool = False) -> str:
@@ -198,9 +231,10 @@ class ApprovalBroker:
         return await self.policy.may_decide(user, request.requester, agent.approvers)
 
     async def _settle(self, request_id: int, status: str, *, by: str | None, reason: str | None,
-                      always: bool = False) -> tuple[bool, ApprovalInfo]:
-        """Settle if still pending; returns whether this call did, and the request as it stands."""
-        won, request = await self.store.settle(request_id, status, by=by, reason=reason, always=always,
+                      grant: str | None = None) -> tuple[bool, ApprovalInfo]:
+        """Settle if still pending (a decision: and not expired); returns whether this call did, and
+        the request as it stands. ``grant``: the exact call an "Always allow" records."""
+        won, request = await self.store.settle(request_id, status, by=by, reason=reason, grant_call=grant,
                                                now=self.clock.now())
         assert request is not None
         if won:
@@ -219,6 +253,31 @@ class ApprovalBroker:
         return len(overdue)
 
 
+def grant_call(tool: str, args: dict[str, Any]) -> str | None:
+    """What an "Always allow" of this call is keyed by: every argument, exactly (compact sorted
+    JSON), so another command, timeout or credential list is another call. A destination approval
+    is keyed by the destination's id, not by the schedule or its prompt. None: it cannot be granted."""
+    if tool == DESTINATION_TOOL:
+        destination = args.get("destination_id")
+        return canonical_call({"destination": destination}) if isinstance(destination, str) and destination else None
+    return canonical_call(args)
+
+
+def describe_grant(grant: GrantRow) -> str:
+    """The exact call a grant covers, as a person reads it (e.g. the command, then any other argument)."""
+    try:
+        args = json.loads(grant.call_text or "")
+    except json.JSONDecodeError:
+        args = None
+    if not isinstance(args, dict):
+        return grant.call_text or "(nothing: a grant from before exact calls, revoked)"
+    if grant.tool == DESTINATION_TOOL:
+        return f"schedules posting to {args.get('destination')}"
+    text = canonical_text(grant.tool, args)
+    rest = {k: v for k, v in args.items() if k not in CANONICAL_KEYS.get(grant.tool, tuple(args))}
+    return f"{text} (with {canonical_call(rest)})" if rest else text
+
+
 def _subject(tool: Tool, args: dict[str, Any]) -> str | None:
     value = args.get(tool.pattern_arg) if tool.pattern_arg else None
     return str(value) if value is not None else None
@@ -234,5 +293,6 @@ def _decision(request: ApprovalInfo) -> GateDecision:
     if request.status == ApprovalStatus.EXPIRED:
         return GateDecision(False, f"error: nobody approved `{request.tool}` in time, so it did not run; "
                                    "do not retry it; continue without it", request.id)
-    return GateDecision(False, f"error: the request to run `{request.tool}` was cancelled; it did not run",
+    why = f": {request.reason}" if request.reason else ""
+    return GateDecision(False, f"error: the request to run `{request.tool}` was cancelled{why}; it did not run",
                         request.id)

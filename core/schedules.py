@@ -23,7 +23,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from core.approvals import ApprovalBroker, ApprovalPolicy
+from core.approvals import DESTINATION_TOOL, ApprovalBroker, ApprovalPolicy
 from core.clock import Clock
 from core.dispatcher import Dispatcher
 from core.errors import InvalidInput
@@ -36,7 +36,6 @@ from core.store.tables import ScheduleRow
 log = logging.getLogger(__name__)
 
 LEADER_LEASE = "scheduler"
-DESTINATION_TOOL = "schedule_destination"  # what a destination approval is filed under (and granted as)
 # Resolves "#name" or an id to the channel's own id; raises InvalidInput if unknown or out of reach.
 DestinationResolver = Callable[[str], Awaitable[str]]
 
@@ -261,21 +260,27 @@ class ScheduleService:
     async def _await_destination(self, schedule: ScheduleRow) -> None:
         assert schedule.id is not None
         approval = await self.approvals.get(schedule.approval_id) if schedule.approval_id else None
+        granted = False
         if approval is None:
-            approval = await self.approvals.request(
-                session_id=schedule.origin_session or "", turn_id=None, call_id=f"schedule:{schedule.id}",
-                tool=DESTINATION_TOOL, args={"schedule": schedule.id, "destination": schedule.destination,
-                                             "when": TriggerSpec.from_json(schedule.trigger).describe(),
-                                             "prompt": schedule.prompt},
-                agent=schedule.agent, place=_place(schedule), requester=schedule.creator,
-            )
-            await self.store.set_status(schedule.id, Status.PENDING_DESTINATION, approval_id=approval.id)
-        settled = await self.approvals.wait(approval) if not approval.settled else approval
+            args = _destination_args(schedule)
+            # "Always allow" on an earlier destination approval: this agent may post there again.
+            granted = await self.approvals.granted(agent=schedule.agent, tool=DESTINATION_TOOL,
+                                                   place=_place(schedule), args=args)
+            if not granted:
+                approval = await self.approvals.request(
+                    session_id=schedule.origin_session or "", turn_id=None, call_id=f"schedule:{schedule.id}",
+                    tool=DESTINATION_TOOL, args=args, agent=schedule.agent, place=_place(schedule),
+                    requester=schedule.creator,
+                )
+                await self.store.set_status(schedule.id, Status.PENDING_DESTINATION, approval_id=approval.id)
+        if approval is not None and not approval.settled:
+            approval = await self.approvals.wait(approval)
         origin = await self.conversations.get_session(schedule.origin_session or "")
-        if settled.status == ApprovalStatus.APPROVED:
+        if granted or (approval is not None and approval.status == ApprovalStatus.APPROVED):
             await self._activate(schedule)
             text = (f"Schedule {schedule.id} is active: {TriggerSpec.from_json(schedule.trigger).describe()}, "
-                    f"posting to {schedule.destination}.")
+                    f"posting to {schedule.destination}"
+                    + (" (always allowed there)." if granted else "."))
         else:
             await self.store.set_status(schedule.id, Status.CANCELLED, only_from=(Status.PENDING_DESTINATION,))
             text = f"Schedule {schedule.id} was not started: posting to {schedule.destination} was not approved."
@@ -366,8 +371,19 @@ class ScheduleService:
 
     # -- managing -------------------------------------------------------------------------------
 
-    async def list(self) -> list[ScheduleRow]:
-        return await self.store.all()
+    async def list(self, *, place: str | None = None, viewer: str | None = None) -> list[ScheduleRow]:
+        """Schedules. A ``viewer`` (a person asking somewhere) sees those asked for at ``place`` or posting
+        there, unless an admin; without a viewer (an operator, the web chat's own list) every one."""
+        rows = await self.store.all()
+        if viewer is None or self.policy.is_admin(viewer):
+            return rows
+        if not place:
+            return []
+        return [r for r in rows if _posts_to(r, place) or await self._origin_place(r) == place]
+
+    async def _origin_place(self, schedule: ScheduleRow) -> str | None:
+        origin = await self.conversations.get_session(schedule.origin_session) if schedule.origin_session else None
+        return origin.place if origin is not None else None
 
     def may_change(self, schedule: ScheduleRow, user: str) -> bool:
         """Pausing, resuming and cancelling belong to a schedule's creator and to admins."""
@@ -430,12 +446,24 @@ class ScheduleService:
         return job.next_run_time if job is not None else None
 
 
+def _destination_args(schedule: ScheduleRow) -> dict[str, Any]:
+    """What the destination approval shows, and (by ``destination_id``) what its grant is keyed by."""
+    return {"schedule": schedule.id, "destination": schedule.destination, "destination_id": schedule.destination_id,
+            "when": TriggerSpec.from_json(schedule.trigger).describe(), "prompt": schedule.prompt}
+
+
 def _job_id(schedule_id: int) -> str:
     return f"schedule:{schedule_id}"
 
 
 def _place(schedule: ScheduleRow) -> str:
     return f"{schedule.channel}:dest:{schedule.destination_id}"
+
+
+def _posts_to(schedule: ScheduleRow, place: str) -> bool:
+    """Whether the schedule posts to ``place`` ("slack:T1:C2", or a firing's own "slack:dest:C2")."""
+    channel, _, rest = place.partition(":")
+    return channel == schedule.channel and rest.rsplit(":", 1)[-1] == schedule.destination_id
 
 
 def _dm_session(schedule: ScheduleRow) -> SessionInfo:

@@ -49,7 +49,8 @@ class Tool:
     risk: Risk
     function: ToolFunction
     timeout_s: float = 60.0
-    # The argument "Always allow" patterns match (e.g. shell_run's command); None: the whole tool.
+    # The argument that names what a call is about (e.g. message_send's channel): a firing's
+    # preapproved destination is matched on it. Grants never use it: they cover the exact call.
     pattern_arg: str | None = None
     # For a call a crash left without a result: finish it if that is safe (e.g. keep waiting for a
     # parked request); None (or returning None) records it as interrupted.
@@ -103,6 +104,29 @@ class ToolRegistry:
         """Tools whose names match an allowlist entry (exact names or globs such as ``schedule_*``)."""
         pats = list(patterns)
         return [t for name, t in sorted(self._tools.items()) if any(fnmatch.fnmatchcase(name, p) for p in pats)]
+
+
+def canonical_call(args: dict[str, Any]) -> str:
+    """Every argument of a call as compact JSON with sorted keys: two calls are the same call only
+    when these are equal (what an "Always allow" grant is keyed by)."""
+    return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def canonical_text(tool_name: str, args: dict[str, Any]) -> str:
+    """The call as a person reads it and as policies match it (SPEC §16): ``shell_run`` → the
+    command; ``http_request`` → ``METHOD URL``; ``message_send`` → ``#channel text``; any other
+    tool → its arguments as compact JSON. Only the exact call (``canonical_call``) identifies it."""
+    if tool_name == "shell_run" and isinstance(args.get("command"), str):
+        return str(args["command"])
+    if tool_name == "http_request" and isinstance(args.get("url"), str):
+        return f"{str(args.get('method') or '').upper()} {args['url']}".strip()
+    if tool_name == "message_send" and isinstance(args.get("channel"), str):
+        channel = str(args["channel"])
+        return f"{channel if channel.startswith('#') else '#' + channel} {args.get('text') or ''}".rstrip()
+    return canonical_call(args)
+
+
+CANONICAL_KEYS = {"shell_run": ("command",), "http_request": ("method", "url"), "message_send": ("channel", "text")}
 
 
 @dataclass(frozen=True)

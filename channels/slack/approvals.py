@@ -3,7 +3,6 @@ in-place update once settled. Every rule (who may decide, settle once) is the br
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from datetime import datetime
@@ -14,15 +13,23 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import PrivateReplies, error_code
-from core.approvals import ApprovalBroker
+from channels.slack.payloads import channel_id, input_value, user_id
+from core.approvals import TOO_LONG_TO_SHOW, ApprovalBroker
+from core.display import arguments_text
 from core.model import ApprovalInfo, ApprovalStatus
 
 log = logging.getLogger(__name__)
 
 ACTION = re.compile(r"^approval:(approve|deny|always)$")
 DENY_VIEW = "approval_deny"
-_ARG_LIMIT = 300
-_ARGS_LIMIT = 2_500
+# Slack allows 3,000 characters in a section's text and 50 blocks in a message. The arguments are
+# never cut: they take several sections, and past _INLINE_SECTIONS (a wall nobody reads in a
+# channel) they are attached in full as a file in the thread.
+_SECTION_CHARS = 3_000
+_CHUNK_CHARS = _SECTION_CHARS - 2 * len("```\n")
+_INLINE_SECTIONS = 6
+_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+_TOO_BIG = {"invalid_blocks", "msg_too_long", "too_many_blocks", "msg_blocks_too_long"}
 _OUTCOME_ICON = {ApprovalStatus.APPROVED: ":white_check_mark:", ApprovalStatus.DENIED: ":x:",
                  ApprovalStatus.EXPIRED: ":hourglass:", ApprovalStatus.CANCELLED: ":no_entry_sign:"}
 
@@ -39,15 +46,47 @@ class SlackApprovals:
 
     async def announce(self, request: ApprovalInfo) -> None:
         ref = request.session.reply_ref
-        try:
-            posted = await self.client.chat_postMessage(
-                channel=ref["channel"], thread_ts=ref.get("thread_ts"), text=_fallback(request),
-                blocks=approval_blocks(request),
-            )
-        except SlackApiError as exc:
-            log.error("could not post approval %s: %s", request.id, error_code(exc))
-            return
+        attached = None
+        if not request.settled and not fits_on_card(request):
+            # The file goes first, so no button is ever shown before the arguments can be read.
+            attached = await self._attach(request)
+            if attached is None:
+                await self.broker.refuse(request.id, TOO_LONG_TO_SHOW)
+                return
+        for attempt in range(2):
+            try:
+                posted = await self.client.chat_postMessage(
+                    channel=ref["channel"], thread_ts=ref.get("thread_ts"), text=_fallback(request),
+                    blocks=approval_blocks(request, attached=attached),
+                )
+                break
+            except SlackApiError as exc:
+                log.error("could not post approval %s: %s", request.id, error_code(exc))
+                if attempt or attached is not None or request.settled or error_code(exc) not in _TOO_BIG:
+                    return  # e.g. Slack is down: it stays pending, and expires if nobody can decide
+            # Slack would not take the arguments on the card after all: attach them, or refuse the call.
+            attached = await self._attach(request)
+            if attached is None:
+                await self.broker.refuse(request.id, TOO_LONG_TO_SHOW)
+                return
         await self.broker.record_announcement(request.id, {"channel": posted["channel"], "ts": posted["ts"]})
+
+    async def _attach(self, request: ApprovalInfo) -> str | None:
+        """Post the arguments in full as a file in the request's thread; its name, or None if that failed."""
+        ref = request.session.reply_ref
+        filename = f"approval-{request.id}-arguments.txt"
+        content = (f"Approval request {request.id}: {request.agent} wants to run {request.tool}.\n"
+                   "Every argument in full. Whitespace and invisible characters are shown as marks like "
+                   "⟦3 spaces⟧ or ⟦U+202E⟧.\n\n" + arguments_text(request.arguments) + "\n")
+        try:
+            await self.client.files_upload_v2(channel=ref["channel"], thread_ts=ref.get("thread_ts"),
+                                              content=content, filename=filename,
+                                              title=f"Arguments of approval request {request.id}")
+        except Exception as exc:  # whatever went wrong, nobody can read them: the broker refuses the call
+            log.error("could not attach the arguments of approval %s: %s", request.id,
+                      error_code(exc) if isinstance(exc, SlackApiError) else type(exc).__name__)
+            return None
+        return filename
 
     async def resolve(self, request: ApprovalInfo) -> None:
         """Update the request's message in place: no buttons, who decided what."""
@@ -67,8 +106,9 @@ class SlackApprovals:
 
     async def _on_click(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
-        user = str((body.get("user") or {}).get("id") or "")
-        channel = str((body.get("channel") or {}).get("id") or "")
+        user, channel = user_id(body), channel_id(body)  # shapes checked before bolt (payloads.shape_problem)
+        if not user:
+            return
         verdict = ACTION.match(str(action.get("action_id")))
         request_id = _request_id(action.get("value"))
         if verdict is None or request_id is None:
@@ -94,25 +134,34 @@ class SlackApprovals:
 
     async def _on_deny_submitted(self, ack: Any, body: dict[str, Any], view: dict[str, Any]) -> None:
         await ack()
-        user = str((body.get("user") or {}).get("id") or "")
+        user = user_id(body)
         request_id = _request_id(view.get("private_metadata"))
-        if request_id is None:
+        if request_id is None or not user:
             return
-        values = (view.get("state") or {}).get("values") or {}
-        reason = str(((values.get("reason") or {}).get("text") or {}).get("value") or "").strip()
+        reason = input_value(view, "reason", "text").strip()
         result = await self.broker.decide(request_id, "deny", by=user, reason=reason or None)
         if not result.won and result.request is not None and result.request.announcement:
             self._private.tell(result.request.announcement["channel"], user, result.message)
 
 
 
-def approval_blocks(request: ApprovalInfo) -> list[dict[str, Any]]:
+def approval_blocks(request: ApprovalInfo, *, attached: str | None = None) -> list[dict[str, Any]]:
+    """The card: every argument in full (over several sections, or in the attached file ``attached``)."""
     asked = f"Asked by <@{request.requester}>" if request.requester else "Asked by the agent"
-    blocks: list[dict[str, Any]] = [
-        {"type": "section", "text": {"type": "mrkdwn",
-                                     "text": f":lock: *{_escape(request.agent)}* wants to run `{request.tool}`"}},
-        {"type": "section", "text": {"type": "mrkdwn", "text": f"```{_arguments(request.arguments)}```"}},
-    ]
+    shown = arguments_text(request.arguments)
+    chunks = _chunks(shown)
+    header = f":lock: *{_escape(request.agent)}* wants to run `{_escape(request.tool)}`"
+    if attached is None and len(chunks) <= _INLINE_SECTIONS:
+        if len(chunks) > 1:
+            header += f" — its arguments in full, in {len(chunks)} parts:"
+        body = [_section(f"```\n{chunk}\n```") for chunk in chunks]
+    else:
+        body = [_section(_too_long_note(request, len(shown), attached))]
+    blocks: list[dict[str, Any]] = [_section(header), *body]
+    if "⟦" in shown:
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
+            "Marks like ⟦3 spaces⟧, ⟦TAB⟧ or ⟦U+202E⟧ stand for whitespace and invisible characters "
+            "in the arguments.")}]})
     if request.status == ApprovalStatus.PENDING:
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
             f"{asked} · expires {_date(request.expires_at)}")}]})
@@ -161,17 +210,46 @@ def _who(summary: str, user: str | None) -> str:
     return summary
 
 
-def _arguments(arguments: dict[str, Any]) -> str:
-    lines = []
-    for key, value in arguments.items():
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        if len(text) > _ARG_LIMIT:
-            text = text[:_ARG_LIMIT] + f"… ({len(text)} characters)"
-        lines.append(f"{key}: {text}")
-    joined = "\n".join(lines) or "(no arguments)"
-    if len(joined) > _ARGS_LIMIT:
-        joined = joined[:_ARGS_LIMIT] + "…"
-    return _escape(joined).replace("```", "'''")  # a fence inside would end the code block
+def fits_on_card(request: ApprovalInfo) -> bool:
+    """Whether the arguments, in full, fit on the card itself (else they must be attached)."""
+    return len(_chunks(arguments_text(request.arguments))) <= _INLINE_SECTIONS
+
+
+def _chunks(text: str) -> list[str]:
+    """``text`` escaped for mrkdwn, in pieces that each fit a section with its code fences: never cut
+    inside an escape, and at a line break when one is near (that break is the box's edge)."""
+    chunks: list[str] = []
+    current: list[str] = []
+    size = 0
+    for token in (_ESCAPES.get(ch, ch) for ch in text):
+        if size + _width(token) > _CHUNK_CHARS:
+            cut = next((i for i in range(len(current) - 1, len(current) // 2, -1) if current[i] == "\n"), None)
+            chunks.append("".join(current[:cut]))
+            current = current[cut + 1:] if cut is not None else []
+            size = sum(_width(t) for t in current)
+        current.append(token)
+        size += _width(token)
+    chunks.append("".join(current))
+    return chunks
+
+
+def _width(token: str) -> int:
+    """Characters as Slack may count them (UTF-16 units: an emoji can count twice)."""
+    return sum(2 if ord(ch) > 0xFFFF else 1 for ch in token)
+
+
+def _too_long_note(request: ApprovalInfo, length: int, attached: str | None) -> str:
+    too_long = f":paperclip: The arguments ({length:,} characters) are too long for this card."
+    if request.status == ApprovalStatus.PENDING:
+        name = f" (`{attached}`)" if attached else ""
+        return f"{too_long} They are attached in full as a file in this thread{name}: read it before you decide."
+    if request.announcement:
+        return f"{too_long} They are attached in full as a file in this thread."
+    return too_long
+
+
+def _section(text: str) -> dict[str, Any]:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
 
 
 def _date(when: datetime) -> str:
@@ -183,8 +261,7 @@ def _escape(text: str) -> str:
 
 
 def _request_id(value: Any) -> int | None:
-    try:
-        number = int(str(value))
-    except ValueError:
+    """The request id our own blocks carry: a string of digits, nothing else (not a JSON number, not "+1")."""
+    if not isinstance(value, str) or re.fullmatch(r"[0-9]{1,18}", value) is None:
         return None
-    return number if number > 0 else None
+    return int(value) or None

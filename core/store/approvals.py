@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import or_, update
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -32,16 +31,21 @@ class ApprovalStore:
             return await _info(s, row)
 
     async def settle(
-        self, request_id: int, status: str, *, by: str | None, reason: str | None, always: bool, now: datetime,
-        grant_pattern: str | None = None,
+        self, request_id: int, status: str, *, by: str | None, reason: str | None, now: datetime,
+        grant_call: str | None = None,
     ) -> tuple[bool, ApprovalInfo | None]:
-        """Settle once: only a pending request changes. Returns (won, the request as it now stands).
-        An "always" approval records its grant, and every decision its audit line, in the same commit."""
+        """Settle once: only a pending request changes, and a decision (approve, deny) only before it
+        expires. Returns (won, the request as it now stands). An approval with ``grant_call`` (the
+        exact call, from "Always allow") records its grant, and every outcome its audit line, in the
+        same commit."""
+        always = grant_call is not None and status == ApprovalStatus.APPROVED
         async with self.db.write() as s:
+            query = update(ApprovalRow).where(col(ApprovalRow.id) == request_id,
+                                              col(ApprovalRow.status) == ApprovalStatus.PENDING)
+            if status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):  # expiry and cancel settle regardless
+                query = query.where(col(ApprovalRow.expires_at) > now)
             result = await s.exec(
-                update(ApprovalRow)
-                .where(col(ApprovalRow.id) == request_id, col(ApprovalRow.status) == ApprovalStatus.PENDING)
-                .values(status=status, decided_by=by, decided_at=now, reason=reason, always=always)
+                query.values(status=status, decided_by=by, decided_at=now, reason=reason, always=always)
             )
             won = bool(result.rowcount)
             row = await s.get(ApprovalRow, request_id)
@@ -53,8 +57,8 @@ class ApprovalStore:
                              .where(col(SessionRow.id) == row.session_id,
                                     col(SessionRow.status) == SessionStatus.PENDING_APPROVAL)
                              .values(status=SessionStatus.RUNNING))
-                if always and status == ApprovalStatus.APPROVED:
-                    s.add(GrantRow(agent=row.agent, tool=row.tool, place=row.place, arg_pattern=grant_pattern,
+                if always:  # never a pattern: the one call that was approved, at its place
+                    s.add(GrantRow(agent=row.agent, tool=row.tool, place=row.place, call_text=grant_call,
                                    created_by=by or "operator", created_at=now))
                 s.add(audit_row(now, by or "system", f"approval.{status}", f"approval:{row.id}",
                              {"tool": row.tool, "session": row.session_id, "reason": reason, "always": always}))
@@ -82,13 +86,18 @@ class ApprovalStore:
                          .values(announcement=json.dumps(where)))
 
     async def pending(self, *, due_before: datetime | None = None, session_id: str | None = None,
-                      limit: int = 1000) -> list[ApprovalInfo]:
+                      place: str | None = None, limit: int = 1000) -> list[ApprovalInfo]:
+        """``place``: those asked at that place (filed there, or asked in a conversation there)."""
         async with self.db.read() as s:
             query = select(ApprovalRow).where(ApprovalRow.status == ApprovalStatus.PENDING)
             if due_before is not None:
                 query = query.where(col(ApprovalRow.expires_at) <= due_before)
             if session_id is not None:
                 query = query.where(ApprovalRow.session_id == session_id)
+            if place is not None:
+                asked_there = select(SessionRow.id).where(SessionRow.place == place)
+                query = query.where(or_(col(ApprovalRow.place) == place,
+                                        col(ApprovalRow.session_id).in_(asked_there)))
             rows = (await s.exec(query.order_by(col(ApprovalRow.id)).limit(limit))).all()
             return [await _info(s, r) for r in rows]
 
@@ -100,31 +109,22 @@ class ApprovalStore:
 
     # -- grants ---------------------------------------------------------------------------------
 
-    async def grant_for(self, agent: str, tool: str, place: str | None, subject: str | None) -> GrantRow | None:
-        """An active grant covering this call; ``subject`` is the argument grant patterns match."""
+    async def grant_for(self, agent: str, tool: str, place: str | None, call: str) -> GrantRow | None:
+        """The active grant for exactly this call (its canonical arguments) here. Equality only: a
+        ``*`` in an approved command is a character, and a legacy pattern grant matches nothing."""
         async with self.db.read() as s:
-            rows = (await s.exec(select(GrantRow).where(
+            return (await s.exec(select(GrantRow).where(
                 GrantRow.agent == agent, GrantRow.tool == tool, GrantRow.place == place,
-                col(GrantRow.revoked_at).is_(None)))).all()
-            for grant in rows:
-                if grant.arg_pattern is None or (subject is not None
-                                                 and fnmatch.fnmatchcase(subject, grant.arg_pattern)):
-                    return grant
-            return None
+                GrantRow.call_text == call, col(GrantRow.call_text).is_not(None),
+                col(GrantRow.revoked_at).is_(None)).order_by(col(GrantRow.id)))).first()
 
-    async def add_grant(self, grant: GrantRow) -> GrantRow:
-        async with self.db.write() as s:
-            s.add(grant)
-            s.add(audit_row(grant.created_at, grant.created_by, "grant.added", f"{grant.agent}:{grant.tool}",
-                         {"place": grant.place, "pattern": grant.arg_pattern}))
-            await s.flush()
-            return grant
-
-    async def grants(self, *, include_revoked: bool = False) -> list[GrantRow]:
+    async def grants(self, *, include_revoked: bool = False, place: str | None = None) -> list[GrantRow]:
         async with self.db.read() as s:
             query = select(GrantRow)
             if not include_revoked:
                 query = query.where(col(GrantRow.revoked_at).is_(None))
+            if place is not None:
+                query = query.where(GrantRow.place == place)
             return list((await s.exec(query.order_by(col(GrantRow.id)))).all())
 
     async def revoke(self, grant_id: int, by: str, now: datetime) -> bool:

@@ -46,12 +46,16 @@ class FakeSlack:
     socket_acks: list[str] = field(default_factory=list)
     socket_connected: asyncio.Event = field(default_factory=asyncio.Event)
     _envelopes: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    # files_upload_v2: files whose upload URL was handed out (by id), and those completed into a channel.
+    _files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    uploads: list[dict[str, Any]] = field(default_factory=list)
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/api/{method}", self._handle)
         app.router.add_get("/api/{method}", self._handle)
         app.router.add_get("/link", self._socket_mode)
+        app.router.add_post("/upload/{file_id}", self._upload)
         return app
 
     async def push_socket_event(self, body: dict[str, Any]) -> str:
@@ -99,6 +103,14 @@ class FakeSlack:
             await asyncio.wait_for(self._changed.wait_for(lambda: len(self.of(method)) >= count), timeout)
         return self.of(method)
 
+    async def _upload(self, request: web.Request) -> web.Response:
+        """Step 2 of files_upload_v2: the bytes go to the URL files.getUploadURLExternal gave."""
+        pending = self._files.get(request.match_info["file_id"])
+        if pending is None:
+            return web.Response(status=404, text="unknown upload")
+        pending["content"] = (await request.read()).decode("utf-8", "replace")
+        return web.Response(text="OK - uploaded")
+
     async def _handle(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
         # slack_sdk sends some methods' arguments as JSON, others as a form or in the query string.
@@ -136,6 +148,21 @@ class FakeSlack:
             return {"ok": True}
         if method == "chat.update":
             return {"ok": True, "channel": params.get("channel"), "ts": params.get("ts")}
+        if method == "files.getUploadURLExternal":
+            file_id = f"F{len(self._files) + 1:06d}"
+            self._files[file_id] = {"id": file_id, "filename": params.get("filename"), "content": None}
+            return {"ok": True, "file_id": file_id, "upload_url": f"http://{self._host}/upload/{file_id}"}
+        if method == "files.completeUploadExternal":
+            done = []
+            for item in json.loads(str(params.get("files") or "[]")):
+                pending = self._files.get(str(item.get("id")))
+                if pending is None or pending["content"] is None:
+                    return {"ok": False, "error": "file_not_found"}
+                self.uploads.append(pending | {"title": item.get("title"), "channel": params.get("channel_id"),
+                                               "thread_ts": params.get("thread_ts"),
+                                               "initial_comment": params.get("initial_comment")})
+                done.append({"id": pending["id"], "name": pending["filename"]})
+            return {"ok": True, "files": done}
         if method == "usergroups.users.list":
             return {"ok": True, "users": self.groups.get(str(params.get("usergroup")), [])}
         if method == "conversations.info":

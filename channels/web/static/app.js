@@ -66,10 +66,53 @@ function messageElement(role, html, meta, extraClass) {
   return el;
 }
 
+// Whitespace and invisible characters made visible, as on the Slack card (core.approvals.visible):
+// a run of spaces, a tab or a U+202E cannot hide part of what an approver approves.
+const HIDDEN = /^[\p{Cc}\p{Cf}\p{Cs}\p{Co}\p{Cn}\p{Zl}\p{Zp}]$/u;
+const BLANK = new Set([0x034f, 0x115f, 0x1160, 0x17b4, 0x17b5, 0x2800, 0x3164, 0xffa0]);
+
+function isHidden(ch, code) {
+  return HIDDEN.test(ch) || BLANK.has(code) || (code >= 0x180b && code <= 0x180f) || (code >= 0xfe00 && code <= 0xfe0f)
+    || (code >= 0xe0100 && code <= 0xe01ef) || (ch !== " " && /^\p{Zs}$/u.test(ch));
+}
+
+function visible(text) {
+  const chars = Array.from(text);
+  let out = "";
+  for (let i = 0; i < chars.length;) {
+    const ch = chars[i];
+    if (ch === " " || ch === "\n" || ch === "`") {
+      let j = i;
+      while (j < chars.length && chars[j] === ch) j++;
+      const run = j - i;
+      if (ch === " " && (run >= 3 || j === chars.length || chars[j] === "\n")) out += `⟦${run} space${run > 1 ? "s" : ""}⟧`;
+      else if (ch === "\n" && run >= 3) out += `\n⟦${run} line breaks⟧\n`;
+      else if (ch === "`" && run >= 3) out += `⟦${run} backticks⟧`;
+      else out += ch.repeat(run);
+      i = j;
+      continue;
+    }
+    const code = ch.codePointAt(0);
+    if (ch === "\t") out += "⟦TAB⟧";
+    else if (ch === "\r") out += "⟦CR⟧";
+    else if (isHidden(ch, code)) out += `⟦U+${code.toString(16).toUpperCase().padStart(4, "0")}⟧`;
+    else out += ch;
+    i++;
+  }
+  return out;
+}
+
+// Every argument in full, one per line; a value's further lines start with "│" (none passes for another argument).
+function argumentsText(args) {
+  const lines = Object.entries(args).map(([k, v]) =>
+    `${visible(k)}: ${visible(typeof v === "string" ? v : JSON.stringify(v)).replaceAll("\n", "\n│ ")}`);
+  return lines.join("\n") || "(no arguments)";
+}
+
 function approvalElement(a) {
   const el = document.createElement("div");
   el.className = `msg approval ${a.status}`;
-  const args = Object.entries(a.arguments).map(([k, v]) => `${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`).join("\n");
+  const args = argumentsText(a.arguments);
   el.innerHTML = `<p><strong>Approval needed:</strong> the agent wants to run <code>${escapeHtml(a.tool)}</code></p><pre><code>${escapeHtml(args)}</code></pre>`;
   const meta = document.createElement("div");
   meta.className = "meta";
@@ -126,6 +169,11 @@ function credentialElement(c) {
   value.rows = 3;
   value.setAttribute("aria-label", `Value for ${c.name}`);
   value.autocomplete = "off";
+  const hosts = document.createElement("input");  // optional: where http_request may send it
+  hosts.type = "text";
+  hosts.autocomplete = "off";
+  hosts.placeholder = "Allowed hosts (comma-separated, optional): api.example.com, *.example.com";
+  hosts.setAttribute("aria-label", `Allowed hosts for ${c.name} (comma-separated, optional)`);
   const error = document.createElement("p");
   error.className = "error";
   const store = document.createElement("button");
@@ -133,14 +181,14 @@ function credentialElement(c) {
   store.textContent = "Store";
   store.addEventListener("click", async () => {
     try {
-      await api(`/api/credentials/${c.id}`, { body: { value: value.value } });
+      await api(`/api/credentials/${c.id}`, { body: { value: value.value, hosts: hosts.value } });
       value.value = "";
       await loadConversation();
     } catch (e) {
       error.textContent = e.message;
     }
   });
-  el.append(value, error, store, meta);
+  el.append(value, hosts, error, store, meta);
   return el;
 }
 
