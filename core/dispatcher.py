@@ -21,6 +21,7 @@ from datetime import timedelta
 
 from core import logcontext
 from core.agents import AgentDirectory
+from core.approvals import ApprovalPolicy
 from core.clock import Clock
 from core.errors import CoreError, InvalidInput, ProviderError, StepLimitReached
 from core.events import (
@@ -115,6 +116,7 @@ class Dispatcher:
         clock: Clock,
         config: DispatchConfig = DispatchConfig(),
         leases: LeaseStore | None = None,
+        policy: ApprovalPolicy | None = None,
     ) -> None:
         self.conversations = conversations
         self.inputs = inputs
@@ -129,6 +131,8 @@ class Dispatcher:
         self._waiters: dict[int, list[asyncio.Future[Outcome]]] = {}
         self._accepting = False
         self.leases = leases  # with several replicas: one process at a time runs a session
+        # Who may stop or re-queue someone else's work: approvers and admins (without one: nobody).
+        self.policy = policy or ApprovalPolicy((), ())
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -233,6 +237,8 @@ class Dispatcher:
 
     async def _obey(self, session: SessionInfo, text: str, sender: str) -> str:
         if text.lower() in _STOP_WORDS:
+            if not await self.may_control(sender, session.id):
+                return _STOP_REFUSED
             report = await self.cancel(session.id, by=sender, announce=False)
             return report.describe(sender)
         match = _QUEUE_COMMAND.match(text)
@@ -242,6 +248,8 @@ class Dispatcher:
             return f"Queue mode here: {await self.queue_mode(session.id)} (steer, collect or followup)."
         if mode not in QueueMode.ALL:
             return f"Unknown queue mode {mode!r}: use steer, collect or followup."
+        if not await self.may_control(sender, session.id):
+            return _QUEUE_REFUSED
         await self.control.set_session_queue_mode(session.id, mode, self.clock.now())
         return f"Queue mode for this conversation is now {mode}."
 
@@ -256,13 +264,42 @@ class Dispatcher:
     async def queue_mode(self, session_id: str) -> str:
         return await self.control.queue_mode(session_id) or self.config.queue_mode
 
-    async def set_place_queue_mode(self, place: str, mode: str) -> None:
+    async def set_place_queue_mode(self, place: str, mode: str, *, by: str) -> None:
+        """A place's queue mode (``/bot queue``): for approvers and admins, and for whoever asked for the
+        work in progress there. Refused with InvalidInput."""
         if mode not in QueueMode.ALL:
             raise InvalidInput(f"unknown queue mode {mode!r}: use steer, collect or followup")
+        if not await self.may_control(by, await self.inputs.latest_live_session(place)):
+            raise InvalidInput(_QUEUE_REFUSED)
         await self.control.set_place_queue_mode(place, mode, self.clock.now())
 
     async def latest_live_session(self, place: str) -> str | None:
         return await self.inputs.latest_live_session(place)
+
+    async def stop_latest(self, place: str, *, by: str) -> StopReport | None:
+        """``/bot stop``: stop the place's most recently busy conversation (None: nothing is busy). Refused
+        with InvalidInput unless ``by`` may control it."""
+        session_id = await self.inputs.latest_live_session(place)
+        if session_id is None:
+            return None
+        if not await self.may_control(by, session_id):
+            raise InvalidInput(_STOP_REFUSED)
+        return await self.cancel(session_id, by=by)
+
+    async def may_control(self, user: str, session_id: str | None) -> bool:
+        """Whether ``user`` may stop a conversation or change how it queues: its requester (who asked for
+        its live or latest turn), approvers and admins. A conversation nobody has asked anything yet is
+        anyone's to set up. ``session_id`` None stands for a place with nothing busy: approvers and admins."""
+        if not user:
+            return False
+        requester = await self.inputs.requester(session_id) if session_id is not None else None
+        if session_id is not None and requester is None:
+            return True
+        if user == requester:
+            return True
+        session = await self.conversations.get_session(session_id) if session_id is not None else None
+        agent = self.agents.get(session.agent if session is not None else None)
+        return await self.policy.may_decide(user, requester, agent.approvers)
 
     # -- reads for channels ---------------------------------------------------------------------
 
@@ -533,6 +570,7 @@ class Dispatcher:
         self.bus.emit(TurnCancelled(final.session, final, by))
 
     async def _fail(self, turn: TurnInfo, kind: str, message: str) -> None:
+        message = await self.runner.redact(message)  # e.g. a provider error quoting the API key
         log.warning("turn %s failed (%s): %s", turn.id, kind, message)
         final = await self.conversations.finish_turn(turn.id, status=TurnStatus.FAILED, answer=None,
                                                      error=message, now=self.clock.now())
@@ -553,6 +591,10 @@ def _current_task_cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+_STOP_REFUSED = ("You can't stop this: only whoever asked for it, an approver or an admin can. "
+                 "Nothing was stopped.")
+_QUEUE_REFUSED = ("You can't change the queue mode here: only whoever asked for the work in progress, an approver "
+                  "or an admin can. Nothing was changed.")
 _PAUSED = "The bot is paused by an operator and is not taking new requests right now; try again later."
 _INTERRUPTED_TWICE = (
     "I was restarted twice while working on this and stopped, so it may be half done. "

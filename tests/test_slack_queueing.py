@@ -99,8 +99,9 @@ async def test_followup_answers_each_message_in_order(
 
 
 async def test_queue_mode_set_in_the_thread_and_for_the_channel(
-    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
+    gateway = await start_gateway(make_settings(bot_admins="U1"))  # a channel's mode, with nothing busy: admins
     root = mention("queue followup")
     await gateway.send_event(root)
     notice = await fake_slack.wait_for("chat.postMessage")

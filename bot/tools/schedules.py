@@ -26,10 +26,12 @@ def schedule_tools(service: ScheduleService, conversations: ConversationStore) -
         return (f"schedule {schedule.id} created ({trigger.describe()}, posting to {schedule.destination}); "
                 "it becomes active once someone approves that destination (asked in this conversation)")
 
-    async def list_(_ctx: ToolContext, _args: dict[str, Any]) -> str:
-        rows = await service.list()
+    async def list_(ctx: ToolContext, _args: dict[str, Any]) -> str:
+        # What the person asking may see: this conversation's place (asked for here or posting here),
+        # or everything for an admin. The model never widens that.
+        rows = await service.list(place=ctx.place, viewer=ctx.sender or "")
         if not rows:
-            return "no schedules"
+            return "no schedules" if ctx.sender and service.policy.is_admin(ctx.sender) else "no schedules here"
         return "\n".join(
             f"{r.id}: {TriggerSpec.from_json(r.trigger).describe()} → {r.destination} [{r.status}] "
             f"by {r.creator}; firings {r.firings}; last: {r.last_outcome or 'none yet'}; prompt: {r.prompt[:80]}"
@@ -62,7 +64,8 @@ def schedule_tools(service: ScheduleService, conversations: ConversationStore) -
             },
             risk=Risk.GATED, function=create, timeout_s=60, pattern_arg="destination",
         ),
-        Tool(name="schedule_list", description="List the schedules, their status and last outcome.",
+        Tool(name="schedule_list", description=("List the schedules asked for in or posting to this channel (every "
+                                                 "one for an admin), their status and last outcome."),
              parameters={"type": "object", "properties": {}, "additionalProperties": False},
              risk=Risk.SAFE, function=list_, timeout_s=30),
         Tool(name="schedule_cancel", description="Cancel a schedule (its creator or an admin only).",

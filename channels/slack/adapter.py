@@ -6,9 +6,11 @@ core's. It only knows Slack's shapes (ids, mentions, threads, reactions, limits)
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +29,11 @@ from channels.slack.api import PrivateReplies, error_code
 from channels.slack.approvals import SlackApprovals
 from channels.slack.credentials import SlackCredentials
 from channels.slack.formatting import split_message, to_mrkdwn
-from core.approvals import ApprovalBroker
+from channels.slack.payloads import PERSON_SUBTYPES, channel_id, is_id, is_ts, shape_problem, user_id
+from core.approvals import ApprovalBroker, describe_grant
 from core.credentials import CredentialService
 from core.dispatcher import Dispatcher
+from core.display import visible
 from core.errors import InvalidInput
 from core.events import (
     ApprovalRequested,
@@ -53,8 +57,6 @@ log = logging.getLogger(__name__)
 
 PROGRESS_REACTION = "eyes"  # a turn is working on this message
 QUEUED_REACTION = "hourglass_flowing_sand"  # this message waits behind the running turn
-# Message subtypes that are a person talking; every other subtype (edits, joins, bots…) is ignored.
-_PERSON_SUBTYPES = {None, "file_share", "thread_broadcast"}
 
 
 @dataclass(frozen=True)
@@ -114,9 +116,7 @@ class SlackChannel:
 
     async def start(self) -> None:
         if self.config.app_token is not None:
-            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
-
-            self._socket = AsyncSocketModeHandler(
+            self._socket = _checked_socket_handler(
                 self.app, self.config.app_token, web_client=AsyncWebClient(base_url=self.config.api_url)
             )
             await self._socket.connect_async()
@@ -134,23 +134,27 @@ class SlackChannel:
         headers: dict[str, str] = dict(request.headers)
         try:
             bolt_request = AsyncBoltRequest(body=body, query=request.query_string, headers=dict(headers))
-            problem = _shape_problem(bolt_request.body)
+            problem = shape_problem(bolt_request.body)
         except Exception:
             problem = "the body is not a Slack payload"
         if problem is not None:
-            # Bolt would fail on it with a 500 (and Slack would retry): answer 401 if unsigned, else 400.
+            # Bolt (or a listener) would fail on it with a 500, and Slack would retry: refuse it here,
+            # once, before anything reads it. 401 if unsigned (bolt's verification is not bypassed), else 400.
             if self._verifier is None or not self._verifier.is_valid_request(body, headers):
                 return web.json_response({"error": "invalid request signature"}, status=401)
+            log.warning("malformed Slack payload refused: %s", problem)
             return web.json_response({"error": f"malformed payload: {problem}"}, status=400)
         response = await self.app.async_dispatch(bolt_request)
         return await to_aiohttp_response(response)
 
-    async def _on_error(self, error: Exception, body: dict[str, Any]) -> BoltResponse | None:
-        if isinstance(error, MalformedPayload):
-            log.warning("malformed Slack payload: %s", error)
-            return BoltResponse(status=400, body=f'{{"error": "malformed payload: {error}"}}')
+    async def _on_error(self, error: Exception, body: Any) -> BoltResponse | None:
+        problem = str(error) if isinstance(error, MalformedPayload) else shape_problem(body)
+        if problem is not None:  # the payload's fault: a retry would fail the same way
+            log.warning("malformed Slack payload: %s", problem)
+            return BoltResponse(status=400, body=json.dumps({"error": f"malformed payload: {problem}"}),
+                                headers={"content-type": "application/json"})
         log.error("Slack listener failed: %s: %s", type(error).__name__, error, exc_info=error)
-        return None  # bolt answers 500, so Slack delivers it again
+        return None  # our own failure on a valid payload: bolt answers 500, so Slack delivers it again
 
     # -- inbound --------------------------------------------------------------------------------
 
@@ -160,7 +164,7 @@ class SlackChannel:
     async def _on_message(self, body: dict[str, Any], event: dict[str, Any], context: Any) -> None:
         if not isinstance(event, dict):
             raise MalformedPayload("event is not an object")
-        if event.get("subtype") not in _PERSON_SUBTYPES or event.get("bot_id") or event.get("bot_profile"):
+        if event.get("subtype") not in PERSON_SUBTYPES or event.get("bot_id") or event.get("bot_profile"):
             return
         bot_user = context.bot_user_id
         text = event.get("text") or ""
@@ -177,16 +181,14 @@ class SlackChannel:
         if event.get("bot_id") or (bot_user is not None and event.get("user") == bot_user):
             return
         user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
-        text = event.get("text", "")
-        for name, value in (("user", user), ("channel", channel), ("ts", ts)):
-            if not isinstance(value, str) or not value:
-                raise MalformedPayload(f"event.{name} is missing or not a string")
+        text = event.get("text") or ""
+        thread_ts = event.get("thread_ts") or ts
+        team = body.get("team_id") or event.get("team") or "T0"
+        # Checked again where they become a session id and a place (shape_problem refused them already).
+        if not (is_id(user) and is_id(channel) and is_id(team) and is_ts(ts) and is_ts(thread_ts)):
+            raise MalformedPayload("event.user, channel, ts or team is not a Slack id or timestamp")
         if not isinstance(text, str):
             raise MalformedPayload("event.text is not a string")
-        thread_ts = event.get("thread_ts") or ts
-        if not isinstance(thread_ts, str):
-            raise MalformedPayload("event.thread_ts is not a string")
-        team = body.get("team_id") or event.get("team") or "T0"
         event_id = body.get("event_id")
         message = Inbound(
             session_id=f"slack:{team}:{channel}:{thread_ts}",
@@ -208,10 +210,13 @@ class SlackChannel:
     # -- slash command --------------------------------------------------------------------------
 
     async def _on_command(self, ack: Any, command: dict[str, Any]) -> None:
-        words = str(command.get("text") or "").split()
+        team, channel, user = command.get("team_id"), command.get("channel_id"), command.get("user_id")
+        text = command.get("text") or ""
+        if not is_id(team) or not is_id(channel) or not is_id(user) or not isinstance(text, str):
+            raise MalformedPayload("team_id, channel_id or user_id is not a Slack id")  # before any ack
+        words = text.split()
         sub = words[0].lower() if words else "help"
-        place = f"slack:{command.get('team_id')}:{command.get('channel_id')}"
-        user = str(command.get("user_id") or "")
+        place = f"slack:{team}:{channel}"
         if sub == "status":
             state = "paused by an operator" if await self.dispatcher.paused() else (
                 "taking messages" if self.dispatcher.accepting else "not taking messages")
@@ -219,29 +224,32 @@ class SlackChannel:
             await ack(text=f"I'm up and {state}; {self.dispatcher.running_sessions} conversation(s) working now. "
                            f"Default queue mode: {mode}.")
         elif sub == "stop":
-            # Slash commands do not say which thread they came from: stop this channel's latest busy one.
-            session_id = await self.dispatcher.latest_live_session(place)
-            if session_id is None:
+            # Slash commands do not say which thread they came from: stop this channel's latest busy one
+            # (core decides who may: its requester, approvers and admins).
+            try:
+                report = await self.dispatcher.stop_latest(place, by=user)
+            except InvalidInput as exc:
+                await ack(text=str(exc))
+                return
+            if report is None:
                 await ack(text="Nothing to stop in this channel.")
                 return
-            report = await self.dispatcher.cancel(session_id, by=user)
             await ack(text=f"{report.describe(None)} (the most recent busy thread here; to stop another, "
                            "reply `stop` to me in that thread)")
         elif sub == "queue" and len(words) == 2:
             try:
-                await self.dispatcher.set_place_queue_mode(place, words[1].lower())
+                await self.dispatcher.set_place_queue_mode(place, words[1].lower(), by=user)
             except InvalidInput as exc:
                 await ack(text=str(exc))
                 return
             await ack(text=f"Queue mode in this channel is now {words[1].lower()} "
                            "(a thread can still override it: mention me with `queue collect`).")
         elif sub == "approvals":
-            await ack(text=await self._approvals_command(words[1:], user))
+            await ack(text=await self._approvals_command(words[1:], user, place))
         elif sub == "schedules":
-            await ack(text=await self._schedules_command(words[1:], user, command))
+            await ack(text=await self._schedules_command(words[1:], user, place))
         elif sub == "schedule":
-            text = str(command.get("text") or "").strip()[len("schedule"):].strip()
-            await ack(text=await self._schedule_command(text, user, command))
+            await ack(text=await self._schedule_command(text.strip()[len("schedule"):].strip(), user, command))
         elif sub == "help":
             await ack(text=self._help())
         else:
@@ -253,11 +261,13 @@ class SlackChannel:
             "Mention me in a thread (or DM me) and I'll answer there; every reply in that thread is "
             "context for the next one. Messages sent while I work are taken into what I'm doing.\n"
             "In a thread: `@bot stop` stops my work there; `@bot queue steer|collect|followup` sets how "
-            "messages sent while I work are handled.\n"
+            "messages sent while I work are handled. Stopping and the queue mode are for whoever asked, "
+            "approvers and admins.\n"
             f"`{c} status` — am I up and how busy\n`{c} stop` — stop the latest busy thread in this channel\n"
             f"`{c} queue steer|collect|followup` — the queue mode for this channel\n"
             f"`{c} schedule every 1h #ops <prompt>` — run a prompt on a schedule (also `cron \"0 9 * * 1-5\"`, "
-            f"`at 2026-12-01T09:00`); `{c} schedules` — list, pause, resume, cancel\n"
+            f"`at 2026-12-01T09:00`); `{c} schedules` — this channel's schedules (all of them for admins): "
+            "list, pause, resume, cancel\n"
             f"`{c} approvals` — pending approvals and \"Always allow\" grants; "
             f"`{c} approvals revoke <id>` (admins)\n`{c} help` — this text"
         )
@@ -332,7 +342,7 @@ class SlackChannel:
             raise InvalidInput(f"the bot is not in {destination}: invite it there first (/invite @bot)")
         return channel_id
 
-    async def _schedules_command(self, words: list[str], user: str, command: dict[str, Any]) -> str:
+    async def _schedules_command(self, words: list[str], user: str, place: str) -> str:
         if self.schedules is None:
             return "Schedules are not available here."
         if words and words[0] in ("pause", "resume", "cancel") and len(words) == 2 and words[1].isdigit():
@@ -340,9 +350,12 @@ class SlackChannel:
                 return await self.schedules.change(int(words[1]), words[0], by=user)
             except InvalidInput as exc:
                 return str(exc)
-        rows = await self.schedules.list()
+        # Core decides what this user may see: this channel's schedules, or every one for an admin.
+        rows = await self.schedules.list(place=place, viewer=user)
         if not rows:
-            return f"No schedules. Create one: `{self.config.command} schedule every 1h #ops summarize open incidents`"
+            where = "" if self.schedules.policy.is_admin(user) else " in this channel"
+            return (f"No schedules{where}. Create one: "
+                    f"`{self.config.command} schedule every 1h #ops summarize open incidents`")
         return "\n".join(
             f"• {r.id}: {TriggerSpec.from_json(r.trigger).describe()} → {r.destination} *{r.status}* "
             f"(by <@{r.creator}>) · firings {r.firings} · last: {r.last_outcome or 'none yet'}" for r in rows[:30]
@@ -356,9 +369,10 @@ class SlackChannel:
             destination, _, prompt = rest.partition(" ")
             if not destination or not prompt.strip():
                 raise InvalidInput(f"usage: {self.config.command} schedule every 5m #channel <prompt>")
-            team, channel = command.get("team_id"), str(command.get("channel_id") or "")
+            team, channel = command["team_id"], command["channel_id"]  # shape-checked by _on_command
+            trigger_id = command.get("trigger_id") or uuid.uuid4().hex  # shape-checked: [A-Za-z0-9._-]
             # The destination approval is asked where the command was typed, as a top-level message.
-            origin = SessionInfo(id=f"slack:{team}:{channel}:command-{command.get('trigger_id')}", channel=self.name,
+            origin = SessionInfo(id=f"slack:{team}:{channel}:command-{trigger_id}", channel=self.name,
                                  agent=self.dispatcher.agents.default.name, status="idle",
                                  reply_ref={"channel": channel}, place=f"slack:{team}:{channel}")
             schedule = await self.schedules.create(prompt=prompt, trigger=trigger, destination=destination,
@@ -368,19 +382,20 @@ class SlackChannel:
         return (f"Schedule {schedule.id} created ({trigger.describe()} → {destination}); it starts once posting "
                 f"to {destination} is approved.")
 
-    async def _approvals_command(self, args: list[str], user: str) -> str:
+    async def _approvals_command(self, args: list[str], user: str, place: str) -> str:
         if len(args) == 2 and args[0] == "revoke" and args[1].isdigit():
             return await self.approvals.revoke_grant(int(args[1]), by=user)
-        pending = await self.approvals.pending()
-        grants = await self.approvals.grants()
-        lines = [f"*Pending approvals:* {len(pending)}"]
+        # Core decides what this user may see: this channel's items, or everything for an admin.
+        pending = await self.approvals.pending(place=place, viewer=user)
+        grants = await self.approvals.grants(place=place, viewer=user)
+        where = "" if self.approvals.policy.is_admin(user) else " in this channel"
+        lines = [f"*Pending approvals{where}:* {len(pending)}"]
         lines += [f"• #{p.id} `{p.tool}` asked by <@{p.requester}> — expires {p.expires_at:%H:%M} UTC"
                   for p in pending[:20]]
-        lines.append(f"*Always-allow grants:* {len(grants)}")
+        lines.append(f"*Always-allow grants{where}:* {len(grants)} (each covers one exact call)")
         lines += [f"• {g.id}: agent `{g.agent}` may run `{g.tool}`"
-                  + (f" matching `{g.arg_pattern}`" if g.arg_pattern else "")
-                  + (f" in {_place_text(g.place)}" if g.place else "") + f" (by <@{g.created_by}>)"
-                  for g in grants[:30]]
+                  + (f" in {_place_text(g.place)}" if g.place else "") + f" (by <@{g.created_by}>), exactly:"
+                  + _listed_call(describe_grant(g)) for g in grants[:30]]
         if grants:
             lines.append(f"Revoke one with `{self.config.command} approvals revoke <id>` (admins).")
         return "\n".join(lines)
@@ -388,9 +403,7 @@ class SlackChannel:
     async def _on_unknown_action(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
         log.warning("unknown Slack action %r", action.get("action_id"))
-        self._private.tell(str((body.get("channel") or {}).get("id") or ""),
-                           str((body.get("user") or {}).get("id") or ""),
-                           "I don't know that button; nothing was done.")
+        self._private.tell(channel_id(body), user_id(body), "I don't know that button; nothing was done.")
 
     # -- used by core through bot's wiring --------------------------------------------------------
 
@@ -461,18 +474,37 @@ class SlackChannel:
                 log.warning("%s failed: %s", method, code)
 
 
+def _listed_call(call: str, limit: int = 500) -> str:
+    """A grant's call in a listing, made visible (no ``` run survives ``visible``). A long one is
+    said to be cut, and how long it is: `bot approvals grants` prints it whole."""
+    shown = visible(call)
+    text = shown[:limit].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    more = f"\n_(the first {limit} of {len(shown):,} characters: `bot approvals grants` prints it whole)_" \
+        if len(shown) > limit else ""
+    return f"\n```\n{text}\n```{more}"
+
+
 def _place_text(place: str) -> str:
     parts = place.split(":")
     return f"<#{parts[-1]}>" if place.startswith("slack:") and len(parts) == 3 else place
 
 
-def _shape_problem(body: Any) -> str | None:
-    """The structural checks bolt assumes have passed before it looks inside a payload."""
-    if not isinstance(body, dict):
-        return "the body is not an object"
-    if body.get("type") == "event_callback" and not isinstance(body.get("event"), dict):
-        return "event is not an object"
-    return None
+def _checked_socket_handler(app: AsyncApp, app_token: str, web_client: AsyncWebClient) -> Any:
+    """Bolt's Socket Mode handler, refusing malformed envelopes before bolt reads them (as HTTP mode does):
+    acknowledged, so Slack does not send them again, and otherwise ignored."""
+    from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+    from slack_sdk.socket_mode.response import SocketModeResponse
+
+    class CheckedSocketModeHandler(AsyncSocketModeHandler):
+        async def handle(self, client: Any, req: Any) -> None:
+            problem = shape_problem(req.payload)
+            if problem is None:
+                await super().handle(client, req)
+                return
+            log.warning("malformed Slack payload refused: %s", problem)
+            await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
+
+    return CheckedSocketModeHandler(app, app_token, web_client=web_client)
 
 
 def _strip_mention(text: str, bot_user: str | None) -> str:

@@ -305,6 +305,25 @@ class InputStore:
             )
             return row.first()
 
+    async def requester(self, session_id: str) -> str | None:
+        """Whose request the conversation is about: who asked for its live (or else its latest) turn;
+        with only messages waiting since the last turn ended, who sent the first of them. None when
+        nobody has asked it anything yet."""
+        async with self.db.read() as s:
+            turn = (await s.exec(select(TurnRow).where(TurnRow.session_id == session_id)
+                                 .order_by(col(TurnRow.id).desc()).limit(1))).first()
+            if turn is None or turn.status not in TurnStatus.LIVE:
+                waiting = (await s.exec(select(InputRow.sender).where(
+                    InputRow.session_id == session_id, InputRow.status == InputStatus.WAITING,
+                    InputRow.kind == InputKind.MESSAGE).order_by(col(InputRow.id)).limit(1))).first()
+                if waiting is not None:
+                    return waiting
+            if turn is None:
+                return None
+            first = await s.exec(select(InputRow.sender).where(
+                InputRow.turn_id == turn.id, InputRow.kind == InputKind.MESSAGE).order_by(col(InputRow.id)).limit(1))
+            return first.first()
+
 
 def _fit(waiting: list[InputRow], budget: Budget, *, one_message: bool) -> list[InputRow]:
     """The longest prefix that fits the budget, always reaching the first message (a large one runs
