@@ -11,9 +11,13 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from bot.agents_config import load_agents
+from bot.egress import EgressPolicy
+from bot.home import secure_home
 from bot.keys import load_keyring
 from bot.metrics import Metrics
 from bot.providers import build_provider
+from bot.sandbox import probe as probe_sandbox
+from bot.sandbox_peers import SandboxPeers
 from bot.settings import Settings
 from bot.tools import build_registry
 from bot.tools.message import message_send_tool
@@ -36,6 +40,7 @@ from core.store import (
     Database,
     InputStore,
     LeaseStore,
+    WebSessionStore,
 )
 from core.store.schedules import ScheduleStore
 
@@ -60,6 +65,7 @@ class Application:
     credentials: CredentialService
     schedules: ScheduleService
     secret_sink: Callable[[str], None] | None = None
+    sandbox_peers: SandboxPeers | None = None
     channels: list[Channel] = field(default_factory=list)
     web_app: web.Application = field(default_factory=web.Application)
     _runner: web.AppRunner | None = None
@@ -68,9 +74,8 @@ class Application:
     async def start(self) -> None:
         """Migrate, recover, start channels, then listen. Order matters: no input before recovery."""
         await self.db.migrate()
-        if self.secret_sink is not None:
-            for value in await self.credentials.known_values():
-                self.secret_sink(value)
+        await self.credentials.upgrade_legacy()  # bind secrets sealed before 0007 to their rows
+        await self.credentials.redactor.check()  # load the masks (and tell the log filter) before any turn
         await self.approvals.expire_overdue()  # those that ran out while no process was up
         await self.credentials.expire_overdue()
         await self.dispatcher.start()
@@ -106,6 +111,7 @@ def build_application(
 ) -> Application:
     """``secret_sink`` learns every stored secret value (the log filter masks them)."""
     clock = clock or SystemClock()
+    secure_home(settings)  # before anything is created under BOT_HOME: 0700 folders, 0600 files
     db = Database(settings.resolved_database_url)
     store = ConversationStore(db)
     bus = EventBus()
@@ -118,8 +124,15 @@ def build_application(
         timeout_s=settings.credential_timeout_s, max_bytes=settings.credential_max_bytes,
         poll_s=settings.approval_poll_s, on_secret=secret_sink,
     )
-    tools = build_registry(settings.bot_home.resolve(), shell_env=credentials.env_for,
-                           credential_headers=credentials.headers_for)
+    credentials.redactor.add_static(setting_secrets(settings))
+    egress = EgressPolicy.from_settings(settings)
+    shell = probe_sandbox(settings.shell_sandbox, network=settings.shell_network)
+    shell.log()  # without a working sandbox shell_run is off, and the log says how to fix it
+    peers = SandboxPeers()  # a command's processes must not be "this machine" to our own server
+    if shell.sandbox is not None:
+        shell.sandbox.peers = peers
+    tools = build_registry(settings.bot_home.resolve(), sandbox=shell.sandbox, shell_env=credentials.env_for,
+                           credential_headers=credentials.headers_for, egress=egress)
     tools.register(credentials.tool())
     runner = AgentRunner(
         store,
@@ -129,7 +142,7 @@ def build_application(
         limits=RunnerLimits(max_steps=settings.max_steps, tool_result_max_chars=settings.tool_result_max_chars),
         retry=RetryPolicy(attempts=settings.llm_max_attempts, base_delay_s=settings.llm_retry_base_s),
         gate=approvals,
-        redactor=credentials.redact,
+        redactor=credentials.redactor,
     )
     # With SQLite there is one process; with PostgreSQL several replicas share the work through leases.
     leases = None if db.is_sqlite else LeaseStore(db)
@@ -144,6 +157,7 @@ def build_application(
             lease_ttl_s=settings.lease_ttl_s,
         ),
         leases=leases,
+        policy=policy,  # who may stop or re-queue someone else's work
     )
     schedules = ScheduleService(
         db, ScheduleStore(db), store, dispatcher, approvals, policy, bus, clock,
@@ -153,12 +167,16 @@ def build_application(
     for tool in schedule_tools(schedules, store):
         tools.register(tool)
     app = Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals,
-                      credentials=credentials, schedules=schedules, secret_sink=secret_sink)
+                      credentials=credentials, schedules=schedules, secret_sink=secret_sink, sandbox_peers=peers)
+    app.web_app.middlewares.append(peers.middleware())
+    # The port actually bound (PORT=0 picks one); a turn resumed during start runs before the bind.
+    egress.own_port = lambda: app.bound_port if app._runner is not None else (settings.port or None)
     if settings.bot_web_chat:
         from channels.web import WebChannel, WebConfig
 
-        app.channels.append(WebChannel(WebConfig(token=settings.bot_web_token), dispatcher, approvals, credentials,
-                                       schedules))
+        secure_cookie = (settings.bot_public_url or "").startswith("https://")
+        app.channels.append(WebChannel(WebConfig(token=settings.bot_web_token, secure_cookie=secure_cookie),
+                                       dispatcher, approvals, credentials, schedules, logins=WebSessionStore(db)))
     if settings.slack_mode is not None:
         from channels.slack import SlackChannel, SlackConfig
 
@@ -181,13 +199,23 @@ def build_application(
         slack.schedules = schedules
         tools.register(message_send_tool(slack.send_message))
         app.channels.append(slack)
-    metrics = Metrics(db, bus)
+    metrics = Metrics(db, bus, token=settings.bot_web_token)
     app.web_app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", _readyz_handler(app)),
                             web.get("/metrics", metrics.handle)])
-    app.web_app.add_routes(CredentialLinkPage(credentials).routes())
+    app.web_app.add_routes(CredentialLinkPage(credentials, trusted_proxies=settings.trusted_proxies).routes())
     for channel in app.channels:
         app.web_app.add_routes(channel.routes())
     return app
+
+
+def setting_secrets(settings: Settings) -> list[tuple[str, str]]:
+    """The bot's own secrets as (name, value), masked like stored ones: named where the name helps."""
+    named = {"SLACK_BOT_TOKEN": settings.slack_bot_token, "SLACK_APP_TOKEN": settings.slack_app_token,
+             "SLACK_SIGNING_SECRET": settings.slack_signing_secret, "LLM_API_KEY": settings.llm_api_key,
+             "BOT_WEB_TOKEN": settings.bot_web_token}
+    pairs = [(name, value) for name, value in named.items() if value and len(value) >= 4]
+    known = {value for _name, value in pairs}
+    return pairs + [("setting", value) for value in settings.secret_values() if value not in known]
 
 
 async def _healthz(_request: web.Request) -> web.Response:

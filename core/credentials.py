@@ -7,6 +7,8 @@ that shows up in a tool's output is replaced by ``[redacted:<name>]`` before any
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import logging
 import re
 import secrets
@@ -24,21 +26,105 @@ from core.errors import InvalidInput
 from core.events import CredentialRequested, CredentialResolved, EventBus
 from core.model import CredentialRequestInfo, CredentialStatus
 from core.parking import Waiters
+from core.redaction import Redactor
 from core.store import CredentialStore
 from core.store.tables import CredentialRequestRow, SecretRow
 from core.tools import Risk, Tool, ToolContext, ToolError
-from core.vault import KeyRing, Sealed, VaultError
+from core.vault import LEGACY_AAD, ROW_AAD, KeyRing, Sealed, VaultError, row_context
 
 log = logging.getLogger(__name__)
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 LINK_MAX_AGE = timedelta(minutes=15)
 _LINK_AUDIENCE = "credential-link"
+MAX_HOSTS = 32
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+_HOST_NAME = re.compile(rf"^(?:{_LABEL}\.)*{_LABEL}$")
+_HOSTS_HELP = ("give host names or IP addresses only, without a scheme, path or port "
+               "(e.g. api.github.com, *.example.com, 203.0.113.7)")
 
 
 def env_name(name: str) -> str:
     """``github.token`` → ``GITHUB_TOKEN`` (SPEC §2)."""
     return re.sub(r"[.-]", "_", name).upper()
+
+
+def parse_hosts(raw: object) -> tuple[list[str] | None, str | None]:
+    """Where a credential may be sent: ``(hosts, None)``, ``(None, None)`` for anywhere, or
+    ``(None, why)``. Takes comma-separated text or a list of such; host names (``*.`` allowed in
+    front of a domain) or IP literals, normalised to lower case without brackets or a final dot."""
+    if raw is None:
+        return None, None
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list | tuple) or not all(isinstance(item, str) for item in raw):
+        return None, "Allowed hosts must be text: host names separated by commas."
+    hosts: list[str] = []
+    for entry in (e.strip() for item in raw for e in item.split(",")):
+        if not entry:
+            continue
+        host, problem = _one_host(entry)
+        if problem is not None:
+            return None, problem
+        assert host is not None
+        if host not in hosts:
+            hosts.append(host)
+        if len(hosts) > MAX_HOSTS:
+            return None, f"Allowed hosts: at most {MAX_HOSTS}."
+    return hosts or None, None
+
+
+def _one_host(entry: str) -> tuple[str | None, str | None]:
+    if len(entry) > 253:
+        return None, "Allowed hosts: an entry is too long to be a host name."
+    shown = entry if len(entry) <= 80 else entry[:77] + "..."
+    bad = f"Allowed hosts: {shown!r} is not a host: {_HOSTS_HELP}."
+    if not entry.isascii():
+        return None, f"Allowed hosts: {shown!r}: write the name in its ASCII form (xn--...)."
+    host = entry.lower()
+    if ":" in host:  # only an IPv6 literal may hold a colon (a port or a scheme is refused)
+        inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        try:
+            return str(ipaddress.IPv6Address(inner)), None
+        except ValueError:
+            return None, bad
+    wildcard = host.startswith("*.")
+    name = host[2:] if wildcard else host
+    name = name[:-1] if name.endswith(".") else name
+    if not _HOST_NAME.match(name):
+        return None, bad
+    labels = name.split(".")
+    if labels[-1].isdigit() or labels[-1].startswith("0x"):  # shaped like an IPv4 address: it must be one
+        if wildcard:
+            return None, bad
+        try:
+            return str(ipaddress.IPv4Address(name)), None
+        except ValueError:
+            return None, f"Allowed hosts: {shown!r} is not a valid IP address."
+    if wildcard and len(labels) < 2:
+        return None, f"Allowed hosts: {shown!r} covers a whole top-level domain; name a domain (*.example.com)."
+    return ("*." if wildcard else "") + name, None
+
+
+def hosts_of(row: SecretRow) -> list[str] | None:
+    """The hosts a stored credential may be sent to; None: anywhere."""
+    if not row.hosts:
+        return None
+    hosts = json.loads(row.hosts)
+    return [str(h) for h in hosts] if isinstance(hosts, list) else None
+
+
+def open_secret(keys: KeyRing, row: SecretRow) -> str:
+    """The plaintext of a stored row. The associated data binds the row (aad_version 2), so a blob
+    copied to another row does not open; rows sealed before revision 0007 bind only their name."""
+    label = f"credential {row.name!r} ({row.scope} scope{', agent ' + row.agent if row.agent else ''})"
+    if row.aad_version == ROW_AAD and row.id is not None:
+        context = row_context(row.name, row.scope, row.agent, row.id)
+    elif row.aad_version == LEGACY_AAD:
+        context = row.name
+    else:
+        raise VaultError(f"{label} has an unknown aad_version {row.aad_version}")
+    return keys.open(Sealed(row.key_id, row.ciphertext), context, label=label)
 
 
 @dataclass(frozen=True)
@@ -47,6 +133,33 @@ class ProvideResult:
     message: str
     field_error: str | None = None  # shown next to the input: the request stays open
     request: CredentialRequestInfo | None = None
+    field: str = "value"  # the input the field error belongs to: "value" or "hosts"
+
+
+@dataclass(frozen=True)
+class CredentialUse:
+    """A credential opened for one request: its headers, and the hosts it may go to (None: anywhere)."""
+
+    headers: dict[str, str]
+    hosts: tuple[str, ...] | None
+
+    def allows(self, host: str) -> bool:
+        """Exact host (any case, no final dot); ``*.example.com`` matches any name below example.com."""
+        if self.hosts is None:
+            return True
+        host = _plain_host(host)
+        for allowed in (_plain_host(h) for h in self.hosts):
+            if host == allowed or (allowed.startswith("*.") and host.endswith(allowed[1:])):
+                return True
+        return False
+
+
+def _plain_host(host: str) -> str:
+    host = host.strip().lower().strip("[]").rstrip(".")
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host
 
 
 class CredentialService:
@@ -65,6 +178,8 @@ class CredentialService:
         self.max_bytes = max_bytes
         self.on_secret = on_secret  # e.g. the log filter learning a value to mask
         self._waiters = Waiters(clock, poll_s)
+        # The masks in effect: a cache of the stored values, told to ``on_secret`` as it learns them.
+        self.redactor = Redactor(self.known_values, self.store.fingerprint, sink=on_secret)
 
     # -- the tool -------------------------------------------------------------------------------
 
@@ -73,8 +188,8 @@ class CredentialService:
             name="credential_request",
             description=("Ask a person for a secret you need (an API token, a password). If it is already stored "
                          "and granted to you, you are told at once. You never see the value: tools get it "
-                         "(shell_run as the environment variable NAME upper-cased with . and - as _, "
-                         "http_request through its credential argument)."),
+                         "(shell_run when you list the name in its credentials argument, as the environment "
+                         "variable NAME upper-cased with . and - as _; http_request through its credential argument)."),
             parameters={
                 "type": "object",
                 "properties": {
@@ -124,7 +239,8 @@ class CredentialService:
 
     @staticmethod
     def _how(name: str) -> str:
-        return f"shell_run sees ${env_name(name)}; http_request takes credential={name!r}"
+        return (f"pass credentials=[{name!r}] to shell_run and it sees ${env_name(name)}; "
+                f"http_request takes credential={name!r}")
 
     async def _wait(self, request: CredentialRequestInfo) -> CredentialRequestInfo:
         async def expire(request_id: int) -> CredentialRequestInfo:
@@ -166,7 +282,9 @@ class CredentialService:
         agent = self.agents.get(request.agent)
         return await self.policy.may_decide(user, request.requester, agent.approvers)
 
-    async def provide(self, request_id: int, value: str, by: str, *, operator: bool = False) -> ProvideResult:
+    async def provide(self, request_id: int, value: str, by: str, *, operator: bool = False,
+                      hosts: object = None) -> ProvideResult:
+        """``hosts``: where the value may be sent (see :func:`parse_hosts`); None: anywhere."""
         request = await self.store.get(request_id)
         if request is None:
             return ProvideResult(False, "That credential request does not exist.")
@@ -178,22 +296,24 @@ class CredentialService:
         problem = self.validate(value)
         if problem is not None:
             return ProvideResult(False, problem, field_error=problem, request=request)
+        allowed, problem = parse_hosts(hosts)
+        if problem is not None:
+            return ProvideResult(False, problem, field_error=problem, request=request, field="hosts")
         value = value.strip("\n") if value.strip().startswith("-----BEGIN") else value.strip()
-        sealed = self.keys.seal(value, context=request.name)
         now = self.clock.now()
         secret = SecretRow(name=request.name, scope=request.scope,
-                           agent=request.agent if request.scope == "agent" else "", key_id=sealed.key_id,
-                           ciphertext=sealed.blob, created_by=by, created_at=now, updated_at=now)
-        won, settled = await self.store.provide(request_id, secret, by=by, now=now)
+                           agent=request.agent if request.scope == "agent" else "", key_id="", ciphertext="",
+                           hosts=json.dumps(allowed) if allowed else None, created_by=by, created_at=now,
+                           updated_at=now)
+        won, settled = await self.store.provide(request_id, secret, seal=self._sealer(value), by=by, now=now)
         if not won:
             return ProvideResult(False, f"Already settled: {settled.summary() if settled else 'gone'}.",
                                  request=settled)
         assert settled is not None
-        if self.on_secret is not None:
-            self.on_secret(value)
+        self.redactor.learn(request.name, value)
         log.info("credential %s stored by %s (request %s)", request.name, by, request_id)
         self._announce_settled(settled)
-        return ProvideResult(True, f"{settled.name} stored, sealed with key {sealed.key_id!r}.", request=settled)
+        return ProvideResult(True, f"{settled.name} stored, sealed with key {self.keys.current!r}.", request=settled)
 
     async def get(self, request_id: int) -> CredentialRequestInfo | None:
         return await self.store.get(request_id)
@@ -241,70 +361,90 @@ class CredentialService:
             return None, f"This request is closed: {request.summary() if request else 'gone'}."
         return request, ""
 
-    async def provide_via_link(self, token: str, value: str) -> ProvideResult:
+    async def provide_via_link(self, token: str, value: str, hosts: object = None) -> ProvideResult:
         request, why = await self.check_link(token)
         if request is None:
             return ProvideResult(False, why)
         problem = self.validate(value)
         if problem is not None:
             return ProvideResult(False, problem, field_error=problem, request=request)
+        _, problem = parse_hosts(hosts)  # before the link is burnt: a typo must not use it up
+        if problem is not None:
+            return ProvideResult(False, problem, field_error=problem, request=request, field="hosts")
         claims = jwt.decode(token, options={"verify_signature": False})
         if not await self.store.burn(str(claims["jti"]), self.clock.now()):
             return ProvideResult(False, "This link has already been used.")
         # Whoever holds the link was chosen to answer: it is the approval.
-        return await self.provide(request.id, value, by="one-time link", operator=True)
+        return await self.provide(request.id, value, by="one-time link", operator=True, hosts=hosts)
 
     # -- use ------------------------------------------------------------------------------------
 
-    async def env_for(self, ctx: ToolContext) -> dict[str, str]:
-        """Every credential the agent may use, as environment variables, opened for this call only."""
-        rows = await self.store.usable(ctx.agent)
-        env = {env_name(row.name): self._open(row) for row in rows}
+    async def env_for(self, ctx: ToolContext, names: list[str]) -> dict[str, str]:
+        """The credentials a call names (and only those), as environment variables, opened for this call
+        only. Each must be stored and granted to the agent, else nothing is opened (SPEC §16)."""
+        rows: list[SecretRow] = []
+        for name in dict.fromkeys(names):
+            if not NAME.match(name):
+                raise ToolError(f"{name!r} is not a credential name (names match {NAME.pattern})")
+            found = await self.store.usable(ctx.agent, name)
+            if not found:
+                raise ToolError(f"no credential named {name!r} is stored and granted to you "
+                                "(ask for it with credential_request)")
+            rows.append(min(found, key=lambda row: row.scope != "agent"))  # the agent's own before a shared one
+        variables = [env_name(row.name) for row in rows]
+        if len(set(variables)) < len(variables):
+            raise ToolError("two of those credentials become the same environment variable; name only one")
+        env = {variable: self._open(row) for variable, row in zip(variables, rows, strict=True)}
         await self.store.touch([r.id for r in rows if r.id is not None], self.clock.now())
         return env
 
-    async def headers_for(self, ctx: ToolContext, name: str) -> dict[str, str]:
+    async def headers_for(self, ctx: ToolContext, name: str) -> CredentialUse:
+        """The headers a credential adds to one request, and where it may be sent."""
         rows = await self.store.usable(ctx.agent, name)
         if not rows:
             raise ToolError(f"no credential named {name!r} is stored and granted to you "
                             "(ask for it with credential_request)")
         await self.store.touch([r.id for r in rows if r.id is not None], self.clock.now())
         value = self._open(rows[0])
+        hosts = hosts_of(rows[0])
+        allowed = None if hosts is None else tuple(hosts)
         # A value that already names its header ("X-Api-Key: abc") is used as given; else a bearer token.
         header, sep, rest = value.partition(":")
         if sep and re.fullmatch(r"[A-Za-z0-9-]{1,64}", header) and "\n" not in value:
-            return {header: rest.strip()}
-        return {"Authorization": f"Bearer {value}"}
+            return CredentialUse({header: rest.strip()}, allowed)
+        return CredentialUse({"Authorization": f"Bearer {value}"}, allowed)
 
     async def redact(self, text: str) -> str:
-        """Replace every stored secret value in ``text`` with ``[redacted:<name>]``."""
-        if not text:
-            return text
-        for row in await self.store.all_secrets():
-            try:
-                value = self._open(row)
-            except VaultError:
-                continue
-            if len(value) >= 4 and value in text:
-                text = text.replace(value, f"[redacted:{row.name}]")
-        return text
+        """Replace every stored secret value, and its derived forms, with ``[redacted:<name>]``."""
+        return await self.redactor.redact(text)
 
-    async def known_values(self) -> list[str]:
-        """Every stored value (for the log filter at start). Only the process's own memory sees them."""
+    async def known_values(self) -> list[tuple[str, str]]:
+        """Every stored (name, value), for the masks. Only the process's own memory sees them."""
         values = []
         for row in await self.store.all_secrets():
             try:
-                values.append(self._open(row))
+                values.append((row.name, self._open(row)))
             except VaultError as exc:
                 log.warning("%s", exc)
         return values
 
     def _open(self, row: SecretRow) -> str:
-        return self.keys.open(Sealed(row.key_id, row.ciphertext), context=row.name)
+        return open_secret(self.keys, row)
+
+    def _sealer(self, value: str) -> Callable[[SecretRow], None]:
+        """Seals ``value`` into a row once the row has its id (the id is part of the associated data)."""
+        def seal(row: SecretRow) -> None:
+            assert row.id is not None
+            sealed = self.keys.seal(value, context=row_context(row.name, row.scope, row.agent, row.id))
+            row.key_id, row.ciphertext, row.aad_version = sealed.key_id, sealed.blob, ROW_AAD
+
+        return seal
 
     # -- operators ------------------------------------------------------------------------------
 
-    async def set_secret(self, name: str, value: str, *, scope: str, agent: str, by: str) -> str:
+    async def set_secret(self, name: str, value: str, *, scope: str, agent: str, by: str,
+                         hosts: object = None) -> str:
+        """Store (or replace) a value; ``hosts`` limits where it may be sent. Returns the key id."""
         if not NAME.match(name):
             raise InvalidInput(f"credential names match {NAME.pattern}")
         if scope not in ("agent", "shared"):
@@ -312,27 +452,55 @@ class CredentialService:
         problem = self.validate(value)
         if problem is not None:
             raise InvalidInput(problem)
-        sealed = self.keys.seal(value, context=name)
+        allowed, problem = parse_hosts(hosts)
+        if problem is not None:
+            raise InvalidInput(problem)
         now = self.clock.now()
-        await self.store.save_secret(
-            SecretRow(name=name, scope=scope, agent=agent if scope == "agent" else "", key_id=sealed.key_id,
-                      ciphertext=sealed.blob, created_by=by, created_at=now, updated_at=now),
-            grant=agent, by=by, now=now)
-        return sealed.key_id
+        row = await self.store.save_secret(
+            SecretRow(name=name, scope=scope, agent=agent if scope == "agent" else "", key_id="", ciphertext="",
+                      hosts=json.dumps(allowed) if allowed else None, created_by=by, created_at=now,
+                      updated_at=now),
+            seal=self._sealer(value), grant=agent, by=by, now=now)
+        self.redactor.learn(name, value)
+        return row.key_id
+
+    async def upgrade_legacy(self) -> int:
+        """Bind rows sealed before revision 0007 (name-only associated data) to their row. Run at
+        start: one row per commit, each only if unchanged since read, so it is safe to run twice or
+        on several replicas at once. A row whose key is missing stays as it is, with a warning."""
+        upgraded = 0
+        for row in await self.store.all_secrets():
+            if row.aad_version == ROW_AAD:
+                continue
+            try:
+                if await self._reseal(row):
+                    upgraded += 1
+            except VaultError as exc:
+                log.warning("%s; it is bound to its name only until that is fixed (then restart, or run "
+                            "`bot credentials rotate`)", exc)
+        if upgraded:
+            log.info("bound %d credential(s) sealed before revision 0007 to their rows", upgraded)
+        return upgraded
 
     async def rotate(self, progress: Callable[[str], None]) -> tuple[int, int]:
-        """Re-seal every secret not under the current key, one at a time. Returns (re-sealed, already current).
-        Safe to interrupt: each secret is committed on its own, and a second run finds nothing to do."""
+        """Re-seal every secret not under the current key, or not bound to its row yet, one at a time.
+        Returns (re-sealed, already current). Safe to interrupt: each secret is committed on its own,
+        and a second run finds nothing to do."""
         moved = current = 0
         for row in await self.store.all_secrets():
-            if row.key_id == self.keys.current:
+            if row.key_id == self.keys.current and row.aad_version == ROW_AAD:
                 current += 1
                 continue
-            sealed = self.keys.seal(self._open(row), context=row.name)
-            assert row.id is not None
-            if await self.store.reseal(row.id, expected_key=row.key_id, key_id=sealed.key_id,
-                                       ciphertext=sealed.blob, now=self.clock.now()):
+            if await self._reseal(row):
                 moved += 1
+                bound = " and bound it to its row" if row.aad_version != ROW_AAD else ""
                 progress(f"re-sealed {row.name} ({row.scope}{': ' + row.agent if row.agent else ''}) "
-                         f"from key {row.key_id!r} to {sealed.key_id!r}")
+                         f"from key {row.key_id!r} to {self.keys.current!r}{bound}")
         return moved, current
+
+    async def _reseal(self, row: SecretRow) -> bool:
+        """Seal a row's value again under the current key and its row context; False if it changed meanwhile."""
+        assert row.id is not None
+        sealed = self.keys.seal(self._open(row), context=row_context(row.name, row.scope, row.agent, row.id))
+        return await self.store.reseal(row.id, expected_ciphertext=row.ciphertext, key_id=sealed.key_id,
+                                       ciphertext=sealed.blob, aad_version=ROW_AAD, now=self.clock.now())
