@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(schedules_command(args))
         if args.command == "credentials":
             from bot.operator import credentials_command, read_secret
-            from core.credentials import parse_hosts
+            from core.hosts import parse_hosts
 
             problem = parse_hosts(args.host)[1] if args.verb == "set" else None
             if problem is not None:  # said before the value is typed

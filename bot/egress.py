@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp.abc import AbstractCookieJar, AbstractResolver, ResolveResult
 
+from core.hosts import normalize_host
+
 if TYPE_CHECKING:
     from bot.settings import Settings
 
@@ -38,15 +40,6 @@ _NUMERIC_HOST = re.compile(r"[0-9][0-9a-fA-FxX.]*")
 
 class EgressRefused(OSError):
     """http_request may not connect there. The message is for the model (and the person reading it)."""
-
-
-def normalize_host(host: str) -> str:
-    """Lower case, no brackets, no trailing dot; an IP address in its canonical form."""
-    host = host.strip().lower().strip("[]").rstrip(".")
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return host
 
 
 def literal_address(host: str) -> Address | None:

@@ -17,10 +17,11 @@ from bot.settings import Settings, load_settings
 from core.agents import AgentDirectory
 from core.approvals import ApprovalBroker, ApprovalPolicy, describe_grant
 from core.clock import SystemClock
-from core.credentials import CredentialService, hosts_of, parse_hosts
+from core.credentials import CredentialService, hosts_of
 from core.display import visible
 from core.errors import InvalidInput, StoreError
 from core.events import EventBus
+from core.hosts import parse_hosts
 from core.store import ApprovalStore, CredentialStore, Database
 from core.tools import canonical_call
 from core.vault import VaultError

@@ -2,12 +2,12 @@
 
 The plaintext exists only while a value is being sealed, and while a tool call that needs it runs:
 it is never stored unsealed, never logged, never sent to a channel or a model. Any stored value
-that shows up in a tool's output is replaced by ``[redacted:<name>]`` before anything else sees it.
+that shows up in a tool's output or the model's text — or a form derived from it — is replaced by
+``[redacted:<name>]`` (core.redaction) before anything else sees it.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import re
@@ -24,6 +24,7 @@ from core.approvals import ApprovalPolicy
 from core.clock import Clock
 from core.errors import InvalidInput
 from core.events import CredentialRequested, CredentialResolved, EventBus
+from core.hosts import host_allowed, parse_hosts
 from core.model import CredentialRequestInfo, CredentialStatus
 from core.parking import Waiters
 from core.redaction import Redactor
@@ -37,73 +38,9 @@ log = logging.getLogger(__name__)
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 LINK_MAX_AGE = timedelta(minutes=15)
 _LINK_AUDIENCE = "credential-link"
-MAX_HOSTS = 32
-_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
-_HOST_NAME = re.compile(rf"^(?:{_LABEL}\.)*{_LABEL}$")
-_HOSTS_HELP = ("give host names or IP addresses only, without a scheme, path or port "
-               "(e.g. api.github.com, *.example.com, 203.0.113.7)")
-
-
 def env_name(name: str) -> str:
     """``github.token`` → ``GITHUB_TOKEN`` (SPEC §2)."""
     return re.sub(r"[.-]", "_", name).upper()
-
-
-def parse_hosts(raw: object) -> tuple[list[str] | None, str | None]:
-    """Where a credential may be sent: ``(hosts, None)``, ``(None, None)`` for anywhere, or
-    ``(None, why)``. Takes comma-separated text or a list of such; host names (``*.`` allowed in
-    front of a domain) or IP literals, normalised to lower case without brackets or a final dot."""
-    if raw is None:
-        return None, None
-    if isinstance(raw, str):
-        raw = [raw]
-    if not isinstance(raw, list | tuple) or not all(isinstance(item, str) for item in raw):
-        return None, "Allowed hosts must be text: host names separated by commas."
-    hosts: list[str] = []
-    for entry in (e.strip() for item in raw for e in item.split(",")):
-        if not entry:
-            continue
-        host, problem = _one_host(entry)
-        if problem is not None:
-            return None, problem
-        assert host is not None
-        if host not in hosts:
-            hosts.append(host)
-        if len(hosts) > MAX_HOSTS:
-            return None, f"Allowed hosts: at most {MAX_HOSTS}."
-    return hosts or None, None
-
-
-def _one_host(entry: str) -> tuple[str | None, str | None]:
-    if len(entry) > 253:
-        return None, "Allowed hosts: an entry is too long to be a host name."
-    shown = entry if len(entry) <= 80 else entry[:77] + "..."
-    bad = f"Allowed hosts: {shown!r} is not a host: {_HOSTS_HELP}."
-    if not entry.isascii():
-        return None, f"Allowed hosts: {shown!r}: write the name in its ASCII form (xn--...)."
-    host = entry.lower()
-    if ":" in host:  # only an IPv6 literal may hold a colon (a port or a scheme is refused)
-        inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-        try:
-            return str(ipaddress.IPv6Address(inner)), None
-        except ValueError:
-            return None, bad
-    wildcard = host.startswith("*.")
-    name = host[2:] if wildcard else host
-    name = name[:-1] if name.endswith(".") else name
-    if not _HOST_NAME.match(name):
-        return None, bad
-    labels = name.split(".")
-    if labels[-1].isdigit() or labels[-1].startswith("0x"):  # shaped like an IPv4 address: it must be one
-        if wildcard:
-            return None, bad
-        try:
-            return str(ipaddress.IPv4Address(name)), None
-        except ValueError:
-            return None, f"Allowed hosts: {shown!r} is not a valid IP address."
-    if wildcard and len(labels) < 2:
-        return None, f"Allowed hosts: {shown!r} covers a whole top-level domain; name a domain (*.example.com)."
-    return ("*." if wildcard else "") + name, None
 
 
 def hosts_of(row: SecretRow) -> list[str] | None:
@@ -147,19 +84,7 @@ class CredentialUse:
         """Exact host (any case, no final dot); ``*.example.com`` matches any name below example.com."""
         if self.hosts is None:
             return True
-        host = _plain_host(host)
-        for allowed in (_plain_host(h) for h in self.hosts):
-            if host == allowed or (allowed.startswith("*.") and host.endswith(allowed[1:])):
-                return True
-        return False
-
-
-def _plain_host(host: str) -> str:
-    host = host.strip().lower().strip("[]").rstrip(".")
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return host
+        return host_allowed(host, self.hosts)
 
 
 class CredentialService:

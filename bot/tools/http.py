@@ -14,8 +14,9 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from bot.egress import EgressPolicy, EgressRefused, normalize_host
+from bot.egress import EgressPolicy, EgressRefused
 from core.credentials import CredentialUse
+from core.hosts import normalize_host
 from core.tools import Risk, Tool, ToolContext, ToolError
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"]

@@ -49,7 +49,7 @@ async def _hosts(service: CredentialService) -> dict[str, Any]:
 
 
 def test_hosts_are_normalised_and_bad_ones_explained() -> None:
-    from core.credentials import parse_hosts
+    from core.hosts import parse_hosts
 
     assert parse_hosts("API.GitHub.com, *.Example.com ,api.github.com, 10.0.0.5, [2001:DB8::1], fd00::2") == (
         ["api.github.com", "*.example.com", "10.0.0.5", "2001:db8::1", "fd00::2"], None)

@@ -1,0 +1,89 @@
+"""Host names as people write them for a credential ("api.github.com", "*.example.com") and as a
+URL names them: one normal form, one matching rule."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable
+
+MAX_HOSTS = 32
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+_HOST_NAME = re.compile(rf"^(?:{_LABEL}\.)*{_LABEL}$")
+_HOSTS_HELP = ("give host names or IP addresses only, without a scheme, path or port "
+               "(e.g. api.github.com, *.example.com, 203.0.113.7)")
+
+
+def normalize_host(host: str) -> str:
+    """Lower case, no brackets, no trailing dot; an IP address in its canonical form."""
+    host = host.strip().lower().strip("[]").rstrip(".")
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host
+
+
+def host_allowed(host: str, allowed: Iterable[str]) -> bool:
+    """Exact host (any case, no final dot); ``*.example.com`` matches any name below example.com."""
+    host = normalize_host(host)
+    for pattern in (normalize_host(h) for h in allowed):
+        if host == pattern or (pattern.startswith("*.") and host.endswith(pattern[1:])):
+            return True
+    return False
+
+
+def parse_hosts(raw: object) -> tuple[list[str] | None, str | None]:
+    """Where a credential may be sent: ``(hosts, None)``, ``(None, None)`` for anywhere, or
+    ``(None, why)``. Takes comma-separated text or a list of such; host names (``*.`` allowed in
+    front of a domain) or IP literals, normalised to lower case without brackets or a final dot."""
+    if raw is None:
+        return None, None
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list | tuple) or not all(isinstance(item, str) for item in raw):
+        return None, "Allowed hosts must be text: host names separated by commas."
+    hosts: list[str] = []
+    for entry in (e.strip() for item in raw for e in item.split(",")):
+        if not entry:
+            continue
+        host, problem = _one_host(entry)
+        if problem is not None:
+            return None, problem
+        assert host is not None
+        if host not in hosts:
+            hosts.append(host)
+        if len(hosts) > MAX_HOSTS:
+            return None, f"Allowed hosts: at most {MAX_HOSTS}."
+    return hosts or None, None
+
+
+def _one_host(entry: str) -> tuple[str | None, str | None]:
+    if len(entry) > 253:
+        return None, "Allowed hosts: an entry is too long to be a host name."
+    shown = entry if len(entry) <= 80 else entry[:77] + "..."
+    bad = f"Allowed hosts: {shown!r} is not a host: {_HOSTS_HELP}."
+    if not entry.isascii():
+        return None, f"Allowed hosts: {shown!r}: write the name in its ASCII form (xn--...)."
+    host = entry.lower()
+    if ":" in host:  # only an IPv6 literal may hold a colon (a port or a scheme is refused)
+        inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        try:
+            return str(ipaddress.IPv6Address(inner)), None
+        except ValueError:
+            return None, bad
+    wildcard = host.startswith("*.")
+    name = host[2:] if wildcard else host
+    name = name[:-1] if name.endswith(".") else name
+    if not _HOST_NAME.match(name):
+        return None, bad
+    labels = name.split(".")
+    if labels[-1].isdigit() or labels[-1].startswith("0x"):  # shaped like an IPv4 address: it must be one
+        if wildcard:
+            return None, bad
+        try:
+            return str(ipaddress.IPv4Address(name)), None
+        except ValueError:
+            return None, f"Allowed hosts: {shown!r} is not a valid IP address."
+    if wildcard and len(labels) < 2:
+        return None, f"Allowed hosts: {shown!r} covers a whole top-level domain; name a domain (*.example.com)."
+    return ("*." if wildcard else "") + name, None
