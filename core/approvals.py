@@ -256,10 +256,13 @@ class ApprovalBroker:
 def grant_call(tool: str, args: dict[str, Any]) -> str | None:
     """What an "Always allow" of this call is keyed by: every argument, exactly (compact sorted
     JSON), so another command, timeout or credential list is another call. A destination approval
-    is keyed by the destination's id, not by the schedule or its prompt. None: it cannot be granted."""
+    is keyed by the destination's id and the schedule's creator, not by the schedule or its prompt.
+    None: it cannot be granted."""
     if tool == DESTINATION_TOOL:
-        destination = args.get("destination_id")
-        return canonical_call({"destination": destination}) if isinstance(destination, str) and destination else None
+        destination, creator = args.get("destination_id"), args.get("creator")
+        if not (isinstance(destination, str) and destination and isinstance(creator, str) and creator):
+            return None
+        return canonical_call({"creator": creator, "destination": destination})
     return canonical_call(args)
 
 
@@ -272,7 +275,7 @@ def describe_grant(grant: GrantRow) -> str:
     if not isinstance(args, dict):
         return grant.call_text or "(nothing: a grant from before exact calls, revoked)"
     if grant.tool == DESTINATION_TOOL:
-        return f"schedules posting to {args.get('destination')}"
+        return f"schedules by {args.get('creator')} posting to {args.get('destination')}"
     text = canonical_text(grant.tool, args)
     rest = {k: v for k, v in args.items() if k not in CANONICAL_KEYS.get(grant.tool, tuple(args))}
     return f"{text} (with {canonical_call(rest)})" if rest else text

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 Steer = Callable[[], Awaitable[list[ChatMessage]]]
 
+SECRET_IN_ARGUMENTS = ("error: the arguments of `{tool}` contain the value of a secret, so it did not run; "
+                       "never write a secret's value: name it instead (shell_run: credentials=[name]; "
+                       "http_request: credential=name)")
 INTERRUPTED_RESULT = "error: interrupted — unknown whether it completed; do not assume it ran"
 
 
@@ -91,10 +94,12 @@ class AgentRunner:
             request = CompletionRequest(instructions=agent.instructions, messages=merge_user_runs(history),
                                         tools=specs)
             reply = await complete_with_retries(self.provider, request, self.retry)
-            # The model may repeat a secret it saw: masked before it is stored, posted or shown.
-            # The calls run as written; only their recorded arguments are masked.
+            # The model may repeat a secret it saw: masked before it is stored, posted or shown. A
+            # call whose arguments hold one never runs (see _call_tool): it would put the secret on
+            # an approval card, in a grant or in a command line.
             content = await self.redact(reply.content)
             recorded = tuple([replace(c, arguments=await self.redact(c.arguments)) for c in reply.tool_calls])
+            holds_secret = {c.id for c, r in zip(reply.tool_calls, recorded, strict=True) if c.arguments != r.arguments}
             await self.store.add_message(
                 session_id,
                 role="assistant",
@@ -107,7 +112,8 @@ class AgentRunner:
             if not reply.tool_calls:
                 return content
             for call in reply.tool_calls:
-                result = await self._call_tool(call, allowed_names, ctx)
+                result = (SECRET_IN_ARGUMENTS.format(tool=call.name) if call.id in holds_secret
+                          else await self._call_tool(call, allowed_names, ctx))
                 await self.store.add_message(
                     session_id, role="tool", content=result, turn_id=turn.id,
                     now=self.clock.now(), tool_call_id=call.id,

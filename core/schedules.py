@@ -447,9 +447,11 @@ class ScheduleService:
 
 
 def _destination_args(schedule: ScheduleRow) -> dict[str, Any]:
-    """What the destination approval shows, and (by ``destination_id``) what its grant is keyed by."""
+    """What the destination approval shows, and (by ``destination_id`` and ``creator``) what its grant
+    is keyed by: another person's schedules to the same channel are asked again."""
     return {"schedule": schedule.id, "destination": schedule.destination, "destination_id": schedule.destination_id,
-            "when": TriggerSpec.from_json(schedule.trigger).describe(), "prompt": schedule.prompt}
+            "creator": schedule.creator, "when": TriggerSpec.from_json(schedule.trigger).describe(),
+            "prompt": schedule.prompt}
 
 
 def _job_id(schedule_id: int) -> str:

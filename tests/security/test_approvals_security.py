@@ -312,9 +312,12 @@ async def test_always_allow_on_a_destination_is_consulted_by_the_next_schedule(
     # Another destination is still asked.
     await gateway.interact(command_body("schedule every 2h #ops say hello"))
 
-    async def asked() -> bool:
-        return len(_cards(fake_slack)) > cards
+    async def asked(more: int = 1) -> bool:
+        return len(_cards(fake_slack)) >= cards + more
     await _until(asked)
+    # So is another person's schedule to the same destination (the grant was U1's).
+    await gateway.interact(command_body("schedule every 3h #acc-dest say @here", user="U2"))
+    await _until(lambda: asked(2))
 
 
 # -- point 11: /bot approvals lists the channel's items unless the viewer is an admin --------------
@@ -360,9 +363,12 @@ def test_canonical_text_is_what_spec_16_says_and_grants_use_every_argument() -> 
     one = grant_call("shell_run", {"command": "ls"})
     assert one != grant_call("shell_run", {"command": "ls", "timeout_s": 5})
     assert one != grant_call("shell_run", {"command": "ls", "credentials": ["github.token"]})
-    assert grant_call("schedule_destination", {"destination_id": "C1", "prompt": "a"}) == \
-        grant_call("schedule_destination", {"destination_id": "C1", "prompt": "b"})
-    assert grant_call("schedule_destination", {"prompt": "no destination id"}) is None
+    assert grant_call("schedule_destination", {"destination_id": "C1", "creator": "U1", "prompt": "a"}) == \
+        grant_call("schedule_destination", {"destination_id": "C1", "creator": "U1", "prompt": "b"})
+    assert grant_call("schedule_destination", {"destination_id": "C1", "creator": "U1"}) != \
+        grant_call("schedule_destination", {"destination_id": "C1", "creator": "U2"})
+    assert grant_call("schedule_destination", {"prompt": "no destination id", "creator": "U1"}) is None
+    assert grant_call("schedule_destination", {"destination_id": "C1"}) is None  # no creator: never granted
 
 
 def _chromium() -> str:
