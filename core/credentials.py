@@ -22,6 +22,7 @@ import jwt
 from core.agents import AgentDirectory
 from core.approvals import ApprovalPolicy
 from core.clock import Clock
+from core.display import visible
 from core.errors import InvalidInput
 from core.events import CredentialRequested, CredentialResolved, EventBus
 from core.hosts import host_allowed, parse_hosts
@@ -38,6 +39,11 @@ log = logging.getLogger(__name__)
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 LINK_MAX_AGE = timedelta(minutes=15)
 _LINK_AUDIENCE = "credential-link"
+# Characters of a reason shown on a card: marks make it grow, and escaped for Slack (&lt;) it must
+# still fit a block (3000).
+REASON_SHOWN_MAX = 600
+
+
 def env_name(name: str) -> str:
     """``github.token`` → ``GITHUB_TOKEN`` (SPEC §2)."""
     return re.sub(r"[.-]", "_", name).upper()
@@ -49,6 +55,18 @@ def hosts_of(row: SecretRow) -> list[str] | None:
         return None
     hosts = json.loads(row.hosts)
     return [str(h) for h in hosts] if isinstance(hosts, list) else None
+
+
+def shown_reason(reason: str) -> str:
+    """The model's reason as the card shows it, channel-neutral: one line (line breaks as ``⏎``),
+    invisible characters marked (core.display.visible), and no URL scheme left whole (``https[:]//``),
+    so that nothing in it passes for the bot's own words or makes a link. Channels still escape it
+    for their markup and show it as quoted text."""
+    text = visible(reason).replace("\n", " ⏎ ")
+    text = re.sub(r"(?i)([a-z][a-z0-9+.-]*):(?=//)", r"\1[:]", text)
+    if len(text) > REASON_SHOWN_MAX:
+        text = text[:REASON_SHOWN_MAX] + f"… ({len(text) - REASON_SHOWN_MAX} more characters)"
+    return text
 
 
 def open_secret(keys: KeyRing, row: SecretRow) -> str:
@@ -87,6 +105,17 @@ class CredentialUse:
         return host_allowed(host, self.hosts)
 
 
+def _preferred(rows: list[SecretRow]) -> SecretRow:
+    """Of the rows of one name an agent may use, the one tools use: its own before a shared one."""
+    return min(rows, key=lambda row: row.scope != "agent")
+
+
+def _not_granted(name: str, agent: str) -> str:
+    return (f"a shared credential named {name} exists but is not granted to agent {agent}; an admin can grant "
+            f"it: bot credentials set {name} --scope shared --agent {agent} (this stores its value again: give "
+            f"its --host options again too). Nobody was asked; continue without it.")
+
+
 class CredentialService:
     def __init__(
         self, store: CredentialStore, keys: KeyRing, bus: EventBus, clock: Clock, policy: ApprovalPolicy,
@@ -113,8 +142,9 @@ class CredentialService:
             name="credential_request",
             description=("Ask a person for a secret you need (an API token, a password). If it is already stored "
                          "and granted to you, you are told at once. You never see the value: tools get it "
-                         "(shell_run when you list the name in its credentials argument, as the environment "
-                         "variable NAME upper-cased with . and - as _; http_request through its credential argument)."),
+                         "(http_request through its credential argument; shell_run when you list the name in its "
+                         "credentials argument, as the environment variable NAME upper-cased with . and - as _, "
+                         "unless the credential is limited to some hosts)."),
             parameters={
                 "type": "object",
                 "properties": {
@@ -133,8 +163,12 @@ class CredentialService:
 
     async def _request(self, ctx: ToolContext, args: dict[str, Any]) -> str:
         name, scope = str(args["name"]), str(args.get("scope") or "agent")
-        if await self.store.usable(ctx.agent, name):
-            return f"{name} is already stored and granted to you; use it ({self._how(name)})."
+        if usable := await self.store.usable(ctx.agent, name):
+            return f"{name} is already stored and granted to you; use it ({self._how(_preferred(usable))})."
+        # A request only ever adds a value: one for a shared name that exists would replace the
+        # operator's value (and its hosts) for every agent granted it. Nobody is asked.
+        if scope == "shared" and await self.store.stored(name, "shared", "") is not None:
+            raise ToolError(_not_granted(name, ctx.agent))
         if not ctx.interactive:
             raise ToolError(f"{name} is not stored and nobody can be asked for it here")
         now = self.clock.now()
@@ -145,7 +179,7 @@ class CredentialService:
         ))
         log.info("credential %s requested (request %s, session %s)", name, request.id, ctx.session_id)
         self.bus.emit(CredentialRequested(request.session, request))
-        return self._result(await self._wait(request))
+        return await self._result(await self._wait(request))
 
     async def _recover(self, ctx: ToolContext, _args: dict[str, Any]) -> str | None:
         request = await self.store.for_call(ctx.session_id, ctx.call_id)
@@ -153,17 +187,27 @@ class CredentialService:
             return None
         if request.status == CredentialStatus.PENDING:
             request = await self._wait(request)  # its Provide button keeps working after a restart
-        return self._result(request)
+        return await self._result(request)
 
-    def _result(self, request: CredentialRequestInfo) -> str:
-        if request.status == CredentialStatus.PROVIDED:
-            return f"{request.name} is now stored and granted to you; use it ({self._how(request.name)})."
+    async def _result(self, request: CredentialRequestInfo) -> str:
+        name = request.name
         if request.status == CredentialStatus.EXPIRED:
-            raise ToolError(f"nobody provided {request.name} in time; continue without it")
-        raise ToolError(f"the request for {request.name} was cancelled; continue without it")
+            raise ToolError(f"nobody provided {name} in time; continue without it")
+        # Provided; or cancelled because a value was stored meanwhile (by another request, an operator).
+        usable = await self.store.usable(request.agent, name)
+        if usable or request.status == CredentialStatus.PROVIDED:
+            how = f" ({self._how(_preferred(usable))})" if usable else ""
+            return f"{name} is now stored and granted to you; use it{how}."
+        if request.scope == "shared" and await self.store.stored(name, "shared", "") is not None:
+            raise ToolError(_not_granted(name, request.agent))
+        raise ToolError(f"the request for {name} was cancelled; continue without it")
 
     @staticmethod
-    def _how(name: str) -> str:
+    def _how(row: SecretRow) -> str:
+        name, hosts = row.name, hosts_of(row)
+        if hosts is not None:
+            return (f"http_request takes credential={name!r} and sends it only to {', '.join(hosts)}; "
+                    "shell_run cannot be given it")
         return (f"pass credentials=[{name!r}] to shell_run and it sees ${env_name(name)}; "
                 f"http_request takes credential={name!r}")
 
@@ -230,8 +274,22 @@ class CredentialService:
                            agent=request.agent if request.scope == "agent" else "", key_id="", ciphertext="",
                            hosts=json.dumps(allowed) if allowed else None, created_by=by, created_at=now,
                            updated_at=now)
-        won, settled = await self.store.provide(request_id, secret, seal=self._sealer(value), by=by, now=now)
-        if not won:
+        outcome, settled = await self.store.provide(request_id, secret, seal=self._sealer(value), by=by, now=now)
+        if outcome in ("expired", "exists") and settled is not None:
+            self._announce_settled(settled)  # settled by this refusal: the waiter and the card learn it now
+        if outcome == "expired":
+            return ProvideResult(False, f"Too late: the request for {request.name} expired at "
+                                        f"{request.expires_at:%Y-%m-%d %H:%M:%S} UTC; nothing was stored.",
+                                 request=settled)
+        if outcome == "exists":
+            log.info("credential %s: request %s answered after a value was stored; not replaced",
+                     request.name, request_id)
+            return ProvideResult(False, (
+                f"{request.name} ({request.scope} scope) was stored meanwhile, so your value was not stored and "
+                f"the stored one was not replaced. Only an operator replaces a credential: "
+                f"bot credentials set {request.name} --scope {request.scope} --agent {request.agent}"),
+                request=settled)
+        if outcome != "stored":
             return ProvideResult(False, f"Already settled: {settled.summary() if settled else 'gone'}.",
                                  request=settled)
         assert settled is not None
@@ -261,6 +319,8 @@ class CredentialService:
         request = await self.store.get(request_id)
         if request is None or request.settled:
             raise InvalidInput("that credential request is not open")
+        if request.expires_at <= self.clock.now():
+            raise InvalidInput(f"that credential request expired at {request.expires_at:%Y-%m-%d %H:%M:%S} UTC")
         jti = secrets.token_urlsafe(16)
         expires = min(self.clock.now() + LINK_MAX_AGE, request.expires_at)
         await self.store.add_link(jti, request_id, expires)
@@ -315,7 +375,14 @@ class CredentialService:
             if not found:
                 raise ToolError(f"no credential named {name!r} is stored and granted to you "
                                 "(ask for it with credential_request)")
-            rows.append(min(found, key=lambda row: row.scope != "agent"))  # the agent's own before a shared one
+            rows.append(_preferred(found))
+        for row in rows:
+            # A command could send the value anywhere: a credential limited to hosts goes only where
+            # http_request can hold it to them.
+            if (hosts := hosts_of(row)) is not None:
+                raise ToolError(f"credential {row.name} may only be sent to {', '.join(hosts)}, so it is not "
+                                f"given to shell_run, where a command could send it anywhere; use http_request "
+                                f"with credential={row.name!r} (it is sent only to those hosts)")
         variables = [env_name(row.name) for row in rows]
         if len(set(variables)) < len(variables):
             raise ToolError("two of those credentials become the same environment variable; name only one")
@@ -329,9 +396,10 @@ class CredentialService:
         if not rows:
             raise ToolError(f"no credential named {name!r} is stored and granted to you "
                             "(ask for it with credential_request)")
-        await self.store.touch([r.id for r in rows if r.id is not None], self.clock.now())
-        value = self._open(rows[0])
-        hosts = hosts_of(rows[0])
+        row = _preferred(rows)
+        await self.store.touch([row.id] if row.id is not None else [], self.clock.now())
+        value = self._open(row)
+        hosts = hosts_of(row)
         allowed = None if hosts is None else tuple(hosts)
         # A value that already names its header ("X-Api-Key: abc") is used as given; else a bearer token.
         header, sep, rest = value.partition(":")

@@ -3,6 +3,8 @@
 Redirects are followed only on the same host, port and scheme (or an upgrade from http to https);
 any other redirect is reported, not followed. So a credential is never re-sent to another host, nor in
 clear text after an https → http redirect. A credential limited to some hosts is refused elsewhere.
+A credential goes over plain http only to a host the operator listed in HTTP_ALLOW_HOSTS (declared
+internal), and the model cannot set ``Host``: the URL's host is the one the server sees.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ def http_request_tool(*, timeout_s: float = 30, max_bytes: int = 1_000_000,
         if url.scheme not in ("http", "https") or not url.raw_host:
             raise ToolError("url must be an absolute http:// or https:// URL")
         headers = {str(k): str(v) for k, v in (args.get("headers") or {}).items()}
+        if any(k.strip().lower() == "host" for k in headers):
+            # Another Host would reach another site behind the same address (domain fronting), with
+            # a credential limited to the URL's host, or past HTTP_ALLOW_HOSTS.
+            raise ToolError("http_request sets the Host header from the URL; remove the Host header and put "
+                            "the host you mean in the URL")
         credential: CredentialUse | None = None
         name = str(args.get("credential") or "")
         if name:
@@ -71,6 +78,10 @@ def http_request_tool(*, timeout_s: float = 30, max_bytes: int = 1_000_000,
                 if not credential.allows(host):
                     raise ToolError(f"http_request refused: credential {name} may only be sent to "
                                     f"{', '.join(credential.hosts or ())}, not {host}")
+                if url.scheme == "http" and not policy.host_listed(host):
+                    raise ToolError(f"http_request refused: credential {name} is not sent over plain http to "
+                                    f"{host} (anyone on the way could read it); use https, or the operator can "
+                                    f"declare {host} internal in HTTP_ALLOW_HOSTS")
                 sent.update(credential.headers)
             try:
                 policy.check_literal(host, port)

@@ -13,7 +13,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import PrivateReplies, error_code
 from channels.slack.payloads import channel_id, user_id
-from core.credentials import CredentialService
+from core.credentials import CredentialService, shown_reason
 from core.model import CredentialRequestInfo, CredentialStatus
 
 log = logging.getLogger(__name__)
@@ -91,8 +91,8 @@ def request_blocks(request: CredentialRequestInfo) -> list[dict[str, Any]]:
     who = f"<@{request.requester}> or an approver" if request.requester else "an approver"
     blocks: list[dict[str, Any]] = [
         {"type": "section", "text": {"type": "mrkdwn", "text": (
-            f":key: *{_escape(request.agent)}* needs the credential `{request.name}` ({request.scope} scope)\n"
-            f"Reason: {_escape(request.reason)}")}},
+            f":key: *{_escape(request.agent)}* needs the credential `{request.name}` ({request.scope} scope)")}},
+        reason_block(request),
     ]
     if request.status == CredentialStatus.PENDING:
         expires = f"<!date^{int(request.expires_at.timestamp())}^{{time}}|{request.expires_at:%H:%M} UTC>"
@@ -118,8 +118,8 @@ def provide_modal(request: CredentialRequestInfo) -> dict[str, Any]:
         "close": {"type": "plain_text", "text": "Cancel"},
         "blocks": [
             {"type": "section", "text": {"type": "mrkdwn", "text": (
-                f"*{request.name}* for agent *{_escape(request.agent)}* ({request.scope} scope)\n"
-                f"Reason: {_escape(request.reason)}")}},
+                f"*{request.name}* for agent *{_escape(request.agent)}* ({request.scope} scope)")}},
+            reason_block(request),
             {"type": "context", "elements": [{"type": "mrkdwn", "text": (
                 ":warning: Slack has no hidden input: the value is visible while you type. Once stored it is "
                 "sealed and never shown again, never logged, never sent to the model.")}]},
@@ -133,6 +133,14 @@ def provide_modal(request: CredentialRequestInfo) -> dict[str, Any]:
                          "placeholder": {"type": "plain_text", "text": "api.github.com"}}},
         ],
     }
+
+
+def reason_block(request: CredentialRequestInfo) -> dict[str, Any]:
+    """The model's reason, quoted as its words: one code span (no bold, links or mentions inside),
+    ``verbatim`` (Slack links nothing), every character visible (core.credentials.shown_reason)."""
+    quoted = _escape(shown_reason(request.reason)).replace("`", "⟦backtick⟧")
+    return {"type": "section", "text": {"type": "mrkdwn", "verbatim": True,
+                                        "text": f"Reason given by the agent: `{quoted}`"}}
 
 
 def _fallback(request: CredentialRequestInfo) -> str:

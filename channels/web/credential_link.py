@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from core.credentials import CredentialService
+from core.credentials import CredentialService, shown_reason
 from core.model import CredentialRequestInfo
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -103,7 +103,7 @@ def _form(request: CredentialRequestInfo, error: str) -> str:
     return (
         f"<p>The agent <strong>{html.escape(request.agent)}</strong> asks for "
         f"<code>{html.escape(request.name)}</code> ({html.escape(request.scope)} scope).</p>"
-        f"<p>Reason: {html.escape(request.reason)}</p>"
+        f"<p>Reason given by the agent: <code>{html.escape(shown_reason(request.reason))}</code></p>"
         "<p>The value is visible while you type, then sealed: it is never shown again, never logged and "
         "never sent to the model.</p>"
         f'{message}<form method="post"><textarea name="value" rows="6" required aria-label="Value"></textarea>'

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import delete, func, or_, update
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -22,6 +23,10 @@ from core.store.tables import (
     SecretRow,
     SessionRow,
 )
+
+# How providing a value ended: stored; already settled by someone else; too late (now settled as
+# expired); or a secret of that name, scope and owner exists (request cancelled, nothing replaced).
+Provided = Literal["stored", "settled", "expired", "exists"]
 
 
 class CredentialStore:
@@ -56,6 +61,11 @@ class CredentialStore:
                      {"scope": row.scope, "agent": row.agent or None, "key_id": row.key_id,
                       "hosts": json.loads(row.hosts) if row.hosts else None}))
         return row
+
+    async def stored(self, name: str, scope: str, agent: str) -> SecretRow | None:
+        """The secret of that name, scope and owner (``agent`` is "" for a shared one), if any."""
+        async with self.db.read() as s:
+            return await _stored(s, name, scope, agent)
 
     async def usable(self, agent: str, name: str | None = None) -> list[SecretRow]:
         """Secrets this agent may use: its own, and shared ones granted to it."""
@@ -122,22 +132,41 @@ class CredentialStore:
             return await _info(s, row)
 
     async def provide(self, request_id: int, secret: SecretRow, *, seal: Callable[[SecretRow], None], by: str,
-                      now: datetime) -> tuple[bool, CredentialRequestInfo | None]:
-        """Store the sealed value and settle the request in one commit, once: a second submission loses."""
+                      now: datetime) -> tuple[Provided, CredentialRequestInfo | None]:
+        """Store the sealed value and settle the request in one commit, once: a second submission loses.
+
+        Only before ``expires_at`` (after it the request is settled as expired), and never over a stored
+        secret: a request adds a value, only an operator replaces one (``save_secret`` directly)."""
+        try:
+            return await self._provide(request_id, secret, seal=seal, by=by, now=now)
+        except IntegrityError:  # another process stored that name at the same moment: it exists now
+            return await self._provide(request_id, secret, seal=seal, by=by, now=now)
+
+    async def _provide(self, request_id: int, secret: SecretRow, *, seal: Callable[[SecretRow], None], by: str,
+                       now: datetime) -> tuple[Provided, CredentialRequestInfo | None]:
         async with self.db.write() as s:
-            result = await s.exec(update(CredentialRequestRow)
-                                  .where(col(CredentialRequestRow.id) == request_id,
-                                         col(CredentialRequestRow.status) == CredentialStatus.PENDING)
-                                  .values(status=CredentialStatus.PROVIDED, provided_by=by, provided_at=now))
-            won = bool(result.rowcount)
+            pending = update(CredentialRequestRow).where(col(CredentialRequestRow.id) == request_id,
+                                                         col(CredentialRequestRow.status) == CredentialStatus.PENDING)
+            outcome: Provided = "settled"
+            if (await s.exec(pending.where(col(CredentialRequestRow.expires_at) > now)
+                             .values(status=CredentialStatus.PROVIDED, provided_by=by, provided_at=now))).rowcount:
+                if await _stored(s, secret.name, secret.scope, secret.agent) is not None:
+                    outcome = "exists"
+                    await s.exec(update(CredentialRequestRow).where(col(CredentialRequestRow.id) == request_id)
+                                 .values(status=CredentialStatus.CANCELLED, provided_by=None))
+                else:
+                    outcome = "stored"
+            elif (await s.exec(pending.values(status=CredentialStatus.EXPIRED, provided_at=now))).rowcount:
+                outcome = "expired"  # still pending, so refused only because its time had run out
             row = await s.get(CredentialRequestRow, request_id)
             if row is None:
-                return False, None
+                return "settled", None
             await s.refresh(row)
-            if won:
+            if outcome == "stored":  # no row of that name, scope and owner: this inserts, never replaces
                 await self.save_secret(secret, seal=seal, grant=row.agent, by=by, now=now, s=s)
+            if outcome != "settled":
                 await _resume_session(s, row.session_id)
-            return won, await _info(s, row)
+            return outcome, await _info(s, row)
 
     async def settle(self, request_id: int, status: str, now: datetime) -> tuple[bool, CredentialRequestInfo | None]:
         async with self.db.write() as s:
@@ -202,6 +231,11 @@ class CredentialStore:
                                   .where(col(CredentialLinkRow.jti) == jti, col(CredentialLinkRow.used_at).is_(None))
                                   .values(used_at=now))
             return bool(result.rowcount)
+
+
+async def _stored(s: AsyncSession, name: str, scope: str, agent: str) -> SecretRow | None:
+    return (await s.exec(select(SecretRow).where(
+        SecretRow.name == name, SecretRow.scope == scope, SecretRow.agent == agent))).first()
 
 
 async def _resume_session(s: AsyncSession, session_id: str) -> None:

@@ -225,13 +225,14 @@ async def test_allow_hosts_lets_exactly_the_listed_hosts_through(
 async def test_a_credential_is_only_sent_to_its_hosts(
     make_settings: Callable[..., Settings], start_gateway: Any, recorder: Recorder
 ) -> None:
-    gw: GatewayClient = await start_gateway(make_settings(http_allow_private=True))
+    # The recorder is local and speaks plain http: a credential goes there only to hosts declared internal.
+    gw: GatewayClient = await start_gateway(make_settings(http_allow_hosts="127.0.0.1,localhost"))
     tool = _tool_of(gw)
     await _store_secret(gw, "api.token", ["api.example"])
     with pytest.raises(ToolError, match=r"api\.token may only be sent to api\.example, not 127\.0\.0\.1"):
         await _get(tool, f"http://127.0.0.1:{recorder.port}/steal", credential="api.token")
-    with pytest.raises(ToolError, match=r"api\.token may only be sent to api\.example"):
-        # the Host header is the model's to set; the URL says where the request goes
+    with pytest.raises(ToolError, match=r"sets the Host header from the URL"):
+        # the URL says where the request goes; the model sets no Host (tests/security/test_credential_abuse.py)
         await _get(tool, f"http://127.0.0.1:{recorder.port}/steal", credential="api.token",
                    headers={"Host": "api.example"})
     assert recorder.seen == []  # refused before connecting
@@ -264,7 +265,8 @@ def test_credential_host_matching() -> None:
 async def test_a_cross_host_redirect_never_carries_the_credential(
     make_settings: Callable[..., Settings], start_gateway: Any, recorder: Recorder, other: Recorder
 ) -> None:
-    gw: GatewayClient = await start_gateway(make_settings(http_allow_private=True))
+    # Local plain-http servers: listed as internal, or no credential would be sent to them at all.
+    gw: GatewayClient = await start_gateway(make_settings(http_allow_hosts="127.0.0.1,localhost"))
     tool = _tool_of(gw)
     await _store_secret(gw, "api.token", None)
     targets = {

@@ -152,11 +152,18 @@ function approvalElement(a) {
   return el;
 }
 
+// The agent's reason as core.credentials.shown_reason shows it: one line, every character visible,
+// no URL scheme left whole; quoted as code, so it cannot pass for the page's own words.
+function shownReason(text) {
+  const out = visible(text).replaceAll("\n", " ⏎ ").replace(/([a-z][a-z0-9+.-]*):(?=\/\/)/gi, "$1[:]");
+  return out.length > 600 ? `${out.slice(0, 600)}… (${out.length - 600} more characters)` : out;
+}
+
 function credentialElement(c) {
   const el = document.createElement("div");
   el.className = `msg approval credential ${c.status}`;
   el.innerHTML = `<p><strong>Credential needed:</strong> <code>${escapeHtml(c.name)}</code> (${escapeHtml(c.scope)} scope)</p>` +
-    `<p>Reason: ${escapeHtml(c.reason)}</p>`;
+    `<p>Reason given by the agent: <code>${escapeHtml(shownReason(c.reason))}</code></p>`;
   const meta = document.createElement("div");
   meta.className = "meta";
   if (c.status !== "pending") {
