@@ -15,6 +15,16 @@ from bot.manifest import render_manifest
 log = logging.getLogger("bot")
 
 
+def _id(text: str) -> int:
+    """An id as people type it: ASCII digits, no larger than the database holds."""
+    from core.text import parse_id
+
+    value = parse_id(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an id (a number such as 12)")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bot", description="Chat-ops agent gateway (Slack first).")
     parser.add_argument("--version", action="version", version=f"bot {__version__}")
@@ -29,13 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     verbs = approvals.add_subparsers(dest="verb", required=True)
     verbs.add_parser("list", help="pending approval requests")
     approve = verbs.add_parser("approve", help="approve a pending request")
-    approve.add_argument("id", type=int)
+    approve.add_argument("id", type=_id)
     deny = verbs.add_parser("deny", help="deny a pending request")
-    deny.add_argument("id", type=int)
+    deny.add_argument("id", type=_id)
     deny.add_argument("--reason", default=None)
     verbs.add_parser("grants", help="active \"Always allow\" grants")
     revoke = verbs.add_parser("revoke", help="revoke a grant")
-    revoke.add_argument("id", type=int)
+    revoke.add_argument("id", type=_id)
     creds = sub.add_parser("credentials", help="stored credentials (values are never printed)")
     cverbs = creds.add_subparsers(dest="verb", required=True)
     cverbs.add_parser("list", help="names, scopes, allowed hosts, key ids, who stored them, last use")
@@ -50,13 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     cdel.add_argument("name")
     cverbs.add_parser("rotate", help="re-seal every credential under the first key in BOT_SECRET_KEYS")
     clink = cverbs.add_parser("link", help="print a one-time link (15 min) to answer a pending credential request")
-    clink.add_argument("request_id", type=int)
+    clink.add_argument("request_id", type=_id)
     scheds = sub.add_parser("schedules", help="scheduled sessions (operator actions are audited by name)")
     sverbs = scheds.add_subparsers(dest="verb", required=True)
     sverbs.add_parser("list", help="every schedule, its status and last outcome")
     for verb in ("pause", "resume", "cancel"):
         one = sverbs.add_parser(verb, help=f"{verb} a schedule")
-        one.add_argument("id", type=int)
+        one.add_argument("id", type=_id)
     webp = sub.add_parser("web", help="web chat logins")
     wverbs = webp.add_subparsers(dest="verb", required=True)
     wverbs.add_parser("logout-all", help="end every web chat login (audited); browsers get the login page again")

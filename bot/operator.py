@@ -80,7 +80,8 @@ async def approvals_command(args: argparse.Namespace) -> int:
             if not pending:
                 print("no pending approval requests")
             for p in pending:  # the arguments whole, with whitespace and invisible characters marked
-                print(f"{p.id}\t{p.tool}\t{p.session.id}\tasked by {p.requester}"
+                also = f" (with messages from {', '.join(p.other_senders)})" if p.other_senders else ""
+                print(f"{p.id}\t{p.tool}\t{p.session.id}\tasked by {p.requester}{also}"
                       f"\texpires {p.expires_at:%Y-%m-%d %H:%M} UTC\t{visible(canonical_call(p.arguments))}")
             return 0
         if args.verb in ("approve", "deny"):

@@ -16,7 +16,7 @@ import os
 import re
 import socket
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from core import logcontext
@@ -58,6 +58,7 @@ from core.store import (
     LeaseStore,
     Taken,
 )
+from core.text import clean_text
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +206,7 @@ class Dispatcher:
             raise InvalidInput(f"session id {message.session_id!r} is reserved")
         if not internal and message.preapproved:
             raise InvalidInput("preapproved calls cannot be set from outside")
+        message = replace(message, text=clean_text(message.text))  # stored: no NUL, no lone surrogate
         if len(message.text) > MAX_TEXT_CHARS:
             raise InvalidInput(f"message is longer than {MAX_TEXT_CHARS} characters")
         if not self._accepting:

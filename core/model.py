@@ -134,6 +134,9 @@ class ApprovalInfo:
     always: bool = False
     announcement: dict[str, Any] | None = None
     started: bool = False
+    # Whoever else had messages in the turn when the call was asked (steered or context): the call
+    # may be their idea. Shown to approvers; they are not requesters (only ``requester`` is).
+    other_senders: tuple[str, ...] = ()
 
     @property
     def settled(self) -> bool:

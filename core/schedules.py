@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -32,6 +33,7 @@ from core.model import ApprovalStatus, Inbound, MessageRef, SessionInfo
 from core.store import ConversationStore, Database, LeaseStore
 from core.store.schedules import ScheduleStore
 from core.store.tables import ScheduleRow
+from core.text import MAX_ID, clean_text
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,10 @@ class Status:
     PAUSED = "paused"
     CANCELLED = "cancelled"
     DONE = "done"
+
+
+MAX_EVERY_S = 366 * 86400  # the longest interval a schedule may have
+MAX_AHEAD = timedelta(days=3653)  # how far ahead a one-off ("at") may be
 
 
 @dataclass(frozen=True)
@@ -72,18 +78,35 @@ class TriggerSpec:
             except ValueError as exc:
                 raise InvalidInput(f"invalid cron {self.cron!r}: {exc}") from None
         if self.every_seconds is not None:
-            if self.every_seconds < floor_s:
+            every: Any = self.every_seconds  # from a model's JSON: maybe 300.0, or a bool
+            whole = (isinstance(every, int) and not isinstance(every, bool)) or (
+                isinstance(every, float) and every.is_integer())
+            if not whole:
+                raise InvalidInput("every_seconds must be a whole number of seconds")
+            if every < floor_s:
                 raise InvalidInput(f"every_seconds must be at least {floor_s}")
-            return IntervalTrigger(seconds=self.every_seconds, timezone=zone)
+            if every > MAX_EVERY_S:  # also what the scheduler and the database can hold
+                raise InvalidInput(f"an interval can be at most {MAX_EVERY_S // 86400} days")
+            return IntervalTrigger(seconds=int(every), timezone=zone)
         assert self.at is not None
         try:
             when = datetime.fromisoformat(self.at)
-        except ValueError:
+        except (TypeError, ValueError):
             raise InvalidInput(f"at must be an ISO 8601 date and time, got {self.at!r}") from None
         when = when.replace(tzinfo=zone) if when.tzinfo is None else when
         if when <= now:
             raise InvalidInput(f"{when.isoformat()} is in the past")
         return DateTrigger(run_date=when, timezone=zone)
+
+    def check(self, now: datetime, floor_s: int) -> None:
+        """A new schedule's trigger: it builds, and a one-off is not too far ahead (near year 9999
+        the scheduler cannot even convert it to UTC). InvalidInput says what is wrong."""
+        self.build(now, floor_s)
+        if self.at is not None:
+            when = datetime.fromisoformat(self.at)
+            when = when.replace(tzinfo=ZoneInfo(self.timezone)) if when.tzinfo is None else when
+            if when - now > MAX_AHEAD:
+                raise InvalidInput(f"at can be at most {MAX_AHEAD.days // 365} years ahead")
 
     def min_gap_s(self) -> float:
         """Two firings closer than this are one firing seen twice (a re-fire after a crash)."""
@@ -241,9 +264,10 @@ class ScheduleService:
                      origin: SessionInfo, channel: str = "slack") -> ScheduleRow:
         """Validate everything, store the schedule (pending its destination) and ask for the destination
         approval in ``origin``. Bad input raises InvalidInput and stores nothing."""
+        prompt = clean_text(prompt)  # stored, then fired as a message: no NUL, no lone surrogate
         if not prompt.strip():
             raise InvalidInput("the prompt is empty")
-        trigger.build(self.clock.now(), self.floor_s)
+        trigger.check(self.clock.now(), self.floor_s)
         resolver = self.destinations.get(channel)
         if resolver is None:
             raise InvalidInput(f"no {channel} channel is configured to deliver to {destination}")
@@ -391,6 +415,8 @@ class ScheduleService:
 
     async def change(self, schedule_id: int, action: str, by: str, *, operator: bool = False) -> str:
         """pause, resume or cancel — by its creator, an admin, or an operator."""
+        if not 0 < schedule_id <= MAX_ID:  # e.g. the model's schedule_cancel: the database holds no more
+            raise InvalidInput(f"there is no schedule {schedule_id}")
         schedule = await self.store.get(schedule_id)
         if schedule is None:
             raise InvalidInput(f"there is no schedule {schedule_id}")
@@ -499,8 +525,11 @@ def parse_when(text: str) -> tuple[TriggerSpec, str]:
     spec: dict[str, Any] = {}
     if head == "every" and rest:
         amount = rest.pop(0)
-        number = "".join(ch for ch in amount if ch.isdigit())
-        unit = amount[len(number):] or (rest.pop(0) if rest else "")
+        # ASCII digits only ("²".isdigit() is True, and int("²") fails); a long number is refused
+        # by the bound in TriggerSpec.build, with its own message.
+        parsed = re.fullmatch(r"([0-9]{1,30})([A-Za-z]*)", amount)
+        number, unit = (parsed.group(1), parsed.group(2)) if parsed else ("", "")
+        unit = unit or (rest.pop(0) if parsed and rest else "")
         factor = _UNITS.get(unit.lower().rstrip("s") or "s") or _UNITS.get(unit.lower())
         if not number or factor is None:
             raise InvalidInput(f"cannot read the interval {amount!r} (e.g. every 5m, every 30 seconds)")

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import jsonschema
 
 from core.errors import CoreError
+from core.text import clean_text, text_problem, tree_problem
 
 
 class Risk(enum.StrEnum):
@@ -76,6 +77,11 @@ class Tool:
                 raise ToolError(f"arguments for {self.name} are not valid JSON: {exc.msg}") from exc
         if not isinstance(args, dict):
             raise ToolError(f"arguments for {self.name} must be a JSON object")
+        # Refused, not repaired: a repaired command is not the one written, and a NUL or a lone
+        # surrogate could never be stored (grants, cards) nor run.
+        problem = tree_problem(args)
+        if problem is not None:
+            raise ToolError(f"arguments for {self.name} contain {problem}")
         try:
             jsonschema.validate(args, self.parameters)
         except jsonschema.ValidationError as exc:
@@ -154,13 +160,16 @@ class ToolGate(Protocol):
 
 
 async def run_tool(tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> str:
-    """Run one call with the tool's timeout; every failure becomes a ToolError for the model."""
+    """Run one call with the tool's timeout; every failure becomes a ToolError for the model. What
+    it returns or says is repaired text (e.g. a shell's output may hold NUL bytes), fit to store."""
     try:
         async with asyncio.timeout(tool.timeout_s):
-            return await tool.function(ctx, args)
+            return clean_text(await tool.function(ctx, args))
     except TimeoutError as exc:
         raise ToolError(f"{tool.name} timed out after {tool.timeout_s:g} s") from exc
-    except ToolError:
-        raise
+    except ToolError as exc:
+        if text_problem(str(exc)) is None:
+            raise
+        raise ToolError(clean_text(str(exc))) from exc
     except Exception as exc:
-        raise ToolError(f"{tool.name} failed: {type(exc).__name__}: {exc}") from exc
+        raise ToolError(clean_text(f"{tool.name} failed: {type(exc).__name__}: {exc}")) from exc

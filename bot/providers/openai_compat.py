@@ -10,6 +10,7 @@ from openai import AsyncOpenAI
 
 from core.errors import ProviderError
 from core.providers import ChatMessage, Completion, CompletionRequest, ToolCall
+from core.text import clean_text
 
 
 class OpenAICompatibleProvider:
@@ -33,12 +34,19 @@ class OpenAICompatibleProvider:
         if not response.choices:
             raise ProviderError("model", "the endpoint returned no choices", retryable=True)
         message = response.choices[0].message
+        # Model output is stored and posted: its text is repaired (no NUL, no lone surrogate). The
+        # arguments are left as written; a call whose arguments hold either is refused when parsed.
         calls = tuple(
-            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "{}")
+            ToolCall(id=_cleaned(c.id), name=_cleaned(c.function.name), arguments=c.function.arguments or "{}")
             for c in (message.tool_calls or [])
             if getattr(c, "function", None) is not None
         )
-        return Completion(content=message.content or "", tool_calls=calls)
+        return Completion(content=clean_text(message.content or ""), tool_calls=calls)
+
+
+def _cleaned(value: Any) -> Any:
+    """A string from the endpoint, repaired; anything else (a missing id) as it was."""
+    return clean_text(value) if isinstance(value, str) else value
 
 
 def _messages(request: CompletionRequest) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.errors import MalformedPayload
 from channels.slack.api import PrivateReplies, error_code
-from channels.slack.approvals import SlackApprovals
+from channels.slack.approvals import SlackApprovals, asked_by
 from channels.slack.credentials import SlackCredentials
 from channels.slack.formatting import split_message, to_mrkdwn
 from channels.slack.payloads import PERSON_SUBTYPES, channel_id, is_id, is_ts, shape_problem, user_id
@@ -51,6 +51,7 @@ from core.events import (
 )
 from core.model import Inbound, MessageRef, SessionInfo
 from core.schedules import ScheduleService, TriggerSpec, parse_when
+from core.text import clean_tree, parse_id
 from core.tools import ToolError
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,9 @@ class SlackChannel:
                 return web.json_response({"error": "invalid request signature"}, status=401)
             log.warning("malformed Slack payload refused: %s", problem)
             return web.json_response({"error": f"malformed payload: {problem}"}, status=400)
+        # No NUL, no lone surrogate in any text, before bolt or a listener reads it (in place: the
+        # signature was checked on the raw body).
+        clean_tree(bolt_request.body)
         response = await self.app.async_dispatch(bolt_request)
         return await to_aiohttp_response(response)
 
@@ -154,7 +158,17 @@ class SlackChannel:
             return BoltResponse(status=400, body=json.dumps({"error": f"malformed payload: {problem}"}),
                                 headers={"content-type": "application/json"})
         log.error("Slack listener failed: %s: %s", type(error).__name__, error, exc_info=error)
-        return None  # our own failure on a valid payload: bolt answers 500, so Slack delivers it again
+        if not isinstance(body, dict) or body.get("type") == "event_callback":
+            return None  # our own failure on a valid event: bolt answers 500, so Slack delivers it again
+        # Slack never retries a slash command or an interaction: a 500 would only show the person a
+        # cryptic failure. Tell them instead.
+        text = (f":warning: Something went wrong on my side ({type(error).__name__}). It is logged; try again, "
+                "and tell the operator if it keeps happening.")
+        if "command" in body:
+            return BoltResponse(status=200, body=json.dumps({"response_type": "ephemeral", "text": text}),
+                                headers={"content-type": "application/json"})
+        self._private.tell(channel_id(body), user_id(body), text)
+        return BoltResponse(status=200, body="")
 
     # -- inbound --------------------------------------------------------------------------------
 
@@ -345,9 +359,13 @@ class SlackChannel:
     async def _schedules_command(self, words: list[str], user: str, place: str) -> str:
         if self.schedules is None:
             return "Schedules are not available here."
-        if words and words[0] in ("pause", "resume", "cancel") and len(words) == 2 and words[1].isdigit():
+        if words and words[0] in ("pause", "resume", "cancel") and len(words) == 2:
+            schedule_id = parse_id(words[1])
+            if schedule_id is None:
+                return (f"`{_code(words[1])}` is not a schedule id (a number such as 12: "
+                        f"see `{self.config.command} schedules`).")
             try:
-                return await self.schedules.change(int(words[1]), words[0], by=user)
+                return await self.schedules.change(schedule_id, words[0], by=user)
             except InvalidInput as exc:
                 return str(exc)
         # Core decides what this user may see: this channel's schedules, or every one for an admin.
@@ -383,15 +401,18 @@ class SlackChannel:
                 f"to {destination} is approved.")
 
     async def _approvals_command(self, args: list[str], user: str, place: str) -> str:
-        if len(args) == 2 and args[0] == "revoke" and args[1].isdigit():
-            return await self.approvals.revoke_grant(int(args[1]), by=user)
+        if len(args) == 2 and args[0] == "revoke":
+            grant_id = parse_id(args[1])
+            if grant_id is None:
+                return (f"`{_code(args[1])}` is not a grant id (a number such as 12: "
+                        f"see `{self.config.command} approvals`).")
+            return await self.approvals.revoke_grant(grant_id, by=user)
         # Core decides what this user may see: this channel's items, or everything for an admin.
         pending = await self.approvals.pending(place=place, viewer=user)
         grants = await self.approvals.grants(place=place, viewer=user)
         where = "" if self.approvals.policy.is_admin(user) else " in this channel"
         lines = [f"*Pending approvals{where}:* {len(pending)}"]
-        lines += [f"• #{p.id} `{p.tool}` asked by <@{p.requester}> — expires {p.expires_at:%H:%M} UTC"
-                  for p in pending[:20]]
+        lines += [f"• #{p.id} `{p.tool}` — {asked_by(p)}, expires {p.expires_at:%H:%M} UTC" for p in pending[:20]]
         lines.append(f"*Always-allow grants{where}:* {len(grants)} (each covers one exact call)")
         lines += [f"• {g.id}: agent `{g.agent}` may run `{g.tool}`"
                   + (f" in {_place_text(g.place)}" if g.place else "") + f" (by <@{g.created_by}>), exactly:"
@@ -484,6 +505,12 @@ def _listed_call(call: str, limit: int = 500) -> str:
     return f"\n```\n{text}\n```{more}"
 
 
+def _code(text: str) -> str:
+    """Something a person typed, quoted back inside `…` (short, no backtick, no mention markup)."""
+    shown = visible(text[:40]).replace("`", "'")
+    return shown.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _place_text(place: str) -> str:
     parts = place.split(":")
     return f"<#{parts[-1]}>" if place.startswith("slack:") and len(parts) == 3 else place
@@ -499,6 +526,7 @@ def _checked_socket_handler(app: AsyncApp, app_token: str, web_client: AsyncWebC
         async def handle(self, client: Any, req: Any) -> None:
             problem = shape_problem(req.payload)
             if problem is None:
+                clean_tree(req.payload)  # in place, as in HTTP mode
                 await super().handle(client, req)
                 return
             log.warning("malformed Slack payload refused: %s", problem)

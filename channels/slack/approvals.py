@@ -147,7 +147,7 @@ class SlackApprovals:
 
 def approval_blocks(request: ApprovalInfo, *, attached: str | None = None) -> list[dict[str, Any]]:
     """The card: every argument in full (over several sections, or in the attached file ``attached``)."""
-    asked = f"Asked by <@{request.requester}>" if request.requester else "Asked by the agent"
+    asked = asked_by(request)
     shown = arguments_text(request.arguments)
     chunks = _chunks(shown)
     header = f":lock: *{_escape(request.agent)}* wants to run `{_escape(request.tool)}`"
@@ -179,6 +179,19 @@ def approval_blocks(request: ApprovalInfo, *, attached: str | None = None) -> li
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
             f"{icon} {_who(_escape(request.summary()), request.decided_by)} · {asked}")}]})
     return blocks
+
+
+def asked_by(request: ApprovalInfo, *, limit: int = 10) -> str:
+    """Who the call may come from: the requester (the turn's first sender), and everyone else whose
+    messages the turn had taken (a steered reply may be what asked for it)."""
+    asked = f"Asked by <@{request.requester}>" if request.requester else "Asked by the agent"
+    others = [f"<@{user}>" for user in request.other_senders[:limit]]
+    if len(request.other_senders) > limit:
+        others.append(f"{len(request.other_senders) - limit} more")
+    if not others:
+        return asked
+    listed = others[0] if len(others) == 1 else f"{', '.join(others[:-1])} and {others[-1]}"
+    return f"{asked} (with messages from {listed})"
 
 
 def deny_modal(request: ApprovalInfo) -> dict[str, Any]:

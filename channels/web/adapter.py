@@ -38,6 +38,7 @@ from core.events import (
 from core.model import ApprovalInfo, CredentialRequestInfo, Inbound, MessageRef
 from core.schedules import ScheduleService, TriggerSpec
 from core.store import WebSessionStore
+from core.text import clean_tree, parse_id
 
 log = logging.getLogger(__name__)
 
@@ -155,19 +156,18 @@ class WebChannel:
     async def _change_schedule(self, request: web.Request) -> web.Response:
         if self.schedules is None:
             return web.json_response({"error": "schedules are not available"}, status=404)
-        try:
-            schedule_id = int(request.match_info["id"])
-            message = await self.schedules.change(schedule_id, request.match_info["action"], by=WEB_USER)
-        except ValueError:
+        schedule_id = parse_id(request.match_info["id"])
+        if schedule_id is None:
             return web.json_response({"error": "schedule ids are numbers"}, status=400)
+        try:
+            message = await self.schedules.change(schedule_id, request.match_info["action"], by=WEB_USER)
         except InvalidInput as exc:
             return web.json_response({"error": str(exc)}, status=403 if "only its creator" in str(exc) else 409)
         return web.json_response({"message": message})
 
     async def _provide(self, request: web.Request) -> web.Response:
-        try:
-            request_id = int(request.match_info["id"])
-        except ValueError:
+        request_id = parse_id(request.match_info["id"])
+        if request_id is None:
             return web.json_response({"error": "credential request ids are numbers"}, status=400)
         body = await _json_object(request)
         value = body.get("value")
@@ -185,9 +185,8 @@ class WebChannel:
                                   "field": result.field if result.field_error else None}, status=status)
 
     async def _decide(self, request: web.Request) -> web.Response:
-        try:
-            request_id = int(request.match_info["id"])
-        except ValueError:
+        request_id = parse_id(request.match_info["id"])
+        if request_id is None:
             return web.json_response({"error": "approval ids are numbers"}, status=400)
         body = await _json_object(request)
         verdict, reason = body.get("verdict"), body.get("reason")
@@ -317,7 +316,7 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text=json.dumps({"error": "the body must be a JSON object"}),
                                  content_type="application/json")
-    return body
+    return clean_tree(body)  # no NUL, no lone surrogate (from "\ud800") in anything we store
 
 
 def _read_static(name: str) -> str:

@@ -10,10 +10,10 @@ from sqlalchemy import or_, update
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from core.model import ApprovalInfo, ApprovalStatus, SessionStatus
+from core.model import ApprovalInfo, ApprovalStatus, InputStatus, SessionStatus
 from core.store.conversations import session_info
 from core.store.database import Database
-from core.store.tables import ApprovalRow, AuditRow, GrantRow, SessionRow
+from core.store.tables import ApprovalRow, AuditRow, GrantRow, InputRow, SessionRow
 
 
 class ApprovalStore:
@@ -21,8 +21,16 @@ class ApprovalStore:
         self.db = db
 
     async def park(self, row: ApprovalRow) -> ApprovalInfo:
-        """Persist a new pending request and mark its session as waiting for a decision."""
+        """Persist a new pending request and mark its session as waiting for a decision. It records
+        who else's messages the turn had taken by now: approvers are shown everyone the call may
+        come from, not only the turn's first sender."""
         async with self.db.write() as s:
+            if row.turn_id is not None:
+                senders = (await s.exec(select(InputRow.sender).where(
+                    InputRow.turn_id == row.turn_id, InputRow.status == InputStatus.TAKEN)
+                    .order_by(col(InputRow.id)))).all()
+                others = list(dict.fromkeys(x for x in senders if x and x != row.requester))
+                row.other_senders = json.dumps(others) if others else None
             s.add(row)
             if row.turn_id is not None:  # a turn waits on it (not, e.g., a schedule's destination)
                 await s.exec(update(SessionRow).where(col(SessionRow.id) == row.session_id)
@@ -156,4 +164,5 @@ async def _info(s: AsyncSession, row: ApprovalRow) -> ApprovalInfo:
         expires_at=row.expires_at, decided_by=row.decided_by, reason=row.reason, always=row.always,
         announcement=json.loads(row.announcement) if row.announcement else None,
         started=row.started_at is not None,
+        other_senders=tuple(json.loads(row.other_senders)) if row.other_senders else (),
     )

@@ -23,6 +23,7 @@ from core.model import (
 )
 from core.store.database import Database
 from core.store.tables import InputRow, MessageRow, SessionRow, TurnRow
+from core.text import clean_text
 
 
 class ConversationStore:
@@ -98,8 +99,9 @@ class ConversationStore:
             session = await s.get(SessionRow, turn.session_id)
             assert session is not None
             turn.status = status
-            turn.answer = answer
-            turn.error = error
+            # An error may quote what a model endpoint said: stored text never holds NUL.
+            turn.answer = clean_text(answer) if answer is not None else None
+            turn.error = clean_text(error) if error is not None else None
             turn.finished_at = now
             session.status = SessionStatus.FAILED if status == TurnStatus.FAILED else SessionStatus.IDLE
             session.updated_at = now
@@ -164,7 +166,7 @@ class ConversationStore:
         row = MessageRow(
             session_id=session_id,
             role=role,
-            content=content,
+            content=clean_text(content),  # the last line of defence: PostgreSQL refuses NUL in text
             tool_calls=json.dumps(list(tool_calls)) if tool_calls else None,
             tool_call_id=tool_call_id,
             turn_id=turn_id,

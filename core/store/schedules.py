@@ -9,6 +9,7 @@ from sqlmodel import col, select
 
 from core.store.database import Database
 from core.store.tables import FiringRow, InputRow, ScheduleRow, TurnRow
+from core.text import clean_text
 
 
 class ScheduleStore:
@@ -64,6 +65,7 @@ class ScheduleStore:
     async def finish_firing(self, firing_id: int, *, ts: str | None, error: str | None, now: datetime,
                             retire: bool) -> ScheduleRow:
         """Record how a firing ended and the schedule's running tally; ``retire`` ends a one-shot."""
+        error = clean_text(error) if error is not None else None  # may quote a model endpoint: no NUL stored
         async with self.db.write() as s:
             firing = await s.get(FiringRow, firing_id)
             assert firing is not None

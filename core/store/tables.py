@@ -157,6 +157,8 @@ class ApprovalRow(SQLModel, table=True):
     agent: str = Field(max_length=64)
     place: str | None = Field(default=None, max_length=255)
     requester: str | None = Field(default=None, max_length=64)
+    # JSON list: who else had messages in the turn when the call was asked (the requester is its first sender)
+    other_senders: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     risk: str = Field(max_length=16)
     status: str = Field(max_length=16)  # pending, approved, denied, expired, cancelled
     parked_at: datetime = _ts()

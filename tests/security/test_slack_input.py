@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -14,12 +16,15 @@ import pytest
 from sqlalchemy import func
 from sqlmodel import col, select
 
+from core.errors import InvalidInput
 from core.model import SessionInfo
-from core.store.tables import ControlRow, InputRow, ScheduleRow, SessionRow
+from core.schedules import TriggerSpec, parse_when
+from core.store.tables import ControlRow, InputRow, MessageRow, ScheduleRow, SessionRow
+from core.tools import Risk, Tool, ToolContext, run_tool
 from tests.conftest import GatewayClient
-from tests.fakes.llm import FakeLLM
+from tests.fakes.llm import FakeLLM, Gate, Reply
 from tests.fakes.slack_api import FakeSlack
-from tests.slack_requests import dumps, event_body, mention, message, signed_headers
+from tests.slack_requests import block_action, dumps, event_body, mention, message, signed_headers
 
 FORM = "application/x-www-form-urlencoded"
 ARMED_SESSION = "slack:T1:C1:1.000001"
@@ -317,3 +322,227 @@ async def test_socket_mode_acknowledges_a_malformed_envelope_and_ignores_it(
     assert len(fake_llm.requests) == 1
     async with gateway.app.db.read() as s:
         assert list((await s.exec(select(SessionRow.id))).all()) == [f"slack:T1:C1:{good['ts']}"]
+
+
+# -- what a payload says, not only its shape (the outside review) -----------------------------------
+
+ODD_COMMANDS = [
+    # ids people type: ASCII digits only, and never more than the database holds
+    ("approvals revoke \u00b2", "is not a grant id"),
+    ("approvals revoke \u0661\u0662", "is not a grant id"),
+    ("approvals revoke 99999999999999999999999", "is not a grant id"),
+    ("schedules cancel ²", "is not a schedule id"),
+    ("schedules resume \u0663", "is not a schedule id"),
+    ("schedules pause 99999999999999999999999", "is not a schedule id"),
+    # durations and dates: bounded, read strictly
+    ("schedule every 99999999999999999999999999999d #ops hi", "at most 366 days"),
+    ("schedule every 367d #ops hi", "at most 366 days"),
+    ("schedule every ²m #ops hi", "cannot read the interval"),
+    ("schedule at 9999-12-31T23:59 tz America/New_York #ops hi", "at most 10 years ahead"),
+]
+
+
+@pytest.mark.parametrize(("text", "answer"), ODD_COMMANDS, ids=[c[0] for c in ODD_COMMANDS])
+async def test_a_slash_command_with_odd_numbers_is_answered_not_a_5xx(
+    armed: tuple[GatewayClient, str], fake_llm: FakeLLM, text: str, answer: str,
+) -> None:
+    gateway, _request_id = armed  # U1 is an admin here: the ids reach the database
+    before = await _stored(gateway)
+    resp = await gateway.post_raw(*_signed_command(text))
+    assert resp.status == 200, f"{text!r}: {resp.status}"
+    assert answer in await resp.text()
+    await gateway.idle()
+    assert await _stored(gateway) == before
+    assert fake_llm.requests == []
+
+
+def _signed_command(text: str, *, user: str = "U1") -> tuple[str, dict[str, str]]:
+    body, content_type = _command(_set("text", text))
+    body = body.replace("user_id=U1", f"user_id={user}")
+    return body, signed_headers(body, content_type=content_type)
+
+
+def test_schedule_triggers_are_bounded_wherever_they_come_from() -> None:
+    """The model's schedule_create passes every_seconds and at straight to TriggerSpec."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for spec, why in [(TriggerSpec(every_seconds=10**30), "at most 366 days"),
+                      (TriggerSpec(every_seconds=366 * 86400 + 1), "at most 366 days"),
+                      (TriggerSpec(every_seconds=True), "every_seconds must be a whole number"),
+                      (TriggerSpec(every_seconds=10**400), "at most 366 days"),
+                      (TriggerSpec(at="9999-12-31T23:59:00-05:00"), "at most 10 years ahead"),
+                      (TriggerSpec(at="2036-06-01T00:00:00"), "at most 10 years ahead")]:
+        with pytest.raises(InvalidInput, match=why):
+            spec.check(now, 60)
+    TriggerSpec(every_seconds=366 * 86400).check(now, 60)
+    TriggerSpec(at="2035-12-31T00:00:00").check(now, 60)
+    assert parse_when("every 5m #ops hi") == (TriggerSpec(every_seconds=300), "#ops hi")
+    assert parse_when("every 30 seconds #ops hi") == (TriggerSpec(every_seconds=30), "#ops hi")
+    for text in ("every ²m #ops hi", "every \u0661\u0662m #ops hi", "every 1h2 #ops hi", "every 1x #ops hi"):
+        with pytest.raises(InvalidInput):
+            parse_when(text)
+
+
+async def _texts(gateway: GatewayClient) -> list[str]:
+    """Every free text the database holds."""
+    async with gateway.app.db.read() as s:
+        return [*(await s.exec(select(InputRow.text))).all(), *(await s.exec(select(MessageRow.content))).all(),
+                *(await s.exec(select(ScheduleRow.prompt))).all()]
+
+
+async def test_nul_and_lone_surrogates_from_slack_are_repaired_before_use(
+    gateway: GatewayClient, fake_llm: FakeLLM, fake_slack: FakeSlack,
+) -> None:
+    """A NUL would make PostgreSQL refuse the row and a lone surrogate cannot be encoded at all: the
+    message used to get a 500 (and Slack retried it). Now NUL is dropped, a lone surrogate becomes U+FFFD."""
+    event = mention("hello\x00 there")
+    event["text"] = "\ud800 " + event["text"]
+    body = dumps(event_body(event))
+    assert "\\ud800" in body and "\\u0000" in body
+    resp = await gateway.post_raw(body, signed_headers(body))
+    assert resp.status == 200
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert fake_llm.requests[0]["messages"][-1]["content"] == "\ufffd  hello there"
+
+    resp = await gateway.post_raw(*_signed_command("schedule every 1h #ops hi\x00 there"))
+    assert resp.status == 200 and "created" in await resp.text()
+    texts = await _texts(gateway)
+    assert "hi there" in texts  # (a form body cannot carry a lone surrogate)
+    assert not [t for t in texts if "\x00" in t or any("\ud800" <= c <= "\udfff" for c in t)]
+
+
+async def test_socket_mode_repairs_them_too(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+) -> None:
+    settings = make_settings(slack_signing_secret=None, slack_app_token="xapp-1-test-app-token")
+    gateway: GatewayClient = await start_gateway(settings)
+    event = mention("hi\x00 there \udc00")
+    await fake_slack.wait_for_ack(await fake_slack.push_socket_event(event_body(event)))
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert fake_llm.requests[0]["messages"][-1]["content"] == "hi there \ufffd"
+
+
+async def test_a_models_odd_text_is_repaired_and_odd_arguments_are_refused(
+    make_settings: Any, start_gateway: Any, fake_llm: FakeLLM, fake_slack: FakeSlack,
+) -> None:
+    """Model output is input too: a lone surrogate in tool arguments crashed the turn (the grant
+    lookup could not encode it); a NUL in them would reach a card, a grant and a command line."""
+    gateway: GatewayClient = await start_gateway(make_settings(shell_sandbox="none"))
+    fake_llm.then(Reply(tool_calls=[("shell_run", '{"command": "echo \\ud800 hi"}'),
+                                    ("shell_run", '{"command": "echo \\u0000 hi"}'),
+                                    ("time_now", '{"timezone": "\\udc00"}')]),
+                  Reply("done \ud83d and\x00 more"))
+    await gateway.send_event(mention("go"))
+    posts = await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert posts[0].params["text"] == "done \ufffd and more"
+    results = [m["content"] for m in fake_llm.requests[1]["messages"] if m["role"] == "tool"]
+    assert results == ["error: arguments for shell_run contain invalid Unicode (a lone surrogate)",
+                       "error: arguments for shell_run contain a NUL character",
+                       "error: arguments for time_now contain invalid Unicode (a lone surrogate)"]
+    assert await gateway.app.approvals.pending() == []
+    texts = await _texts(gateway)
+    assert "done \ufffd and more" in texts
+    assert not [t for t in texts if "\x00" in t or any("\ud800" <= c <= "\udfff" for c in t)]
+
+
+async def test_a_tools_output_is_repaired_before_anyone_stores_it() -> None:
+    """A shell's output may hold NUL bytes (``printf 'a\\0b'``); stored as is, PostgreSQL refuses the row."""
+    async def odd(_ctx: ToolContext, _args: dict[str, Any]) -> str:
+        return "a\x00b\udc80c"
+
+    tool = Tool(name="odd", description="", parameters={"type": "object"}, risk=Risk.SAFE, function=odd)
+    ctx = ToolContext(session_id="s", turn_id=1, agent="default", sender="U1")
+    assert await run_tool(tool, ctx, {}) == "ab\ufffdc"
+
+
+async def test_a_failure_while_answering_a_command_or_a_click_is_a_200_with_an_answer(
+    armed: tuple[GatewayClient, str], fake_slack: FakeSlack,
+) -> None:
+    """Slack never retries a slash command or a click: a 500 only shows the person a cryptic
+    failure. Our own failure is logged and the person is told, with a 200. (Events keep their 500,
+    so Slack delivers them again: see test_an_internal_failure_after_a_valid_payload_is_still_a_5xx.)"""
+    gateway, request_id = armed
+
+    async def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("the database is gone")
+
+    gateway.app.dispatcher.stop_latest = broken  # type: ignore[method-assign]
+    gateway.app.approvals.decide = broken  # type: ignore[method-assign]
+    resp = await gateway.post_raw(*_signed_command("stop"))
+    assert resp.status == 200
+    assert "Something went wrong on my side (RuntimeError)" in json.loads(await resp.text())["text"]
+    body, content_type = _click(request_id, _noop)
+    resp = await gateway.post_raw(body, signed_headers(body, content_type=content_type))
+    assert resp.status == 200
+    await fake_slack.wait_for("chat.postEphemeral")
+    assert "Something went wrong on my side (RuntimeError)" in fake_slack.ephemerals("U1")[0]
+    body, content_type = _submit(request_id, _noop)
+    resp = await gateway.post_raw(body, signed_headers(body, content_type=content_type))
+    assert resp.status == 200
+
+
+async def _card(fake_slack: FakeSlack) -> Any:
+    async with asyncio.timeout(10):
+        while True:
+            for call in fake_slack.posts():
+                if any(b.get("type") == "actions" for b in call.params.get("blocks") or ()):
+                    return call
+            await asyncio.sleep(0.02)
+
+
+def _asked_by(card: Any) -> str:
+    return " ".join(e["text"] for b in card.params["blocks"] if b.get("type") == "context" for e in b["elements"])
+
+
+async def test_a_card_names_everyone_whose_messages_the_turn_took(
+    make_settings: Any, start_gateway: Any, fake_llm: FakeLLM, fake_slack: FakeSlack,
+) -> None:
+    """U1 asks something harmless; while it runs U2 replies in the thread and that message is steered
+    into U1's turn. The command the model then asks for may be U2's idea: the card says so. Who may
+    approve does not widen: with BOT_APPROVERS=requester that is still U1 only (the turn's first sender)."""
+    gateway: GatewayClient = await start_gateway(make_settings(shell_sandbox="none"))
+    gate = Gate(then=Reply(tool_calls=[("time_now", {})]))
+    fake_llm.then(gate, Reply(tool_calls=[("shell_run", {"command": "echo from-u2"})]))
+    root = mention("what time is it?", user="U1")
+    await gateway.send_event(root)
+    await gate.reached.wait()
+    await gateway.send_event(message("also run echo from-u2", user="U2", thread_ts=root["ts"]))
+    await gateway.send_event(mention("and say hi", user="U3", thread_ts=root["ts"]))
+    async with gateway.app.db.read() as s:  # both wait for the running turn
+        async with asyncio.timeout(5):
+            while len((await s.exec(select(InputRow.id))).all()) < 3:
+                await asyncio.sleep(0.02)
+    gate.opened.set()
+    card = await _card(fake_slack)
+    assert "Asked by <@U1> (with messages from <@U2> and <@U3>)" in _asked_by(card)
+    request_id = card.params["blocks"][-1]["elements"][0]["value"]
+    assert (await gateway.app.approvals.get(int(request_id))).other_senders == ("U2", "U3")  # type: ignore[union-attr]
+
+    fake_llm.then(Reply("done"))
+    await gateway.interact(block_action("approval:approve", request_id, user="U2"))
+    await fake_slack.wait_for("chat.postEphemeral")
+    assert "can't approve" in fake_slack.ephemerals("U2")[0]
+    await gateway.interact(block_action("approval:approve", request_id, user="U1"))
+    update = await fake_slack.wait_for("chat.update")
+    await gateway.idle()
+    assert "(with messages from <@U2> and <@U3>)" in json.dumps(update[0].params["blocks"])
+
+
+async def test_the_web_chat_reads_ids_and_text_the_same_way(gateway: GatewayClient, fake_llm: FakeLLM) -> None:
+    """The same input through the web chat's API: ids too large for the database were a 500, and so
+    was a message holding a lone surrogate."""
+    cid = "0123456789abcdef0123456789abcdef"
+    for path, body in [("/api/schedules/99999999999999999999/pause", {}), ("/api/schedules/%D9%A3/pause", {}),
+                       ("/api/approvals/99999999999999999999", {"verdict": "approve"}),
+                       ("/api/credentials/99999999999999999999", {"value": "x"})]:
+        async with gateway.http.post(f"{gateway.base}{path}", data=json.dumps(body),
+                                     headers={"Content-Type": "application/json"}) as resp:
+            assert resp.status == 400, path
+    async with gateway.http.post(f"{gateway.base}/api/conversations/{cid}/messages",
+                                 data=json.dumps({"text": "hi\x00 there \ud800"}),
+                                 headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == 200
+    await gateway.idle()
+    assert fake_llm.requests[0]["messages"][-1]["content"] == "hi there \ufffd"

@@ -1,5 +1,5 @@
 """Trust boundary: grants cover one exact call, secrets bind their row in the AEAD and carry hosts,
-web chat logins are server-side sessions.
+web chat logins are server-side sessions, an approval records who else had messages in its turn.
 
 Grants written before this revision covered every call of a tool at a place (a NULL pattern matched
 everything), so they are revoked here: the next such call is asked again.
@@ -24,6 +24,8 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("grants") as batch:
         batch.add_column(sa.Column("call_text", sa.Text(), nullable=True))
+    with op.batch_alter_table("approvals") as batch:
+        batch.add_column(sa.Column("other_senders", sa.Text(), nullable=True))
     grants = sa.table("grants", sa.column("revoked_at", UTCDateTime()), sa.column("revoked_by", sa.String(64)))
     op.execute(grants.update().where(grants.c.revoked_at.is_(None))
                .values(revoked_at=datetime.now(UTC), revoked_by="migration 0007: too broad"))
@@ -44,5 +46,7 @@ def downgrade() -> None:
     with op.batch_alter_table("secrets") as batch:
         batch.drop_column("hosts")
         batch.drop_column("aad_version")
+    with op.batch_alter_table("approvals") as batch:
+        batch.drop_column("other_senders")
     with op.batch_alter_table("grants") as batch:
         batch.drop_column("call_text")
