@@ -18,8 +18,9 @@ _GATES: list[Gate] = []
 
 
 @pytest.fixture(autouse=True)
-async def _open_gates(start_gateway: Any) -> Any:
-    """A failed test must not leave a model call held (the gateway's teardown would wait for it)."""
+async def _open_gates(database_url: str | None, start_gateway: Any) -> Any:
+    """A failed test must not leave a model call held (the gateway's teardown would wait for it).
+    Asking for the database first keeps it until the gateways have stopped (teardown runs in reverse)."""
     yield
     for gate in _GATES:
         gate.opened.set()
