@@ -1,4 +1,5 @@
-"""Where ``http_request`` may connect: public addresses only, and never this bot's own listener.
+"""Where ``http_request`` may connect: public addresses only, and never this bot's own listener (no
+setting lifts that: HTTP_ALLOW_PRIVATE and HTTP_ALLOW_HOSTS open other local services, not the bot itself).
 
 The rule is enforced where aiohttp connects, on the address actually used:
 - a resolver drops refused addresses from every DNS answer (it knows the host name, for HTTP_ALLOW_HOSTS
@@ -127,20 +128,21 @@ class EgressPolicy:
 
     def refusal(self, host: str, address: str, port: int) -> str | None:
         """Why connecting to ``address``:``port`` for ``host`` is refused, or None."""
-        if self.host_listed(host):
-            return None
         try:
             ip = ipaddress.ip_address(address)
         except ValueError:
             return f"http_request refused: {host} resolves to {address!r}, which is not an IP address"
-        if port == self.own_port() and is_this_machine(ip):
-            why: str | None = f"this bot's own listener (port {port})"
-        else:
-            why = None if self.allow_private else non_public(ip)
-        if why is None:
-            return None
         real = embedded_ipv4(ip)  # ::ffff:127.0.0.1 is 127.0.0.1
         where = f"{host} is" if normalize_host(host) == str(real) else f"{host} resolves to {real},"
+        # First, and whatever the settings: the bot's own API trusts a caller on this machine (the web chat
+        # without a token), so the model calling it could approve its own requests.
+        if port == self.own_port() and is_this_machine(ip):
+            return f"http_request refused: {where} this bot's own listener (port {port}); the bot never calls itself"
+        if self.allow_private or self.host_listed(host):
+            return None
+        why = non_public(ip)
+        if why is None:
+            return None
         return f"http_request refused: {where} {why}; set HTTP_ALLOW_HOSTS={_hint(host)} to allow it"
 
     def check_literal(self, host: str, port: int) -> None:

@@ -1,11 +1,20 @@
 """Host names as people write them for a credential ("api.github.com", "*.example.com") and as a
-URL names them: one normal form, one matching rule."""
+URL names them: one normal form, one matching rule.
+
+A wildcard may not cover names anyone can register: ``*.github.io`` or ``*.co.uk`` would send the
+credential to whoever registers ``evil.github.io``. The Public Suffix List shipped inside the
+``publicsuffixlist`` package (nothing is fetched at run time) says which those are; it is as recent as
+the installed package.
+"""
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Iterable
+
+from publicsuffixlist import PSLFILE, PublicSuffixList, encode_idn
 
 MAX_HOSTS = 32
 _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
@@ -86,4 +95,31 @@ def _one_host(entry: str) -> tuple[str | None, str | None]:
             return None, f"Allowed hosts: {shown!r} is not a valid IP address."
     if wildcard and len(labels) < 2:
         return None, f"Allowed hosts: {shown!r} covers a whole top-level domain; name a domain (*.example.com)."
+    if wildcard and _public_under(name):
+        return None, (f"Allowed hosts: {shown!r} covers names anyone can register ({name} is or holds a public "
+                      "suffix such as co.uk or github.io); list the exact hosts, or a wildcard below a domain "
+                      "you own (*.yours.github.io).")
     return ("*." if wildcard else "") + name, None
+
+
+def _public_under(domain: str) -> bool:
+    """Whether ``domain`` is a public suffix or has one below it (``amazonaws.com`` holds ``s3.amazonaws.com``)."""
+    psl, holders = _suffix_list()
+    return psl.is_public(domain) or domain in holders
+
+
+@functools.cache
+def _suffix_list() -> tuple[PublicSuffixList, frozenset[str]]:
+    """The list, and every domain that has a public suffix strictly below it."""
+    holders: set[str] = set()
+    with open(PSLFILE, encoding="utf-8") as source:
+        for line in source:
+            rule = line.strip().split(" ", 1)[0].lower()
+            if not rule or rule.startswith(("//", "!")):  # comments; "!" marks an exception (registrable)
+                continue
+            try:
+                labels = encode_idn(rule.removeprefix("*.")).split(".")
+            except UnicodeError:
+                labels = rule.removeprefix("*.").split(".")
+            holders.update(".".join(labels[i:]) for i in range(1, len(labels)))
+    return PublicSuffixList(), frozenset(holders)

@@ -9,6 +9,7 @@ internal), and the model cannot set ``Host``: the URL's host is the one the serv
 
 from __future__ import annotations
 
+import re
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,8 +24,28 @@ from core.tools import Risk, Tool, ToolContext, ToolError
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"]
 MAX_REDIRECTS = 5
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 field-name
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # all but horizontal tab
 # Opens a credential by name for this call only: the headers it adds and the hosts it may go to.
 CredentialHeaders = Callable[[ToolContext, str], Awaitable[CredentialUse]]
+
+
+def header_problem(headers: dict[str, str], *, shown: bool = True) -> str | None:
+    """Why these headers cannot be sent as given, or None. ``shown``: the values may be quoted (not a
+    credential's)."""
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name):
+            quoted = repr(name) if shown else "its header name"
+            return f"header name {quoted} is not a valid HTTP header name (letters, digits and !#$%&'*+-.^_`|~)"
+        if name.lower() == "host":
+            # Another Host would reach another site behind the same address (domain fronting), with
+            # a credential limited to the URL's host, or past HTTP_ALLOW_HOSTS.
+            return ("header Host is set from the URL; remove the Host header and put the host you mean in the "
+                    "URL")
+        if _CONTROL.search(value):
+            # CR/LF would end the header and start another one (header injection).
+            return f"header {name} holds a line break or another control character, which HTTP does not allow"
+    return None
 
 
 def redirect_refusal(current: URL, target: URL) -> str | None:
@@ -56,17 +77,17 @@ def http_request_tool(*, timeout_s: float = 30, max_bytes: int = 1_000_000,
         if url.scheme not in ("http", "https") or not url.raw_host:
             raise ToolError("url must be an absolute http:// or https:// URL")
         headers = {str(k): str(v) for k, v in (args.get("headers") or {}).items()}
-        if any(k.strip().lower() == "host" for k in headers):
-            # Another Host would reach another site behind the same address (domain fronting), with
-            # a credential limited to the URL's host, or past HTTP_ALLOW_HOSTS.
-            raise ToolError("http_request sets the Host header from the URL; remove the Host header and put "
-                            "the host you mean in the URL")
+        if (problem := header_problem(headers)) is not None:
+            raise ToolError(f"http_request refused: {problem}")
         credential: CredentialUse | None = None
         name = str(args.get("credential") or "")
         if name:
             if credential_headers is None:
                 raise ToolError(f"credential {name!r} is not available: no credential store here")
             credential = await credential_headers(ctx, name)
+            if (problem := header_problem(credential.headers, shown=False)) is not None:
+                raise ToolError(f"http_request refused: credential {name}: {problem}; store it again "
+                                "(bot credentials set)")
         body = args.get("body")
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         jar = aiohttp.CookieJar()

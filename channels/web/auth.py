@@ -1,8 +1,9 @@
 """Who may use the web chat: a browser on this machine by default, logged-in token holders when it is exposed.
 
 Without ``BOT_WEB_TOKEN`` the only guard is "this request comes from this machine", so it is checked
-strictly: a loopback peer, a loopback ``Host`` with our port (a DNS-rebinding page says
-``Host: attacker.example``), and no forwarding headers (a proxy on this host relays other machines).
+strictly (channels/web/local.py): a loopback peer, a loopback ``Host`` with our port (a DNS-rebinding page
+says ``Host: attacker.example``), a path-only request line, and no header a proxy adds (a proxy on this
+host relays other machines).
 With a token, a login is a random id whose digest is kept in the database, so it can be revoked.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import re
 import secrets
 from collections.abc import Awaitable, Callable
@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from channels.web.local import local_problem
 from core.clock import Clock
 from core.store import WebSessionStore
 
@@ -26,24 +27,8 @@ COOKIE = "bot_web"
 LOGIN_TTL = timedelta(days=30)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# Headers a proxy adds: a request carrying any of them was relayed for someone else.
-FORWARDING_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-IP",
-                      "Via", "X-Client-IP", "True-Client-IP", "CF-Connecting-IP", "X-Cluster-Client-IP")
-_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 _LOGIN_ID = re.compile(r"^[A-Za-z0-9_-]{43}$")  # secrets.token_urlsafe(32)
 _WRONG_TOKEN_DELAY_S = 0.5
-
-
-def local_problem(request: web.Request) -> str | None:
-    """Why this request is not from a program on this machine talking to us directly, or None."""
-    if not _peer_is_loopback(request):
-        return "the request does not come from this machine"
-    if any(name in request.headers for name in FORWARDING_HEADERS) or any(
-            name.lower().startswith("x-forwarded-") for name in request.headers):
-        return "the request was relayed by a proxy"
-    if _loopback_host(request) is None:
-        return "the Host header is not localhost, 127.0.0.1 or [::1] with this server's port"
-    return None
 
 
 def bearer_matches(request: web.Request, token: str) -> bool:
@@ -140,33 +125,6 @@ class WebAuth:
 
 def _same(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode(), expected.encode())
-
-
-def _peer_is_loopback(request: web.Request) -> bool:
-    # The socket's own peer, never a header: request.remote could be rewritten by a middleware.
-    peer = request.transport.get_extra_info("peername") if request.transport is not None else None
-    if not isinstance(peer, tuple) or not peer:
-        return False
-    try:
-        ip = ipaddress.ip_address(str(peer[0]).split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped  # a dual-stack listener sees 127.0.0.1 as ::ffff:127.0.0.1
-    return ip.is_loopback
-
-
-def _loopback_host(request: web.Request) -> str | None:
-    """The Host header if it names this machine's loopback at the port this connection reached."""
-    hosts = request.headers.getall("Host", [])
-    sock = request.transport.get_extra_info("sockname") if request.transport is not None else None
-    if len(hosts) != 1 or not isinstance(sock, tuple) or len(sock) < 2:
-        return None
-    port, host = int(sock[1]), hosts[0].lower()
-    allowed = {f"{name}:{port}" for name in _LOOPBACK_NAMES}
-    if port == 80:  # browsers leave the default port out
-        allowed.update(_LOOPBACK_NAMES)
-    return host if host in allowed else None
 
 
 def _foreign_origin(request: web.Request, *, local: bool) -> str | None:

@@ -2,9 +2,10 @@
 
 Only over HTTPS or from this machine: the value typed here must not cross a network in clear.
 "HTTPS" is the connection's own TLS, or ``X-Forwarded-Proto: https`` from a configured proxy
-(BOT_TRUSTED_PROXIES). "This machine" is a loopback peer asking for a loopback Host, with no
-forwarding headers: a proxy on this machine forwards clients from elsewhere. The page builds no
-absolute URL, so ``X-Forwarded-Host`` is never needed.
+(BOT_TRUSTED_PROXIES). "This machine" is the web chat's rule (channels/web/local.py): a loopback peer
+asking for a loopback Host with our port, in a path-only request line, with no header a proxy adds (a
+proxy on this machine forwards clients from elsewhere). The page builds no absolute URL, so
+``X-Forwarded-Host`` is never needed.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from channels.web.local import local_problem, peer_address, relayed
 from core.credentials import CredentialService, shown_reason
 from core.model import CredentialRequestInfo
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-_FORWARDING = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "X-Real-IP")
 
 
 class CredentialLinkPage:
@@ -56,46 +57,17 @@ def safe_transport(request: web.Request, trusted_proxies: Sequence[Network]) -> 
     """The value typed into this request's page cannot have crossed a network in clear."""
     if request.secure:  # TLS on this very connection (aiohttp does not read forwarding headers for it)
         return True
-    peer = _peer(request)
+    peer = peer_address(request)
     if peer is None:
         return False
-    if any(name in request.headers for name in _FORWARDING):  # relayed: the real client may be anywhere
+    if relayed(request):  # the real client may be anywhere
         if not any(peer in network for network in trusted_proxies):
             return False  # not a proxy we know: its headers may be forged
         # The nearest proxy appends to the list: what a client sent ahead of it is not believed.
         # Several header lines count as one list, in order.
         proto = ",".join(request.headers.getall("X-Forwarded-Proto", [])).rsplit(",", 1)[-1].strip().lower()
         return proto == "https"
-    return peer.is_loopback and _is_loopback_host(request.headers.get("Host", ""))
-
-
-def _peer(request: web.Request) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The TCP peer's address, from the socket (never from a header)."""
-    peername = request.transport.get_extra_info("peername") if request.transport is not None else None
-    if not isinstance(peername, tuple) or not peername:
-        return None  # a Unix socket, or the connection is gone
-    try:
-        address = ipaddress.ip_address(str(peername[0]).split("%", 1)[0])
-    except ValueError:
-        return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    return address
-
-
-def _is_loopback_host(header: str) -> bool:
-    """``localhost``, ``127.x.x.x`` or ``[::1]``, with or without a port."""
-    host = header.strip().lower()
-    if host.startswith("["):
-        host = host[1:].partition("]")[0]
-    elif host.count(":") == 1:
-        host = host.partition(":")[0]
-    if host in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return local_problem(request) is None
 
 
 def _form(request: CredentialRequestInfo, error: str) -> str:

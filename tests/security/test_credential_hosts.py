@@ -61,6 +61,29 @@ def test_hosts_are_normalised_and_bad_ones_explained() -> None:
     assert "without a scheme" in (parse_hosts("https://api.github.com")[1] or "")
 
 
+@pytest.mark.parametrize("wildcard", [
+    "*.co.uk", "*.github.io", "*.amazonaws.com", "*.s3.amazonaws.com", "*.compute.amazonaws.com",
+    "*.herokuapp.com", "*.blogspot.com", "*.githubusercontent.com", "*.kawasaki.jp", "*.any.ck", "*.CO.UK.",
+    "*.xn--55qx5d.cn",
+])
+def test_a_wildcard_over_names_anyone_can_register_is_refused(wildcard: str) -> None:
+    """``*.github.io`` would send the credential to whoever registers ``evil.github.io``: a wildcard must not
+    cover a public suffix (Public Suffix List, shipped with the package) or anything holding one."""
+    from core.hosts import parse_hosts
+
+    hosts, error = parse_hosts(f"api.example.com, {wildcard}")
+    assert hosts is None and error is not None and "anyone can register" in error, (wildcard, error)
+
+
+def test_wildcards_below_a_registrable_domain_are_kept() -> None:
+    from core.hosts import parse_hosts
+
+    ok = ["*.example.com", "*.example.co.uk", "*.mine.github.io", "*.corp.internal", "*.city.kawasaki.jp",
+          "*.bucket.s3.amazonaws.com"]
+    assert parse_hosts(ok) == (ok, None)
+    assert parse_hosts("co.uk, github.io") == (["co.uk", "github.io"], None)  # exact hosts are not wildcards
+
+
 # -- the command line -------------------------------------------------------------------------------
 
 
@@ -129,8 +152,8 @@ async def test_hosts_from_the_slack_modal(gateway: GatewayClient, fake_slack: Fa
     assert await gateway.app.credentials.store.all_secrets() == []  # nothing stored, the request is open
     assert (await gateway.app.credentials.get(int(request_id))).status == "pending"  # type: ignore[union-attr]
 
-    assert await _submit(gateway, request_id, "slack-v-1", " api.github.com, *.githubusercontent.com ") == {}
-    assert await _hosts(gateway.app.credentials) == {"gh.token": ["api.github.com", "*.githubusercontent.com"]}
+    assert await _submit(gateway, request_id, "slack-v-1", " api.github.com, *.github.com ") == {}
+    assert await _hosts(gateway.app.credentials) == {"gh.token": ["api.github.com", "*.github.com"]}
 
 
 async def test_an_empty_hosts_field_in_the_modal_means_anywhere(

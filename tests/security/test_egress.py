@@ -231,7 +231,7 @@ async def test_a_credential_is_only_sent_to_its_hosts(
     await _store_secret(gw, "api.token", ["api.example"])
     with pytest.raises(ToolError, match=r"api\.token may only be sent to api\.example, not 127\.0\.0\.1"):
         await _get(tool, f"http://127.0.0.1:{recorder.port}/steal", credential="api.token")
-    with pytest.raises(ToolError, match=r"sets the Host header from the URL"):
+    with pytest.raises(ToolError, match=r"header Host is set from the URL"):
         # the URL says where the request goes; the model sets no Host (tests/security/test_credential_abuse.py)
         await _get(tool, f"http://127.0.0.1:{recorder.port}/steal", credential="api.token",
                    headers={"Host": "api.example"})
@@ -393,3 +393,91 @@ async def test_an_https_to_http_redirect_on_the_same_host_is_not_followed(tmp_pa
             task.cancel()
         await asyncio.gather(*pipes, return_exceptions=True)
         await runner.cleanup()
+
+
+# -- the bot's own listener, whatever the settings ----------------------------------------------------
+
+
+@pytest.mark.parametrize("settings", [
+    {"http_allow_hosts": "localhost,127.0.0.1"},
+    {"http_allow_hosts": "localhost", "http_allow_private": True},
+    {"http_allow_private": True},
+])
+async def test_no_setting_opens_the_bots_own_listener(make_settings: Callable[..., Settings], start_gateway: Any,
+                                                      settings: dict[str, Any]) -> None:
+    """Listing localhost (to reach some other local service) must not let the model call the token-less web
+    chat, which would take a loopback Host as "the operator's browser" (and approve its own requests)."""
+    gw: GatewayClient = await start_gateway(make_settings(**settings))
+    tool = _tool_of(gw)
+    own = gw.app.bound_port
+    for url in (f"http://localhost:{own}/api/conversations", f"http://127.0.0.1:{own}/api/conversations",
+                f"http://LocalHost:{own}/api/conversations", f"http://[::ffff:127.0.0.1]:{own}/healthz"):
+        with pytest.raises(ToolError, match=r"^http_request refused: .*this bot's own listener") as err:
+            await _get(tool, url)
+        assert "HTTP_ALLOW" not in str(err.value)  # no setting lifts it, so none is suggested
+    with pytest.raises(ToolError, match="own listener"):
+        await tool.function(_ctx(), {"method": "POST", "url": f"http://localhost:{own}/api/approvals/1",
+                                     "headers": {"Content-Type": "application/json"}, "body": '{"verdict": "approve"}'})
+
+
+def test_the_own_listener_rule_comes_before_the_allow_list() -> None:
+    from bot.egress import EgressPolicy
+
+    policy = EgressPolicy(allow_private=True, allow_hosts=("vm", "localhost"), own_port=lambda: 8080)
+    assert "own listener" in (policy.refusal("vm", "127.0.0.1", 8080) or "")
+    assert "own listener" in (policy.refusal("localhost", "::1", 8080) or "")
+    assert policy.refusal("vm", "127.0.0.1", 8081) is None  # another port on this machine: listed, allowed
+
+
+# -- headers from the model (or a stored credential) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("headers", [
+    {"X-Test": "a\r\nHost: 127.0.0.1"},
+    {"X-Test": "a\nb"},
+    {"X-Test": "a\rb"},
+    {"X-Test": "a\x00b"},
+    {"X-Test\r\nHost": "x"},
+    {"X Test": "x"},
+    {"": "x"},
+    {"X-Tést": "x"},
+    {":authority": "x"},
+    {"Host ": "127.0.0.1"},
+])
+async def test_bad_headers_are_a_tool_error_and_nothing_is_sent(recorder: Recorder, headers: dict[str, str]) -> None:
+    from bot.egress import EgressPolicy
+
+    tool = http_request_tool(timeout_s=2, egress=EgressPolicy(allow_private=True))
+    with pytest.raises(ToolError, match=r"^http_request refused: header"):
+        await _get(tool, f"http://127.0.0.1:{recorder.port}/", headers=headers)
+    assert recorder.seen == []
+
+
+@pytest.mark.parametrize("value", ["Host: 127.0.0.1:1", "X-Api-Key: abc\rdef", "tok\ren"])
+async def test_a_credential_cannot_set_host_or_break_a_header(recorder: Recorder, value: str) -> None:
+    """The credential's header is checked like the model's; the message never shows the value."""
+    from bot.egress import EgressPolicy
+    from core.credentials import CredentialUse
+
+    async def credential(_ctx: ToolContext, _name: str) -> CredentialUse:
+        header, sep, rest = value.partition(":")
+        return CredentialUse({header: rest.strip()} if sep else {"Authorization": f"Bearer {value}"}, None)
+
+    tool = http_request_tool(timeout_s=2, credential_headers=credential,
+                             egress=EgressPolicy(allow_private=True, allow_hosts=("127.0.0.1",)))
+    with pytest.raises(ToolError, match=r"^http_request refused: credential api\.token") as err:
+        await _get(tool, f"http://127.0.0.1:{recorder.port}/", credential="api.token")
+    assert value.split(":")[-1].strip() not in str(err.value)
+    assert recorder.seen == []
+
+
+async def test_a_redirect_keeps_the_host_of_the_url(recorder: Recorder) -> None:
+    """Every hop, with or without a credential, is sent with Host = the URL's own host and port."""
+    from bot.egress import EgressPolicy
+
+    recorder.redirects["/a"] = "/b"
+    tool = http_request_tool(timeout_s=2, egress=EgressPolicy(allow_private=True))
+    result = await _get(tool, f"http://127.0.0.1:{recorder.port}/a", headers={"X-Test": "1"})
+    assert "HTTP 200" in result
+    assert [(path, h["Host"]) for path, h in recorder.seen] == [("/a", f"127.0.0.1:{recorder.port}"),
+                                                                ("/b", f"127.0.0.1:{recorder.port}")]

@@ -358,3 +358,34 @@ async def test_a_legacy_row_whose_key_is_missing_does_not_stop_the_start(
     assert await service.upgrade_legacy() == 1  # once the key is back
     assert await _opens_as(service, "default", "old.token") == "legacy-value-9"
     await db.close()
+
+
+async def test_the_link_page_knows_every_relay_header_and_checks_the_port(
+    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    """The same rule as the web chat without a token (channels/web/local.py): any header a proxy or CDN adds
+    means "relayed", and the Host must be localhost, 127.0.0.1 or [::1] with this server's port."""
+    from tests.security.test_web_origin import RELAY_HEADERS
+
+    port = gateway.app.bound_port
+    url = f"{gateway.base}/credentials/{await _link(gateway, fake_slack, fake_llm)}"
+    for name in RELAY_HEADERS:
+        assert await _status(url, {name: "203.0.113.9"}) == 403, name
+    for host in ("localhost:1", f"localhost:{port + 1}", "127.99.1.1", f"127.0.0.2:{port}", "localhost",
+                 f"attacker.example:{port}"):
+        assert await _status(url, {"Host": host}) == 403, host
+    assert await _status(url, {"Host": f"localhost:{port}"}) == 200
+
+
+async def test_the_link_page_refuses_an_absolute_form_request_target(
+    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    port = gateway.app.bound_port
+    path = f"/credentials/{await _link(gateway, fake_slack, fake_llm)}"
+    for target, expected in ((f"http://evil.example{path}", 403), (path, 200)):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+        async with asyncio.timeout(5):
+            data = await reader.read()
+        writer.close()
+        assert int(data.split(b" ", 2)[1]) == expected, (target, data[:200])

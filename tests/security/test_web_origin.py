@@ -369,3 +369,66 @@ async def test_metrics_need_loopback_or_the_token(make_settings: Callable[..., S
     # A web chat login cookie is not a metrics credential from outside, and the chat itself needs a login.
     status, _, _ = await _fetch("GET", f"http://{outside}:{port}/api/conversations")
     assert status == 401
+
+
+# -- every kind of relay header, and requests aimed at another site -----------------------------------
+
+# Headers proxies and CDNs add (or that name another client or host): one list for the web chat, /metrics
+# and the credential link page (channels/web/local.py).
+RELAY_HEADERS = ("Via", "X-Client-IP", "True-Client-IP", "CF-Connecting-IP", "X-Cluster-Client-IP", "Client-IP",
+                 "X-Original-Forwarded-For", "X-Original-Host", "X-Original-URL", "X-Host", "X-Forwarded",
+                 "X-Forwarded-Port", "x-forwarded-server", "Forwarded-For", "Fastly-Client-IP", "X-ProxyUser-Ip",
+                 "X-Real-IP")
+
+
+async def _raw(port: int, request: str) -> tuple[int, bytes]:
+    """Sends ``request`` as written (aiohttp's client always writes an origin-form target)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request.encode())
+        await writer.drain()
+        async with asyncio.timeout(5):
+            data = await reader.read()
+    finally:
+        writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+async def test_without_token_any_relay_header_is_refused(gateway: GatewayClient, fake_llm: FakeLLM) -> None:
+    port = _port(gateway)
+    for name in RELAY_HEADERS:
+        headers = {"Host": f"127.0.0.1:{port}", name: "203.0.113.9"}
+        for path in ("/", "/api/conversations"):
+            status, _, _ = await _fetch("GET", gateway.base + path, headers=headers)
+            assert status == 403, (name, path)
+        status, _, _ = await _fetch("POST", f"{gateway.base}/api/conversations/{CID}/messages",
+                                    headers=headers, body={"text": "hi"})
+        assert status == 403, name
+    status, _, _ = await _fetch("GET", f"{gateway.base}/metrics", headers={"Via": "1.1 proxy"})
+    assert status == 403
+    await gateway.idle()
+    assert fake_llm.requests == []
+
+
+async def test_without_token_an_absolute_form_request_target_is_refused(gateway: GatewayClient,
+                                                                        fake_llm: FakeLLM) -> None:
+    """``GET http://evil.example/... HTTP/1.1`` is how a client talks to a proxy: not a local browser's request."""
+    port = _port(gateway)
+    for target in ("http://evil.example/api/conversations", f"http://127.0.0.1:{port}/api/conversations",
+                   "HTTP://evil.example/", f"https://localhost:{port}/"):
+        status, body = await _raw(port, f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                                        "Connection: close\r\n\r\n")
+        assert status == 403, (target, body)
+    for path, body in ((f"/api/conversations/{CID}/messages", '{"text": "x"}'),
+                       ("/api/approvals/1", '{"verdict": "approve"}')):
+        status, _ = await _raw(port, f"POST http://evil.example{path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                                     f"Origin: http://evil.example\r\nContent-Type: application/json\r\n"
+                                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}")
+        assert status == 403, path
+    # The usual origin-form request is served (so the refusals above are about the target).
+    status, _ = await _raw(port, f"GET /api/conversations HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                                 "Connection: close\r\n\r\n")
+    assert status == 200
+    await gateway.idle()
+    assert fake_llm.requests == []
