@@ -135,7 +135,8 @@ def _egress(settings: Settings) -> Check:
                      "unset HTTP_ALLOW_PRIVATE and list the few internal hosts it needs in HTTP_ALLOW_HOSTS",
                      warning=True)
     hosts = settings.allowed_http_hosts
-    return Check("egress", True, f"{rule}" + (f", except {', '.join(hosts)} (HTTP_ALLOW_HOSTS)" if hosts else ""))
+    return Check("egress", True, f"{rule}" + (f", except {', '.join(hosts)} (HTTP_ALLOW_HOSTS)" if hosts else "")
+                 + "; never this bot's own listener")
 
 
 def _approvers(settings: Settings) -> list[Check]:

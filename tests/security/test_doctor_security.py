@@ -35,7 +35,8 @@ async def test_working_sandbox_default_egress_and_requester_only_approvers(
 ) -> None:
     out = await _doctor(tmp_path, fake_slack, fake_llm)
     assert _line(out, "sandbox").startswith("✓ sandbox: bubblewrap"), out
-    assert _line(out, "egress") == ("✓ egress: http_request refuses loopback, private and link-local addresses"), out
+    assert _line(out, "egress") == ("✓ egress: http_request refuses loopback, private and link-local addresses; "
+                                    "never this bot's own listener"), out
     approvers = _line(out, "approvers")
     assert approvers.startswith("! approvers: ") and "BOT_APPROVERS" in approvers and "requester" in approvers
     assert "approve their own shell commands" in approvers and "fix:" in approvers
