@@ -3,14 +3,18 @@
 In the sandbox a command sees the system read-only, its work folder read-write (as ``/work``, its home),
 an empty ``/tmp``, its own ``/proc`` (own PID, IPC and UTS namespaces), and no part of BOT_HOME besides
 ``work``: not the bot's environment, database or keys. Killing the namespace's first process kills
-everything the command started, however it detached, so nothing outlives the call.
+everything the command started, however it detached, so nothing outlives the call; and once that first
+process has exited, the kernel has already reaped every other process of the namespace.
 
 Without a sandbox the same kill is best effort: the command's process group, then every process
 that still carries the call's marker in its environment. A process that clears or rewrites its
 environment (``env -i``) and leaves the group escapes it.
 
-With the network shared a command can reach the bot's own server at 127.0.0.1; while its call runs,
-bot.sandbox_peers refuses its processes there.
+With the network shared a command can reach the bot's own server at 127.0.0.1; while its call runs
+(and until all its processes are gone, and a few seconds more), bot.sandbox_peers refuses its processes
+there.
+
+Commands run with umask 077: what they create in the work folder is the bot user's alone (0600, 0700).
 """
 
 from __future__ import annotations
@@ -18,13 +22,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import glob
+import json
 import logging
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +57,10 @@ _ETC = ("passwd", "group", "hosts", "host.conf", "resolv.conf", "nsswitch.conf",
 _SYSTEM_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _MARKER = "BOT_SHELL_RUN"  # unsandboxed only: finds a call's stragglers by their environment
 _KILL_WAIT_S = 0.5
+_GONE_WAIT_S = 1.0  # after the kill: how long the end of a call may wait for a process stuck in the kernel
+_INFO_WAIT_S = 2.0  # for bwrap to say which process is its namespace's first (it does at once)
+_UMASK = 0o077
+_lingering: set[asyncio.Task[None]] = set()  # calls whose end waits for their last process
 
 
 @dataclass
@@ -61,10 +72,16 @@ class Started:
     pipe: asyncio.ReadTransport
     env: dict[str, str]
     ended: Callable[[], None] = lambda: None  # tells SandboxPeers, once every process of the call is dead
+    init: int | None = None  # a pidfd for the sandbox's first process (bwrap), while it may be alive
 
     def close(self) -> None:
         """Stop reading: whoever still holds the pipe's other end gets EPIPE, nobody waits on it."""
         self.pipe.close()
+
+    def release(self) -> None:
+        """After the kill: tell SandboxPeers the call is over once its processes are gone."""
+        init, self.init = self.init, None
+        _release(init, self.ended)
 
 
 class Sandbox(ABC):
@@ -73,6 +90,7 @@ class Sandbox(ABC):
     name: str
     network = True  # commands share the host's network, so they can reach the bot's own server
     peers: SandboxPeers | None = None  # told which calls run: their processes are refused that server
+    reports_init = False  # bwrap tells which process is its namespace's first (--info-fd)
 
     @abstractmethod
     def environment(self, workdir: Path) -> dict[str, str]:
@@ -83,37 +101,50 @@ class Sandbox(ABC):
         """The work folder's path as the command sees it."""
 
     @abstractmethod
-    def argv(self, command: Sequence[str], workdir: Path) -> list[str]:
-        """What to execute on the host for ``command``."""
+    def argv(self, command: Sequence[str], workdir: Path, *, info_fd: int | None = None) -> list[str]:
+        """What to execute on the host for ``command`` (``info_fd``: where bwrap reports its first process)."""
 
     @abstractmethod
-    def _kill_all(self, proc: asyncio.subprocess.Process, env: Mapping[str, str]) -> None: ...
+    def _kill_all(self, proc: asyncio.subprocess.Process, env: Mapping[str, str], init: int | None) -> None: ...
 
     async def spawn(self, command: Sequence[str], workdir: Path, env: Mapping[str, str]) -> Started:
         # Output goes to a pipe of our own, not asyncio's: its wait() would also wait for every process
         # holding the pipe (a background child), and we want the command's own exit.
         read_fd, write_fd = os.pipe()
+        info_read, info_write = os.pipe() if self.reports_init else (-1, -1)
         ended = self._begin(env)  # before the fork: the command may connect to us at once
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.argv(command, workdir), cwd=workdir, env=dict(env), stdin=asyncio.subprocess.DEVNULL,
-                stdout=write_fd, stderr=write_fd, start_new_session=True,
+                *self.argv(command, workdir, info_fd=info_write if info_write >= 0 else None), cwd=workdir,
+                env=dict(env), stdin=asyncio.subprocess.DEVNULL, stdout=write_fd, stderr=write_fd,
+                start_new_session=True, umask=_UMASK, pass_fds=(info_write,) if info_write >= 0 else (),
             )
         except BaseException:
             os.close(read_fd)
+            if info_read >= 0:
+                os.close(info_read)
             ended()
             raise
         finally:
             os.close(write_fd)
+            if info_write >= 0:
+                os.close(info_write)
         output = asyncio.StreamReader(limit=2**20)
+        init: int | None = None
         try:
+            if info_read >= 0:
+                init = await _first_process(info_read)
+            reading = os.fdopen(read_fd, "rb", buffering=0)
+            read_fd = -1  # the file owns it now
             pipe, _ = await asyncio.get_running_loop().connect_read_pipe(
-                lambda: asyncio.StreamReaderProtocol(output), os.fdopen(read_fd, "rb", buffering=0))
+                lambda: asyncio.StreamReaderProtocol(output), reading)
         except BaseException:  # cancelled right after the start: the command must not run on unseen
-            self._kill_all(proc, env)
-            ended()
+            self._kill_all(proc, env, init)
+            if read_fd >= 0:
+                os.close(read_fd)
+            _release(init, ended)
             raise
-        return Started(proc, output, pipe, dict(env), ended)
+        return Started(proc, output, pipe, dict(env), ended, init)
 
     def _begin(self, env: Mapping[str, str]) -> Callable[[], None]:
         if self.peers is None or not self.network:
@@ -122,13 +153,18 @@ class Sandbox(ABC):
 
     async def kill(self, started: Started) -> None:
         """Kill the command and everything it started (also after it exited: its background children)."""
-        self._kill_all(started.proc, started.env)  # synchronous first: a second cancellation cannot skip it
+        # Synchronous first: a second cancellation cannot skip it.
+        self._kill_all(started.proc, started.env, started.init)
+        deadline = time.monotonic() + _KILL_WAIT_S
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(started.proc.wait(), _KILL_WAIT_S)
+        if started.init is not None:
+            await _exit_of(started.init, deadline - time.monotonic())
 
 
 class Bubblewrap(Sandbox):
     name = "bwrap"
+    reports_init = True
 
     def __init__(self, bwrap: str, *, network: bool, user_flags: Sequence[str] = ()) -> None:
         self.bwrap = bwrap
@@ -141,10 +177,12 @@ class Bubblewrap(Sandbox):
     def environment(self, workdir: Path) -> dict[str, str]:
         return {"PATH": SANDBOX_PATH, "HOME": WORK, "LANG": os.environ.get("LANG") or "C.UTF-8"}
 
-    def argv(self, command: Sequence[str], workdir: Path) -> list[str]:
+    def argv(self, command: Sequence[str], workdir: Path, *, info_fd: int | None = None) -> list[str]:
         args = [self.bwrap, *self.user_flags, "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--new-session",
                 "--cap-drop", "ALL"]
+        if info_fd is not None:  # closed before the command starts: it cannot write there
+            args += ["--info-fd", str(info_fd)]
         if not self.network:
             args.append("--unshare-net")
         args += ["--ro-bind", "/usr", "/usr"]
@@ -165,13 +203,17 @@ class Bubblewrap(Sandbox):
                  "--bind", str(workdir.resolve()), WORK, "--chdir", WORK, "--remount-ro", "/", *command]
         return args
 
-    def _kill_all(self, proc: asyncio.subprocess.Process, env: Mapping[str, str]) -> None:
+    def _kill_all(self, proc: asyncio.subprocess.Process, env: Mapping[str, str], init: int | None) -> None:
         # The namespace's first process: when it dies the kernel kills every process in the namespace.
         # bwrap's --die-with-parent does the same once bwrap itself is killed; this does not rely on it.
-        for child in _children(proc.pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(child, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        if init is not None:  # found wherever it is (bwrap may have exited): the pidfd cannot be recycled
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(init, signal.SIGKILL)
+        if proc.returncode is None:  # once bwrap is reaped, its pid may be another process's
+            for child in _children(proc.pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(child, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the group's id lives while it has members
             os.killpg(proc.pid, signal.SIGKILL)
 
 
@@ -189,10 +231,10 @@ class Unsandboxed(Sandbox):
         env[_MARKER] = secrets.token_hex(12)
         return env
 
-    def argv(self, command: Sequence[str], workdir: Path) -> list[str]:
+    def argv(self, command: Sequence[str], workdir: Path, *, info_fd: int | None = None) -> list[str]:
         return list(command)
 
-    def _kill_all(self, proc: asyncio.subprocess.Process, env: Mapping[str, str]) -> None:
+    def _kill_all(self, proc: asyncio.subprocess.Process, env: Mapping[str, str], init: int | None) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         self._kill_marked(env)
@@ -288,6 +330,93 @@ def _version(bwrap: str) -> str:
         return subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=5,
                               check=False).stdout.strip().removeprefix("bubblewrap ")
     return ""
+
+
+def _release(init: int | None, ended: Callable[[], None]) -> None:
+    """Call ``ended`` once the sandbox's first process (so every process of it) has exited: at once, or
+    (one stuck in the kernel) within ~1 s, so that SandboxPeers' grace begins after their last request."""
+    if init is None or _exited(init):
+        if init is not None:
+            os.close(init)
+        ended()
+        return
+
+    async def later() -> None:
+        try:
+            await _exit_of(init, _GONE_WAIT_S)
+        finally:
+            os.close(init)
+            ended()
+
+    task = asyncio.get_running_loop().create_task(later())
+    _lingering.add(task)
+    task.add_done_callback(_lingering.discard)
+
+
+async def _first_process(info: int) -> int | None:
+    """Read bwrap's ``--info-fd`` report (closes ``info``) and return a pidfd for the namespace's first
+    process, once checked to be one (pid 1 of a namespace of its own). None when bwrap failed first, or
+    where pidfds are missing (Linux < 5.3): the end of a call then does not wait for that process."""
+    reader = asyncio.StreamReader()
+    try:
+        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(info, "rb", buffering=0))
+    except BaseException:
+        os.close(info)
+        raise
+    try:
+        async with asyncio.timeout(_INFO_WAIT_S):
+            report = await reader.read(65536)
+            while report and b"}" not in report:
+                more = await reader.read(65536)
+                if not more:
+                    break
+                report += more
+    except TimeoutError:
+        return None
+    finally:
+        transport.close()
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        return _pidfd(int(json.loads(report)["child-pid"]))
+    return None
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+    with contextlib.suppress(OSError, StopIteration):
+        status = Path(f"/proc/{pid}/status").read_text()
+        ids = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
+        # Still alive after the read: the status was this process's, not a later one's with its pid.
+        if len(ids) >= 2 and ids[-1] == "1" and not _exited(pidfd):
+            return pidfd
+    os.close(pidfd)
+    return None
+
+
+async def _exit_of(pidfd: int, timeout: float) -> None:
+    """Wait (at most ``timeout`` s) until the process has exited."""
+    if _exited(pidfd) or timeout <= 0:
+        return
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    loop.add_reader(pidfd, lambda: None if exited.done() else exited.set_result(None))
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(exited, timeout)
+    finally:
+        loop.remove_reader(pidfd)
+
+
+def _exited(pidfd: int) -> bool:
+    """Whether the process has exited (a pidfd turns readable then). For a namespace's first process that
+    means the kernel has killed and reaped every other process of the namespace."""
+    try:
+        return bool(select.select([pidfd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 def _children(pid: int) -> list[int]:

@@ -3,17 +3,26 @@
 With SHELL_NETWORK=true a command shares the host's network: it can reach ``127.0.0.1:PORT`` and be
 "this machine" there (the web chat without a token, ``/metrics``, the credential link, a trusted proxy
 on this host). So while a call runs, each new connection from an address of this machine is traced to
-the process holding its client socket (the kernel's sock_diag, or ``/proc/net/tcp*``, gives the socket's
-inode; ``/proc/<pid>/fd`` its holder). A holder that descends from the bot is a command's process: the
-bot starts no other processes, and however a command detaches, inside the sandbox it stays under the
-sandbox's init. With SHELL_SANDBOX=none a process that detached is recognised by the call's marker in
-its environment; one that also cleared its environment is not (best effort, like the kill). When the
-holder cannot be found (the process is gone, its fds are unreadable), the connection is refused while a
-call runs. A socket of another user is never a command's.
+its client socket (the kernel's sock_diag, or ``/proc/net/tcp*``, gives the socket's inode and owner).
+
+A socket of another user is never a command's: commands run as the bot's user. A socket of the bot's
+user is served only when a TRUSTED process holds it: one in the bot's own PID namespace that does not
+descend from the bot (the bot itself counts) and, with SHELL_SANDBOX=none, does not carry a call's
+marker in its environment. Anything else is refused, including a socket nobody can be found holding
+(fail closed). A sandboxed process is in another PID namespace from its first instruction to its
+death, so however its ancestry changes while it is killed (its parents die, it is reparented to the
+host's init) it is never trusted. Without a sandbox, a command's process that detached from the bot
+and cleared its environment is trusted (best effort, like the kill).
+
+A command's processes are never read (not their file descriptors: a command may hold a million of
+them). The trusted processes' sockets are listed by one scan, on a thread of its own: every lookup
+waiting meanwhile shares the next scan, and a scan that just ran answers for the sockets it found.
+So a flood of connections costs one scan every few tens of milliseconds, not one per connection.
 
 While no call runs (nor ran in the last few seconds: a request a command sent may still be on its way)
 nothing is read. A connection's verdict is kept for its lifetime: a keep-alive browser is traced once.
-Known limit: replicas sharing one host and network namespace do not see each other's calls.
+Known limits: replicas sharing one host and network namespace do not see each other's calls; a command
+that hands its socket to a trusted process (a local proxy, fd passing over a Unix socket) is not seen.
 """
 
 from __future__ import annotations
@@ -30,7 +39,9 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -39,10 +50,14 @@ from aiohttp.typedefs import Middleware
 log = logging.getLogger(__name__)
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-Socket = tuple[tuple[Address, int], tuple[Address, int], int, int]  # local, remote, uid, inode
+Endpoints = tuple[Address, int, Address, int]  # source, source port, destination, destination port
+Table = dict[Endpoints, tuple[int, int]]  # -> (uid, inode)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 GRACE_S = 5.0
+FRESH_S = 0.25  # a scan this recent answers "trusted" for the sockets it found, without a new scan
+GAP_S = 0.03  # between two scans: a flood of connections cannot keep a core busy
 _PROC = "/proc"
+_PF_EXITING = 0x4  # include/linux/sched.h: its memory (so its environment) may already be gone
 # sock_diag (linux/sock_diag.h, linux/inet_diag.h, linux/netlink.h)
 _NETLINK_SOCK_DIAG = 4
 _SOCK_DIAG_BY_FAMILY = 20
@@ -53,17 +68,43 @@ _REFUSED = ("Refused: this connection comes from a process started by shell_run.
             "the bot's own server.")
 
 
-class SandboxPeers:
-    """The running ``shell_run`` calls, and whether a TCP peer is one of their processes."""
+@dataclass(frozen=True)
+class Snapshot:
+    """One scan: the sockets trusted processes held, and (without sock_diag) the TCP table."""
 
-    def __init__(self, *, grace_s: float = GRACE_S) -> None:
+    started: float  # time.monotonic() when it began: it saw every socket that existed before
+    trusted: frozenset[int]  # socket inodes
+    table: Table | None = None
+
+
+@dataclass
+class _Pending:
+    since: float  # it begins at or after this time
+    table: bool
+    task: asyncio.Task[Snapshot]
+
+
+class SandboxPeers:
+    """The running ``shell_run`` calls, and whether a TCP peer may be one of their processes."""
+
+    def __init__(self, *, grace_s: float = GRACE_S, fresh_s: float = FRESH_S, gap_s: float = GAP_S) -> None:
         self.grace_s = grace_s
-        self.lookups = 0  # times /proc was consulted: none while no call runs
+        self.fresh_s = fresh_s
+        self.gap_s = gap_s
+        self.lookups = 0  # connections traced: none while no call runs
+        self.scans = 0  # scans of the trusted processes
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()  # the lookup runs in a worker thread
+        self._lock = threading.Lock()  # the scan reads the markers from its thread
         self._running: dict[int, bytes | None] = {}  # call -> its environment marker (unsandboxed)
         self._ended: list[tuple[float, bytes | None]] = []  # (monotonic end, marker), pruned at each end
         self._verdicts: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._last: Snapshot | None = None
+        self._pending: _Pending | None = None
+        self._next_scan = 0.0
+        self._needs_table = False  # sock_diag failed here once: scans also read the TCP table
+        self._ports: set[int] = set()  # our listeners' ports: the part of that table lookups need
+        self._executor: ThreadPoolExecutor | None = None  # its own thread: never the default pool's
+        self._logged = 0.0
 
     # -- the calls ---------------------------------------------------------------------------
 
@@ -95,6 +136,10 @@ class SandboxPeers:
         with self._lock:
             return [m for m in (*self._running.values(), *(m for _, m in self._ended)) if m]
 
+    def _listeners(self) -> set[int]:
+        with self._lock:
+            return set(self._ports)
+
     # -- the check ---------------------------------------------------------------------------
 
     def middleware(self) -> Middleware:
@@ -118,49 +163,204 @@ class SandboxPeers:
             if (known := self._verdicts.get(transport)) is not None:
                 return known
         peer = transport.get_extra_info("peername")
-        verdict = await asyncio.to_thread(self.refuses, peer, transport.get_extra_info("sockname"))
+        verdict = await self.refuses(peer, transport.get_extra_info("sockname"))
         with contextlib.suppress(TypeError):
             self._verdicts[transport] = verdict
-        if verdict:
+        if verdict and time.monotonic() - self._logged > 1:  # a flood logs once a second, not per connection
+            self._logged = time.monotonic()
             log.warning("refused %s %s from %s: a shell_run command's process, or one that could not be traced "
                         "while a command runs", request.method, request.path, peer)
         return verdict
 
-    def refuses(self, peer: Any, local: Any) -> bool:
+    async def refuses(self, peer: Any, local: Any) -> bool:
         """Whether the TCP client ``peer`` of our socket ``local`` may be a running command's process."""
         if not self.active:
             return False
         if not (isinstance(peer, tuple) and isinstance(local, tuple) and len(peer) >= 2 and len(local) >= 2):
             return False  # not TCP (a Unix socket): no command can reach it
-        with self._lock:
-            self.lookups += 1
+        self.lookups += 1
         try:
-            return self._refuses(_address(peer[0]), int(peer[1]), _address(local[0]), int(local[1]))
+            return await self._refuses(_address(peer[0]), int(peer[1]), _address(local[0]), int(local[1]))
         except (OSError, ValueError):
             return True  # cannot decide while a call runs: refuse
+        except Exception:
+            if time.monotonic() - self._logged > 1:
+                self._logged = time.monotonic()
+                log.exception("could not trace a connection while a command runs: refused")
+            return True
 
-    def _refuses(self, peer: Address, peer_port: int, local: Address, local_port: int) -> bool:
-        client = _lookup(peer, peer_port, local, local_port)
+    async def _refuses(self, peer: Address, peer_port: int, local: Address, local_port: int) -> bool:
+        with self._lock:
+            self._ports.add(local_port)
+        since = time.monotonic()  # after the accept: the client's socket, and its holder's fd, exist already
+        client = await self._socket((peer, peer_port, local, local_port), since)
         if client is None:
             # Both ends of a connection from this machine are in our network namespace. Only our end:
             # the client is another machine. Neither: the connection is already gone.
-            return peer.is_loopback or _lookup(local, local_port, peer, peer_port) is None
+            return peer.is_loopback or await self._socket((local, local_port, peer, peer_port), since) is None
         uid, inode = client
         if inode == 0:
             return True  # closed by its process (or the process exited): cannot tell whose it was
         if uid != os.geteuid():
             return False  # a command's sockets are always the bot user's
-        holder = _holder(inode)
-        return holder is None or self._is_command(holder)
+        last = self._last
+        if last is not None and time.monotonic() - last.started < self.fresh_s and inode in last.trusted:
+            return False
+        return inode not in (await self._snapshot(since)).trusted
 
-    def _is_command(self, pid: int) -> bool:
-        if _descends_from(pid, os.getpid()):
-            return True
-        if markers := self._markers():
+    async def _socket(self, ends: Endpoints, since: float) -> tuple[int, int] | None:
+        """(uid, inode) of the TCP socket in our network namespace from ``src:sport`` to ``dst:dport``."""
+        if not self._needs_table:
+            try:
+                return _diag(*ends)  # one netlink round trip, answered within the send: no thread needed
+            except OSError:  # no sock_diag here (a restricted container): the table, read by the scan
+                self._needs_table = True
+        table = (await self._snapshot(since)).table
+        if table is None:
+            raise OSError(errno.EPROTO, "no TCP table in the scan")
+        return table.get(ends)
+
+    async def _snapshot(self, since: float) -> Snapshot:
+        """The first scan that begins at or after ``since``: one scan serves every lookup waiting for it."""
+        while True:
+            table = self._needs_table
+            last = self._last
+            if last is not None and last.started >= since and (last.table is not None or not table):
+                return last
+            pending = self._pending
+            if pending is None:
+                pending = self._pending = self._start(table)
+            elif pending.since < since or (table and not pending.table):  # it may miss our socket: the next
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(pending.task)
+                continue
+            return await asyncio.shield(pending.task)
+
+    def _start(self, table: bool) -> _Pending:
+        since = max(time.monotonic(), self._next_scan)  # it will not begin earlier: lookups until then join it
+
+        async def scan() -> Snapshot:
+            try:
+                if (wait := self._next_scan - time.monotonic()) > 0:
+                    await asyncio.sleep(wait)
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(1, thread_name_prefix="sandbox-peers")
+                found = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, _scan, self._markers, self._listeners if table else None)
+            finally:
+                self._pending = None
+                self._next_scan = time.monotonic() + self.gap_s
+            self.scans += 1
+            self._last = found
+            return found
+
+        return _Pending(since, table, asyncio.get_running_loop().create_task(scan()))
+
+
+def _scan(markers: Callable[[], list[bytes]], ports: Callable[[], set[int]] | None) -> Snapshot:
+    started = time.monotonic()
+    wanted = markers()  # read now: a call begun before the scan has its marker in it
+    found = _table(ports()) if ports is not None else None
+    return Snapshot(started, frozenset(_trusted_sockets(wanted)), found)
+
+
+def _trusted_sockets(markers: list[bytes]) -> set[int]:
+    """The socket inodes held by trusted processes. Each process is read through an open ``/proc/<pid>``:
+    if it dies meanwhile, a new process given the same pid cannot be read in its place."""
+    me = os.getpid()
+    own = os.readlink(f"{_PROC}/self/ns/pid")
+    parents: dict[int, tuple[int, int]] = {}  # pid -> (parent, start time), in our namespace
+    ours: dict[int, int] = {}  # pid -> its open /proc/<pid>
+    try:
+        for pid in _pids():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fd = os.open(f"{_PROC}/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    try:
+                        same = os.readlink("ns/pid", dir_fd=fd) == own
+                    except OSError:  # another user's: never trusted, but it may link the bot to a descendant
+                        same = None
+                    if same is False:
+                        continue  # another PID namespace (a sandbox): nothing more is read
+                    parent, start, flags = _stat(fd)
+                    parents[pid] = (parent, start)
+                    if same and not flags & _PF_EXITING:
+                        ours[pid], fd = fd, -1
+                finally:
+                    if fd >= 0:
+                        os.close(fd)
+        found: set[int] = set()
+        descends: dict[int, bool] = {}
+        for pid, fd in ours.items():
+            if _descends(pid, me, parents, descends):
+                continue  # a command's process (or the sandbox's launcher), never read
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                if markers and any(m in _read_at(fd, "environ").split(b"\0") for m in markers):
+                    continue
+                if _stat(fd)[2] & _PF_EXITING:  # after the environment: an empty one may mean it was gone
+                    continue
+                found.update(_sockets_of(fd))
+        return found
+    finally:
+        for fd in ours.values():
+            os.close(fd)
+
+
+def _descends(pid: int, ancestor: int, parents: dict[int, tuple[int, int]], known: dict[int, bool]) -> bool:
+    """Whether ``pid`` is a (strict) descendant of ``ancestor``. A parent younger than its child (a
+    recycled pid) makes this say yes: that is the safe side."""
+    chain: list[int] = []
+    current = pid
+    verdict = False
+    while len(chain) < 4096:
+        if current in known:
+            verdict = known[current]
+            break
+        chain.append(current)
+        parent, started = parents[current]
+        if parent == ancestor:
+            verdict = True
+            break
+        if parent <= 0:
+            break  # the namespace's first process
+        if parent not in parents:
+            break  # hidden from us (hidepid), or exited during the scan (then its child is reparented)
+        if parents[parent][1] > started:
+            verdict = True
+            break
+        current = parent
+    for seen in chain:
+        known[seen] = verdict
+    return verdict
+
+
+def _sockets_of(proc: int) -> Iterable[int]:
+    fds = os.open("fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
+    try:
+        for name in os.listdir(fds):
             with contextlib.suppress(OSError):
-                environ = _read(f"{_PROC}/{pid}/environ").split(b"\0")
-                return any(m in environ for m in markers)
-        return False
+                target = os.readlink(name, dir_fd=fds)
+                if target.startswith("socket:["):
+                    yield int(target[8:-1])
+    finally:
+        os.close(fds)
+
+
+def _stat(proc: int) -> tuple[int, int, int]:
+    """(parent pid, start time, flags) from stat; the name in parentheses may hold spaces."""
+    fields = _read_at(proc, "stat").rsplit(b")", 1)[1].split()
+    return int(fields[1]), int(fields[19]), int(fields[6])
+
+
+def _read_at(directory: int, name: str) -> bytes:
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=directory)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _address(text: Any) -> Address:
@@ -170,31 +370,17 @@ def _address(text: Any) -> Address:
     return address
 
 
-def _lookup(src: Address, sport: int, dst: Address, dport: int) -> tuple[int, int] | None:
-    """(uid, inode) of the TCP socket in our network namespace from ``src:sport`` to ``dst:dport``."""
-    try:
-        return _diag(src, sport, dst, dport)
-    except OSError:  # no sock_diag here (a restricted container): read the whole table instead
-        return _from_table(src, sport, dst, dport)
-
-
-def _from_table(src: Address, sport: int, dst: Address, dport: int) -> tuple[int, int] | None:
-    for local, remote, uid, inode in _sockets({sport, dport}):
-        if local == (src, sport) and remote == (dst, dport):
-            return uid, inode
-    return None
-
-
 def _diag(src: Address, sport: int, dst: Address, dport: int) -> tuple[int, int] | None:
-    """The same, asked of the kernel for exactly this socket (sock_diag): no table to read. An IPv4
-    lookup also finds an IPv6 socket using a v4-mapped address."""
+    """(uid, inode) of the TCP socket in our network namespace from ``src:sport`` to ``dst:dport``, asked
+    of the kernel for exactly this socket (sock_diag). An IPv4 lookup also finds an IPv6 socket using a
+    v4-mapped address. The kernel answers while it handles the send, so the socket never blocks."""
     family = socket.AF_INET if src.version == 4 else socket.AF_INET6
     sockid = (struct.pack("!HH", sport, dport) + src.packed.ljust(16, b"\0") + dst.packed.ljust(16, b"\0")
               + struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE))
     request = struct.pack("=BBBxI", family, socket.IPPROTO_TCP, 0, 0xFFFFFFFF) + sockid
     header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0)
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
-        nl.settimeout(1)
+        nl.setblocking(False)
         nl.sendto(header + request, (0, 0))
         reply = nl.recv(8192)
     length, kind = struct.unpack_from("=IH", reply)
@@ -209,10 +395,11 @@ def _diag(src: Address, sport: int, dst: Address, dport: int) -> tuple[int, int]
     return uid, inode
 
 
-def _sockets(ports: set[int]) -> Iterator[Socket]:
-    """(local, remote, uid, inode) of the TCP sockets in our network namespace between two of ``ports``
-    (compared as text first: a busy host has many sockets, few of them ours)."""
+def _table(ports: set[int]) -> Table:
+    """The TCP sockets in our network namespace with an end on one of ``ports``, from ``/proc/net/tcp*``:
+    (source, destination) -> (uid, inode). Compared as text first: a busy host has many sockets."""
     suffixes = tuple(f":{port:04X}" for port in ports)
+    found: Table = {}
     for name in ("tcp", "tcp6"):
         try:
             lines = _read(f"{_PROC}/net/{name}").decode().splitlines()[1:]
@@ -220,8 +407,12 @@ def _sockets(ports: set[int]) -> Iterator[Socket]:
             continue
         for line in lines:
             fields = line.split()
-            if fields[1].endswith(suffixes) and fields[2].endswith(suffixes):
-                yield _endpoint(fields[1]), _endpoint(fields[2]), int(fields[7]), int(fields[9])
+            if not (fields[1].endswith(suffixes) or fields[2].endswith(suffixes)):
+                continue
+            (src, sport), (dst, dport) = _endpoint(fields[1]), _endpoint(fields[2])
+            if found.get((src, sport, dst, dport), (0, 0))[1] == 0:  # a live socket, not its TIME_WAIT ghost
+                found[src, sport, dst, dport] = int(fields[7]), int(fields[9])
+    return found
 
 
 def _endpoint(text: str) -> tuple[Address, int]:
@@ -230,62 +421,6 @@ def _endpoint(text: str) -> tuple[Address, int]:
     words = [int(hex_address[i:i + 8], 16) for i in range(0, len(hex_address), 8)]
     packed = struct.pack(f"={len(words)}I", *words)
     return _address(ipaddress.ip_address(packed)), int(hex_port, 16)
-
-
-def _holder(inode: int) -> int | None:
-    """A process with the socket open, or None. The bot's descendants first: a command that opens
-    connection after connection costs one small walk each, not a scan of the whole host."""
-    wanted = f"socket:[{inode}]"
-    first = _descendants(os.getpid())
-    for pid in itertools.chain(first, (p for p in _pids() if p not in first)):
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"{_PROC}/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"{_PROC}/{pid}/fd/{fd}") == wanted:
-                        return pid
-    return None
-
-
-def _descendants(pid: int) -> dict[int, None]:
-    """The processes under ``pid`` (in order, without duplicates); one that forks meanwhile may be missed."""
-    found: dict[int, None] = {}
-    todo = [pid]
-    while todo and len(found) < 65536:
-        current = todo.pop()
-        with contextlib.suppress(OSError, ValueError):
-            for task in os.listdir(f"{_PROC}/{current}/task"):
-                with contextlib.suppress(OSError, ValueError):
-                    for child in _read(f"{_PROC}/{current}/task/{task}/children").split():
-                        if int(child) not in found:
-                            found[int(child)] = None
-                            todo.append(int(child))
-    return found
-
-
-def _descends_from(pid: int, ancestor: int) -> bool:
-    """Whether ``pid`` is a (strict) descendant of ``ancestor``. A parent that exits mid-walk, or a
-    recycled pid (a parent cannot start after its child), makes this say yes: refusing is the safe side."""
-    if pid == ancestor:
-        return False
-    seen = 0
-    try:
-        parent, started = _stat(pid)
-        while parent > 1 and seen < 4096:
-            if parent == ancestor:
-                return True
-            grandparent, parent_started = _stat(parent)
-            if parent_started > started:
-                return True
-            parent, started, seen = grandparent, parent_started, seen + 1
-    except (OSError, ValueError, IndexError):
-        return True
-    return parent == ancestor
-
-
-def _stat(pid: int) -> tuple[int, int]:
-    """(parent pid, start time) from /proc/<pid>/stat; the name in parentheses may hold spaces."""
-    fields = _read(f"{_PROC}/{pid}/stat").rsplit(b")", 1)[1].split()
-    return int(fields[1]), int(fields[19])
 
 
 def _pids() -> list[int]:

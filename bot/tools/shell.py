@@ -96,7 +96,7 @@ async def _end(sandbox: Sandbox, started: Started, reader: asyncio.Task[None]) -
     finally:
         reader.cancel()
         started.close()
-        started.ended()  # every process is dead: soon the bot's own server stops tracing connections
+        started.release()  # once every process is gone: soon the bot's own server stops tracing connections
 
 
 class _Capped:

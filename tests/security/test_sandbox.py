@@ -169,6 +169,14 @@ async def test_tmp_is_empty_work_persists_and_home_is_work(bwrapped: GatewayClie
     assert (tmp_path / "home" / "work" / "note.txt").read_text() == "kept\n"
 
 
+async def test_what_a_command_creates_is_the_bot_users_alone(sandboxed: GatewayClient, tmp_path: Path) -> None:
+    """Files under BOT_HOME are 0600 and folders 0700 (issue 12, point 10): commands run with umask 077."""
+    out = await _run(sandboxed, {"command": "umask; mkdir made; echo x > made/file; stat -c '%a %n' made made/file"})
+    assert out.split("--- output ---\n")[1].splitlines() == ["0077", "700 made", "600 made/file"], out
+    made = tmp_path / "home" / "work" / "made"
+    assert (made.stat().st_mode & 0o777, (made / "file").stat().st_mode & 0o777) == (0o700, 0o600)
+
+
 async def test_only_the_environment_it_needs(sandboxed: GatewayClient, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(MARKER_ENV, MARKER)
     await sandboxed.app.credentials.set_secret("acc.token", "acc-value-1234", scope="agent", agent="default",
