@@ -47,6 +47,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from bot.egress import is_this_machine
+
 log = logging.getLogger(__name__)
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -196,8 +198,12 @@ class SandboxPeers:
         client = await self._socket((peer, peer_port, local, local_port), since)
         if client is None:
             # Both ends of a connection from this machine are in our network namespace. Only our end:
-            # the client is another machine. Neither: the connection is already gone.
-            return peer.is_loopback or await self._socket((local, local_port, peer, peer_port), since) is None
+            # the client is another machine. Neither: the connection is already gone. A peer at one
+            # of this machine's own addresses is never "another machine" (a socket bound to a device
+            # can hide from the look-up).
+            if peer.is_loopback or is_this_machine(peer):
+                return True
+            return await self._socket((local, local_port, peer, peer_port), since) is None
         uid, inode = client
         if inode == 0:
             return True  # closed by its process (or the process exited): cannot tell whose it was

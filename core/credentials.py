@@ -166,8 +166,9 @@ class CredentialService:
         if usable := await self.store.usable(ctx.agent, name):
             return f"{name} is already stored and granted to you; use it ({self._how(_preferred(usable))})."
         # A request only ever adds a value: one for a shared name that exists would replace the
-        # operator's value (and its hosts) for every agent granted it. Nobody is asked.
-        if scope == "shared" and await self.store.stored(name, "shared", "") is not None:
+        # operator's value (and its hosts) for every agent granted it, and an agent-scoped copy
+        # would shadow it for this agent (its own value is preferred). Nobody is asked.
+        if await self.store.stored(name, "shared", "") is not None:
             raise ToolError(_not_granted(name, ctx.agent))
         if not ctx.interactive:
             raise ToolError(f"{name} is not stored and nobody can be asked for it here")

@@ -98,8 +98,12 @@ class AgentRunner:
             # call whose arguments hold one never runs (see _call_tool): it would put the secret on
             # an approval card, in a grant or in a command line.
             content = await self.redact(reply.content)
-            recorded = tuple([replace(c, arguments=await self.redact(c.arguments)) for c in reply.tool_calls])
-            holds_secret = {c.id for c, r in zip(reply.tool_calls, recorded, strict=True) if c.arguments != r.arguments}
+            recorded, holds_secret = [], set()
+            for call in reply.tool_calls:
+                shown, masked = await self._masked_arguments(call.arguments)
+                recorded.append(replace(call, arguments=masked))
+                if masked != shown:
+                    holds_secret.add(call.id)
             await self.store.add_message(
                 session_id,
                 role="assistant",
@@ -108,7 +112,7 @@ class AgentRunner:
                 now=self.clock.now(),
                 tool_calls=[c.as_dict() for c in recorded],
             )
-            history.append(ChatMessage("assistant", content, recorded))
+            history.append(ChatMessage("assistant", content, tuple(recorded)))
             if not reply.tool_calls:
                 return content
             for call in reply.tool_calls:
@@ -152,6 +156,15 @@ class AgentRunner:
             result = f"error: {exc}"
         # Before anything else sees it (model, transcript, channels): no stored secret in it.
         return _truncate(await self.redact(result), self.limits.tool_result_max_chars)
+
+    async def _masked_arguments(self, raw: str) -> tuple[str, str]:
+        """The arguments as they will be read (decoded JSON re-serialised, so that ``\u0073``-style
+        escapes cannot hide a secret from the masks), and the same masked."""
+        try:
+            shown = json.dumps(json.loads(raw), ensure_ascii=False)
+        except (ValueError, TypeError):
+            shown = raw  # not JSON: refused when parsed, and masked as written
+        return shown, await self.redact(shown)
 
     async def redact(self, text: str) -> str:
         """``text`` with every secret the redactor knows masked."""

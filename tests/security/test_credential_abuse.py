@@ -111,12 +111,13 @@ async def _team_token_untouched(gateway: GatewayClient) -> None:
 # -- a request never replaces a stored secret ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("scope", ["shared", "agent", None])  # an agent-scoped copy would shadow it
 async def test_asking_for_a_shared_credential_not_granted_asks_nobody(
-    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
+    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM, scope: str | None
 ) -> None:
     await _store_team_token(gateway)
-    fake_llm.then(Reply(tool_calls=[("credential_request", {"name": "team.token", "scope": "shared",
-                                                            "reason": "need the team token"})]),
+    args = {"name": "team.token", "reason": "need the team token"} | ({"scope": scope} if scope else {})
+    fake_llm.then(Reply(tool_calls=[("credential_request", args)]),
                   Reply("I can't get it"))
     await gateway.send_event(mention("get the team token"))
     await fake_slack.wait_for("chat.postMessage")

@@ -306,6 +306,26 @@ async def test_a_gated_call_holding_a_secret_puts_nothing_on_a_card(
     assert HEADER_VALUE not in await _stored_text(gateway.app)
 
 
+async def test_a_secret_spelled_with_json_escapes_is_still_refused(
+    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    """``\\u0073`` in the model's JSON decodes to ``s``: the check reads the arguments as they will run."""
+    await _store(gateway.app)
+    escaped = "\\u" + format(ord(HEADER_VALUE[0]), "04x") + HEADER_VALUE[1:]
+    raw = '{"command": "echo ' + escaped + '"}'
+    assert HEADER_VALUE not in raw and json.loads(raw)["command"] == f"echo {HEADER_VALUE}"
+    fake_llm.then(Reply(tool_calls=[("shell_run", raw)]), Reply("done"))
+    await gateway.send_event(mention("go"))
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert await gateway.app.approvals.pending() == []
+    assert HEADER_VALUE not in json.dumps([c.params for c in fake_slack.calls], default=str)
+    stored = await _stored_text(gateway.app)
+    assert HEADER_VALUE not in stored and escaped not in stored
+    results = [m["content"] for m in fake_llm.requests[1]["messages"] if m["role"] == "tool"]
+    assert results[0].startswith("error: the arguments of `shell_run` contain the value of a secret")
+
+
 async def test_the_bots_own_secrets_are_masked_in_tool_output_and_answers(
     make_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:

@@ -661,3 +661,44 @@ def test_the_kernel_query_and_the_proc_table_agree(family: str) -> None:
         client.close()
         accepted.close()
         server.close()
+
+
+async def test_a_socket_hidden_by_binding_to_a_device_is_not_taken_for_another_machine() -> None:
+    """A client bound to a device (no privilege needed) is missed by the socket look-up; connecting
+    to this machine's own non-loopback address, it must not read as "another machine" while a
+    call runs."""
+    from bot.sandbox_peers import SandboxPeers
+
+    outside = _outside_address()
+    if outside is None:
+        pytest.skip("this machine has no non-loopback address")
+    server = socket.socket()
+    server.bind(("0.0.0.0", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = None
+    for _index, device in socket.if_nameindex():
+        if device == "lo":
+            continue
+        candidate = socket.socket()
+        candidate.settimeout(1)
+        try:
+            candidate.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device.encode())
+            candidate.connect((outside, port))
+        except OSError:
+            candidate.close()
+            continue
+        client = candidate
+        break
+    if client is None:
+        server.close()
+        pytest.skip("no device can reach this machine's own address here")
+    accepted, peer = server.accept()
+    peers = SandboxPeers()
+    end = peers.begin(None)
+    try:
+        assert await peers.refuses(peer, (outside, port)) is True
+    finally:
+        end()
+        for s in (client, accepted, server):
+            s.close()
