@@ -22,6 +22,7 @@ from core.model import ApprovalStatus
 from core.store import Database
 from core.store.tables import ApprovalRow
 from tests.bot_process import BotProcess, run_cli, send_event, slack_env
+from tests.browser import chromium_or_skip
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import Call, Failure, FakeSlack
@@ -371,22 +372,10 @@ def test_canonical_text_is_what_spec_16_says_and_grants_use_every_argument() -> 
     assert grant_call("schedule_destination", {"destination_id": "C1"}) is None  # no creator: never granted
 
 
-def _chromium() -> str:
-    """Debian's chromium for Playwright, or skip (CI installs both and requires them)."""
-    import importlib.util
-    import shutil
-
-    chromium = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
-    missing = importlib.util.find_spec("playwright") is None or not Path(chromium).exists()
-    if missing and os.environ.get("BOT_REQUIRE_BROWSER") != "1":
-        pytest.skip("needs Playwright and Debian's chromium (CI installs both)")
-    return chromium
-
-
 async def test_the_web_chat_card_shows_the_whole_arguments_with_invisible_characters_marked(
     tmp_path: Path, unused_port: int
 ) -> None:
-    chromium = _chromium()
+    chromium = chromium_or_skip()
     from playwright.async_api import async_playwright, expect
 
     command = "echo ok" + " " * 300 + "; echo evil\u202e" + "x" * 3_000

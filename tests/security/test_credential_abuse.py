@@ -16,11 +16,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import os
-import shutil
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -33,6 +30,7 @@ from bot.settings import Settings
 from core.credentials import hosts_of, open_secret
 from core.store.tables import CredentialRequestRow, SecretGrantRow, SecretRow
 from core.tools import Tool, ToolContext, ToolError
+from tests.browser import chromium_or_skip
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.server import RunningServer
@@ -330,18 +328,8 @@ async def test_the_reason_cannot_dress_up_the_one_time_link_page(
     assert "://" not in reason and "<a" not in page
 
 
-def _chromium() -> str:
-    chromium = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
-    import importlib.util
-
-    missing = importlib.util.find_spec("playwright") is None or not Path(chromium).exists()
-    if missing and os.environ.get("BOT_REQUIRE_BROWSER") != "1":
-        pytest.skip("needs Playwright and Debian's chromium (CI installs both)")
-    return chromium
-
-
 async def test_the_reason_cannot_dress_up_the_web_chat_card(gateway: GatewayClient, fake_llm: FakeLLM) -> None:
-    chromium = _chromium()
+    chromium = chromium_or_skip()
     from playwright.async_api import async_playwright, expect
 
     fake_llm.then(Reply(tool_calls=[("credential_request", {"name": "acc.token", "reason": EVIL_REASON})]),
