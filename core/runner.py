@@ -23,6 +23,7 @@ from core.providers import (
 from core.redaction import Redactor
 from core.store import ConversationStore
 from core.store.tables import MessageRow
+from core.text import clean_text
 from core.tools import Risk, Tool, ToolContext, ToolError, ToolGate, ToolRegistry, run_tool
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,9 @@ class AgentRunner:
         """The arguments as they will be read (decoded JSON re-serialised, so that ``\u0073``-style
         escapes cannot hide a secret from the masks), and the same masked."""
         try:
-            shown = json.dumps(json.loads(raw), ensure_ascii=False)
+            # Lone surrogates the JSON escaped come back raw: repaired so the transcript stays
+            # storable and sendable (the call itself is refused when its arguments are parsed).
+            shown = clean_text(json.dumps(json.loads(raw), ensure_ascii=False))
         except (ValueError, TypeError):
             shown = raw  # not JSON: refused when parsed, and masked as written
         return shown, await self.redact(shown)
