@@ -1,0 +1,120 @@
+"""Stopping and re-queueing work (SPEC §5): who may, and the commands said in a conversation.
+
+``stop`` (or ``cancel``) stops the conversation's running turn and drops what waits behind it;
+``queue`` shows its queue mode and ``queue <mode>`` sets it. Whoever asked for the work may do either,
+and so may approvers and admins; ``/bot stop`` and ``/bot queue`` do the same for a whole place.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from core.agents import AgentDirectory
+from core.approvals import ApprovalPolicy
+from core.clock import Clock
+from core.errors import InvalidInput
+from core.model import QueueMode, SessionInfo
+from core.store import ControlStore, ConversationStore, InputStore
+
+_QUEUE_COMMAND = re.compile(r"^queue(?:\s+(\w+))?$", re.IGNORECASE)
+_STOP_WORDS = {"stop", "stop!", "cancel"}
+
+
+def is_command(text: str) -> bool:
+    """Whether an addressed message is a control command rather than a request for the agent."""
+    return text.lower() in _STOP_WORDS or _QUEUE_COMMAND.match(text) is not None
+
+
+@dataclass(frozen=True)
+class StopReport:
+    running: bool
+    waiting: int
+
+    def describe(self, by: str | None) -> str:
+        if not self.running and not self.waiting:
+            return "Nothing to stop: I'm not working on anything in this conversation."
+        parts = (["the running turn"] if self.running else []) + (
+            [f"{self.waiting} waiting message{'s' if self.waiting != 1 else ''}"] if self.waiting else [])
+        return f"Stopped {' and '.join(parts)}" + (f" (asked by {by})." if by else ".")
+
+
+Cancel = Callable[..., Awaitable[StopReport]]  # Dispatcher.cancel(session_id, by, *, announce=True)
+
+
+class Controls:
+    def __init__(
+        self,
+        conversations: ConversationStore,
+        inputs: InputStore,
+        control: ControlStore,
+        agents: AgentDirectory,
+        policy: ApprovalPolicy,
+        clock: Clock,
+        default_queue_mode: str,
+        cancel: Cancel,
+    ) -> None:
+        self.conversations = conversations
+        self.inputs = inputs
+        self.control = control
+        self.agents = agents
+        self.policy = policy
+        self.clock = clock
+        self.default_queue_mode = default_queue_mode
+        self.cancel = cancel
+
+    async def queue_mode(self, session_id: str) -> str:
+        return await self.control.queue_mode(session_id) or self.default_queue_mode
+
+    async def obey(self, session: SessionInfo, text: str, sender: str) -> str:
+        """Carry out a control command said in a conversation; returns the reply."""
+        if text.lower() in _STOP_WORDS:
+            if not await self.may_control(sender, session.id):
+                return STOP_REFUSED
+            report = await self.cancel(session.id, by=sender, announce=False)
+            return report.describe(sender)
+        match = _QUEUE_COMMAND.match(text)
+        assert match is not None
+        mode = (match.group(1) or "").lower()
+        if not mode:
+            return f"Queue mode here: {await self.queue_mode(session.id)} (steer, collect or followup)."
+        if mode not in QueueMode.ALL:
+            return f"Unknown queue mode {mode!r}: use steer, collect or followup."
+        if not await self.may_control(sender, session.id):
+            return QUEUE_REFUSED
+        await self.control.set_session_queue_mode(session.id, mode, self.clock.now())
+        return f"Queue mode for this conversation is now {mode}."
+
+    async def set_place_queue_mode(self, place: str, mode: str, *, by: str) -> None:
+        if mode not in QueueMode.ALL:
+            raise InvalidInput(f"unknown queue mode {mode!r}: use steer, collect or followup")
+        if not await self.may_control(by, await self.inputs.latest_live_session(place)):
+            raise InvalidInput(QUEUE_REFUSED)
+        await self.control.set_place_queue_mode(place, mode, self.clock.now())
+
+    async def stop_latest(self, place: str, *, by: str) -> StopReport | None:
+        session_id = await self.inputs.latest_live_session(place)
+        if session_id is None:
+            return None
+        if not await self.may_control(by, session_id):
+            raise InvalidInput(STOP_REFUSED)
+        return await self.cancel(session_id, by=by)
+
+    async def may_control(self, user: str, session_id: str | None) -> bool:
+        if not user:
+            return False
+        requester = await self.inputs.requester(session_id) if session_id is not None else None
+        if session_id is not None and requester is None:
+            return True
+        if user == requester:
+            return True
+        session = await self.conversations.get_session(session_id) if session_id is not None else None
+        agent = self.agents.get(session.agent if session is not None else None)
+        return await self.policy.may_decide(user, requester, agent.approvers)
+
+
+STOP_REFUSED = ("You can't stop this: only whoever asked for it, an approver or an admin can. "
+                "Nothing was stopped.")
+QUEUE_REFUSED = ("You can't change the queue mode here: only whoever asked for the work in progress, an approver "
+                 "or an admin can. Nothing was changed.")

@@ -1,0 +1,297 @@
+"""The loop that runs turns (SPEC §5): one driver task per session with work, single flight per session.
+
+A driver waits out a burst's quiet window, takes the session's lease (with several replicas), takes the
+next batch of inputs as one turn, runs it, records how it ended and settles whoever waits for those
+inputs; then looks again. Messages arriving during a turn are taken in at its next tool step (``steer``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from core import logcontext
+from core.agents import AgentDirectory
+from core.errors import ProviderError, StepLimitReached
+from core.events import EventBus, InputsTaken, TurnCancelled, TurnFailed, TurnFinished, TurnStarted
+from core.leasing import SessionLeases
+from core.model import Outcome, QueueMode, TurnInfo, TurnStatus
+from core.providers import ChatMessage
+from core.runner import AgentRunner
+from core.store import ConversationStore, InputStore, Taken
+
+if TYPE_CHECKING:
+    from core.clock import Clock
+    from core.dispatcher import DispatchConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Driver:
+    task: asyncio.Task[None]
+    wake: bool = False
+    turn_id: int | None = None
+    turn: asyncio.Task[str] | None = None  # the running turn's own task, so it can be cancelled alone
+    cancelled_by: str | None = None
+    cancel_turn_id: int | None = None  # a stop that raced the turn's start
+    steered: bool = False  # the running turn took inputs at a tool step
+
+    def stop_turn(self) -> None:
+        if self.turn is not None:
+            self.turn.cancel()
+
+
+class OutcomeWaiters:
+    """Callers waiting for an input's outcome (answered, failed, cancelled or refused)."""
+
+    def __init__(self, inputs: InputStore) -> None:
+        self.inputs = inputs
+        self._futures: dict[int, list[asyncio.Future[Outcome]]] = {}
+
+    async def wait(self, input_id: int) -> Outcome:
+        known = await self.inputs.outcome(input_id)
+        if known is not None:
+            return known
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._futures.setdefault(input_id, []).append(future)
+        known = await self.inputs.outcome(input_id)  # it may have ended while we registered
+        if known is not None:
+            self.resolve(input_id, known)
+        return await future
+
+    def resolve(self, input_id: int, outcome: Outcome) -> None:
+        for future in self._futures.pop(input_id, []):
+            if not future.done():
+                future.set_result(outcome)
+
+    def any_for(self, input_ids: Iterable[int]) -> bool:
+        return any(i in self._futures for i in input_ids)
+
+    async def resolve_turn(self, turn: TurnInfo) -> None:
+        for input_id in turn.input_ids:
+            if input_id in self._futures:
+                outcome = await self.inputs.outcome(input_id)
+                if outcome is not None:
+                    self.resolve(input_id, outcome)
+
+
+class TurnDrivers:
+    def __init__(
+        self,
+        conversations: ConversationStore,
+        inputs: InputStore,
+        runner: AgentRunner,
+        agents: AgentDirectory,
+        bus: EventBus,
+        clock: Clock,
+        config: DispatchConfig,
+        leasing: SessionLeases,
+        waiters: OutcomeWaiters,
+        queue_mode: Callable[[str], Awaitable[str]],
+    ) -> None:
+        self.conversations = conversations
+        self.inputs = inputs
+        self.runner = runner
+        self.agents = agents
+        self.bus = bus
+        self.clock = clock
+        self.config = config
+        self.leasing = leasing
+        self.waiters = waiters
+        self.queue_mode = queue_mode
+        self._slots = asyncio.Semaphore(config.max_concurrent_turns)
+        self._drivers: dict[str, _Driver] = {}
+
+    # -- the driver table -----------------------------------------------------------------------
+
+    @property
+    def count(self) -> int:
+        return len(self._drivers)
+
+    def driving(self, session_id: str) -> bool:
+        return session_id in self._drivers
+
+    def turn_running(self, session_id: str) -> bool:
+        driver = self._drivers.get(session_id)
+        return driver is not None and driver.turn_id is not None
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return [d.task for d in self._drivers.values()]
+
+    def kick(self, session_id: str) -> None:
+        driver = self._drivers.get(session_id)
+        if driver is not None:
+            driver.wake = True
+            return
+        task = asyncio.create_task(self._drive(session_id), name=f"turns:{session_id}")
+        self._drivers[session_id] = _Driver(task)
+
+    def cancel_turn(self, session_id: str, turn_id: int, by: str | None) -> None:
+        driver = self._drivers.get(session_id)
+        if driver is None:
+            return
+        driver.cancelled_by = by or "someone"
+        if driver.turn_id == turn_id and driver.turn is not None and not driver.turn.done():
+            driver.turn.cancel()
+        else:
+            driver.cancel_turn_id = turn_id  # the driver has taken it but not started it yet
+
+    # -- driving --------------------------------------------------------------------------------
+
+    async def _drive(self, session_id: str) -> None:
+        first = True
+        holding = False
+        heartbeat: asyncio.Task[None] | None = None
+        try:
+            while True:
+                driver = self._drivers[session_id]
+                driver.wake = False
+                # After a turn, look again only if something waits (one read), after its quiet window.
+                if first or await self._quiet_window(session_id):
+                    if self.leasing.enabled and not holding:
+                        holding = await self.leasing.take(session_id)
+                        if not holding:  # another replica runs this session: it will take what waits,
+                            if await self.inputs.last_arrival(session_id) is None:  # or we try again
+                                return
+                            await asyncio.sleep(self.config.lease_retry_s)
+                            continue
+                        heartbeat = asyncio.create_task(self.leasing.heartbeat(session_id, driver.stop_turn))
+                    async with self._slots:
+                        started = await self._next(session_id, resume=first)
+                        if started is not None:
+                            await self._run(*started)
+                else:
+                    started = None
+                first = False
+                if started is None and not driver.wake:
+                    return
+        except Exception:
+            log.exception("turn driver for %s stopped", session_id)
+        finally:
+            self._drivers.pop(session_id, None)
+            if heartbeat is not None:
+                heartbeat.cancel()
+            if holding and self.leasing.enabled:
+                await asyncio.shield(self.leasing.release(session_id))
+
+    async def _quiet_window(self, session_id: str) -> bool:
+        """Let a burst finish arriving, so it becomes one merged turn (SPEC §5 debounce).
+        Returns False when nothing waits."""
+        checked_mode = False
+        while True:
+            last = await self.inputs.last_arrival(session_id)
+            if last is None:
+                return False
+            if not checked_mode:
+                if await self.queue_mode(session_id) == QueueMode.FOLLOWUP:
+                    return True
+                checked_mode = True
+            left = (last + timedelta(seconds=self.config.debounce_s) - self.clock.now()).total_seconds()
+            if left <= 0:
+                return True
+            await asyncio.sleep(left)
+
+    async def _next(self, session_id: str, *, resume: bool) -> tuple[TurnInfo, str, tuple[str, ...]] | None:
+        # Only a driver's first look can find an interrupted turn: they exist only from before start().
+        resumed = await self.conversations.resume_interrupted(session_id, self.clock.now()) if resume else None
+        if resumed is not None:
+            return resumed, "", ()
+        taken = await self.inputs.take_batch(session_id, self.config.queue_mode, self.config.budget,
+                                             self.clock.now())
+        if taken is None:
+            return None
+        return taken.turn, taken.text, taken.images
+
+    async def _run(self, turn: TurnInfo, text: str, images: tuple[str, ...]) -> None:
+        agent = self.agents.get(turn.session.agent)
+        driver = self._drivers[turn.session.id]
+        logcontext.session_id.set(turn.session.id)  # every line logged for this turn carries both
+        logcontext.turn_id.set(turn.id)
+        log.info("turn %s started (session %s)", turn.id, turn.session.id)
+        self.bus.emit(InputsTaken(turn.session, turn.id, turn.inputs, steered=False))
+        self.bus.emit(TurnStarted(turn.session, turn))
+        driver.turn_id = turn.id
+        if driver.cancel_turn_id != turn.id:
+            driver.cancelled_by = None
+        driver.turn = asyncio.create_task(
+            self.runner.run(turn, agent, images=images, steer=lambda: self._steer(turn)), name=f"turn:{turn.id}"
+        )
+        if driver.cancel_turn_id == turn.id:
+            driver.turn.cancel()
+        try:
+            answer = await driver.turn
+        except asyncio.CancelledError:
+            if driver.cancelled_by is None or _current_task_cancelling():
+                log.warning("turn %s interrupted; it resumes at the next start", turn.id)
+                raise
+            await self._cancelled(turn, driver.cancelled_by)
+        except ProviderError as exc:
+            await self._fail(turn, exc.kind, exc.user_message)
+        except StepLimitReached as exc:
+            await self._fail(turn, "step_limit", str(exc))
+        except Exception as exc:
+            log.exception("turn %s failed", turn.id)
+            await self._fail(
+                turn, "internal",
+                f"Something went wrong on my side ({type(exc).__name__}). It is logged; "
+                "try again, and tell the operator if it keeps happening.",
+            )
+        else:
+            await self._finish(turn, answer)
+        finally:
+            driver.turn = driver.turn_id = driver.cancel_turn_id = None
+            if self.waiters.any_for(turn.input_ids) or driver.steered:
+                final = await self.conversations.turn_info(turn.id)
+                await self.waiters.resolve_turn(final or turn)
+            driver.steered = False
+
+    async def _steer(self, turn: TurnInfo) -> list[ChatMessage]:
+        taken: Taken | None = await self.inputs.take_steered(turn.id, self.config.queue_mode, self.config.budget,
+                                                             self.clock.now())
+        if taken is None:
+            return []
+        driver = self._drivers.get(turn.session.id)
+        if driver is not None:
+            driver.steered = True
+        self.bus.emit(InputsTaken(turn.session, turn.id, taken.refs, steered=True))
+        log.info("turn %s took %d waiting message(s) in at a tool step", turn.id, len(taken.refs))
+        return [ChatMessage("user", taken.text, images=taken.images)]
+
+    # -- how a turn ended -----------------------------------------------------------------------
+
+    async def _finish(self, turn: TurnInfo, answer: str) -> None:
+        final = await self.conversations.finish_turn(turn.id, status=TurnStatus.FINISHED, answer=answer,
+                                                     error=None, now=self.clock.now())
+        log.info("turn %s finished (session %s)", turn.id, turn.session.id)
+        self.bus.emit(TurnFinished(final.session, final, answer or "(the model returned an empty answer)"))
+
+    async def _cancelled(self, turn: TurnInfo, by: str) -> None:
+        saved = await self.conversations.final_answer(turn.id)
+        if saved is not None:  # the stop lost the race: the answer exists, so it is the outcome
+            await self._finish(turn, saved)
+            return
+        # Said in the transcript, so the model knows that request was dropped, not still pending.
+        await self.conversations.add_message(turn.session.id, role="assistant", content=f"(stopped by {by})",
+                                             turn_id=turn.id, now=self.clock.now())
+        final = await self.conversations.finish_turn(turn.id, status=TurnStatus.CANCELLED, answer=None,
+                                                     error=f"stopped by {by}", now=self.clock.now())
+        log.info("turn %s stopped by %s", turn.id, by)
+        self.bus.emit(TurnCancelled(final.session, final, by))
+
+    async def _fail(self, turn: TurnInfo, kind: str, message: str) -> None:
+        message = await self.runner.redact(message)  # e.g. a provider error quoting the API key
+        log.warning("turn %s failed (%s): %s", turn.id, kind, message)
+        final = await self.conversations.finish_turn(turn.id, status=TurnStatus.FAILED, answer=None,
+                                                     error=message, now=self.clock.now())
+        self.bus.emit(TurnFailed(final.session, final, kind, message))
+
+
+def _current_task_cancelling() -> bool:
+    """True when the driver itself is being cancelled (shutdown), not just the turn it awaits."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
