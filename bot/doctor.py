@@ -80,9 +80,9 @@ async def _database(settings: Settings) -> list[Check]:
 
 async def _keys(settings: Settings) -> list[Check]:
     from bot.keys import KEY_FILE, load_keyring
-    from core.credentials import open_secret
     from core.errors import StoreError
     from core.store import CredentialStore, Database
+    from core.stored_secrets import open_secret
     from core.vault import VaultError
 
     try:

@@ -17,12 +17,14 @@ from bot.settings import Settings, load_settings
 from core.agents import AgentDirectory
 from core.approvals import ApprovalBroker, ApprovalPolicy, describe_grant
 from core.clock import SystemClock
-from core.credentials import CredentialService, hosts_of
+from core.credential_links import CredentialLinks
+from core.credentials import CredentialService
 from core.display import visible
 from core.errors import InvalidInput, StoreError
 from core.events import EventBus
 from core.hosts import parse_hosts
 from core.store import ApprovalStore, CredentialStore, Database
+from core.stored_secrets import hosts_of
 from core.tools import canonical_call
 from core.vault import VaultError
 
@@ -144,7 +146,7 @@ async def credentials_command(args: argparse.Namespace, value: str | None) -> in
             return 0
         if args.verb == "link":
             try:
-                token = await service.create_link(args.request_id)
+                token = await CredentialLinks(service).create_link(args.request_id)
             except InvalidInput as exc:
                 raise BotError(str(exc)) from exc
             base = core.settings.bot_public_url or f"http://{core.settings.host}:{core.settings.port}"
@@ -157,8 +159,9 @@ async def credentials_command(args: argparse.Namespace, value: str | None) -> in
 async def schedules_command(args: argparse.Namespace) -> int:
     """Acts on the schedules table; the running gateway follows it at the next firing (pause, cancel)
     or within a few seconds (resume)."""
-    from core.schedules import ScheduleService, TriggerSpec
+    from core.schedules import ScheduleService
     from core.store.schedules import ScheduleStore
+    from core.triggers import TriggerSpec
 
     async with _core() as core:
         db = core.credentials.store.db

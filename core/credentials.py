@@ -4,6 +4,8 @@ The plaintext exists only while a value is being sealed, and while a tool call t
 it is never stored unsealed, never logged, never sent to a channel or a model. Any stored value
 that shows up in a tool's output or the model's text — or a form derived from it — is replaced by
 ``[redacted:<name>]`` (core.redaction) before anything else sees it.
+
+Stored values (names, hosts, opening one) are core.stored_secrets; one-time links, core.credential_links.
 """
 
 from __future__ import annotations
@@ -11,75 +13,27 @@ from __future__ import annotations
 import json
 import logging
 import re
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import jwt
-
 from core.agents import AgentDirectory
 from core.approvals import ApprovalPolicy
 from core.clock import Clock
-from core.display import visible
 from core.errors import InvalidInput
 from core.events import CredentialRequested, CredentialResolved, EventBus
-from core.hosts import host_allowed, parse_hosts
+from core.hosts import parse_hosts
 from core.model import CredentialRequestInfo, CredentialStatus
 from core.parking import Waiters
 from core.redaction import Redactor
 from core.store import CredentialStore
 from core.store.tables import CredentialRequestRow, SecretRow
+from core.stored_secrets import NAME, CredentialUse, env_name, hosts_of, open_secret, preferred
 from core.tools import Risk, Tool, ToolContext, ToolError
-from core.vault import LEGACY_AAD, ROW_AAD, KeyRing, Sealed, VaultError, row_context
+from core.vault import ROW_AAD, KeyRing, VaultError, row_context
 
 log = logging.getLogger(__name__)
-
-NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
-LINK_MAX_AGE = timedelta(minutes=15)
-_LINK_AUDIENCE = "credential-link"
-# Characters of a reason shown on a card: marks make it grow, and escaped for Slack (&lt;) it must
-# still fit a block (3000).
-REASON_SHOWN_MAX = 600
-
-
-def env_name(name: str) -> str:
-    """``github.token`` → ``GITHUB_TOKEN`` (SPEC §2)."""
-    return re.sub(r"[.-]", "_", name).upper()
-
-
-def hosts_of(row: SecretRow) -> list[str] | None:
-    """The hosts a stored credential may be sent to; None: anywhere."""
-    if not row.hosts:
-        return None
-    hosts = json.loads(row.hosts)
-    return [str(h) for h in hosts] if isinstance(hosts, list) else None
-
-
-def shown_reason(reason: str) -> str:
-    """The model's reason as the card shows it, channel-neutral: one line (line breaks as ``⏎``),
-    invisible characters marked (core.display.visible), and no URL scheme left whole (``https[:]//``),
-    so that nothing in it passes for the bot's own words or makes a link. Channels still escape it
-    for their markup and show it as quoted text."""
-    text = visible(reason).replace("\n", " ⏎ ")
-    text = re.sub(r"(?i)([a-z][a-z0-9+.-]*):(?=//)", r"\1[:]", text)
-    if len(text) > REASON_SHOWN_MAX:
-        text = text[:REASON_SHOWN_MAX] + f"… ({len(text) - REASON_SHOWN_MAX} more characters)"
-    return text
-
-
-def open_secret(keys: KeyRing, row: SecretRow) -> str:
-    """The plaintext of a stored row. The associated data binds the row (aad_version 2), so a blob
-    copied to another row does not open; rows sealed before revision 0007 bind only their name."""
-    label = f"credential {row.name!r} ({row.scope} scope{', agent ' + row.agent if row.agent else ''})"
-    if row.aad_version == ROW_AAD and row.id is not None:
-        context = row_context(row.name, row.scope, row.agent, row.id)
-    elif row.aad_version == LEGACY_AAD:
-        context = row.name
-    else:
-        raise VaultError(f"{label} has an unknown aad_version {row.aad_version}")
-    return keys.open(Sealed(row.key_id, row.ciphertext), context, label=label)
 
 
 @dataclass(frozen=True)
@@ -89,25 +43,6 @@ class ProvideResult:
     field_error: str | None = None  # shown next to the input: the request stays open
     request: CredentialRequestInfo | None = None
     field: str = "value"  # the input the field error belongs to: "value" or "hosts"
-
-
-@dataclass(frozen=True)
-class CredentialUse:
-    """A credential opened for one request: its headers, and the hosts it may go to (None: anywhere)."""
-
-    headers: dict[str, str]
-    hosts: tuple[str, ...] | None
-
-    def allows(self, host: str) -> bool:
-        """Exact host (any case, no final dot); ``*.example.com`` matches any name below example.com."""
-        if self.hosts is None:
-            return True
-        return host_allowed(host, self.hosts)
-
-
-def _preferred(rows: list[SecretRow]) -> SecretRow:
-    """Of the rows of one name an agent may use, the one tools use: its own before a shared one."""
-    return min(rows, key=lambda row: row.scope != "agent")
 
 
 def _not_granted(name: str, agent: str) -> str:
@@ -164,7 +99,7 @@ class CredentialService:
     async def _request(self, ctx: ToolContext, args: dict[str, Any]) -> str:
         name, scope = str(args["name"]), str(args.get("scope") or "agent")
         if usable := await self.store.usable(ctx.agent, name):
-            return f"{name} is already stored and granted to you; use it ({self._how(_preferred(usable))})."
+            return f"{name} is already stored and granted to you; use it ({self._how(preferred(usable))})."
         # A request only ever adds a value: one for a shared name that exists would replace the
         # operator's value (and its hosts) for every agent granted it, and an agent-scoped copy
         # would shadow it for this agent (its own value is preferred). Nobody is asked.
@@ -197,7 +132,7 @@ class CredentialService:
         # Provided; or cancelled because a value was stored meanwhile (by another request, an operator).
         usable = await self.store.usable(request.agent, name)
         if usable or request.status == CredentialStatus.PROVIDED:
-            how = f" ({self._how(_preferred(usable))})" if usable else ""
+            how = f" ({self._how(preferred(usable))})" if usable else ""
             return f"{name} is now stored and granted to you; use it{how}."
         if request.scope == "shared" and await self.store.stored(name, "shared", "") is not None:
             raise ToolError(_not_granted(name, request.agent))
@@ -314,55 +249,6 @@ class CredentialService:
             await self._settle(request.id, CredentialStatus.EXPIRED)
         return len(overdue)
 
-    # -- one-time links (where no modal can be shown) -------------------------------------------
-
-    async def create_link(self, request_id: int) -> str:
-        request = await self.store.get(request_id)
-        if request is None or request.settled:
-            raise InvalidInput("that credential request is not open")
-        if request.expires_at <= self.clock.now():
-            raise InvalidInput(f"that credential request expired at {request.expires_at:%Y-%m-%d %H:%M:%S} UTC")
-        jti = secrets.token_urlsafe(16)
-        expires = min(self.clock.now() + LINK_MAX_AGE, request.expires_at)
-        await self.store.add_link(jti, request_id, expires)
-        return jwt.encode({"jti": jti, "rid": request_id, "exp": expires, "aud": _LINK_AUDIENCE},
-                          self.keys.derive("credential-links"), algorithm="HS256")
-
-    async def check_link(self, token: str) -> tuple[CredentialRequestInfo | None, str]:
-        """The request a link opens, or None and why not (expired, used, unknown)."""
-        try:
-            claims = jwt.decode(token, self.keys.derive("credential-links"), algorithms=["HS256"],
-                                audience=_LINK_AUDIENCE, options={"require": ["exp", "jti", "aud"]})
-        except jwt.ExpiredSignatureError:
-            return None, "This link has expired. Ask the bot for a new one."
-        except jwt.InvalidTokenError:
-            return None, "This link is not valid."
-        link = await self.store.link(str(claims["jti"]))
-        if link is None or link.request_id != claims.get("rid"):
-            return None, "This link is not valid."
-        if link.used_at is not None:
-            return None, "This link has already been used."
-        request = await self.store.get(link.request_id)
-        if request is None or request.settled:
-            return None, f"This request is closed: {request.summary() if request else 'gone'}."
-        return request, ""
-
-    async def provide_via_link(self, token: str, value: str, hosts: object = None) -> ProvideResult:
-        request, why = await self.check_link(token)
-        if request is None:
-            return ProvideResult(False, why)
-        problem = self.validate(value)
-        if problem is not None:
-            return ProvideResult(False, problem, field_error=problem, request=request)
-        _, problem = parse_hosts(hosts)  # before the link is burnt: a typo must not use it up
-        if problem is not None:
-            return ProvideResult(False, problem, field_error=problem, request=request, field="hosts")
-        claims = jwt.decode(token, options={"verify_signature": False})
-        if not await self.store.burn(str(claims["jti"]), self.clock.now()):
-            return ProvideResult(False, "This link has already been used.")
-        # Whoever holds the link was chosen to answer: it is the approval.
-        return await self.provide(request.id, value, by="one-time link", operator=True, hosts=hosts)
-
     # -- use ------------------------------------------------------------------------------------
 
     async def env_for(self, ctx: ToolContext, names: list[str]) -> dict[str, str]:
@@ -376,7 +262,7 @@ class CredentialService:
             if not found:
                 raise ToolError(f"no credential named {name!r} is stored and granted to you "
                                 "(ask for it with credential_request)")
-            rows.append(_preferred(found))
+            rows.append(preferred(found))
         for row in rows:
             # A command could send the value anywhere: a credential limited to hosts goes only where
             # http_request can hold it to them.
@@ -397,7 +283,7 @@ class CredentialService:
         if not rows:
             raise ToolError(f"no credential named {name!r} is stored and granted to you "
                             "(ask for it with credential_request)")
-        row = _preferred(rows)
+        row = preferred(rows)
         await self.store.touch([row.id] if row.id is not None else [], self.clock.now())
         value = self._open(row)
         hosts = hosts_of(row)

@@ -6,6 +6,7 @@ Used wherever a person decides on what the agent will run (the Slack card, the w
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from typing import Any
 
@@ -13,6 +14,9 @@ from typing import Any
 _BLANK = {0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x2800, 0x3164, 0xFFA0, *range(0x180B, 0x1810),
           *range(0xFE00, 0xFE10)}
 _HIDDEN_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
+# Characters of a reason shown on a card: marks make it grow, and escaped for Slack (&lt;) it must
+# still fit a block (3000).
+REASON_SHOWN_MAX = 600
 
 
 def visible(text: str) -> str:
@@ -64,3 +68,15 @@ def arguments_text(arguments: dict[str, Any]) -> str:
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         lines.append(f"{visible(str(key))}: " + visible(text).replace("\n", "\n│ "))
     return "\n".join(lines) or "(no arguments)"
+
+
+def shown_reason(reason: str) -> str:
+    """The model's reason as the card shows it, channel-neutral: one line (line breaks as ``⏎``),
+    invisible characters marked (``visible``), and no URL scheme left whole (``https[:]//``),
+    so that nothing in it passes for the bot's own words or makes a link. Channels still escape it
+    for their markup and show it as quoted text."""
+    text = visible(reason).replace("\n", " ⏎ ")
+    text = re.sub(r"(?i)([a-z][a-z0-9+.-]*):(?=//)", r"\1[:]", text)
+    if len(text) > REASON_SHOWN_MAX:
+        text = text[:REASON_SHOWN_MAX] + f"… ({len(text) - REASON_SHOWN_MAX} more characters)"
+    return text

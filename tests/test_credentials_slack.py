@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from core.credentials import open_secret
+from core.stored_secrets import open_secret
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack

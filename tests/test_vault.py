@@ -13,9 +13,11 @@ import pytest
 from core.agents import Agent, AgentDirectory
 from core.approvals import ApprovalPolicy
 from core.clock import SystemClock
-from core.credentials import CredentialService, env_name
+from core.credential_links import CredentialLinks
+from core.credentials import CredentialService
 from core.events import EventBus
 from core.store import CredentialStore, Database
+from core.stored_secrets import env_name
 from core.tools import ToolError
 from core.vault import KeyRing, VaultError
 from tests.conftest import GatewayClient
@@ -123,7 +125,7 @@ async def test_one_time_link_page(gateway: GatewayClient, fake_slack: FakeSlack,
     await fake_slack.wait_for("chat.postMessage")
     credentials = gateway.app.credentials
     request = (await credentials.store.pending())[0]
-    token = await credentials.create_link(request.id)
+    token = await CredentialLinks(credentials).create_link(request.id)
     url = f"{gateway.base}/credentials/{token}"
     async with aiohttp.ClientSession() as http:
         async with http.get(url) as resp:

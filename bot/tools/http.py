@@ -18,8 +18,8 @@ import aiohttp
 from yarl import URL
 
 from bot.egress import EgressPolicy, EgressRefused
-from core.credentials import CredentialUse
 from core.hosts import normalize_host
+from core.stored_secrets import CredentialUse
 from core.tools import Risk, Tool, ToolContext, ToolError
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"]

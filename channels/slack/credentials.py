@@ -13,7 +13,8 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import PrivateReplies, error_code
 from channels.slack.payloads import channel_id, user_id
-from core.credentials import CredentialService, shown_reason
+from core.credentials import CredentialService
+from core.display import shown_reason
 from core.model import CredentialRequestInfo, CredentialStatus
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ def provide_modal(request: CredentialRequestInfo) -> dict[str, Any]:
 
 def reason_block(request: CredentialRequestInfo) -> dict[str, Any]:
     """The model's reason, quoted as its words: one code span (no bold, links or mentions inside),
-    ``verbatim`` (Slack links nothing), every character visible (core.credentials.shown_reason)."""
+    ``verbatim`` (Slack links nothing), every character visible (core.display.shown_reason)."""
     quoted = _escape(shown_reason(request.reason)).replace("`", "⟦backtick⟧")
     return {"type": "section", "text": {"type": "mrkdwn", "verbatim": True,
                                         "text": f"Reason given by the agent: `{quoted}`"}}

@@ -17,15 +17,16 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from channels.web.local import local_problem, peer_address, relayed
-from core.credentials import CredentialService, shown_reason
+from core.credential_links import CredentialLinks
+from core.display import shown_reason
 from core.model import CredentialRequestInfo
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class CredentialLinkPage:
-    def __init__(self, credentials: CredentialService, *, trusted_proxies: Sequence[Network] = ()) -> None:
-        self.credentials = credentials
+    def __init__(self, links: CredentialLinks, *, trusted_proxies: Sequence[Network] = ()) -> None:
+        self.links = links
         self.trusted_proxies = tuple(trusted_proxies)
 
     def routes(self) -> list[web.RouteDef]:
@@ -34,7 +35,7 @@ class CredentialLinkPage:
     async def _show(self, request: web.Request) -> web.Response:
         if not safe_transport(request, self.trusted_proxies):
             return _page("Not over a safe connection", _INSECURE, status=403)
-        found, why = await self.credentials.check_link(request.match_info["token"])
+        found, why = await self.links.check_link(request.match_info["token"])
         if found is None:
             return _page("Link not usable", f"<p>{html.escape(why)}</p>", status=410)
         return _page(f"Provide {found.name}", _form(found, ""))
@@ -44,7 +45,7 @@ class CredentialLinkPage:
             return _page("Not over a safe connection", _INSECURE, status=403)
         form = await request.post()
         value, hosts = str(form.get("value", "")), str(form.get("hosts", ""))
-        result = await self.credentials.provide_via_link(request.match_info["token"], value, hosts=hosts)
+        result = await self.links.provide_via_link(request.match_info["token"], value, hosts=hosts)
         if result.stored:
             return _page("Stored", f"<p>{html.escape(result.message)} It will not be shown again. "
                                    "You can close this page.</p>")

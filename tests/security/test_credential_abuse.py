@@ -27,8 +27,9 @@ from sqlalchemy import update
 from sqlmodel import col, select
 
 from bot.settings import Settings
-from core.credentials import hosts_of, open_secret
+from core.credential_links import CredentialLinks
 from core.store.tables import CredentialRequestRow, SecretGrantRow, SecretRow
+from core.stored_secrets import hosts_of, open_secret
 from core.tools import Tool, ToolContext, ToolError
 from tests.browser import chromium_or_skip
 from tests.conftest import GatewayClient
@@ -155,7 +156,7 @@ async def test_a_second_answer_for_the_same_name_never_replaces_the_first(
     second = await _ask(gateway, fake_slack, fake_llm, {"name": "acc.token", "reason": "two"}, thread_ts="2.2")
     assert await _submit(gateway, first, ORIGINAL) == {}
     credentials = gateway.app.credentials
-    token = await credentials.create_link(int(second))
+    token = await CredentialLinks(credentials).create_link(int(second))
     async with aiohttp.ClientSession() as http, http.post(f"{gateway.base}/credentials/{token}",
                                                           data={"value": ATTACKER}) as resp:
         page = await resp.text()
@@ -320,7 +321,7 @@ async def test_the_reason_cannot_dress_up_the_one_time_link_page(
     gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
     request_id = await _ask(gateway, fake_slack, fake_llm, {"name": "acc.token", "reason": EVIL_REASON})
-    token = await gateway.app.credentials.create_link(int(request_id))
+    token = await CredentialLinks(gateway.app.credentials).create_link(int(request_id))
     async with aiohttp.ClientSession() as http, http.get(f"{gateway.base}/credentials/{token}") as resp:
         page = await resp.text()
     reason = page.split("Reason", 1)[1].split("</p>", 1)[0]
@@ -361,7 +362,7 @@ def test_the_longest_reason_still_fits_a_slack_block(reason: str) -> None:
     from types import SimpleNamespace
 
     from channels.slack.credentials import reason_block
-    from core.credentials import shown_reason
+    from core.display import shown_reason
 
     block = reason_block(SimpleNamespace(reason=reason))  # type: ignore[arg-type]
     assert len(block["text"]["text"]) <= 3000 and block["text"]["text"].count("`") == 2

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
 from tests.bot_process import BotProcess, run_cli
 from tests.conftest import GatewayClient
@@ -206,7 +207,7 @@ async def test_hosts_from_the_one_time_link_page(gateway: GatewayClient, fake_sl
                                                  fake_llm: FakeLLM) -> None:
     await _slack_request(gateway, fake_slack, fake_llm, "gh.token")
     credentials = gateway.app.credentials
-    token = await credentials.create_link((await credentials.store.pending())[0].id)
+    token = await CredentialLinks(credentials).create_link((await credentials.store.pending())[0].id)
     url = f"{gateway.base}/credentials/{token}"
     async with aiohttp.ClientSession() as http:
         async with http.get(url) as resp:

@@ -247,7 +247,7 @@ async def test_a_credential_is_only_sent_to_its_hosts(
 
 
 def test_credential_host_matching() -> None:
-    from core.credentials import CredentialUse
+    from core.stored_secrets import CredentialUse
 
     use = CredentialUse({"Authorization": "Bearer x"}, ("api.example", "*.corp.example"))
     assert use.allows("api.example") and use.allows("API.Example.")
@@ -337,7 +337,7 @@ async def test_an_https_to_http_redirect_on_the_same_host_is_not_followed(tmp_pa
     Port P is a small relay: TLS goes on to the https server, anything else is plain text on the wire
     (what an eavesdropper would read) and is recorded."""
     from bot.egress import EgressPolicy
-    from core.credentials import CredentialUse
+    from core.stored_secrets import CredentialUse
 
     server_ctx, client_ctx = _self_signed(tmp_path)
     plaintext: list[bytes] = []
@@ -457,7 +457,7 @@ async def test_bad_headers_are_a_tool_error_and_nothing_is_sent(recorder: Record
 async def test_a_credential_cannot_set_host_or_break_a_header(recorder: Recorder, value: str) -> None:
     """The credential's header is checked like the model's; the message never shows the value."""
     from bot.egress import EgressPolicy
-    from core.credentials import CredentialUse
+    from core.stored_secrets import CredentialUse
 
     async def credential(_ctx: ToolContext, _name: str) -> CredentialUse:
         header, sep, rest = value.partition(":")

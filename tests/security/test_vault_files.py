@@ -26,6 +26,7 @@ from bot.settings import Settings
 from core.agents import Agent, AgentDirectory
 from core.approvals import ApprovalPolicy
 from core.clock import SystemClock
+from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
 from core.events import EventBus
 from core.store import CredentialStore, Database
@@ -261,7 +262,7 @@ async def _link(gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
     async with asyncio.timeout(10):
         while not (new := [r for r in await credentials.store.pending() if r.id not in seen]):
             await asyncio.sleep(0.02)
-    return await credentials.create_link(new[0].id)
+    return await CredentialLinks(credentials).create_link(new[0].id)
 
 
 async def _status(url: str, headers: Mapping[str, str] | None = None) -> int:

@@ -152,7 +152,7 @@ function approvalElement(a) {
   return el;
 }
 
-// The agent's reason as core.credentials.shown_reason shows it: one line, every character visible,
+// The agent's reason as core.display.shown_reason shows it: one line, every character visible,
 // no URL scheme left whole; quoted as code, so it cannot pass for the page's own words.
 function shownReason(text) {
   const out = visible(text).replaceAll("\n", " ⏎ ").replace(/([a-z][a-z0-9+.-]*):(?=\/\/)/gi, "$1[:]");

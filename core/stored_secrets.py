@@ -1,0 +1,61 @@
+"""Stored secrets (SPEC §8): what a credential may be named, which stored row a tool uses, where its
+value may be sent, and opening it. Requests for one are core.credentials; one-time links to
+provide one, core.credential_links.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from core.hosts import host_allowed
+from core.store.tables import SecretRow
+from core.vault import LEGACY_AAD, ROW_AAD, KeyRing, Sealed, VaultError, row_context
+
+NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+
+
+def env_name(name: str) -> str:
+    """``github.token`` → ``GITHUB_TOKEN`` (SPEC §2)."""
+    return re.sub(r"[.-]", "_", name).upper()
+
+
+def hosts_of(row: SecretRow) -> list[str] | None:
+    """The hosts a stored credential may be sent to; None: anywhere."""
+    if not row.hosts:
+        return None
+    hosts = json.loads(row.hosts)
+    return [str(h) for h in hosts] if isinstance(hosts, list) else None
+
+
+def preferred(rows: list[SecretRow]) -> SecretRow:
+    """Of the rows of one name an agent may use, the one tools use: its own before a shared one."""
+    return min(rows, key=lambda row: row.scope != "agent")
+
+
+def open_secret(keys: KeyRing, row: SecretRow) -> str:
+    """The plaintext of a stored row. The associated data binds the row (aad_version 2), so a blob
+    copied to another row does not open; rows sealed before revision 0007 bind only their name."""
+    label = f"credential {row.name!r} ({row.scope} scope{', agent ' + row.agent if row.agent else ''})"
+    if row.aad_version == ROW_AAD and row.id is not None:
+        context = row_context(row.name, row.scope, row.agent, row.id)
+    elif row.aad_version == LEGACY_AAD:
+        context = row.name
+    else:
+        raise VaultError(f"{label} has an unknown aad_version {row.aad_version}")
+    return keys.open(Sealed(row.key_id, row.ciphertext), context, label=label)
+
+
+@dataclass(frozen=True)
+class CredentialUse:
+    """A credential opened for one request: its headers, and the hosts it may go to (None: anywhere)."""
+
+    headers: dict[str, str]
+    hosts: tuple[str, ...] | None
+
+    def allows(self, host: str) -> bool:
+        """Exact host (any case, no final dot); ``*.example.com`` matches any name below example.com."""
+        if self.hosts is None:
+            return True
+        return host_allowed(host, self.hosts)
