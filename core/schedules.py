@@ -7,22 +7,12 @@ same database, only holds the triggers. A job's only argument is the schedule id
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from apscheduler.jobstores.base import JobLookupError
-from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
-from apscheduler.schedulers.asyncio import AsyncIOScheduler, run_in_event_loop
-from apscheduler.triggers.base import BaseTrigger
-from apscheduler.triggers.cron import CronTrigger
-from apscheduler.triggers.date import DateTrigger
-from apscheduler.triggers.interval import IntervalTrigger
 
 from core.approvals import DESTINATION_TOOL, ApprovalBroker, ApprovalPolicy
 from core.clock import Clock
@@ -30,10 +20,12 @@ from core.dispatcher import Dispatcher
 from core.errors import InvalidInput
 from core.events import DirectNotice, EventBus, Notice
 from core.model import ApprovalStatus, Inbound, MessageRef, SessionInfo
+from core.scheduler_backend import DbFriendlyScheduler, build_scheduler
 from core.store import ConversationStore, Database, LeaseStore
 from core.store.schedules import ScheduleStore
 from core.store.tables import ScheduleRow
 from core.text import MAX_ID, clean_text
+from core.triggers import TriggerSpec
 
 log = logging.getLogger(__name__)
 
@@ -48,102 +40,6 @@ class Status:
     PAUSED = "paused"
     CANCELLED = "cancelled"
     DONE = "done"
-
-
-MAX_EVERY_S = 366 * 86400  # the longest interval a schedule may have
-MAX_AHEAD = timedelta(days=3653)  # how far ahead a one-off ("at") may be
-
-
-@dataclass(frozen=True)
-class TriggerSpec:
-    cron: str | None = None
-    every_seconds: int | None = None
-    at: str | None = None
-    timezone: str = "UTC"
-
-    def build(self, now: datetime, floor_s: int) -> BaseTrigger:
-        """The APScheduler trigger, or InvalidInput saying exactly what is wrong."""
-        given = [x for x in (self.cron, self.every_seconds, self.at) if x is not None]
-        if len(given) != 1:
-            raise InvalidInput("give exactly one of cron (5 fields), every_seconds or at (ISO 8601)")
-        try:
-            zone = ZoneInfo(self.timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise InvalidInput(f"unknown timezone {self.timezone!r} (use an IANA name such as Europe/Paris)") from None
-        if self.cron is not None:
-            if len(self.cron.split()) != 5:
-                raise InvalidInput(f"cron must have 5 fields (minute hour day month weekday), got {self.cron!r}")
-            try:
-                return CronTrigger.from_crontab(self.cron, timezone=zone)
-            except ValueError as exc:
-                raise InvalidInput(f"invalid cron {self.cron!r}: {exc}") from None
-        if self.every_seconds is not None:
-            every: Any = self.every_seconds  # from a model's JSON: maybe 300.0, or a bool
-            whole = (isinstance(every, int) and not isinstance(every, bool)) or (
-                isinstance(every, float) and every.is_integer())
-            if not whole:
-                raise InvalidInput("every_seconds must be a whole number of seconds")
-            if every < floor_s:
-                raise InvalidInput(f"every_seconds must be at least {floor_s}")
-            if every > MAX_EVERY_S:  # also what the scheduler and the database can hold
-                raise InvalidInput(f"an interval can be at most {MAX_EVERY_S // 86400} days")
-            return IntervalTrigger(seconds=int(every), timezone=zone)
-        assert self.at is not None
-        try:
-            when = datetime.fromisoformat(self.at)
-        except (TypeError, ValueError):
-            raise InvalidInput(f"at must be an ISO 8601 date and time, got {self.at!r}") from None
-        when = when.replace(tzinfo=zone) if when.tzinfo is None else when
-        if when <= now:
-            raise InvalidInput(f"{when.isoformat()} is in the past")
-        return DateTrigger(run_date=when, timezone=zone)
-
-    def check(self, now: datetime, floor_s: int) -> None:
-        """A new schedule's trigger: it builds, and a one-off is not too far ahead (near year 9999
-        the scheduler cannot even convert it to UTC). InvalidInput says what is wrong."""
-        self.build(now, floor_s)
-        if self.at is not None:
-            when = datetime.fromisoformat(self.at)
-            when = when.replace(tzinfo=ZoneInfo(self.timezone)) if when.tzinfo is None else when
-            if when - now > MAX_AHEAD:
-                raise InvalidInput(f"at can be at most {MAX_AHEAD.days // 365} years ahead")
-
-    def min_gap_s(self) -> float:
-        """Two firings closer than this are one firing seen twice (a re-fire after a crash)."""
-        if self.every_seconds is not None:
-            return self.every_seconds / 2
-        return 30.0 if self.cron is not None else float("inf")
-
-    def describe(self) -> str:
-        if self.cron is not None:
-            return f"cron '{self.cron}' ({self.timezone})"
-        if self.every_seconds is not None:
-            return f"every {self.every_seconds} s"
-        return f"once at {self.at} ({self.timezone})"
-
-    def to_json(self) -> str:
-        return json.dumps({k: v for k, v in self.__dict__.items() if v is not None})
-
-    @staticmethod
-    def from_json(text: str) -> TriggerSpec:
-        return TriggerSpec(**json.loads(text))
-
-
-class _DbFriendlyScheduler(AsyncIOScheduler):
-    """Runs its (synchronous) job store work only while no write transaction of ours is open, so
-    SQLite's single writer lock is never waited for on the event loop that holds it."""
-
-    def __init__(self, busy: Callable[[], bool], **options: Any) -> None:
-        super().__init__(**options)
-        self._busy = busy
-
-    @run_in_event_loop
-    def wakeup(self) -> None:
-        self._stop_timer()
-        if self._busy():
-            self._start_timer(0.005)
-            return
-        self._start_timer(self._process_jobs())
 
 
 _service: ScheduleService | None = None
@@ -180,7 +76,7 @@ class ScheduleService:
         self.misfire_grace_s = int(misfire_grace_min * 60)
         self.delivery_wait_s = delivery_wait_s
         self.destinations: dict[str, DestinationResolver] = {}
-        self._scheduler: _DbFriendlyScheduler | None = None
+        self._scheduler: DbFriendlyScheduler | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -209,11 +105,7 @@ class ScheduleService:
                 log.exception("could not sync schedules with the scheduler")
 
     async def _start_scheduler(self) -> None:
-        store = SQLAlchemyJobStore(url=self.db.sync_url, engine_options=_engine_options(self.db))
-        self._scheduler = _DbFriendlyScheduler(
-            lambda: self.db.write_in_progress, jobstores={"default": store},
-            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": self.misfire_grace_s},
-        )
+        self._scheduler = build_scheduler(self.db, misfire_grace_s=self.misfire_grace_s)
         async with self.db.exclusive():
             self._scheduler.start()
 
@@ -497,50 +389,3 @@ def _posts_to(schedule: ScheduleRow, place: str) -> bool:
 def _dm_session(schedule: ScheduleRow) -> SessionInfo:
     return SessionInfo(id=f"dm:{schedule.channel}:{schedule.creator}", channel=schedule.channel, agent=schedule.agent,
                        status="idle", reply_ref={"user": schedule.creator})
-
-
-def _engine_options(db: Database) -> dict[str, Any]:
-    return {"connect_args": {"timeout": 10}} if db.is_sqlite else {"pool_pre_ping": True}
-
-
-
-
-
-_UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600,
-          "d": 86400, "day": 86400}
-
-
-def parse_when(text: str) -> tuple[TriggerSpec, str]:
-    """``every 5m …``, ``every 30 seconds …``, ``cron "0 9 * * 1-5" …``, ``at 2026-12-01T09:00 …``,
-    optionally followed by ``tz Europe/Paris``. Returns the trigger and the rest of the text."""
-    import shlex
-
-    try:
-        words = shlex.split(text)
-    except ValueError as exc:
-        raise InvalidInput(f"cannot read {text!r}: {exc}") from None
-    if not words:
-        raise InvalidInput("say when: every 5m, cron \"0 9 * * 1-5\" or at 2026-12-01T09:00")
-    head, rest = words[0].lower(), words[1:]
-    spec: dict[str, Any] = {}
-    if head == "every" and rest:
-        amount = rest.pop(0)
-        # ASCII digits only ("²".isdigit() is True, and int("²") fails); a long number is refused
-        # by the bound in TriggerSpec.build, with its own message.
-        parsed = re.fullmatch(r"([0-9]{1,30})([A-Za-z]*)", amount)
-        number, unit = (parsed.group(1), parsed.group(2)) if parsed else ("", "")
-        unit = unit or (rest.pop(0) if parsed and rest else "")
-        factor = _UNITS.get(unit.lower().rstrip("s") or "s") or _UNITS.get(unit.lower())
-        if not number or factor is None:
-            raise InvalidInput(f"cannot read the interval {amount!r} (e.g. every 5m, every 30 seconds)")
-        spec["every_seconds"] = int(number) * factor
-    elif head == "cron" and rest:
-        spec["cron"] = rest.pop(0)
-    elif head == "at" and rest:
-        spec["at"] = rest.pop(0)
-    else:
-        raise InvalidInput("say when: every 5m, cron \"0 9 * * 1-5\" or at 2026-12-01T09:00")
-    if len(rest) >= 2 and rest[0].lower() == "tz":
-        spec["timezone"] = rest[1]
-        rest = rest[2:]
-    return TriggerSpec(**spec), " ".join(rest)

@@ -199,7 +199,7 @@ async def test_approvals_in_the_web_chat(gateway: GatewayClient, fake_llm: FakeL
 
 async def test_schedules_view_lists_and_changes_schedules(gateway: GatewayClient) -> None:
     from core.model import SessionInfo
-    from core.schedules import TriggerSpec
+    from core.triggers import TriggerSpec
 
     service = gateway.app.schedules
     origin = SessionInfo(id=f"web:{CID}", channel="web", agent="default", status="idle", reply_ref={})

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from core.errors import InvalidInput
-from core.schedules import ScheduleService, TriggerSpec
+from core.schedules import ScheduleService
 from core.store import ConversationStore
 from core.tools import Risk, Tool, ToolContext, ToolError
+from core.triggers import TriggerSpec
 
 
 def schedule_tools(service: ScheduleService, conversations: ConversationStore) -> list[Tool]:

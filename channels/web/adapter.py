@@ -36,9 +36,10 @@ from core.events import (
     TurnStarted,
 )
 from core.model import ApprovalInfo, CredentialRequestInfo, Inbound, MessageRef
-from core.schedules import ScheduleService, TriggerSpec
+from core.schedules import ScheduleService
 from core.store import WebSessionStore
 from core.text import clean_tree, parse_id
+from core.triggers import TriggerSpec
 
 log = logging.getLogger(__name__)
 

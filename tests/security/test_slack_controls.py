@@ -179,7 +179,7 @@ async def _schedule_from(gateway: GatewayClient, fake_slack: FakeSlack, channel:
 
 
 def _every_hour() -> Any:
-    from core.schedules import TriggerSpec
+    from core.triggers import TriggerSpec
 
     return TriggerSpec(every_seconds=3600)
 

@@ -18,9 +18,9 @@ from sqlmodel import col, select
 
 from core.errors import InvalidInput
 from core.model import SessionInfo
-from core.schedules import TriggerSpec, parse_when
 from core.store.tables import ControlRow, InputRow, MessageRow, ScheduleRow, SessionRow
 from core.tools import Risk, Tool, ToolContext, run_tool
+from core.triggers import TriggerSpec, parse_when
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Gate, Reply
 from tests.fakes.slack_api import FakeSlack

@@ -1,0 +1,39 @@
+"""APScheduler on the bot's own database and event loop: the job store and a scheduler that never
+waits for SQLite's writer lock on the loop that holds it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+from apscheduler.schedulers.asyncio import AsyncIOScheduler, run_in_event_loop
+
+from core.store import Database
+
+
+class DbFriendlyScheduler(AsyncIOScheduler):
+    """Runs its (synchronous) job store work only while no write transaction of ours is open, so
+    SQLite's single writer lock is never waited for on the event loop that holds it."""
+
+    def __init__(self, busy: Callable[[], bool], **options: Any) -> None:
+        super().__init__(**options)
+        self._busy = busy
+
+    @run_in_event_loop
+    def wakeup(self) -> None:
+        self._stop_timer()
+        if self._busy():
+            self._start_timer(0.005)
+            return
+        self._start_timer(self._process_jobs())
+
+
+def build_scheduler(db: Database, *, misfire_grace_s: float) -> DbFriendlyScheduler:
+    """A scheduler whose jobs live in ``db`` (explicit ids, coalesced, one instance at a time)."""
+    options: dict[str, Any] = {"connect_args": {"timeout": 10}} if db.is_sqlite else {"pool_pre_ping": True}
+    store = SQLAlchemyJobStore(url=db.sync_url, engine_options=options)
+    return DbFriendlyScheduler(
+        lambda: db.write_in_progress, jobstores={"default": store},
+        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": misfire_grace_s},
+    )
