@@ -26,6 +26,7 @@ from channels.web.credential_link import CredentialLinkPage
 from core.agents import AgentDirectory
 from core.approvals import ApprovalBroker, ApprovalPolicy
 from core.clock import Clock, SystemClock
+from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
 from core.dispatcher import DispatchConfig, Dispatcher
 from core.events import EventBus
@@ -64,7 +65,6 @@ class Application:
     approvals: ApprovalBroker
     credentials: CredentialService
     schedules: ScheduleService
-    secret_sink: Callable[[str], None] | None = None
     sandbox_peers: SandboxPeers | None = None
     channels: list[Channel] = field(default_factory=list)
     web_app: web.Application = field(default_factory=web.Application)
@@ -86,6 +86,11 @@ class Application:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
         await site.start()
+
+    @property
+    def listening_port(self) -> int | None:
+        """The port actually bound, once listening (PORT=0 picks one)."""
+        return self.bound_port if self._runner is not None else None
 
     @property
     def bound_port(self) -> int:
@@ -167,10 +172,10 @@ def build_application(
     for tool in schedule_tools(schedules, store):
         tools.register(tool)
     app = Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals,
-                      credentials=credentials, schedules=schedules, secret_sink=secret_sink, sandbox_peers=peers)
+                      credentials=credentials, schedules=schedules, sandbox_peers=peers)
     app.web_app.middlewares.append(peers.middleware())
     # The port actually bound (PORT=0 picks one); a turn resumed during start runs before the bind.
-    egress.own_port = lambda: app.bound_port if app._runner is not None else (settings.port or None)
+    egress.own_port = lambda: app.listening_port or settings.port or None
     if settings.bot_web_chat:
         from channels.web import WebChannel, WebConfig
 
@@ -202,7 +207,8 @@ def build_application(
     metrics = Metrics(db, bus, token=settings.bot_web_token)
     app.web_app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", _readyz_handler(app)),
                             web.get("/metrics", metrics.handle)])
-    app.web_app.add_routes(CredentialLinkPage(credentials, trusted_proxies=settings.trusted_proxies).routes())
+    link_page = CredentialLinkPage(CredentialLinks(credentials), trusted_proxies=settings.trusted_proxies)
+    app.web_app.add_routes(link_page.routes())
     for channel in app.channels:
         app.web_app.add_routes(channel.routes())
     return app
