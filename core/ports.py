@@ -1,0 +1,83 @@
+"""What core calls on a channel: ``ChannelPort``, one registered per channel name.
+
+Adapters call core through ``core.gateway.Gateway``; core calls adapters only through these ports.
+Delivering an answer is core's job (``core.delivery``): it records the answer in an outbox, asks the
+session's port to ``deliver`` it, and records the ``Receipt`` (or retries) itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from core.errors import CoreError, InvalidInput
+from core.model import SessionInfo
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """Where a delivered message landed on its platform (Slack: the first message's ts)."""
+
+    ref: str
+
+
+class DeliveryFailed(CoreError):
+    """The platform did not take a message. ``retryable``: trying again later may work (a 5xx, a
+    timeout, a rate limit); otherwise it never will (the channel is gone, the bot was removed)."""
+
+    def __init__(self, error: str, *, retryable: bool, retry_after_s: float | None = None) -> None:
+        super().__init__(error)
+        self.error = error
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+
+
+class ChannelPort(Protocol):
+    """The services core needs from one channel. Every method may be called from any task."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def deliver(self, session: SessionInfo, text: str, *, delivery_id: int) -> Receipt:
+        """Post ``text`` as the session's answer, carrying ``delivery_id`` so a retry can find it.
+        Raises DeliveryFailed."""
+        ...
+
+    async def find_delivered(self, session: SessionInfo, delivery_id: int) -> Receipt | None:
+        """Before retrying: the receipt of an earlier attempt that did land after all, if any."""
+        ...
+
+    async def resolve_destination(self, destination: str) -> str:
+        """A destination as typed ("#ops", an id) to the platform's id, if the bot can post there.
+        Raises InvalidInput with the reason otherwise."""
+        ...
+
+    async def group_members(self, group_id: str) -> set[str]:
+        """The members of a user group named in BOT_APPROVERS / BOT_ADMINS (empty if unknown)."""
+        ...
+
+    async def post_notice(self, session: SessionInfo, text: str) -> None:
+        """A short notice in the session's place (best effort: failures are logged, not raised)."""
+        ...
+
+
+class Ports:
+    """The registered ports by channel name (filled by the wiring before start)."""
+
+    def __init__(self) -> None:
+        self._ports: dict[str, ChannelPort] = {}
+
+    def register(self, port: ChannelPort) -> None:
+        self._ports[port.name] = port
+
+    def get(self, channel: str) -> ChannelPort:
+        port = self._ports.get(channel)
+        if port is None:
+            raise InvalidInput(f"no {channel} channel is configured")
+        return port
+
+    def find(self, channel: str) -> ChannelPort | None:
+        return self._ports.get(channel)
+
+    def all(self) -> list[ChannelPort]:
+        return list(self._ports.values())
