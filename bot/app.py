@@ -12,6 +12,7 @@ from aiohttp import web
 
 from bot.agents_config import load_agents
 from bot.egress import EgressPolicy
+from bot.errors import Failed
 from bot.home import secure_home
 from bot.keys import load_keyring
 from bot.metrics import Metrics
@@ -28,11 +29,15 @@ from core.approvals import ApprovalBroker, ApprovalPolicy
 from core.clock import Clock, SystemClock
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
+from core.delivery import Deliveries, DeliveryConfig
 from core.dispatcher import DispatchConfig, Dispatcher
 from core.events import EventBus
+from core.gateway import Gateway
+from core.ports import Ports
 from core.providers import Provider, RetryPolicy
 from core.runner import AgentRunner, RunnerLimits
 from core.schedules import ScheduleService
+from core.schedules.jobs import JobSettings, ScheduleJobs
 from core.store import (
     ApprovalStore,
     ControlStore,
@@ -43,7 +48,9 @@ from core.store import (
     LeaseStore,
     WebSessionStore,
 )
+from core.store.deliveries import DeliveryStore
 from core.store.schedules import ScheduleStore
+from core.store.stats import snapshot
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +72,28 @@ class Application:
     approvals: ApprovalBroker
     credentials: CredentialService
     schedules: ScheduleService
+    schedule_jobs: ScheduleJobs
+    deliveries: Deliveries
+    gateway: Gateway  # what the channels call
     sandbox_peers: SandboxPeers | None = None
     channels: list[Channel] = field(default_factory=list)
     web_app: web.Application = field(default_factory=web.Application)
     _runner: web.AppRunner | None = None
     _prune_task: asyncio.Task[None] | None = None
+    phase: str = "starting"  # then "ready", then "stopping": requests are served only when ready
 
     async def start(self) -> None:
-        """Migrate, recover, start channels, then listen. Order matters: no input before recovery."""
+        """Listen, then migrate, recover and start channels. Order matters: a busy port fails before
+        anything is changed, and until recovery is done every request gets 503 (``_until_ready``)."""
+        await self._listen()
+        try:
+            await self._recover()
+        except BaseException:
+            await self._close_listener()  # as if never started: the port is free again
+            raise
+        self.phase = "ready"
+
+    async def _recover(self) -> None:
         await self.db.migrate()
         await self.credentials.upgrade_legacy()  # bind secrets sealed before 0007 to their rows
         await self.credentials.redactor.check()  # load the masks (and tell the log filter) before any turn
@@ -81,11 +102,24 @@ class Application:
         await self.dispatcher.start()
         for channel in self.channels:
             await channel.start()
+        await self.deliveries.start(single_process=self.db.is_sqlite)  # resumes answers left undelivered
+        await self.schedule_jobs.start()
         await self.schedules.start()
+
+    async def _listen(self) -> None:
         self._runner = web.AppRunner(self.web_app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
-        await site.start()
+        try:
+            await web.TCPSite(self._runner, self.settings.host, self.settings.port).start()
+        except OSError as exc:
+            await self._close_listener()
+            raise Failed(f"cannot listen on {self.settings.host}:{self.settings.port}: {exc.strerror or exc}; "
+                         "is another program using that port? stop it, or set PORT") from exc
+
+    async def _close_listener(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
 
     @property
     def listening_port(self) -> int | None:
@@ -100,14 +134,41 @@ class Application:
                 return int(address[1])
         return self.settings.port
 
-    async def stop(self) -> None:
+    async def stop(self) -> Stopped:
+        """Take no more requests (503: Slack delivers them again, to the next start), set parked turns
+        aside at once, give running ones SHUTDOWN_DRAIN_S, close. Returns what the last line says."""
+        recovered, self.phase = self.phase == "ready", "stopping"
         await self.schedules.stop()
+        await self.schedule_jobs.stop()
         for channel in self.channels:
             await channel.stop()
-        await self.dispatcher.stop(drain_s=self.settings.shutdown_drain_s)
-        if self._runner is not None:
-            await self._runner.cleanup()
+        shutdown = await self.dispatcher.stop(drain_s=self.settings.shutdown_drain_s)
+        await self.deliveries.stop()
+        kept = await self._still_parked() if recovered else 0
+        await self._close_listener()
         await self.db.close()
+        return Stopped(drained=shutdown.drained, interrupted=shutdown.interrupted, kept=kept)
+
+    async def _still_parked(self) -> int:
+        try:
+            figures = await snapshot(self.db)
+        except Exception:
+            log.exception("could not count the requests left pending")
+            return 0
+        return int(figures["approvals_pending"] + figures["credential_requests_pending"])
+
+
+@dataclass(frozen=True)
+class Stopped:
+    drained: int  # turns that ended while the bot stopped
+    interrupted: int  # turns cut at the end of SHUTDOWN_DRAIN_S: continued at the next start
+    kept: int  # requests still waiting on a person: their buttons work again after the next start
+
+    def describe(self) -> str:
+        cut = (f", {self.interrupted} interrupted at the end of SHUTDOWN_DRAIN_S (continued at the next start)"
+               if self.interrupted else "")
+        return (f"bot stopped: {self.drained} turn(s) drained{cut}, {self.kept} parked request(s) kept "
+                "for the next start")
 
 
 def build_application(
@@ -121,7 +182,8 @@ def build_application(
     store = ConversationStore(db)
     bus = EventBus()
     agents = AgentDirectory(load_agents(settings.bot_config, default_instructions=settings.bot_instructions))
-    policy = ApprovalPolicy(settings.approvers, settings.admins)
+    ports = Ports()  # what core calls on each channel, registered below with the channels
+    policy = ApprovalPolicy(settings.approvers, settings.admins, groups=ports)  # user groups: via the ports
     approvals = ApprovalBroker(ApprovalStore(db), bus, clock, policy, agents,
                                timeout_s=settings.approval_timeout_s, poll_s=settings.approval_poll_s)
     credentials = CredentialService(
@@ -149,6 +211,9 @@ def build_application(
         gate=approvals,
         redactor=credentials.redactor,
     )
+    deliveries = Deliveries(DeliveryStore(db), ports, bus, clock, config=DeliveryConfig(
+        max_age_s=settings.delivery_max_age_s, retry_base_s=settings.delivery_retry_base_s,
+        claim_s=settings.lease_ttl_s, poll_s=settings.approval_poll_s))
     # With SQLite there is one process; with PostgreSQL several replicas share the work through leases.
     leases = None if db.is_sqlite else LeaseStore(db)
     dispatcher = Dispatcher(
@@ -163,25 +228,34 @@ def build_application(
         ),
         leases=leases,
         policy=policy,  # who may stop or re-queue someone else's work
+        deliveries=deliveries,
     )
-    schedules = ScheduleService(
-        db, ScheduleStore(db), store, dispatcher, approvals, policy, bus, clock,
-        interval_floor_s=settings.schedule_min_interval_s, misfire_grace_min=settings.schedule_misfire_grace_min,
-        leases=leases, holder=dispatcher.holder, lease_ttl_s=settings.lease_ttl_s,
+    schedule_store = ScheduleStore(db)
+    schedule_jobs = ScheduleJobs(
+        db, schedule_store, dispatcher, bus, clock,
+        JobSettings(misfire_grace_s=int(settings.schedule_misfire_grace_min * 60), lease_ttl_s=settings.lease_ttl_s),
+        deliveries=deliveries, leases=leases,
     )
-    for tool in schedule_tools(schedules, store):
+    schedules = ScheduleService(schedule_store, store, approvals, bus, clock,
+                                interval_floor_s=settings.schedule_min_interval_s, jobs=schedule_jobs, ports=ports)
+    for tool in schedule_tools(schedules, store, channel="slack"):  # "#name" destinations are Slack channels
         tools.register(tool)
-    app = Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals,
-                      credentials=credentials, schedules=schedules, sandbox_peers=peers)
+    gateway = Gateway(dispatcher, approvals, credentials, schedules)
+    app = Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals, credentials=credentials,
+                      schedules=schedules, schedule_jobs=schedule_jobs, deliveries=deliveries, gateway=gateway,
+                      sandbox_peers=peers)
     app.web_app.middlewares.append(peers.middleware())
-    # The port actually bound (PORT=0 picks one); a turn resumed during start runs before the bind.
+    app.web_app.middlewares.append(_until_ready(app))
+    # The port actually bound (PORT=0 picks one).
     egress.own_port = lambda: app.listening_port or settings.port or None
     if settings.bot_web_chat:
         from channels.web import WebChannel, WebConfig
 
         secure_cookie = (settings.bot_public_url or "").startswith("https://")
-        app.channels.append(WebChannel(WebConfig(token=settings.bot_web_token, secure_cookie=secure_cookie),
-                                       dispatcher, approvals, credentials, schedules, logins=WebSessionStore(db)))
+        web_chat = WebChannel(WebConfig(token=settings.bot_web_token, secure_cookie=secure_cookie), gateway,
+                              logins=WebSessionStore(db))
+        ports.register(web_chat.port)
+        app.channels.append(web_chat)
     if settings.slack_mode is not None:
         from channels.slack import SlackChannel, SlackConfig
 
@@ -195,14 +269,10 @@ def build_application(
                 command=settings.slack_command,
                 rate_limit_retries=settings.slack_max_retries,
             ),
-            dispatcher,
-            approvals,
-            credentials,
+            gateway,
         )
-        policy.groups = slack  # user groups in BOT_APPROVERS are resolved through the Slack API
-        schedules.destinations["slack"] = slack.resolve_destination
-        slack.schedules = schedules
-        tools.register(message_send_tool(slack.send_message))
+        ports.register(slack.port)  # answers, destinations and user groups (BOT_APPROVERS) go through it
+        tools.register(message_send_tool(slack.port.send_message))
         app.channels.append(slack)
     metrics = Metrics(db, bus, token=settings.bot_web_token)
     app.web_app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", _readyz_handler(app)),
@@ -228,6 +298,24 @@ async def _healthz(_request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+_ALWAYS_SERVED = ("/healthz", "/readyz")
+
+
+def _until_ready(app: Application) -> Any:
+    """While starting (recovery) and stopping, nothing is taken in: 503, which Slack answers by
+    delivering the event again later (to this process once ready, or the next one)."""
+
+    @web.middleware
+    async def until_ready(request: web.Request, handler: Any) -> web.StreamResponse:
+        if app.phase == "ready" or request.path in _ALWAYS_SERVED:
+            response: web.StreamResponse = await handler(request)
+            return response
+        return web.json_response({"error": f"the bot is {app.phase}; try again in a moment"}, status=503,
+                                 headers={"Retry-After": "2"})
+
+    return until_ready
+
+
 def _readyz_handler(app: Application) -> Any:
     async def readyz(_request: web.Request) -> web.Response:
         problems: list[str] = []
@@ -235,6 +323,8 @@ def _readyz_handler(app: Application) -> Any:
             await app.db.ping()
         except Exception as exc:
             problems.append(f"database: {type(exc).__name__}")
+        if app.phase != "ready":
+            problems.append(f"the bot is {app.phase}")
         problems += [f"channel {c.name} not started" for c in app.channels if not c.started]
         if not app.dispatcher.accepting:
             problems.append("gateway not accepting")

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import re
 import signal
 import sys
 
 from bot import __version__
-from bot.errors import BotError
+from bot.errors import DB_HINT, BotError, Exit, Failed
 from bot.manifest import render_manifest
+from core.errors import CoreError
 
 log = logging.getLogger("bot")
 
@@ -25,88 +28,190 @@ def _id(text: str) -> int:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bot", description="Chat-ops agent gateway (Slack first).")
+EXIT_CODES = """\
+exit codes:
+  0    done
+  1    failed: it could not be done now (database unreachable, port in use...),
+       or `bot doctor` found a problem; fix the cause and try again
+  2    usage: bad arguments or invalid settings (environment, .env, bot.toml)
+  3    not found: no such request, grant, credential or schedule
+  4    refused: not allowed, or its state does not allow it (already decided,
+       expired, cancelled)
+  130  interrupted (Ctrl-C)
+
+Errors go to stderr as `bot: error: <what>; <what to do>`. Settings come from
+the environment and .env (see .env.example); `bot <command> --help` says more.
+"""
+
+# Where to look after "not found", per command.
+_LIST_HINT = {
+    "approvals": "`bot approvals list` shows pending requests, `bot approvals grants` the grants",
+    "credentials": "`bot credentials list` shows them",
+    "schedules": "`bot schedules list` shows them",
+}
+
+
+def _command(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str,
+             details: str = "") -> argparse.ArgumentParser:
+    """A subcommand whose --help opens with the same line as its entry in the parent's list."""
+    return sub.add_parser(name, help=summary, description=f"{summary[:1].upper()}{summary[1:]}. {details}".strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bot", description="Chat-ops agent gateway (Slack first).",
+                                     epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"bot {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", help="start the gateway")
-    sub.add_parser("doctor", help="check settings, database, keys, Slack and the model; say what to fix")
-    manifest = sub.add_parser("manifest", help="print the Slack app manifest")
-    manifest.add_argument("--mode", choices=["socket", "http"], default="http")
-    sub.add_parser("pause", help="stop taking new requests (accepted work continues); every replica sees it")
-    sub.add_parser("resume", help="take new requests again")
-    approvals = sub.add_parser("approvals", help="pending approvals and grants; operator overrides (audited)")
-    verbs = approvals.add_subparsers(dest="verb", required=True)
-    verbs.add_parser("list", help="pending approval requests")
-    approve = verbs.add_parser("approve", help="approve a pending request")
-    approve.add_argument("id", type=_id)
-    deny = verbs.add_parser("deny", help="deny a pending request")
-    deny.add_argument("id", type=_id)
-    deny.add_argument("--reason", default=None)
-    verbs.add_parser("grants", help="active \"Always allow\" grants")
-    revoke = verbs.add_parser("revoke", help="revoke a grant")
-    revoke.add_argument("id", type=_id)
-    creds = sub.add_parser("credentials", help="stored credentials (values are never printed)")
-    cverbs = creds.add_subparsers(dest="verb", required=True)
-    cverbs.add_parser("list", help="names, scopes, allowed hosts, key ids, who stored them, last use")
-    cset = cverbs.add_parser("set", help="store a value read from stdin or a hidden prompt (never from arguments)")
-    cset.add_argument("name")
-    cset.add_argument("--scope", choices=["agent", "shared"], default="agent")
-    cset.add_argument("--agent", default=None, help="the owning agent (scope agent) or the agent granted (shared)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
+    _command(sub, "run", "start the gateway and serve until SIGTERM or Ctrl-C",
+             "Slack HTTP mode with SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET, Socket Mode with SLACK_APP_TOKEN, "
+             "otherwise only the web chat (at http://HOST:PORT/). Without LLM_* settings the offline demo agent "
+             "answers.")
+    _command(sub, "doctor", "check settings, database, keys, Slack and the model; say what to fix",
+             "Exit code 1 when something is wrong.")
+    manifest = _command(sub, "manifest", "print the Slack app manifest (YAML) to create the app from",
+                        "The same files are in manifests/.")
+    manifest.add_argument("--mode", choices=["socket", "http"], default="http",
+                          help="http: Slack calls https://<host>/slack/events; socket: the bot opens a WebSocket "
+                               "to Slack, no public URL needed (default: %(default)s)")
+    _command(sub, "pause", "stop taking new requests (accepted work continues); every replica sees it",
+             "New messages get a 'paused' reply until `bot resume`.")
+    _command(sub, "resume", "take new requests again")
+    approvals = _command(sub, "approvals", "pending approvals and grants; operator overrides (audited)")
+    verbs = approvals.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
+    _command(verbs, "list", "pending approval requests, their whole arguments and expiry")
+    request_id = "the request's id (from `bot approvals list`)"
+    _command(verbs, "approve", "approve a pending request: the call runs once").add_argument(
+        "id", type=_id, help=request_id)
+    deny = _command(verbs, "deny", "deny a pending request: the model is told, and the turn goes on")
+    deny.add_argument("id", type=_id, help=request_id)
+    deny.add_argument("--reason", default=None, help="why, told to the model (default: no reason)")
+    _command(verbs, "grants", "active \"Always allow\" grants, each with the exact call it covers")
+    _command(verbs, "revoke", "revoke a grant: that call needs approval again").add_argument(
+        "id", type=_id, help="the grant's id (from `bot approvals grants`)")
+    creds = _command(sub, "credentials", "stored credentials (values are never printed)")
+    cverbs = creds.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
+    name = "the credential's name, e.g. github.token (shell_run sees it as GITHUB_TOKEN)"
+    _command(cverbs, "list", "names, scopes, allowed hosts, key ids, who stored them, last use")
+    cset = _command(cverbs, "set", "store a value read from stdin or a hidden prompt (never from arguments)",
+                    "An existing value of that name and scope is replaced.")
+    cset.add_argument("name", help=name)
+    cset.add_argument("--scope", choices=["agent", "shared"], default="agent",
+                      help="agent: owned by the agent --agent names; shared: one value other agents can be granted, "
+                           "granted here to --agent (default: %(default)s)")
+    cset.add_argument("--agent", default=None,
+                      help="the owning agent (scope agent) or the agent granted (shared) (default: the default agent)")
     cset.add_argument("--host", action="append", default=None, metavar="HOST",
                       help="where it may be sent (repeat for several; api.github.com, *.example.com, an IP); "
                            "default: any host")
-    cdel = cverbs.add_parser("delete", help="delete a credential (every scope of that name)")
-    cdel.add_argument("name")
-    cverbs.add_parser("rotate", help="re-seal every credential under the first key in BOT_SECRET_KEYS")
-    clink = cverbs.add_parser("link", help="print a one-time link (15 min) to answer a pending credential request")
-    clink.add_argument("request_id", type=_id)
-    scheds = sub.add_parser("schedules", help="scheduled sessions (operator actions are audited by name)")
-    sverbs = scheds.add_subparsers(dest="verb", required=True)
-    sverbs.add_parser("list", help="every schedule, its status and last outcome")
-    for verb in ("pause", "resume", "cancel"):
-        one = sverbs.add_parser(verb, help=f"{verb} a schedule")
-        one.add_argument("id", type=_id)
-    webp = sub.add_parser("web", help="web chat logins")
-    wverbs = webp.add_subparsers(dest="verb", required=True)
-    wverbs.add_parser("logout-all", help="end every web chat login (audited); browsers get the login page again")
-    args = parser.parse_args(argv)
+    _command(cverbs, "delete", "delete a credential (every scope of that name)").add_argument("name", help=name)
+    _command(cverbs, "rotate", "re-seal every credential under the first key in BOT_SECRET_KEYS",
+             "Safe to interrupt; a second run does nothing.")
+    _command(cverbs, "link", "print a one-time link (15 min) to answer a pending credential request").add_argument(
+        "request_id", type=_id, help="the credential request's id (shown with the request in the thread)")
+    scheds = _command(sub, "schedules", "scheduled sessions (operator actions are audited by name)")
+    sverbs = scheds.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
+    _command(sverbs, "list", "every schedule, its status and last outcome")
+    for verb, effect in (("pause", "no firings until resumed"), ("resume", "fire again on its trigger"),
+                         ("cancel", "for good")):
+        _command(sverbs, verb, f"{verb} a schedule: {effect}", "The running bot follows within seconds.").add_argument(
+            "id", type=_id, help="the schedule's id (from `bot schedules list`)")
+    webp = _command(sub, "web", "web chat logins")
+    wverbs = webp.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
+    _command(wverbs, "logout-all", "end every web chat login (audited); browsers get the login page again")
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        return Exit.INTERRUPTED
+    except (BotError, CoreError) as exc:
+        code = _exit_code(exc)
+        hint = _LIST_HINT.get(args.command) if code == Exit.NOT_FOUND and not isinstance(exc, BotError) else None
+        error(str(exc), hint)
+        return code
+
+
+def _exit_code(exc: BotError | CoreError) -> Exit:
+    from core.errors import InvalidInput, NotFound
+    from core.vault import VaultError
+
+    if isinstance(exc, BotError):
+        return exc.exit_code
+    if isinstance(exc, NotFound):
+        return Exit.NOT_FOUND
+    if isinstance(exc, InvalidInput):  # NotAllowed, Conflict, and any other refusal of what was asked
+        return Exit.REFUSED
+    if isinstance(exc, VaultError):  # a key missing from BOT_SECRET_KEYS: settings
+        return Exit.USAGE
+    return Exit.FAILED  # the database, or core not available right now
+
+
+def error(what: str, what_to_do: str | None = None) -> None:
+    """The one way the CLI reports an error: one style, on stderr, with every known secret masked."""
+    text = f"{what.rstrip('.')}; {what_to_do}" if what_to_do else what
+    print(f"bot: error: {masked(text)}", file=sys.stderr)
+
+
+# The user-info part of a URL (``scheme://user:password@``), up to its last "@": a password holding an
+# unescaped "@" leaves its tail where the host should be.
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)\S*@")
+
+
+def masked(text: str) -> str:
+    """``text`` with URL passwords and the configured secrets (tokens, keys, the database password) masked."""
+    from bot.logs import RedactingFilter
+
+    text = _URL_PASSWORD.sub(r"\1***@", text)
+    return RedactingFilter(_known_secrets()).redact(text)
+
+
+def _known_secrets() -> list[str]:
+    from bot.settings import load_settings
+
+    try:
+        return load_settings().secret_values()
+    except BotError:  # settings that do not load: take the raw values from the environment
+        names = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "LLM_API_KEY", "BOT_WEB_TOKEN")
+        values = [os.environ.get(n, "") for n in names]
+        values += [key.rpartition(":")[2] for key in os.environ.get("BOT_SECRET_KEYS", "").split(",")]
+        password = re.match(r"[^:/]*://[^:/@]*:(.*)@", os.environ.get("DATABASE_URL", ""))
+        values.append(password.group(1) if password else "")
+        return [v.strip() for v in values if len(v.strip()) >= 4]
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "manifest":
         sys.stdout.write(render_manifest(args.mode))
         return 0
-    try:
-        if args.command == "doctor":
-            from bot.doctor import run_doctor
+    if args.command == "doctor":
+        from bot.doctor import run_doctor
 
-            return asyncio.run(run_doctor())
-        if args.command in ("pause", "resume"):
-            return asyncio.run(_set_paused(args.command == "pause"))
-        if args.command == "approvals":
-            from bot.operator import approvals_command
+        return asyncio.run(run_doctor())
+    if args.command in ("pause", "resume"):
+        return asyncio.run(_set_paused(args.command == "pause"))
+    if args.command == "approvals":
+        from bot.operator import approvals_command
 
-            return asyncio.run(approvals_command(args))
-        if args.command == "web":
-            return asyncio.run(_web_logout_all())
-        if args.command == "schedules":
-            from bot.operator import schedules_command
+        return asyncio.run(approvals_command(args))
+    if args.command == "web":
+        return asyncio.run(_web_logout_all())
+    if args.command == "schedules":
+        from bot.operator import schedules_command
 
-            return asyncio.run(schedules_command(args))
-        if args.command == "credentials":
-            from bot.operator import credentials_command, read_secret
-            from core.hosts import parse_hosts
+        return asyncio.run(schedules_command(args))
+    if args.command == "credentials":
+        from bot.operator import credentials_command, read_secret
+        from core.hosts import parse_hosts
 
-            problem = parse_hosts(args.host)[1] if args.verb == "set" else None
-            if problem is not None:  # said before the value is typed
-                raise BotError(problem)
-            value = read_secret(args.name) if args.verb == "set" else None
-            return asyncio.run(credentials_command(args, value))
-        return asyncio.run(_run())
-    except BotError as exc:
-        print(f"bot: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        problem = parse_hosts(args.host)[1] if args.verb == "set" else None
+        if problem is not None:  # said before the value is typed
+            raise BotError(problem)
+        value = read_secret(args.name) if args.verb == "set" else None
+        return asyncio.run(credentials_command(args, value))
+    return asyncio.run(_run())
 
 
 async def _web_logout_all() -> int:
@@ -122,7 +227,7 @@ async def _web_logout_all() -> int:
         await db.migrate()
         count = await WebSessionStore(db).revoke_all(operator_name(), SystemClock().now())
     except StoreError as exc:
-        raise BotError(str(exc)) from exc
+        raise Failed(f"{exc}; {DB_HINT}") from exc
     finally:
         await db.close()
     print(f"bot: ended {count} web chat login{'' if count == 1 else 's'}; "
@@ -144,7 +249,7 @@ async def _set_paused(paused: bool) -> int:
         await db.migrate()
         await ControlStore(db).set_intake_paused(paused, SystemClock().now())
     except StoreError as exc:
-        raise BotError(str(exc)) from exc
+        raise Failed(f"{exc}; {DB_HINT}") from exc
     finally:
         await db.close()
     print("bot: intake paused: new messages get a 'paused' reply; accepted work continues" if paused
@@ -154,20 +259,21 @@ async def _set_paused(paused: bool) -> int:
 
 async def _run() -> int:
     from bot.app import build_application
+    from bot.home import secure_home
     from bot.logs import configure_logging
+    from bot.runlock import take_run_lock
     from bot.settings import load_settings
     from core.errors import StoreError
 
     settings = load_settings()
     redactor = configure_logging(settings.log_level, settings.log_format, settings.secret_values())
+    secure_home(settings)
+    lock = take_run_lock(settings)  # SQLite: before anything reads, migrates or recovers; held until exit
     app = build_application(settings, secret_sink=redactor.add)
     try:
-        await app.start()
+        await app.start()  # listens first: a busy port fails before anything is recovered
     except StoreError as exc:
-        raise BotError(str(exc)) from exc
-    except OSError as exc:
-        await app.stop()
-        raise BotError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}") from exc
+        raise Failed(f"{exc}; {DB_HINT}") from exc
 
     url = f"http://{settings.host}:{app.bound_port}"
     # The "listening on" line comes last: scripts wait for it.
@@ -189,6 +295,9 @@ async def _run() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("shutting down (draining up to %.0f s)", settings.shutdown_drain_s)
-    await app.stop()
+    log.info("shutting down (running turns get up to %.0f s; parked ones are kept as they are)",
+             settings.shutdown_drain_s)
+    stopped = await app.stop()
+    lock.release()
+    print(stopped.describe(), flush=True)
     return 0

@@ -27,6 +27,7 @@ async def run_doctor() -> int:
         return 1
     checks = [Check("settings", True, f"valid (Slack: {settings.slack_mode or 'off'}, model: {settings.provider})")]
     checks += await _database(settings)
+    checks += await _deliveries(settings)
     checks += await _keys(settings)
     checks += _trust_boundary(settings)
     if settings.slack_mode is not None:
@@ -76,6 +77,35 @@ async def _database(settings: Settings) -> list[Check]:
                       "check DATABASE_URL, that the server runs, and the credentials in the URL")]
     finally:
         await db.close()
+
+
+async def _deliveries(settings: Settings) -> list[Check]:
+    """Answers given up (Slack refused them for good, or did not take them for DELIVERY_MAX_AGE_S)."""
+    from datetime import UTC, datetime, timedelta
+
+    from core.model import DeliveryStatus
+    from core.store import Database
+    from core.store.deliveries import DeliveryStore
+
+    try:
+        db = Database(settings.resolved_database_url)
+    except Exception:
+        return []  # the database check has said why
+    try:
+        store = DeliveryStore(db)
+        lost = await store.count(DeliveryStatus.GIVEN_UP, since=datetime.now(UTC) - timedelta(days=7))
+        waiting = await store.count(DeliveryStatus.PENDING)
+    except Exception:
+        return []  # unreachable (said above), or a schema from before deliveries: `bot run` upgrades it
+    finally:
+        await db.close()
+    if lost:
+        return [Check("deliveries", True, f"{lost} answer(s) in the last 7 days were never delivered "
+                                          f"({waiting} still being retried)",
+                      "look for \"given up\" in the log for Slack's reason (e.g. not_in_channel: invite the bot; "
+                      "invalid_auth: fix SLACK_BOT_TOKEN; an outage: raise DELIVERY_MAX_AGE_S); their threads are "
+                      "told once Slack takes posts again", warning=True)]
+    return [Check("deliveries", True, f"no answer given up in the last 7 days ({waiting} being retried)")]
 
 
 async def _keys(settings: Settings) -> list[Check]:

@@ -40,6 +40,8 @@ GAUGES = {name: Gauge(f"bot_{name}", help_text) for name, help_text in (
     ("schedules_active", "Active schedules"),
     ("firings_posted", "Schedule firings whose answer was delivered"),
     ("firings_failed", "Schedule firings that failed"),
+    ("deliveries_pending", "Answers waiting for their channel to take them (retried with backoff)"),
+    ("deliveries_given_up", "Answers never delivered: retried for DELIVERY_MAX_AGE_S, or refused for good"),
 )}
 
 

@@ -10,12 +10,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from bot.agents_config import load_agents
-from bot.errors import BotError
+from bot.errors import DB_HINT, BotError, Failed, NotFoundError, Refused
 from bot.home import secure_home
 from bot.keys import load_keyring
 from bot.settings import Settings, load_settings
 from core.agents import AgentDirectory
-from core.approvals import ApprovalBroker, ApprovalPolicy, describe_grant
+from core.approvals import ApprovalBroker, ApprovalPolicy
 from core.clock import SystemClock
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
@@ -23,8 +23,9 @@ from core.display import visible
 from core.errors import InvalidInput, StoreError
 from core.events import EventBus
 from core.hosts import parse_hosts
+from core.replies import asked_by
 from core.store import ApprovalStore, CredentialStore, Database
-from core.stored_secrets import hosts_of
+from core.stored_secrets import credential_views
 from core.tools import canonical_call
 from core.vault import VaultError
 
@@ -54,7 +55,9 @@ async def _core() -> AsyncIterator[_Core]:
                               timeout_s=settings.credential_timeout_s, max_bytes=settings.credential_max_bytes),
             agents,
         )
-    except (StoreError, VaultError) as exc:
+    except StoreError as exc:
+        raise Failed(f"{exc}; {DB_HINT}") from exc
+    except VaultError as exc:  # a key the settings lack: fixed in BOT_SECRET_KEYS
         raise BotError(str(exc)) from exc
     finally:
         await db.close()
@@ -82,31 +85,36 @@ async def approvals_command(args: argparse.Namespace) -> int:
             if not pending:
                 print("no pending approval requests")
             for p in pending:  # the arguments whole, with whitespace and invisible characters marked
-                also = f" (with messages from {', '.join(p.other_senders)})" if p.other_senders else ""
-                print(f"{p.id}\t{p.tool}\t{p.session.id}\tasked by {p.requester}{also}"
+                asked = asked_by(p, limit=len(p.other_senders))  # the words the Slack card and /bot use, all names
+                print(f"{p.id}\t{p.tool}\t{p.session.id}\t{asked}"
                       f"\texpires {p.expires_at:%Y-%m-%d %H:%M} UTC\t{visible(canonical_call(p.arguments))}")
             return 0
         if args.verb in ("approve", "deny"):
             result = await broker.decide(args.id, args.verb, by=operator_name(),
                                          reason=getattr(args, "reason", None), operator=True)
-            if result.expired and result.request is not None:
-                print(f"request {args.id} expired at {result.request.expires_at:%Y-%m-%d %H:%M:%S} UTC; "
-                      f"nothing was {'approved' if args.verb == 'approve' else 'denied'}")
-                return 1
+            if result.request is None:
+                raise NotFoundError(f"there is no approval request {args.id}; `bot approvals list` shows them")
+            if result.expired:
+                raise Refused(f"request {args.id} expired at {result.request.expires_at:%Y-%m-%d %H:%M:%S} UTC; "
+                              f"nothing was {'approved' if args.verb == 'approve' else 'denied'}")
+            if not result.won:
+                raise Refused(result.message)
             print(result.message)
-            return 0 if result.won else 1
+            return 0
         if args.verb == "grants":
             grants = await broker.grants()
             if not grants:
                 print("no active grants")
             for g in grants:  # each covers one exact call: printed whole
                 print(f"{g.id}\tagent {g.agent}\ttool {g.tool}\tplace {g.place or '-'}"
-                      f"\tby {g.created_by} at {g.created_at:%Y-%m-%d %H:%M} UTC\tcall {visible(describe_grant(g))}")
+                      f"\tby {g.created_by} at {g.created_at:%Y-%m-%d %H:%M} UTC\tcall {visible(g.describe())}")
             return 0
         if args.verb == "revoke":
-            message = await broker.revoke_grant(args.id, by=operator_name(), operator=True)
-            print(message)
-            return 0 if "revoked" in message else 1
+            try:
+                print(await broker.revoke_grant(args.id, by=operator_name(), operator=True))
+            except InvalidInput as exc:  # no such active grant (an operator is always allowed)
+                raise NotFoundError(f"{str(exc).rstrip('.')}; `bot approvals grants` shows them") from exc
+            return 0
     return 2
 
 
@@ -114,16 +122,14 @@ async def credentials_command(args: argparse.Namespace, value: str | None) -> in
     async with _core() as core:
         service = core.credentials
         if args.verb == "list":
-            rows = await service.store.all_secrets()
-            if not rows:
+            stored = await credential_views(service.store)
+            if not stored:
                 print("no stored credentials")
-            for row in rows:
-                owner = row.agent if row.scope == "agent" else "granted to " + ", ".join(
-                    await service.store.grants_of(row.id or 0)) or "nobody"
-                used = f"{row.last_used_at:%Y-%m-%d %H:%M} UTC" if row.last_used_at else "never"
-                hosts = ", ".join(hosts_of(row) or ["any"])
-                print(f"{row.name}\t{row.scope} ({owner})\thosts {hosts}\tkey {row.key_id}\tstored by {row.created_by} "
-                      f"{row.updated_at:%Y-%m-%d %H:%M} UTC\tlast used {used}")
+            for c in stored:
+                used = f"{c.last_used_at:%Y-%m-%d %H:%M} UTC" if c.last_used_at else "never"
+                hosts = ", ".join(c.hosts or ["any"])
+                print(f"{c.name}\t{c.describe()}\thosts {hosts}\tkey {c.key_id}\tstored by {c.created_by} "
+                      f"{c.updated_at:%Y-%m-%d %H:%M} UTC\tlast used {used}")
             return 0
         if args.verb == "set":
             assert value is not None
@@ -138,17 +144,16 @@ async def credentials_command(args: argparse.Namespace, value: str | None) -> in
             return 0
         if args.verb == "delete":
             count = await service.store.delete_secret(args.name, by=operator_name(), now=SystemClock().now())
-            print(f"deleted {args.name}" if count else f"no credential named {args.name}")
-            return 0 if count else 1
+            if not count:
+                raise NotFoundError(f"there is no credential named {args.name}; `bot credentials list` shows them")
+            print(f"deleted {args.name}")
+            return 0
         if args.verb == "rotate":
             moved, current = await service.rotate(lambda line: print(line, flush=True))
             print(f"done: {moved} re-sealed, {current} already under key {service.keys.current!r}")
             return 0
         if args.verb == "link":
-            try:
-                token = await CredentialLinks(service).create_link(args.request_id)
-            except InvalidInput as exc:
-                raise BotError(str(exc)) from exc
+            token = await CredentialLinks(service).create_link(args.request_id)  # refusals: bot.cli's exit codes
             base = core.settings.bot_public_url or f"http://{core.settings.host}:{core.settings.port}"
             print(f"{base.rstrip('/')}/credentials/{token}")
             print("(one use, 15 minutes at most; it opens only over HTTPS or on this machine)", file=sys.stderr)
@@ -160,24 +165,21 @@ async def schedules_command(args: argparse.Namespace) -> int:
     """Acts on the schedules table; the running gateway follows it at the next firing (pause, cancel)
     or within a few seconds (resume)."""
     from core.schedules import ScheduleService
+    from core.store import ConversationStore
     from core.store.schedules import ScheduleStore
-    from core.triggers import TriggerSpec
 
     async with _core() as core:
         db = core.credentials.store.db
-        service = ScheduleService(db, ScheduleStore(db), None, None, core.approvals, core.approvals.policy,  # type: ignore[arg-type]
-                                  EventBus(), SystemClock())
+        # Management only: no scheduler runs here (the gateway's follows the table).
+        service = ScheduleService(ScheduleStore(db), ConversationStore(db), core.approvals, EventBus(), SystemClock())
         if args.verb == "list":
             rows = await service.list()
             if not rows:
                 print("no schedules")
             for r in rows:
-                print(f"{r.id}\t{r.status}\t{TriggerSpec.from_json(r.trigger).describe()}\t-> {r.destination}"
+                print(f"{r.id}\t{r.status}\t{r.describe()}\t-> {r.destination}"
                       f"\tby {r.creator}\tfirings {r.firings}\tlast: {r.last_outcome or '-'}\t{r.prompt[:60]}")
             return 0
-        try:
-            print(await service.change(args.id, args.verb, by=operator_name(), operator=True))
-        except InvalidInput as exc:
-            print(str(exc), file=sys.stderr)
-            return 1
+        # Refusals (no such schedule, not in a state for this) reach bot.cli, which picks the exit code.
+        print(await service.change(args.id, args.verb, by=operator_name(), operator=True))
         return 0

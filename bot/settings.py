@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
     shutdown_drain_s: float = Field(default=20.0, ge=0)
+    # An answer Slack did not take (an outage) is retried with backoff from DELIVERY_RETRY_BASE_S, up to
+    # this long after it was written; then it is given up (counted in /metrics and `bot doctor`).
+    delivery_max_age_s: float = Field(default=3600, gt=0)
+    delivery_retry_base_s: float = Field(default=1.0, gt=0)
 
     @field_validator(
         "slack_bot_token", "slack_signing_secret", "slack_app_token", "database_url", "bot_secret_keys",
@@ -155,6 +159,8 @@ class Settings(BaseSettings):
                              "postgresql://user:pass@host/db)") from None
         if url.get_backend_name() not in ("sqlite", "postgresql"):
             raise ValueError(f"must be sqlite or postgresql, not {url.get_backend_name()!r}")
+        if "@" in (url.host or ""):  # the tail of a password would be shown (and used) as the host name
+            raise ValueError("has an '@' in its user name or password: write it as %40")
         return value
 
     @field_validator("http_allow_hosts")

@@ -16,17 +16,18 @@ from typing import Any, Protocol
 
 from core.agents import AgentDirectory
 from core.clock import Clock
+from core.errors import NotAllowed, NotFound
 from core.events import ApprovalRequested, ApprovalResolved, EventBus
 from core.model import ApprovalInfo, ApprovalStatus
 from core.parking import Waiters
 from core.store import ApprovalStore
 from core.store.tables import ApprovalRow, GrantRow
-from core.tools import CANONICAL_KEYS, GateDecision, Tool, ToolContext, canonical_call, canonical_text
+from core.tools import DESTINATION_TOOL, GateDecision, Tool, ToolContext, canonical_call
+from core.views import GrantView
 
 log = logging.getLogger(__name__)
 
 REQUESTER = "requester"
-DESTINATION_TOOL = "schedule_destination"  # what a schedule's destination approval is filed (and granted) under
 # Why a call is refused when no approver can be shown its arguments in full.
 TOO_LONG_TO_SHOW = "its arguments are too long to show an approver, and attaching them in full failed"
 
@@ -118,7 +119,7 @@ class ApprovalBroker:
         request = await self.request(session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=ctx.call_id,
                                      tool=tool.name, args=args, agent=ctx.agent, place=ctx.place,
                                      requester=ctx.sender, risk=tool.risk.value)
-        return _decision(await self._wait(request))
+        return _decision(await self._wait(request, ctx.turn_id))
 
     async def request(self, *, session_id: str, turn_id: int | None, call_id: str, tool: str, args: dict[str, Any],
                       agent: str, place: str | None, requester: str | None, risk: str = "gated") -> ApprovalInfo:
@@ -140,23 +141,28 @@ class ApprovalBroker:
         return call is not None and await self.store.grant_for(agent, tool, place, call) is not None
 
     async def wait(self, request: ApprovalInfo) -> ApprovalInfo:
-        """Until it is settled (by anyone, in any process); returns it settled."""
-        return await self._wait(request)
+        """Until it is settled (by anyone, in any process); returns it settled. Not a turn's wait:
+        being cancelled leaves it pending (e.g. a schedule's destination, across a restart)."""
+        return await self._wait(request, None)
+
+    async def for_call(self, session_id: str, call_id: str) -> ApprovalInfo | None:
+        """The request already made for this call, if any (a restart must not ask twice)."""
+        return await self.store.for_call(session_id, call_id)
 
     async def recover(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> GateDecision | None:
         request = await self.store.for_call(ctx.session_id, ctx.call_id)
         if request is None:
             return None
         if request.status == ApprovalStatus.PENDING:
-            request = await self._wait(request)  # its buttons still work after a restart
+            request = await self._wait(request, ctx.turn_id)  # its buttons still work after a restart
         return _decision(request)
 
     async def started(self, decision: GateDecision) -> None:
         if decision.request_id is not None:
             await self.store.mark_started(decision.request_id, self.clock.now())
 
-    async def _wait(self, request: ApprovalInfo) -> ApprovalInfo:
-        """Until someone decides, the timeout (counted from parked_at), or the turn is cancelled."""
+    async def _wait(self, request: ApprovalInfo, turn_id: int | None) -> ApprovalInfo:
+        """Until someone decides, the timeout (counted from parked_at), or the turn ``turn_id`` is stopped."""
 
         async def expire(request_id: int) -> ApprovalInfo:
             return (await self._settle(request_id, ApprovalStatus.EXPIRED, by=None, reason=None))[1]
@@ -165,7 +171,7 @@ class ApprovalBroker:
             return await self._settle(request_id, ApprovalStatus.CANCELLED, by=None, reason="the turn was stopped")
 
         return await self._waiters.wait(
-            request, load=self.store.get, expire=expire, cancel=cancel,
+            request, turn_id=turn_id, load=self.store.get, expire=expire, cancel=cancel,
             settled_elsewhere=lambda current: self.bus.emit(ApprovalResolved(current.session, current)),
         )
 
@@ -213,18 +219,22 @@ class ApprovalBroker:
     async def recent(self, session_id: str) -> list[ApprovalInfo]:
         return await self.store.recent(session_id)
 
-    async def grants(self, *, place: str | None = None, viewer: str | None = None) -> list[GrantRow]:
+    async def grants(self, *, place: str | None = None, viewer: str | None = None) -> list[GrantView]:
         """Active grants; who sees which as for ``pending``."""
         if viewer is not None and not self.policy.is_admin(viewer):
-            return await self.store.grants(place=place) if place else []
-        return await self.store.grants()
+            rows = await self.store.grants(place=place) if place else []
+        else:
+            rows = await self.store.grants()
+        return [grant_view(g) for g in rows]
 
     async def revoke_grant(self, grant_id: int, by: str, *, operator: bool = False) -> str:
+        """Admins and operators only; raises NotAllowed before anything is looked up (a refusal says
+        nothing about which grants exist), NotFound if there is no such active grant."""
         if not operator and not self.policy.is_admin(by):
-            return "Only admins (BOT_ADMINS) can revoke grants."
-        if await self.store.revoke(grant_id, by, self.clock.now()):
-            return f"Grant {grant_id} revoked: that call needs approval again."
-        return f"There is no active grant {grant_id}."
+            raise NotAllowed("Only admins (BOT_ADMINS) can revoke grants.")
+        if not await self.store.revoke(grant_id, by, self.clock.now()):
+            raise NotFound(f"There is no active grant {grant_id}.")
+        return f"Grant {grant_id} revoked: that call needs approval again."
 
     async def may_decide(self, user: str, request: ApprovalInfo) -> bool:
         agent = self.agents.get(request.agent)
@@ -266,19 +276,10 @@ def grant_call(tool: str, args: dict[str, Any]) -> str | None:
     return canonical_call(args)
 
 
-def describe_grant(grant: GrantRow) -> str:
-    """The exact call a grant covers, as a person reads it (e.g. the command, then any other argument)."""
-    try:
-        args = json.loads(grant.call_text or "")
-    except json.JSONDecodeError:
-        args = None
-    if not isinstance(args, dict):
-        return grant.call_text or "(nothing: a grant from before exact calls, revoked)"
-    if grant.tool == DESTINATION_TOOL:
-        return f"schedules by {args.get('creator')} posting to {args.get('destination')}"
-    text = canonical_text(grant.tool, args)
-    rest = {k: v for k, v in args.items() if k not in CANONICAL_KEYS.get(grant.tool, tuple(args))}
-    return f"{text} (with {canonical_call(rest)})" if rest else text
+def grant_view(grant: GrantRow) -> GrantView:
+    assert grant.id is not None
+    return GrantView(id=grant.id, agent=grant.agent, tool=grant.tool, place=grant.place, created_by=grant.created_by,
+                     created_at=grant.created_at, call_text=grant.call_text)
 
 
 def _subject(tool: Tool, args: dict[str, Any]) -> str | None:

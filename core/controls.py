@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from core.agents import AgentDirectory
 from core.approvals import ApprovalPolicy
 from core.clock import Clock
-from core.errors import InvalidInput
-from core.model import QueueMode, SessionInfo
+from core.errors import InvalidInput, NotAllowed
+from core.model import QUEUE_MODES, SessionInfo
 from core.store import ControlStore, ConversationStore, InputStore
 
 _QUEUE_COMMAND = re.compile(r"^queue(?:\s+(\w+))?$", re.IGNORECASE)
@@ -79,7 +79,7 @@ class Controls:
         mode = (match.group(1) or "").lower()
         if not mode:
             return f"Queue mode here: {await self.queue_mode(session.id)} (steer, collect or followup)."
-        if mode not in QueueMode.ALL:
+        if mode not in QUEUE_MODES:
             return f"Unknown queue mode {mode!r}: use steer, collect or followup."
         if not await self.may_control(sender, session.id):
             return QUEUE_REFUSED
@@ -87,10 +87,10 @@ class Controls:
         return f"Queue mode for this conversation is now {mode}."
 
     async def set_place_queue_mode(self, place: str, mode: str, *, by: str) -> None:
-        if mode not in QueueMode.ALL:
+        if mode not in QUEUE_MODES:
             raise InvalidInput(f"unknown queue mode {mode!r}: use steer, collect or followup")
         if not await self.may_control(by, await self.inputs.latest_live_session(place)):
-            raise InvalidInput(QUEUE_REFUSED)
+            raise NotAllowed(QUEUE_REFUSED)
         await self.control.set_place_queue_mode(place, mode, self.clock.now())
 
     async def stop_latest(self, place: str, *, by: str) -> StopReport | None:
@@ -98,7 +98,7 @@ class Controls:
         if session_id is None:
             return None
         if not await self.may_control(by, session_id):
-            raise InvalidInput(STOP_REFUSED)
+            raise NotAllowed(STOP_REFUSED)
         return await self.cancel(session_id, by=by)
 
     async def may_control(self, user: str, session_id: str | None) -> bool:

@@ -115,14 +115,14 @@ class CredentialService:
         ))
         log.info("credential %s requested (request %s, session %s)", name, request.id, ctx.session_id)
         self.bus.emit(CredentialRequested(request.session, request))
-        return await self._result(await self._wait(request))
+        return await self._result(await self._wait(request, ctx.turn_id))
 
     async def _recover(self, ctx: ToolContext, _args: dict[str, Any]) -> str | None:
         request = await self.store.for_call(ctx.session_id, ctx.call_id)
         if request is None:
             return None
         if request.status == CredentialStatus.PENDING:
-            request = await self._wait(request)  # its Provide button keeps working after a restart
+            request = await self._wait(request, ctx.turn_id)  # its Provide button keeps working after a restart
         return await self._result(request)
 
     async def _result(self, request: CredentialRequestInfo) -> str:
@@ -147,7 +147,7 @@ class CredentialService:
         return (f"pass credentials=[{name!r}] to shell_run and it sees ${env_name(name)}; "
                 f"http_request takes credential={name!r}")
 
-    async def _wait(self, request: CredentialRequestInfo) -> CredentialRequestInfo:
+    async def _wait(self, request: CredentialRequestInfo, turn_id: int | None) -> CredentialRequestInfo:
         async def expire(request_id: int) -> CredentialRequestInfo:
             return await self._settle(request_id, CredentialStatus.EXPIRED)
 
@@ -155,7 +155,7 @@ class CredentialService:
             return await self._settle(request_id, CredentialStatus.CANCELLED)
 
         return await self._waiters.wait(
-            request, load=self.store.get, expire=expire, cancel=cancel,
+            request, turn_id=turn_id, load=self.store.get, expire=expire, cancel=cancel,
             settled_elsewhere=lambda current: self.bus.emit(CredentialResolved(current.session, current)),
         )
 
@@ -187,17 +187,23 @@ class CredentialService:
         agent = self.agents.get(request.agent)
         return await self.policy.may_decide(user, request.requester, agent.approvers)
 
+    async def refusal(self, request: CredentialRequestInfo | None, by: str, *, operator: bool = False) -> str | None:
+        """Why ``by`` cannot provide a value for ``request`` now, in the order a person is told (None: they may)."""
+        if request is None:
+            return "That credential request does not exist."
+        if not operator and not await self.may_provide(by, request):
+            return "You can't provide this credential: you are not one of its approvers."
+        if request.settled:
+            return f"Already settled: {request.summary()}."
+        return None
+
     async def provide(self, request_id: int, value: str, by: str, *, operator: bool = False,
                       hosts: object = None) -> ProvideResult:
         """``hosts``: where the value may be sent (see :func:`parse_hosts`); None: anywhere."""
         request = await self.store.get(request_id)
-        if request is None:
-            return ProvideResult(False, "That credential request does not exist.")
-        if not operator and not await self.may_provide(by, request):
-            return ProvideResult(False, "You can't provide this credential: you are not one of its approvers.",
-                                 request=request)
-        if request.settled:
-            return ProvideResult(False, f"Already settled: {request.summary()}.", request=request)
+        if (refused := await self.refusal(request, by, operator=operator)) is not None:
+            return ProvideResult(False, refused, request=request)
+        assert request is not None
         problem = self.validate(value)
         if problem is not None:
             return ProvideResult(False, problem, field_error=problem, request=request)

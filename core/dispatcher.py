@@ -1,4 +1,4 @@
-"""The dispatcher: the one entry point channel adapters call, and the loop that runs turns (SPEC §5).
+"""The dispatcher: intake of every message (``accept``), and the loop that runs turns (SPEC §5).
 
 - Single flight per session, parallel across sessions up to ``max_concurrent_turns``.
 - Every accepted input is in the database before ``accept`` returns; the in-memory driver table is
@@ -8,12 +8,12 @@
   before a tool step), or run one by one (``followup``).
 
 The jobs it delegates: running turns (core.turns), session leases across replicas (core.leasing),
-and stopping or re-queueing work, with who may (core.controls).
+and stopping or re-queueing work, with who may (core.controls). Channels reach it through
+``core.gateway.Gateway``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -22,7 +22,8 @@ from core.agents import AgentDirectory
 from core.approvals import ApprovalPolicy
 from core.clock import Clock
 from core.controls import Controls, StopReport, is_command
-from core.errors import CoreError, InvalidInput
+from core.delivery import Deliveries
+from core.errors import InvalidInput, Unavailable
 from core.events import EventBus, InputQueued, Notice, TurnFailed
 from core.leasing import SessionLeases
 from core.model import (
@@ -31,9 +32,6 @@ from core.model import (
     InputKind,
     Outcome,
     QueueMode,
-    SessionInfo,
-    SessionSummary,
-    TranscriptEntry,
 )
 from core.runner import AgentRunner
 from core.store import (
@@ -46,7 +44,7 @@ from core.store import (
     LeaseStore,
 )
 from core.text import clean_text
-from core.turns import OutcomeWaiters, TurnDrivers
+from core.turns import OutcomeWaiters, Shutdown, TurnDrivers
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +63,7 @@ class DispatchConfig:
     budget: Budget = field(default_factory=Budget)
     lease_ttl_s: float = 30.0  # a replica that stops renewing loses its sessions after this long
     lease_retry_s: float = 0.5
+    outcome_poll_s: float = 1.0  # how soon an outcome recorded by another replica is seen
 
 
 class Dispatcher:
@@ -80,6 +79,7 @@ class Dispatcher:
         config: DispatchConfig = DispatchConfig(),
         leases: LeaseStore | None = None,
         policy: ApprovalPolicy | None = None,
+        deliveries: Deliveries | None = None,
     ) -> None:
         self.conversations = conversations
         self.inputs = inputs
@@ -97,9 +97,10 @@ class Dispatcher:
         self.policy = policy or ApprovalPolicy((), ())
         self.controls = Controls(conversations, inputs, control, agents, self.policy, clock, config.queue_mode,
                                  cancel=self.cancel)
-        self.waiters = OutcomeWaiters(inputs)
+        self.waiters = OutcomeWaiters(inputs, config.outcome_poll_s)
         self.turns = TurnDrivers(conversations, inputs, runner, agents, bus, clock, config, self.leasing,
-                                 self.waiters, queue_mode=self.queue_mode)
+                                 self.waiters, queue_mode=self.queue_mode,
+                                 outbox=deliveries.outbox if deliveries is not None else None)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -118,7 +119,8 @@ class Dispatcher:
         several replicas, only sessions whose lease ran out (its holder died) are recovered."""
         sessions: list[str] | None = None
         if self.leasing.enabled:
-            unheld = await self.leasing.unheld(await self.conversations.running_sessions())
+            # A turn another replica set aside at shutdown is continued here, like one whose holder died.
+            unheld = await self.leasing.unheld(await self.conversations.running_sessions(set_aside=True))
             sessions = [s for s in unheld if not self.turns.driving(s)]
         failed = await self.conversations.requeue_interrupted(self.config.max_turn_attempts, self.clock.now(),
                                                               sessions)
@@ -129,17 +131,14 @@ class Dispatcher:
         for session_id in sessions or []:
             self.turns.kick(session_id)
 
-    async def stop(self, drain_s: float) -> None:
-        """Stop taking input, give running turns ``drain_s`` to finish; the rest resume at next start."""
+    async def stop(self, drain_s: float) -> Shutdown:
+        """Stop taking input; set parked turns aside at once, give running ones ``drain_s`` to finish
+        (core.turns.TurnDrivers.shut_down); the rest resume at next start."""
         self._accepting = False
         self.leasing.stop_sweeper()
-        tasks = self.turns.tasks()
-        if tasks:
-            _done, pending = await asyncio.wait(tasks, timeout=drain_s)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        report = await self.turns.shut_down(drain_s)
         await self.bus.drain(timeout=5)
+        return report
 
     @property
     def accepting(self) -> bool:
@@ -164,10 +163,14 @@ class Dispatcher:
         if len(message.text) > MAX_TEXT_CHARS:
             raise InvalidInput(f"message is longer than {MAX_TEXT_CHARS} characters")
         if not self._accepting:
-            raise CoreError("the gateway is not accepting messages right now")
+            raise Unavailable("the gateway is not accepting messages right now")
         text = message.text.strip()
         command = is_command(text) if message.addressed else False
         kind = InputKind.CONTROL if command else InputKind.MESSAGE if message.addressed else InputKind.CONTEXT
+        if kind == InputKind.CONTEXT and not self.config.record_thread_context:
+            # Kept nowhere, not even its dedupe keys: the same message arriving later as a mention is
+            # then answered (once, by the keys that mention stores).
+            return Accepted(AcceptOutcome.IGNORED)
         paused = kind == InputKind.MESSAGE and await self.control.intake_paused()
         result = await self.inputs.accept(
             message, kind=kind, agent=self.agents.get(message.agent).name,
@@ -203,58 +206,13 @@ class Dispatcher:
 
     async def set_place_queue_mode(self, place: str, mode: str, *, by: str) -> None:
         """A place's queue mode (``/bot queue``): for approvers and admins, and for whoever asked for the
-        work in progress there. Refused with InvalidInput."""
+        work in progress there. Refused with NotAllowed (or InvalidInput: no such mode)."""
         await self.controls.set_place_queue_mode(place, mode, by=by)
-
-    async def latest_live_session(self, place: str) -> str | None:
-        return await self.inputs.latest_live_session(place)
 
     async def stop_latest(self, place: str, *, by: str) -> StopReport | None:
         """``/bot stop``: stop the place's most recently busy conversation (None: nothing is busy). Refused
-        with InvalidInput unless ``by`` may control it."""
+        with NotAllowed unless ``by`` may control it."""
         return await self.controls.stop_latest(place, by=by)
-
-    async def may_control(self, user: str, session_id: str | None) -> bool:
-        """Whether ``user`` may stop a conversation or change how it queues: its requester (who asked for
-        its live or latest turn), approvers and admins. A conversation nobody has asked anything yet is
-        anyone's to set up. ``session_id`` None stands for a place with nothing busy: approvers and admins."""
-        return await self.controls.may_control(user, session_id)
-
-    # -- reads for channels ---------------------------------------------------------------------
-
-    async def session(self, session_id: str) -> SessionInfo | None:
-        return await self.conversations.get_session(session_id)
-
-    async def history(self, session_id: str) -> list[TranscriptEntry]:
-        return await self.conversations.history(session_id)
-
-    async def list_sessions(self, channel: str) -> list[SessionSummary]:
-        return await self.conversations.list_sessions(channel)
-
-    async def working(self, session_id: str) -> bool:
-        return await self.conversations.has_live_work(session_id)
-
-    async def report_delivery(self, turn_id: int, ref: str | None, error: str | None) -> None:
-        """A channel says how delivering a turn's answer went (e.g. Slack's message ts, or the error)."""
-        await self.conversations.report_delivery(turn_id, ref, error)
-
-    async def dispatch(self, message: Inbound, cancel: asyncio.Event | None = None) -> Outcome:
-        """Accept an input and wait for its outcome; setting ``cancel`` withdraws it (see ``cancel_input``)."""
-        result = await self.accept(message)
-        if result.input_id is None:
-            return Outcome("refused", "not for the bot" if result.outcome is AcceptOutcome.IGNORED
-                           else "already received")
-        pending = asyncio.ensure_future(self.outcome(result.input_id))
-        if cancel is None:
-            return await pending
-        cancelled = asyncio.ensure_future(cancel.wait())
-        try:
-            await asyncio.wait({pending, cancelled}, return_when=asyncio.FIRST_COMPLETED)
-            if not pending.done():
-                await self.cancel_input(result.input_id, by=message.sender)
-            return await pending
-        finally:
-            cancelled.cancel()
 
     # -- outcomes and cancellation --------------------------------------------------------------
 
@@ -266,8 +224,7 @@ class Dispatcher:
         """Stop the session's running turn at its next await, and drop the messages waiting behind it."""
         note = f"stopped by {by}" if by else "stopped"
         waiting = await self.inputs.cancel_waiting(session_id, note)
-        for input_id in waiting:
-            self.waiters.resolve(input_id, Outcome("cancelled", note))
+        self.waiters.wake(waiting)
         turn_id = await self.conversations.running_turn(session_id)
         running = turn_id is not None
         if turn_id is not None:
@@ -279,19 +236,6 @@ class Dispatcher:
             if session is not None:
                 self.bus.emit(Notice(session, report.describe(by)))
         return report
-
-    async def cancel_input(self, input_id: int, by: str | None) -> None:
-        """Withdraw one input (e.g. its caller went away). A merged or steered turn stops only when
-        every input in it is withdrawn."""
-        note = f"cancelled by {by}" if by else "cancelled"
-        emptied_turn = await self.inputs.cancel_input(input_id, note)
-        outcome = await self.inputs.outcome(input_id)
-        if outcome is not None and emptied_turn is None:
-            self.waiters.resolve(input_id, outcome)
-        if emptied_turn is not None:
-            info = await self.conversations.turn_info(emptied_turn)
-            if info is not None:
-                self.turns.cancel_turn(info.session.id, emptied_turn, by)
 
 
 _PAUSED = "The bot is paused by an operator and is not taking new requests right now; try again later."

@@ -1,4 +1,4 @@
-"""The one exception root of ``core`` and its few subclasses."""
+"""The one exception root of ``core`` and its few subclasses (refusals typed by kind)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,23 @@ class StoreError(CoreError):
 
 class InvalidInput(CoreError):
     """Input from outside (a channel, a person) that core refuses; the message says why."""
+
+
+# Refusals by kind, so an adapter picks its answer (an HTTP status) by type, never by the words.
+class NotAllowed(InvalidInput):
+    """The person may not do this (HTTP 403)."""
+
+
+class NotFound(InvalidInput):
+    """There is no such thing (HTTP 404)."""
+
+
+class Conflict(InvalidInput):
+    """It exists, but its state does not allow this: already settled, cancelled, not paused (HTTP 409)."""
+
+
+class Unavailable(CoreError):
+    """Core cannot take this right now (e.g. it is starting or stopping); trying later may work (HTTP 503)."""
 
 
 class ProviderError(CoreError):

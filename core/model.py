@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -11,7 +12,7 @@ from typing import Any
 RESERVED_SESSION_PREFIXES = ("schedule:",)
 
 
-class SessionStatus:
+class SessionStatus(enum.StrEnum):
     IDLE = "idle"
     RUNNING = "running"
     PENDING_APPROVAL = "pending_approval"
@@ -19,35 +20,68 @@ class SessionStatus:
     FAILED = "failed"
 
 
-class TurnStatus:
+class TurnStatus(enum.StrEnum):
     QUEUED = "queued"  # a turn interrupted by a restart, waiting to be continued
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    LIVE = (QUEUED, RUNNING)
+
+LIVE_TURN_STATUSES = (TurnStatus.QUEUED, TurnStatus.RUNNING)
 
 
-class InputStatus:
+class InputStatus(enum.StrEnum):
     WAITING = "waiting"
     TAKEN = "taken"
     CANCELLED = "cancelled"
     REFUSED = "refused"
 
 
-class InputKind:
+class InputKind(enum.StrEnum):
     MESSAGE = "message"  # asks for an answer
     CONTEXT = "context"  # recorded for the next turn, asks nothing
     CONTROL = "control"  # a command to the bot ("stop", "queue collect"), never shown to the model
 
 
-class QueueMode:
+class QueueMode(enum.StrEnum):
     STEER = "steer"
     COLLECT = "collect"
     FOLLOWUP = "followup"
 
-    ALL = (STEER, COLLECT, FOLLOWUP)
+
+QUEUE_MODES = tuple(QueueMode)
+
+
+class OutcomeStatus(enum.StrEnum):
+    """How an input ended (``Outcome.status``)."""
+
+    ANSWERED = "answered"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    REFUSED = "refused"
+
+
+class ScheduleStatus(enum.StrEnum):
+    PENDING_DESTINATION = "pending_destination"
+    ACTIVE = "active"
+    PAUSED = "paused"
+    CANCELLED = "cancelled"
+    DONE = "done"
+
+
+class FiringStatus(enum.StrEnum):
+    RUNNING = "running"
+    POSTED = "posted"
+    FAILED = "failed"
+
+
+class DeliveryStatus(enum.StrEnum):
+    """An answer in the outbox: waiting for its channel to take it, taken, or given up."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    GIVEN_UP = "given_up"
 
 
 @dataclass(frozen=True)
@@ -88,7 +122,7 @@ class SessionInfo:
     id: str
     channel: str
     agent: str
-    status: str
+    status: SessionStatus
     reply_ref: dict[str, Any]
     place: str | None = None
     preapproved: tuple[tuple[str, str], ...] = ()  # (tool, subject) calls that need no approval here
@@ -108,7 +142,7 @@ class TurnInfo:
     input_ids: tuple[int, ...] = ()
 
 
-class ApprovalStatus:
+class ApprovalStatus(enum.StrEnum):
     PENDING = "pending"
     APPROVED = "approved"
     DENIED = "denied"
@@ -126,7 +160,7 @@ class ApprovalInfo:
     arguments: dict[str, Any]
     agent: str
     requester: str | None
-    status: str
+    status: ApprovalStatus
     parked_at: datetime
     expires_at: datetime
     decided_by: str | None = None
@@ -156,7 +190,7 @@ class ApprovalInfo:
         return "Waiting for a decision"
 
 
-class CredentialStatus:
+class CredentialStatus(enum.StrEnum):
     PENDING = "pending"
     PROVIDED = "provided"
     EXPIRED = "expired"
@@ -174,7 +208,7 @@ class CredentialRequestInfo:
     scope: str
     agent: str
     requester: str | None
-    status: str
+    status: CredentialStatus
     created_at: datetime
     expires_at: datetime
     provided_by: str | None = None
@@ -198,7 +232,7 @@ class CredentialRequestInfo:
 class Outcome:
     """How one input ended: answered, failed, cancelled or refused (with the text to show)."""
 
-    status: str
+    status: OutcomeStatus
     text: str
     turn_id: int | None = None
 
@@ -208,7 +242,7 @@ class SessionSummary:
     """One line of a conversation list."""
 
     id: str
-    status: str
+    status: SessionStatus
     title: str
     updated_at: datetime
 

@@ -1,18 +1,23 @@
 """Waiting for something a person settles (an approval, a credential): shared by both brokers.
 
-The database holds the request; this process only waits. A decision made here wakes the waiter at
-once (``Waiters.wake``); one made by another process (an operator's CLI, another replica) is seen
-by polling. Running out of time or being cancelled settles the request too — exactly once, because
-the broker's settle is a conditional update of a pending row.
+The database holds the request; this process only waits, on core.waiting: a decision made here
+wakes the waiter at once, one made by another process (an operator's CLI, another replica) is seen
+by re-reading. Running out of time settles the request (exactly once: the broker's settle is a
+conditional update of a pending row). Being cancelled settles it only when the turn was stopped
+(a person's stop): a shutdown, or a replica losing the session, leaves it pending, so its buttons
+keep working for whichever process continues the turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, TypeVar
 
+from core import waiting
 from core.clock import Clock
 
 
@@ -28,45 +33,84 @@ class Parked(Protocol):
 P = TypeVar("P", bound=Parked)
 
 
+@dataclass(eq=False)
+class Hold:
+    """One turn's share in parking, between the turn (which parks) and its driver (which may stop it,
+    or set it aside at shutdown). Reached through ``HOLD``, set in the turn's task; used only by a
+    wait for that turn (a task the turn spawned to outlive it, e.g. a schedule's destination wait,
+    inherits the variable but waits for no turn)."""
+
+    turn_id: int
+    on_park: Callable[[], None] = field(default=lambda: None)  # the driver learns a turn just parked
+    parked: int = 0  # requests the turn waits on right now
+    stopped: bool = False  # a person's stop: cancelling the turn settles what it waits on
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+HOLD: ContextVar[Hold | None] = ContextVar("parking_hold", default=None)
+
+
 class Waiters:
     def __init__(self, clock: Clock, poll_s: float) -> None:
         self.clock = clock
-        self.poll_s = poll_s
-        self._events: dict[int, asyncio.Event] = {}
+        self._waiters: waiting.Waiters[Parked] = waiting.Waiters(poll_s)
+        self._settled_here: set[int] = set()
 
     def wake(self, request_id: int) -> None:
         """Settled by this process: its waiter returns now, and need not announce it again."""
-        event = self._events.get(request_id)
-        if event is not None:
-            event.set()
+        if self._waiters.waiting(request_id):
+            self._settled_here.add(request_id)
+        self._waiters.wake(request_id)
 
     async def wait(
         self,
         request: P,
         *,
+        turn_id: int | None,
         load: Callable[[int], Awaitable[P | None]],
         expire: Callable[[int], Awaitable[P]],
         cancel: Callable[[int], Awaitable[object]],
         settled_elsewhere: Callable[[P], None],
     ) -> P:
-        """Until settled (by anyone), expired (then ``expire``), or cancelled (then ``cancel``, and re-raise)."""
-        event = self._events.setdefault(request.id, asyncio.Event())
+        """Until settled (by anyone), or expired (then ``expire``). Cancelled: ``cancel`` first if the
+        turn it belongs to (``turn_id``; None: no turn's) was stopped, then re-raised."""
+        key = request.id
+        found: list[P] = []  # typed as P: core.waiting holds any Parked
+
+        async def settled() -> Parked | None:
+            if self._left(request) <= 0:  # counted on the clock, from the request's own expiry
+                found.append(await expire(key))
+                return found[-1]
+            current = await load(key)
+            if current is None or not current.settled:
+                return None
+            found.append(current)
+            return current
+
+        hold = HOLD.get()
+        if hold is not None and hold.turn_id != turn_id:
+            hold = None
+        if hold is not None:
+            hold.parked += 1
+            hold.on_park()
         try:
-            while True:
-                left = (request.expires_at - self.clock.now()).total_seconds()
-                if left <= 0:
-                    return await expire(request.id)
-                try:
-                    await asyncio.wait_for(event.wait(), min(left, self.poll_s))
-                except TimeoutError:
-                    pass
-                current = await load(request.id)
-                if current is not None and current.settled:
-                    if not event.is_set():
-                        settled_elsewhere(current)
-                    return current
+            while await self._waiters.wait(key, settled, timeout_s=max(self._left(request), 0.0)) is None:
+                pass  # its time ran out: the next read settles it as expired
         except asyncio.CancelledError:
-            await cancel(request.id)
+            if hold is not None and hold.stopped:
+                await cancel(key)
             raise
         finally:
-            self._events.pop(request.id, None)
+            if hold is not None:
+                hold.parked -= 1
+        here = key in self._settled_here
+        if not self._waiters.waiting(key):
+            self._settled_here.discard(key)
+        if not here:
+            settled_elsewhere(found[-1])
+        return found[-1]
+
+    def _left(self, request: Parked) -> float:
+        return (request.expires_at - self.clock.now()).total_seconds()

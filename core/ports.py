@@ -38,9 +38,10 @@ class ChannelPort(Protocol):
     @property
     def name(self) -> str: ...
 
-    async def deliver(self, session: SessionInfo, text: str, *, delivery_id: int) -> Receipt:
+    async def deliver(self, session: SessionInfo, text: str, *, delivery_id: int, resume: bool = False) -> Receipt:
         """Post ``text`` as the session's answer, carrying ``delivery_id`` so a retry can find it.
-        Raises DeliveryFailed."""
+        ``resume``: an earlier attempt may have posted part of it (a long answer is several messages):
+        post only what did not land. Raises DeliveryFailed."""
         ...
 
     async def find_delivered(self, session: SessionInfo, delivery_id: int) -> Receipt | None:
@@ -81,3 +82,10 @@ class Ports:
 
     def all(self) -> list[ChannelPort]:
         return list(self._ports.values())
+
+    async def members(self, group_id: str) -> set[str]:
+        """A user group's members, as whichever channel knows the group reports them (``ApprovalPolicy``)."""
+        found: set[str] = set()
+        for port in self._ports.values():
+            found |= await port.group_members(group_id)
+        return found

@@ -10,8 +10,10 @@ import re
 from dataclasses import dataclass
 
 from core.hosts import host_allowed
+from core.store.credentials import CredentialStore
 from core.store.tables import SecretRow
 from core.vault import LEGACY_AAD, ROW_AAD, KeyRing, Sealed, VaultError, row_context
+from core.views import CredentialView
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 
@@ -27,6 +29,19 @@ def hosts_of(row: SecretRow) -> list[str] | None:
         return None
     hosts = json.loads(row.hosts)
     return [str(h) for h in hosts] if isinstance(hosts, list) else None
+
+
+async def credential_views(store: CredentialStore) -> list[CredentialView]:
+    """Every stored credential, as listed (no ciphertext leaves core)."""
+    views = []
+    for row in await store.all_secrets():
+        assert row.id is not None
+        hosts = hosts_of(row)
+        views.append(CredentialView(
+            name=row.name, scope=row.scope, agent=row.agent, granted_to=tuple(await store.grants_of(row.id)),
+            hosts=tuple(hosts) if hosts is not None else None, key_id=row.key_id, created_by=row.created_by,
+            updated_at=row.updated_at, last_used_at=row.last_used_at))
+    return views
 
 
 def preferred(rows: list[SecretRow]) -> SecretRow:

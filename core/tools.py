@@ -133,6 +133,7 @@ def canonical_text(tool_name: str, args: dict[str, Any]) -> str:
 
 
 CANONICAL_KEYS = {"shell_run": ("command",), "http_request": ("method", "url"), "message_send": ("channel", "text")}
+DESTINATION_TOOL = "schedule_destination"  # what a schedule's destination approval is filed (and granted) under
 
 
 @dataclass(frozen=True)

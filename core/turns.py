@@ -8,6 +8,7 @@ inputs; then looks again. Messages arriving during a turn are taken in at its ne
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -16,17 +17,21 @@ from typing import TYPE_CHECKING
 
 from core import logcontext
 from core.agents import AgentDirectory
+from core.delivery import EMPTY_ANSWER
 from core.errors import ProviderError, StepLimitReached
 from core.events import EventBus, InputsTaken, TurnCancelled, TurnFailed, TurnFinished, TurnStarted
 from core.leasing import SessionLeases
 from core.model import Outcome, QueueMode, TurnInfo, TurnStatus
+from core.parking import HOLD, Hold
 from core.providers import ChatMessage
 from core.runner import AgentRunner
 from core.store import ConversationStore, InputStore, Taken
+from core.waiting import Waiters
 
 if TYPE_CHECKING:
     from core.clock import Clock
     from core.dispatcher import DispatchConfig
+    from core.store.deliveries import OutboxClaim
 
 log = logging.getLogger(__name__)
 
@@ -40,44 +45,42 @@ class _Driver:
     cancelled_by: str | None = None
     cancel_turn_id: int | None = None  # a stop that raced the turn's start
     steered: bool = False  # the running turn took inputs at a tool step
+    hold: Hold | None = None  # the running turn's share in parking: is it waiting on a person?
+    set_aside: bool = False  # shutdown found its turn parked and ended it without settling anything
 
     def stop_turn(self) -> None:
         if self.turn is not None:
             self.turn.cancel()
 
 
-class OutcomeWaiters:
-    """Callers waiting for an input's outcome (answered, failed, cancelled or refused)."""
+@dataclass(frozen=True)
+class Shutdown:
+    drained: int  # turns that ended while shutting down
+    set_aside: int  # turns parked on a person: their requests stay pending, the next start continues them
+    interrupted: int  # turns still running when the drain window closed: continued at the next start
 
-    def __init__(self, inputs: InputStore) -> None:
+
+class OutcomeWaiters:
+    """Callers waiting for an input's outcome (answered, failed, cancelled or refused), read from the
+    database: woken at once when this process records it, by a re-read every ``poll_s`` when another
+    process (a replica) does."""
+
+    def __init__(self, inputs: InputStore, poll_s: float) -> None:
         self.inputs = inputs
-        self._futures: dict[int, list[asyncio.Future[Outcome]]] = {}
+        self._waiters: Waiters[Outcome] = Waiters(poll_s)
 
     async def wait(self, input_id: int) -> Outcome:
-        known = await self.inputs.outcome(input_id)
-        if known is not None:
-            return known
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._futures.setdefault(input_id, []).append(future)
-        known = await self.inputs.outcome(input_id)  # it may have ended while we registered
-        if known is not None:
-            self.resolve(input_id, known)
-        return await future
+        outcome = await self._waiters.wait(input_id, lambda: self.inputs.outcome(input_id))
+        assert outcome is not None  # no timeout: only a value ends the wait
+        return outcome
 
-    def resolve(self, input_id: int, outcome: Outcome) -> None:
-        for future in self._futures.pop(input_id, []):
-            if not future.done():
-                future.set_result(outcome)
+    def wake(self, input_ids: Iterable[int]) -> None:
+        """Their outcomes were recorded (or may have been): their waiters read them now."""
+        for input_id in input_ids:
+            self._waiters.wake(input_id)
 
     def any_for(self, input_ids: Iterable[int]) -> bool:
-        return any(i in self._futures for i in input_ids)
-
-    async def resolve_turn(self, turn: TurnInfo) -> None:
-        for input_id in turn.input_ids:
-            if input_id in self._futures:
-                outcome = await self.inputs.outcome(input_id)
-                if outcome is not None:
-                    self.resolve(input_id, outcome)
+        return any(self._waiters.waiting(i) for i in input_ids)
 
 
 class TurnDrivers:
@@ -93,7 +96,9 @@ class TurnDrivers:
         leasing: SessionLeases,
         waiters: OutcomeWaiters,
         queue_mode: Callable[[str], Awaitable[str]],
+        outbox: Callable[[str], OutboxClaim | None] | None = None,
     ) -> None:
+        self.outbox = outbox  # a channel's claim on a finished answer's outbox row (core.delivery)
         self.conversations = conversations
         self.inputs = inputs
         self.runner = runner
@@ -106,6 +111,8 @@ class TurnDrivers:
         self.queue_mode = queue_mode
         self._slots = asyncio.Semaphore(config.max_concurrent_turns)
         self._drivers: dict[str, _Driver] = {}
+        self._parked = asyncio.Event()  # a turn just parked (shutdown sets it aside at once)
+        self.ended = 0  # turns that ended (answered, failed or stopped) in this process
 
     # -- the driver table -----------------------------------------------------------------------
 
@@ -137,9 +144,38 @@ class TurnDrivers:
             return
         driver.cancelled_by = by or "someone"
         if driver.turn_id == turn_id and driver.turn is not None and not driver.turn.done():
+            if driver.hold is not None:
+                driver.hold.stop()  # a stop, not an interruption: what the turn waits on is cancelled too
             driver.turn.cancel()
         else:
             driver.cancel_turn_id = turn_id  # the driver has taken it but not started it yet
+
+    async def shut_down(self, drain_s: float) -> Shutdown:
+        """A turn waiting on a person is set aside at once: its request stays pending, its buttons keep
+        working, and the next start continues it. Other turns get ``drain_s`` to end; those still
+        running then are interrupted (continued at the next start, as after a crash)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_s
+        ended, set_aside, every = self.ended, 0, set(self.tasks())
+        while True:
+            for driver in self._drivers.values():
+                if driver.hold is not None and driver.hold.parked and not driver.set_aside:
+                    driver.set_aside = True
+                    driver.task.cancel()
+                    set_aside += 1
+            busy = [d.task for d in self._drivers.values() if not d.set_aside and not d.task.done()]
+            every.update(busy)
+            left = deadline - loop.time()
+            if not busy or left <= 0:
+                break
+            self._parked.clear()
+            parked = asyncio.ensure_future(self._parked.wait())
+            await asyncio.wait([*busy, parked], timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            parked.cancel()
+        for task in busy:
+            task.cancel()
+        await asyncio.gather(*every, return_exceptions=True)
+        return Shutdown(drained=self.ended - ended, set_aside=set_aside, interrupted=len(busy))
 
     # -- driving --------------------------------------------------------------------------------
 
@@ -218,14 +254,23 @@ class TurnDrivers:
         driver.turn_id = turn.id
         if driver.cancel_turn_id != turn.id:
             driver.cancelled_by = None
+        driver.hold = Hold(turn.id, on_park=self._parked.set)
+        context = contextvars.copy_context()  # the turn's task (and what it spawns) sees its hold
+        context.run(HOLD.set, driver.hold)
         driver.turn = asyncio.create_task(
-            self.runner.run(turn, agent, images=images, steer=lambda: self._steer(turn)), name=f"turn:{turn.id}"
+            self.runner.run(turn, agent, images=images, steer=lambda: self._steer(turn)), name=f"turn:{turn.id}",
+            context=context,
         )
         if driver.cancel_turn_id == turn.id:
+            driver.hold.stop()
             driver.turn.cancel()
         try:
             answer = await driver.turn
         except asyncio.CancelledError:
+            if driver.set_aside:
+                await self.conversations.suspend_turn(turn.id)
+                log.info("turn %s set aside while it waits on a person; it continues at the next start", turn.id)
+                raise
             if driver.cancelled_by is None or _current_task_cancelling():
                 log.warning("turn %s interrupted; it resumes at the next start", turn.id)
                 raise
@@ -244,11 +289,12 @@ class TurnDrivers:
         else:
             await self._finish(turn, answer)
         finally:
-            driver.turn = driver.turn_id = driver.cancel_turn_id = None
-            if self.waiters.any_for(turn.input_ids) or driver.steered:
+            driver.turn = driver.turn_id = driver.cancel_turn_id = driver.hold = None
+            if self.waiters.any_for(turn.input_ids) or driver.steered:  # steered inputs joined the turn late
                 final = await self.conversations.turn_info(turn.id)
-                await self.waiters.resolve_turn(final or turn)
+                self.waiters.wake((final or turn).input_ids)
             driver.steered = False
+        self.ended += 1
 
     async def _steer(self, turn: TurnInfo) -> list[ChatMessage]:
         taken: Taken | None = await self.inputs.take_steered(turn.id, self.config.queue_mode, self.config.budget,
@@ -265,10 +311,11 @@ class TurnDrivers:
     # -- how a turn ended -----------------------------------------------------------------------
 
     async def _finish(self, turn: TurnInfo, answer: str) -> None:
+        outbox = self.outbox(turn.session.channel) if self.outbox is not None else None
         final = await self.conversations.finish_turn(turn.id, status=TurnStatus.FINISHED, answer=answer,
-                                                     error=None, now=self.clock.now())
+                                                     error=None, now=self.clock.now(), outbox=outbox)
         log.info("turn %s finished (session %s)", turn.id, turn.session.id)
-        self.bus.emit(TurnFinished(final.session, final, answer or "(the model returned an empty answer)"))
+        self.bus.emit(TurnFinished(final.session, final, answer or EMPTY_ANSWER))
 
     async def _cancelled(self, turn: TurnInfo, by: str) -> None:
         saved = await self.conversations.final_answer(turn.id)

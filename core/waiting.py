@@ -45,8 +45,9 @@ class Waiters(Generic[V]):
                 step = self.poll_s if deadline is None else min(self.poll_s, deadline - loop.time())
                 if step <= 0:
                     return None
-                try:
-                    await asyncio.wait_for(event.wait(), step)
+                try:  # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancel that races a wake
+                    async with asyncio.timeout(step):
+                        await event.wait()
                 except TimeoutError:
                     pass
         finally:

@@ -54,13 +54,9 @@ async def fake_llm() -> AsyncIterator[FakeLLM]:
     await server.stop()
 
 
-@pytest.fixture
-async def database_url(tmp_path: Path) -> AsyncIterator[str | None]:
-    """None (SQLite under BOT_HOME), or with TEST_DATABASE_URL a fresh PostgreSQL database per test."""
-    admin_url = os.environ.get("TEST_DATABASE_URL")
-    if not admin_url:
-        yield None
-        return
+@contextlib.asynccontextmanager
+async def fresh_postgres(admin_url: str) -> AsyncIterator[str]:
+    """A new, empty database on the PostgreSQL server of ``admin_url``; dropped afterwards."""
     import asyncpg
     from sqlalchemy.engine import make_url
 
@@ -72,12 +68,25 @@ async def database_url(tmp_path: Path) -> AsyncIterator[str | None]:
         await admin.execute(f'CREATE DATABASE "{name}"')
     finally:
         await admin.close()
-    yield url.set(database=name).render_as_string(hide_password=False)
-    admin = await asyncpg.connect(dsn)
     try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        yield url.set(database=name).render_as_string(hide_password=False)
     finally:
-        await admin.close()
+        admin = await asyncpg.connect(dsn)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+@pytest.fixture
+async def database_url(tmp_path: Path) -> AsyncIterator[str | None]:
+    """None (SQLite under BOT_HOME), or with TEST_DATABASE_URL a fresh PostgreSQL database per test."""
+    admin_url = os.environ.get("TEST_DATABASE_URL")
+    if not admin_url:
+        yield None
+        return
+    async with fresh_postgres(admin_url) as url:
+        yield url
 
 
 @functools.cache
@@ -156,8 +165,8 @@ class GatewayClient:
 async def start_gateway() -> AsyncIterator[Callable[[Settings], Any]]:
     started: list[tuple[Application, aiohttp.ClientSession]] = []
 
-    async def start(settings: Settings, provider: Any = None) -> GatewayClient:
-        app = build_application(settings, provider=provider)
+    async def start(settings: Settings, provider: Any = None, clock: Any = None) -> GatewayClient:
+        app = build_application(settings, provider=provider, clock=clock)
         await app.start()
         http = aiohttp.ClientSession()
         started.append((app, http))

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
+
+import pytest
 
 from core.model import ApprovalStatus
 from tests.conftest import GatewayClient
+from tests.fakes.core import ShiftedClock
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import mention
@@ -41,20 +45,27 @@ async def test_two_approvers_at_once_run_the_call_once(
         f"approval.{winner.request.status}"]  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(("click_at", "outcome"), [(-5, ApprovalStatus.APPROVED), (0, ApprovalStatus.EXPIRED)])
 async def test_a_click_racing_the_timeout_settles_once(
-    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, click_at: int, outcome: str
 ) -> None:
-    gateway = await start_gateway(make_settings(approval_timeout_s=30))
+    """A click lands together with the timeout's sweep, seconds before the deadline or at it (when the
+    parked call's own wait runs out too): one of them settles it, once, and the call runs only if approved."""
+    clock = ShiftedClock()
+    gateway = await start_gateway(make_settings(approval_timeout_s=30), clock=clock)
     request_id = await _parked(gateway, fake_slack, fake_llm)
     broker = gateway.app.approvals
-    click, expiry = await asyncio.gather(
-        broker.decide(request_id, "approve", by="U1"),
-        broker._settle(request_id, ApprovalStatus.EXPIRED, by=None, reason=None),
-    )
-    assert click.won != expiry[0]  # exactly one of them settled it
+    parked = await broker.get(request_id)
+    assert parked is not None
+    clock.jump_to(parked.expires_at + timedelta(seconds=click_at))
+    _overdue, click = await asyncio.gather(broker.expire_overdue(), broker.decide(request_id, "approve", by="U1"))
     final = await broker.get(request_id)
-    assert final is not None and final.status in (ApprovalStatus.APPROVED, ApprovalStatus.EXPIRED)
+    assert final is not None and final.status == outcome
+    assert click.won == (outcome == ApprovalStatus.APPROVED) and click.expired == (outcome == ApprovalStatus.EXPIRED)
     await fake_slack.wait_for("chat.postMessage", 2)
     await gateway.idle()
+    audit = await broker.store.audit_log()
+    assert [a.action for a in audit if a.subject == f"approval:{request_id}"] == [f"approval.{outcome}"]  # once
+    assert len(fake_slack.of("chat.update")) == 1
     ran = "exit code 0" in fake_llm.requests[1]["messages"][-1]["content"]
     assert ran == (final.status == ApprovalStatus.APPROVED)

@@ -39,7 +39,8 @@ def violations(folder: str, forbidden: tuple[str, ...]) -> list[str]:
     assert files, f"no Python files under {folder}"
     for path in files:
         for name in imported_modules(path):
-            if name.split(".")[0] in forbidden or name.startswith(tuple(f"{f}." for f in forbidden)):
+            top = name.split(".")[0]
+            if top in forbidden or name in forbidden or name.startswith(tuple(f"{f}." for f in forbidden)):
                 found.append(f"{path.relative_to(ROOT)} imports {name}")
     return found
 
@@ -60,6 +61,21 @@ def test_channels_do_not_import_bot() -> None:
 
 def test_violation_detector_can_fail() -> None:
     assert violations("bot", ("core",)) != []  # bot does use core: the check does find imports
+
+
+# The services behind the Gateway: a channel reaches them only through core.gateway (and reads values:
+# core.model, core.views, core.events, core.errors, core.ports, core.text, core.display, core.replies).
+CORE_SERVICES = ("core.dispatcher", "core.approvals", "core.credentials", "core.schedules", "core.turns",
+                 "core.controls", "core.runner", "core.commands", "core.delivery", "core.leasing")
+
+
+def test_channels_call_core_only_through_the_gateway() -> None:
+    assert violations("channels", CORE_SERVICES) == []
+
+
+def test_service_detector_can_fail() -> None:
+    found = violations("bot", CORE_SERVICES)  # the wiring builds the services: the check sees it
+    assert "bot/app.py imports core.dispatcher" in found and "bot/app.py imports core.schedules.jobs" in found
 
 
 @pytest.mark.parametrize("mode", ["http", "socket"])
@@ -96,3 +112,30 @@ def test_scopes_cover_events() -> None:
              "message.groups": "groups:history", "message.im": "im:history", "message.mpim": "mpim:history"}
     assert {needs[e] for e in BOT_EVENTS} <= set(BOT_SCOPES)
     assert "chat:write" in BOT_SCOPES
+
+
+def test_no_table_row_crosses_into_channels_or_bot() -> None:
+    """Rows stay in core (its stores and services): channels and the bot get frozen views and value types.
+    Neither imports the tables, and no public function of a core module they import returns a row."""
+    import re
+
+    used: set[str] = set()
+    importers = ("channels", "bot")
+    imports_tables = []
+    for folder in importers:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            names = imported_modules(path)
+            imports_tables += [f"{path.relative_to(ROOT)}" for n in names if n == "core.store.tables"]
+            used |= {n for n in names if n.startswith("core.") and not n.startswith("core.store")}
+    assert imports_tables == []
+    returns_rows = []
+    for module in sorted(used):
+        path = ROOT / (module.replace(".", "/") + ".py")
+        if not path.exists():
+            path = ROOT / module.replace(".", "/") / "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_") \
+                    and node.returns is not None and re.search(r"\b\w+Row\b", ast.unparse(node.returns)):
+                returns_rows.append(f"{module}.{node.name} -> {ast.unparse(node.returns)}")
+    assert len(used) > 10  # the walk did find what they import
+    assert returns_rows == []

@@ -170,7 +170,7 @@ async def test_operator_override_from_the_command_line(
         updates = await fake_slack.wait_for("chat.update")  # the running process updated the message
         assert "Denied by operator" in str(updates[0].params["blocks"])
         code, out = await run_cli(tmp_path, env, "approvals", "deny", request_id)
-        assert code == 1 and "Already settled" in out
+        assert code == 4 and "Already settled" in out  # refused (see `bot --help`)
     finally:
         assert await bot.terminate() == 0
 

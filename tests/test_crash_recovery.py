@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from core.store import CredentialStore, Database
 from tests.bot_process import BotProcess, post_form, send_event, slack_env
+from tests.fakes.core import until
 from tests.fakes.llm import FakeLLM, Gate, Reply
 from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import block_action, command_body, mention, view_submission
@@ -26,6 +29,19 @@ def _process_database(database_url: str | None, monkeypatch: pytest.MonkeyPatch)
 def _texts(fake_slack: FakeSlack, channel: str | None = None) -> list[str]:
     return [str(c.params.get("text")) for c in fake_slack.posts()
             if channel is None or c.params.get("channel") == channel]
+
+
+async def _until_announced(home: Path, request_id: int) -> None:
+    """Until the bot has recorded where it posted the credential request (read from its database)."""
+    db = Database(os.environ.get("BOT_PROCESS_DATABASE_URL") or f"sqlite:///{home / '.bot' / 'bot.db'}")
+    try:
+        async def announced() -> bool:
+            info = await CredentialStore(db).get(request_id)
+            return info is not None and info.announcement is not None
+
+        await until(announced, what=f"credential request {request_id}'s message recorded")
+    finally:
+        await db.close()
 
 
 async def _wait_text(fake_slack: FakeSlack, text: str, timeout: float = 20) -> None:
@@ -43,7 +59,7 @@ async def test_kill_while_waiting_for_a_credential(
     await send_event(bot, mention("need a token"), "EvCred")
     request = (await fake_slack.wait_for("chat.postMessage"))[0]
     request_id = request.params["blocks"][-1]["elements"][0]["value"]
-    await asyncio.sleep(0.3)  # let it record where the request was posted
+    await _until_announced(tmp_path, int(request_id))  # the restart updates that message: it must be known
     await bot.kill()
 
     bot = await BotProcess(tmp_path, env).start()

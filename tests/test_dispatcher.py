@@ -3,73 +3,37 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from core.agents import Agent, AgentDirectory
 from core.clock import SystemClock
-from core.dispatcher import DispatchConfig, Dispatcher
-from core.events import EventBus
+from core.dispatcher import Dispatcher
+from core.errors import InvalidInput
 from core.model import Inbound, MessageRef
-from core.providers import Completion, CompletionRequest, ToolCall
-from core.runner import AgentRunner
-from core.store import ControlStore, ConversationStore, Database, InputStore
-from core.tools import Risk, Tool, ToolRegistry
-
-
-class HeldModel:
-    name = "held"
-
-    def __init__(self) -> None:
-        self.calls: asyncio.Queue[tuple[CompletionRequest, asyncio.Future[Completion]]] = asyncio.Queue()
-        self.ids = itertools.count()
-
-    async def complete(self, request: CompletionRequest) -> Completion:
-        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        await self.calls.put((request, future))
-        return await future
-
-    async def next_call(self) -> tuple[CompletionRequest, asyncio.Future[Completion]]:
-        return await asyncio.wait_for(self.calls.get(), 5)
-
-    async def answer(self, text: str) -> CompletionRequest:
-        request, future = await self.next_call()
-        future.set_result(Completion(text))
-        return request
-
-    async def step(self) -> CompletionRequest:
-        request, future = await self.next_call()
-        future.set_result(Completion("", (ToolCall(f"t{next(self.ids)}", "noop", "{}"),)))
-        return request
-
-
-async def _noop(_ctx: object, _args: object) -> str:
-    return "done"
+from core.providers import Completion
+from core.store import ConversationStore, InputStore
+from tests.fakes.core import Core, HeldProvider, build_core
 
 
 @pytest.fixture
-async def model() -> HeldModel:
-    return HeldModel()
+async def model() -> HeldProvider:
+    return HeldProvider()
 
 
 @pytest.fixture
-async def dispatcher(tmp_path: Path, model: HeldModel, request: pytest.FixtureRequest) -> AsyncIterator[Dispatcher]:
-    mode = getattr(request, "param", "steer")
-    db = Database(f"sqlite:///{tmp_path / 'bot.db'}")
-    await db.migrate()
-    tools = ToolRegistry()
-    tools.register(Tool("noop", "does nothing", {"type": "object"}, Risk.SAFE, _noop))  # type: ignore[arg-type]
-    conversations = ConversationStore(db)
-    d = Dispatcher(conversations, InputStore(db), ControlStore(db),
-                   AgentRunner(conversations, model, tools, SystemClock()), AgentDirectory([Agent()]), EventBus(),
-                   SystemClock(), DispatchConfig(queue_mode=mode, debounce_s=0.01))
-    await d.start()
-    yield d
-    await d.stop(drain_s=0.5)
-    await db.close()
+async def core(tmp_path: Path, model: HeldProvider, request: pytest.FixtureRequest) -> AsyncIterator[Core]:
+    options: dict[str, Any] = {"queue_mode": "steer", **getattr(request, "param", {})}
+    async with build_core(tmp_path / "bot.db", model, outcome_poll_s=0.05, **options) as started:
+        yield started
+
+
+@pytest.fixture
+async def dispatcher(core: Core) -> Dispatcher:
+    return core.dispatcher
 
 
 def msg(text: str, key: str, session: str = "s:1") -> Inbound:
@@ -77,30 +41,36 @@ def msg(text: str, key: str, session: str = "s:1") -> Inbound:
                    ref=MessageRef("C", key), idempotency_key=key)
 
 
-async def test_dispatch_returns_the_outcome(dispatcher: Dispatcher, model: HeldModel) -> None:
-    task = asyncio.create_task(dispatcher.dispatch(msg("hi", "a")))
+async def _history(core: Core, session: str = "s:1") -> list[str]:
+    return [e.content for e in await core.conversations.history(session)]
+
+
+async def test_an_accepted_input_ends_with_its_answer(dispatcher: Dispatcher, model: HeldProvider) -> None:
+    accepted = await dispatcher.accept(msg("hi", "a"))
     await model.answer("hello")
-    outcome = await task
+    assert accepted.input_id is not None
+    outcome = await dispatcher.outcome(accepted.input_id)
     assert (outcome.status, outcome.text) == ("answered", "hello")
 
 
-async def test_a_cancelled_input_that_never_started_leaves_no_trace(dispatcher: Dispatcher, model: HeldModel) -> None:
-    first = asyncio.create_task(dispatcher.dispatch(msg("busy", "a")))
+async def test_a_stopped_input_that_never_started_leaves_no_trace(
+    core: Core, dispatcher: Dispatcher, model: HeldProvider
+) -> None:
+    first = await dispatcher.accept(msg("busy", "a"))
     _request, held = await model.next_call()
-    signal = asyncio.Event()
-    second = asyncio.create_task(dispatcher.dispatch(msg("never mind", "b"), cancel=signal))
-    await asyncio.sleep(0.05)
-    signal.set()
-    assert (await second).status == "cancelled"
-    held.set_result(Completion("done"))
-    assert (await first).text == "done"
-    history = await dispatcher.history("s:1")
-    assert [e.content for e in history] == ["busy", "done"]
+    second = await dispatcher.accept(msg("never mind", "b"))  # waits behind the running turn
+    report = await dispatcher.cancel("s:1", by="U1")
+    assert (report.running, report.waiting) == (True, 1)
+    assert first.input_id is not None and second.input_id is not None
+    assert (await dispatcher.outcome(second.input_id)).status == "cancelled"
+    assert (await dispatcher.outcome(first.input_id)).status == "cancelled"
+    assert held.cancelled()  # the model call was abandoned at its await
+    assert await _history(core) == ["busy", "(stopped by U1)"]  # "never mind" was never written
 
 
-@pytest.mark.parametrize("dispatcher", ["collect"], indirect=True)
-async def test_a_merged_turn_stops_only_when_every_input_is_cancelled(
-    dispatcher: Dispatcher, model: HeldModel
+@pytest.mark.parametrize("core", [{"queue_mode": "collect"}], indirect=True)
+async def test_stop_ends_a_merged_turn_and_every_input_in_it(
+    core: Core, dispatcher: Dispatcher, model: HeldProvider
 ) -> None:
     first = await dispatcher.accept(msg("busy", "a"))
     await model.step()  # the first turn is at a tool step; the next two wait and merge
@@ -110,34 +80,57 @@ async def test_a_merged_turn_stops_only_when_every_input_is_cancelled(
     request, held = await model.next_call()  # the merged turn
     assert request.messages[-1].content == "one\n\ntwo"
     assert b.input_id and c.input_id and first.input_id
-    await dispatcher.cancel_input(b.input_id, by="U1")
-    await asyncio.sleep(0.02)
-    assert not held.cancelled()  # c still wants an answer
-    await dispatcher.cancel_input(c.input_id, by="U1")
-    await asyncio.sleep(0.02)
-    assert held.cancelled()  # nobody is left: the turn stopped at its await
+    report = await dispatcher.cancel("s:1", by="U1")
+    assert (report.running, report.waiting) == (True, 0)
     assert (await dispatcher.outcome(b.input_id)).status == "cancelled"
     assert (await dispatcher.outcome(c.input_id)).status == "cancelled"
+    assert held.cancelled()
     assert (await dispatcher.outcome(first.input_id)).text == "first done"
 
 
-async def test_stop_racing_the_answer_keeps_the_answer(dispatcher: Dispatcher, model: HeldModel) -> None:
-    accepted = await dispatcher.accept(msg("quick", "a"))
+class _PauseAfterAnswer(ConversationStore):
+    """The real store; once a turn's final answer is saved, the turn waits here until released."""
+
+    saved = asyncio.Event()
+    release = asyncio.Event()
+
+    async def add_message(self, session_id: str, *, role: str, content: str, turn_id: int | None, now: datetime,
+                          **extra: Any) -> Any:
+        row = await super().add_message(session_id, role=role, content=content, turn_id=turn_id, now=now, **extra)
+        if role == "assistant" and not extra.get("tool_calls") and not content.startswith("(stopped"):
+            type(self).saved.set()
+            await type(self).release.wait()
+        return row
+
+
+async def test_a_stop_after_the_answer_is_saved_keeps_the_answer(tmp_path: Path) -> None:
+    model = HeldProvider()
+    _PauseAfterAnswer.saved, _PauseAfterAnswer.release = asyncio.Event(), asyncio.Event()
+    async with build_core(tmp_path / "bot.db", model, conversations_class=_PauseAfterAnswer) as core:
+        accepted = await core.dispatcher.accept(msg("quick", "a"))
+        await model.answer("made it")
+        await asyncio.wait_for(_PauseAfterAnswer.saved.wait(), 5)  # saved, and the turn not finished yet
+        report = await core.dispatcher.cancel("s:1", by="U1")
+        assert report.running  # the stop did land on the running turn...
+        assert accepted.input_id is not None
+        outcome = await core.dispatcher.outcome(accepted.input_id)
+        assert (outcome.status, outcome.text) == ("answered", "made it")  # ...and lost to the saved answer
+        assert await _history(core) == ["quick", "made it"]  # one outcome, and the transcript agrees
+
+
+async def test_a_stop_before_the_answer_wins(core: Core, dispatcher: Dispatcher, model: HeldProvider) -> None:
+    accepted = await dispatcher.accept(msg("slow", "a"))
     _request, held = await model.next_call()
-    held.set_result(Completion("made it"))
-    await dispatcher.cancel("s:1", by="U1")  # lands while the answer is being saved, or after
+    await dispatcher.cancel("s:1", by="U1")
     assert accepted.input_id is not None
     outcome = await dispatcher.outcome(accepted.input_id)
-    assert outcome.status in ("answered", "cancelled")
-    history = [e.content for e in await dispatcher.history("s:1")]
-    if outcome.status == "answered":
-        assert history == ["quick", "made it"]  # one outcome, and the transcript agrees with it
-    else:
-        assert history[-1].startswith("(stopped by")
+    assert (outcome.status, outcome.text) == ("cancelled", "stopped by U1")
+    assert held.cancelled()
+    assert await _history(core) == ["slow", "(stopped by U1)"]
 
 
 async def test_a_message_arriving_as_the_turn_finishes_is_answered_next(
-    dispatcher: Dispatcher, model: HeldModel
+    dispatcher: Dispatcher, model: HeldProvider
 ) -> None:
     first = await dispatcher.accept(msg("first", "a"))
     _request, held = await model.next_call()
@@ -150,12 +143,11 @@ async def test_a_message_arriving_as_the_turn_finishes_is_answered_next(
     assert (await dispatcher.outcome(second.input_id)).text == "two"
 
 
-async def test_a_repeat_naming_another_agent_is_refused(dispatcher: Dispatcher, model: HeldModel) -> None:
-    task = asyncio.create_task(dispatcher.dispatch(msg("hi", "a")))
+async def test_a_repeat_naming_another_agent_is_refused(dispatcher: Dispatcher, model: HeldProvider) -> None:
+    accepted = await dispatcher.accept(msg("hi", "a"))
     await model.answer("hello")
-    await task
-    from core.errors import InvalidInput
-
+    assert accepted.input_id is not None
+    await dispatcher.outcome(accepted.input_id)
     other = Inbound(session_id="s:1", channel="test", sender="U1", text="hi", addressed=True,
                     ref=MessageRef("C", "a"), idempotency_key="a", agent="ops")
     with pytest.raises(InvalidInput, match="belongs to agent 'default'"):
@@ -163,7 +155,20 @@ async def test_a_repeat_naming_another_agent_is_refused(dispatcher: Dispatcher, 
 
 
 async def test_reserved_session_ids_cannot_be_named(dispatcher: Dispatcher) -> None:
-    from core.errors import InvalidInput
-
     with pytest.raises(InvalidInput, match="reserved"):
         await dispatcher.accept(msg("hi", "a", session="schedule:1:1"))
+
+
+async def test_an_outcome_recorded_by_another_replica_wakes_the_waiter(dispatcher: Dispatcher) -> None:
+    """Another process (a replica) takes and settles an input: this one's waiter sees it by re-reading."""
+    other = InputStore(dispatcher.inputs.db)  # the other replica's store: it wakes nobody here
+    accepted = await other.accept(msg("hello", "r1"), kind="message", agent="default", refuse=None, max_waiting=20,
+                                  now=SystemClock().now())
+    assert accepted.input_id is not None
+    waiter = asyncio.create_task(dispatcher.outcome(accepted.input_id))
+    await asyncio.sleep(0)  # the waiter has read the input: still waiting
+    assert not waiter.done()
+    assert await other.cancel_waiting("s:1", "stopped by U2 elsewhere") == [accepted.input_id]
+    async with asyncio.timeout(5):
+        outcome = await waiter
+    assert (outcome.status, outcome.text) == ("cancelled", "stopped by U2 elsewhere")

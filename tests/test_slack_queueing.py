@@ -134,7 +134,7 @@ async def test_stop_in_the_thread_cancels_the_turn_and_what_waits(
     await gateway.idle()
     assert len(fake_slack.posts()) == 1 and len(fake_llm.requests) == 1  # nothing answered after the stop
     # The waiting message never started, so the transcript does not have it.
-    history = await gateway.app.dispatcher.history(f"slack:T1:C1:{root['ts']}")
+    history = await gateway.app.gateway.history(f"slack:T1:C1:{root['ts']}")
     assert [e.content for e in history] == ["deploy the thing", "(stopped by U1)"]
 
 

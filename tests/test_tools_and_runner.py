@@ -15,8 +15,9 @@ from bot.providers.demo import HELP, DemoProvider
 from bot.providers.openai_compat import classify
 from bot.tools.time_now import time_now_tool
 from core.errors import CoreError, ProviderError
-from core.providers import ChatMessage, Completion, CompletionRequest, RetryPolicy, complete_with_retries
+from core.providers import ChatMessage, CompletionRequest, RetryPolicy, complete_with_retries
 from core.tools import Risk, Tool, ToolContext, ToolError, ToolRegistry, run_tool
+from tests.fakes.core import FlakyProvider
 
 try:  # the installed openai client may be built on the renamed ``httpx2`` package
     import httpx2 as httpx
@@ -171,20 +172,6 @@ async def test_demo_after_tool_result_answers() -> None:
     assert reply.tool_calls == ()
     assert "12:00 UTC" in reply.content
 
-
-
-class FlakyProvider:
-    name = "flaky"
-
-    def __init__(self, errors: list[ProviderError]) -> None:
-        self.errors = errors
-        self.calls = 0
-
-    async def complete(self, request: CompletionRequest) -> Completion:
-        self.calls += 1
-        if self.errors:
-            raise self.errors.pop(0)
-        return Completion(content="answer")
 
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.0)

@@ -27,12 +27,14 @@ async def _get(gw: GatewayClient, path: str, **kwargs: Any) -> tuple[int, Any]:
         return resp.status, await resp.json(content_type=None)
 
 
-async def _events(gw: GatewayClient, cid: str) -> AsyncIterator[dict[str, Any]]:
+async def _events(gw: GatewayClient, cid: str, connected: asyncio.Event) -> AsyncIterator[dict[str, Any]]:
     async with gw.http.get(f"{gw.base}/api/conversations/{cid}/events") as resp:
         assert resp.headers["Content-Type"].startswith("text/event-stream")
         async for raw in resp.content:
             line = raw.decode().strip()
-            if line.startswith("data: "):
+            if line == ": connected":  # the server now sends this stream every event of the conversation
+                connected.set()
+            elif line.startswith("data: "):
                 yield json.loads(line[6:])
 
 
@@ -43,11 +45,19 @@ async def _collect(stream: AsyncIterator[dict[str, Any]], until: str, out: list[
             return
 
 
+async def _watch(gw: GatewayClient, cid: str, until: str, out: list[dict[str, Any]]) -> asyncio.Task[None]:
+    """Collect the conversation's live events into ``out`` until one of type ``until``; returns once
+    the stream is connected, so nothing sent after this is missed."""
+    connected = asyncio.Event()
+    watcher = asyncio.create_task(_collect(_events(gw, cid, connected), until, out))
+    await asyncio.wait_for(connected.wait(), 5)
+    return watcher
+
+
 async def test_send_and_read_back_with_live_events(gateway: GatewayClient, fake_llm: FakeLLM,
                                                    fake_slack: FakeSlack) -> None:
     seen: list[dict[str, Any]] = []
-    watcher = asyncio.create_task(_collect(_events(gateway, CID), "turn.finished", seen))
-    await asyncio.sleep(0.05)  # let the stream connect before the message goes in
+    watcher = await _watch(gateway, CID, "turn.finished", seen)
     status, body = await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "hi web", "client_id": "a1"})
     assert (status, body["outcome"]) == (200, "queued")
     await asyncio.wait_for(watcher, 10)
@@ -129,6 +139,19 @@ async def test_pages_and_static_files(gateway: GatewayClient) -> None:
         assert resp.status == 404
 
 
+async def test_a_page_for_a_malformed_conversation_id_is_404_and_does_not_echo_it(gateway: GatewayClient) -> None:
+    # A well-formed id nobody has used yet is a new conversation (the page makes its id before the
+    # first message): still 200. Anything else names no conversation, ever.
+    async with gateway.http.get(f"{gateway.base}/c/{'f' * 32}") as resp:
+        assert resp.status == 200
+    for bad in ("abc", CID.upper(), CID + "0", "%3Cscript%3Ealert(1)%3C%2Fscript%3E", "x" * 300):
+        async with gateway.http.get(f"{gateway.base}/c/{bad}") as resp:
+            body = await resp.text()
+            assert (resp.status, resp.content_type) == (404, "text/html"), bad
+            assert "no such conversation" in body.lower() and 'href="/"' in body
+            assert "<script>" not in body and "abc" not in body and "xxx" not in body
+
+
 async def test_token_login_guards_everything_but_health(make_settings: Any, start_gateway: Any) -> None:
     token = "a-very-long-login-token-for-tests"
     gateway: GatewayClient = await start_gateway(make_settings(bot_web_token=token))
@@ -156,8 +179,7 @@ async def test_messages_sent_while_busy_show_as_queued_then_taken(gateway: Gatew
     await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "first"})
     await asyncio.wait_for(gate.reached.wait(), 5)
     seen: list[dict[str, Any]] = []
-    watcher = asyncio.create_task(_collect(_events(gateway, CID), "turn.finished", seen))
-    await asyncio.sleep(0.05)
+    watcher = await _watch(gateway, CID, "turn.finished", seen)
     _status, body = await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "second"})
     assert body["outcome"] == "queued"
     _, conv = await _get(gateway, f"/api/conversations/{CID}")
@@ -204,9 +226,9 @@ async def test_schedules_view_lists_and_changes_schedules(gateway: GatewayClient
     service = gateway.app.schedules
     origin = SessionInfo(id=f"web:{CID}", channel="web", agent="default", status="idle", reply_ref={})
     mine = await service.create(prompt="report", trigger=TriggerSpec(every_seconds=3600), destination="#ops",
-                                agent="default", creator="web", origin=origin)
+                                agent="default", creator="web", origin=origin, channel="slack")
     theirs = await service.create(prompt="other", trigger=TriggerSpec(every_seconds=3600), destination="#ops",
-                                  agent="default", creator="U5", origin=origin)
+                                  agent="default", creator="U5", origin=origin, channel="slack")
     _, listing = await _get(gateway, "/api/schedules")
     rows = {s["id"]: s for s in listing["schedules"]}
     assert rows[mine.id]["can_change"] and not rows[theirs.id]["can_change"]

@@ -11,7 +11,9 @@ from core.tools import Risk, Tool, ToolContext, ToolError
 from core.triggers import TriggerSpec
 
 
-def schedule_tools(service: ScheduleService, conversations: ConversationStore) -> list[Tool]:
+def schedule_tools(service: ScheduleService, conversations: ConversationStore, *, channel: str) -> list[Tool]:
+    """``channel``: the channel whose destinations (``#name`` or an id) the model's schedules post to."""
+
     async def create(ctx: ToolContext, args: dict[str, Any]) -> str:
         origin = await conversations.get_session(ctx.session_id)
         if origin is None:
@@ -21,10 +23,10 @@ def schedule_tools(service: ScheduleService, conversations: ConversationStore) -
         try:
             schedule = await service.create(prompt=str(args["prompt"]), trigger=trigger,
                                             destination=str(args["destination"]), agent=ctx.agent,
-                                            creator=ctx.sender or "unknown", origin=origin)
+                                            creator=ctx.sender or "unknown", origin=origin, channel=channel)
         except InvalidInput as exc:
             raise ToolError(str(exc)) from None
-        return (f"schedule {schedule.id} created ({trigger.describe()}, posting to {schedule.destination}); "
+        return (f"schedule {schedule.id} created ({schedule.describe()}, posting to {schedule.destination}); "
                 "it becomes active once someone approves that destination (asked in this conversation)")
 
     async def list_(ctx: ToolContext, _args: dict[str, Any]) -> str:
@@ -34,7 +36,7 @@ def schedule_tools(service: ScheduleService, conversations: ConversationStore) -
         if not rows:
             return "no schedules" if ctx.sender and service.policy.is_admin(ctx.sender) else "no schedules here"
         return "\n".join(
-            f"{r.id}: {TriggerSpec.from_json(r.trigger).describe()} → {r.destination} [{r.status}] "
+            f"{r.id}: {r.describe()} → {r.destination} [{r.status}] "
             f"by {r.creator}; firings {r.firings}; last: {r.last_outcome or 'none yet'}; prompt: {r.prompt[:80]}"
             for r in rows)
 

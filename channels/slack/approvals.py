@@ -1,5 +1,5 @@
 """Approvals in Slack: the Block Kit request message, its buttons, the Deny reason modal, and the
-in-place update once settled. Every rule (who may decide, settle once) is the broker's."""
+in-place update once settled. Every rule (who may decide, settle once) is core's (through the Gateway)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import PrivateReplies, error_code
+from channels.slack.formatting import SLACK_MARKS, escape
 from channels.slack.payloads import channel_id, input_value, user_id
-from core.approvals import TOO_LONG_TO_SHOW, ApprovalBroker
 from core.display import arguments_text
+from core.errors import InvalidInput
+from core.gateway import Gateway
 from core.model import ApprovalInfo, ApprovalStatus
+from core.replies import asked_by
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +38,9 @@ _OUTCOME_ICON = {ApprovalStatus.APPROVED: ":white_check_mark:", ApprovalStatus.D
 
 
 class SlackApprovals:
-    def __init__(self, app: AsyncApp, client: AsyncWebClient, broker: ApprovalBroker) -> None:
+    def __init__(self, app: AsyncApp, client: AsyncWebClient, gateway: Gateway) -> None:
         self.client = client
-        self.broker = broker
+        self.gateway = gateway
         self._private = PrivateReplies(client)
         app.action(ACTION)(self._on_click)
         app.view(DENY_VIEW)(self._on_deny_submitted)
@@ -51,7 +54,7 @@ class SlackApprovals:
             # The file goes first, so no button is ever shown before the arguments can be read.
             attached = await self._attach(request)
             if attached is None:
-                await self.broker.refuse(request.id, TOO_LONG_TO_SHOW)
+                await self.gateway.approval_unshowable(request.id)
                 return
         for attempt in range(2):
             try:
@@ -67,9 +70,9 @@ class SlackApprovals:
             # Slack would not take the arguments on the card after all: attach them, or refuse the call.
             attached = await self._attach(request)
             if attached is None:
-                await self.broker.refuse(request.id, TOO_LONG_TO_SHOW)
+                await self.gateway.approval_unshowable(request.id)
                 return
-        await self.broker.record_announcement(request.id, {"channel": posted["channel"], "ts": posted["ts"]})
+        await self.gateway.approval_shown(request.id, {"channel": posted["channel"], "ts": posted["ts"]})
 
     async def _attach(self, request: ApprovalInfo) -> str | None:
         """Post the arguments in full as a file in the request's thread; its name, or None if that failed."""
@@ -82,7 +85,7 @@ class SlackApprovals:
             await self.client.files_upload_v2(channel=ref["channel"], thread_ts=ref.get("thread_ts"),
                                               content=content, filename=filename,
                                               title=f"Arguments of approval request {request.id}")
-        except Exception as exc:  # whatever went wrong, nobody can read them: the broker refuses the call
+        except Exception as exc:  # whatever went wrong, nobody can read them: core refuses the call
             log.error("could not attach the arguments of approval %s: %s", request.id,
                       error_code(exc) if isinstance(exc, SlackApiError) else type(exc).__name__)
             return None
@@ -90,7 +93,7 @@ class SlackApprovals:
 
     async def resolve(self, request: ApprovalInfo) -> None:
         """Update the request's message in place: no buttons, who decided what."""
-        where = request.announcement or (await self.broker.get(request.id) or request).announcement
+        where = request.announcement or (await self.gateway.approval(request.id) or request).announcement
         try:
             if where:
                 await self.client.chat_update(channel=where["channel"], ts=where["ts"], text=_fallback(request),
@@ -115,14 +118,13 @@ class SlackApprovals:
             self._private.tell(channel, user, "That button does not belong to an approval request I know.")
             return
         if verdict.group(1) == "deny":
-            request = await self.broker.get(request_id)
-            if request is None or request.settled or not await self.broker.may_decide(user, request):
-                result = await self.broker.decide(request_id, "deny", by=user)  # refuses, or says what happened
-                self._private.tell(channel, user, result.message)
-                return
-            await self._open_deny_modal(str(body.get("trigger_id") or ""), request)
+            prompt = await self.gateway.deny_prompt(request_id, by=user)
+            if isinstance(prompt, ApprovalInfo):  # it may be denied: ask why first
+                await self._open_deny_modal(str(body.get("trigger_id") or ""), prompt)
+            else:  # refused, or it had already been settled
+                self._private.tell(channel, user, prompt.message)
             return
-        result = await self.broker.decide(request_id, verdict.group(1), by=user)
+        result = await self.gateway.decide(request_id, verdict.group(1), by=user)
         if not result.won:
             self._private.tell(channel, user, result.message)
 
@@ -139,7 +141,11 @@ class SlackApprovals:
         if request_id is None or not user:
             return
         reason = input_value(view, "reason", "text").strip()
-        result = await self.broker.decide(request_id, "deny", by=user, reason=reason or None)
+        try:
+            result = await self.gateway.decide(request_id, "deny", by=user, reason=reason or None)
+        except InvalidInput as exc:  # e.g. a reason longer than the modal allows: nothing was decided
+            log.warning("deny of approval %s refused: %s", request_id, exc)
+            return
         if not result.won and result.request is not None and result.request.announcement:
             self._private.tell(result.request.announcement["channel"], user, result.message)
 
@@ -147,10 +153,10 @@ class SlackApprovals:
 
 def approval_blocks(request: ApprovalInfo, *, attached: str | None = None) -> list[dict[str, Any]]:
     """The card: every argument in full (over several sections, or in the attached file ``attached``)."""
-    asked = asked_by(request)
+    asked = asked_by(request, SLACK_MARKS)
     shown = arguments_text(request.arguments)
     chunks = _chunks(shown)
-    header = f":lock: *{_escape(request.agent)}* wants to run `{_escape(request.tool)}`"
+    header = f":lock: *{escape(request.agent)}* wants to run `{escape(request.tool)}`"
     if attached is None and len(chunks) <= _INLINE_SECTIONS:
         if len(chunks) > 1:
             header += f" — its arguments in full, in {len(chunks)} parts:"
@@ -177,21 +183,8 @@ def approval_blocks(request: ApprovalInfo, *, attached: str | None = None) -> li
     else:
         icon = _OUTCOME_ICON.get(request.status, "")
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
-            f"{icon} {_who(_escape(request.summary()), request.decided_by)} · {asked}")}]})
+            f"{icon} {_who(escape(request.summary()), request.decided_by)} · {asked}")}]})
     return blocks
-
-
-def asked_by(request: ApprovalInfo, *, limit: int = 10) -> str:
-    """Who the call may come from: the requester (the turn's first sender), and everyone else whose
-    messages the turn had taken (a steered reply may be what asked for it)."""
-    asked = f"Asked by <@{request.requester}>" if request.requester else "Asked by the agent"
-    others = [f"<@{user}>" for user in request.other_senders[:limit]]
-    if len(request.other_senders) > limit:
-        others.append(f"{len(request.other_senders) - limit} more")
-    if not others:
-        return asked
-    listed = others[0] if len(others) == 1 else f"{', '.join(others[:-1])} and {others[-1]}"
-    return f"{asked} (with messages from {listed})"
 
 
 def deny_modal(request: ApprovalInfo) -> dict[str, Any]:
@@ -267,10 +260,6 @@ def _section(text: str) -> dict[str, Any]:
 
 def _date(when: datetime) -> str:
     return f"<!date^{int(when.timestamp())}^{{date_short_pretty}} {{time}}|{when:%Y-%m-%d %H:%M} UTC>"
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _request_id(value: Any) -> int | None:

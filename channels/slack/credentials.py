@@ -12,9 +12,10 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import PrivateReplies, error_code
+from channels.slack.formatting import escape
 from channels.slack.payloads import channel_id, user_id
-from core.credentials import CredentialService
 from core.display import shown_reason
+from core.gateway import Gateway
 from core.model import CredentialRequestInfo, CredentialStatus
 
 log = logging.getLogger(__name__)
@@ -26,9 +27,9 @@ _ICON = {CredentialStatus.PROVIDED: ":white_check_mark:", CredentialStatus.EXPIR
 
 
 class SlackCredentials:
-    def __init__(self, app: AsyncApp, client: AsyncWebClient, credentials: CredentialService) -> None:
+    def __init__(self, app: AsyncApp, client: AsyncWebClient, gateway: Gateway) -> None:
         self.client = client
-        self.credentials = credentials
+        self.gateway = gateway
         self._private = PrivateReplies(client)
         app.action(ACTION)(self._on_provide_clicked)
         app.view(VIEW)(self._on_submitted)
@@ -41,10 +42,10 @@ class SlackCredentials:
         except SlackApiError as exc:
             log.error("could not post credential request %s: %s", request.id, error_code(exc))
             return
-        await self.credentials.record_announcement(request.id, {"channel": posted["channel"], "ts": posted["ts"]})
+        await self.gateway.credential_shown(request.id, {"channel": posted["channel"], "ts": posted["ts"]})
 
     async def resolve(self, request: CredentialRequestInfo) -> None:
-        where = request.announcement or (await self.credentials.get(request.id) or request).announcement
+        where = request.announcement or (await self.gateway.credential_request(request.id) or request).announcement
         try:
             if where:
                 await self.client.chat_update(channel=where["channel"], ts=where["ts"], text=_fallback(request),
@@ -59,16 +60,14 @@ class SlackCredentials:
     async def _on_provide_clicked(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
         user, channel = user_id(body), channel_id(body)  # shapes checked before bolt (payloads.shape_problem)
-        request = await self.credentials.get(_number(action.get("value")) or 0)
-        if request is None:
+        request_id = _number(action.get("value"))
+        if request_id is None:
             self._private.tell(channel, user, "That button does not belong to a credential request I know.")
-        elif not await self.credentials.may_provide(user, request):
-            self._private.tell(channel, user, "You can't provide this credential: you are not one of its approvers.")
-        elif request.settled:
-            self._private.tell(channel, user, f"Already settled: {request.summary()}.")
+        elif isinstance(prompt := await self.gateway.provide_prompt(request_id, by=user), str):
+            self._private.tell(channel, user, prompt)  # why not: core's words, in core's order
         else:
             try:
-                await self.client.views_open(trigger_id=str(body.get("trigger_id") or ""), view=provide_modal(request))
+                await self.client.views_open(trigger_id=str(body.get("trigger_id") or ""), view=provide_modal(prompt))
             except SlackApiError as exc:
                 log.warning("could not open the credential modal: %s", error_code(exc))
                 self._private.tell(channel, user, "Slack would not open the form; click Provide again.")
@@ -79,7 +78,7 @@ class SlackCredentials:
         values = state.get("values") if isinstance(state, dict) else None
         value, hosts = _input_text(values, "value"), _input_text(values, "hosts")  # hosts: optional, null if empty
         request_id = _number(view.get("private_metadata"))
-        result = await self.credentials.provide(request_id or 0, value, by=user, hosts=hosts)
+        result = await self.gateway.provide(request_id or 0, value, by=user, hosts=hosts)
         if result.stored:
             await ack()  # closes the modal; the request's message is updated through the event
         else:  # the modal stays open and says why next to the field; nothing was stored
@@ -92,7 +91,7 @@ def request_blocks(request: CredentialRequestInfo) -> list[dict[str, Any]]:
     who = f"<@{request.requester}> or an approver" if request.requester else "an approver"
     blocks: list[dict[str, Any]] = [
         {"type": "section", "text": {"type": "mrkdwn", "text": (
-            f":key: *{_escape(request.agent)}* needs the credential `{request.name}` ({request.scope} scope)")}},
+            f":key: *{escape(request.agent)}* needs the credential `{request.name}` ({request.scope} scope)")}},
         reason_block(request),
     ]
     if request.status == CredentialStatus.PENDING:
@@ -119,7 +118,7 @@ def provide_modal(request: CredentialRequestInfo) -> dict[str, Any]:
         "close": {"type": "plain_text", "text": "Cancel"},
         "blocks": [
             {"type": "section", "text": {"type": "mrkdwn", "text": (
-                f"*{request.name}* for agent *{_escape(request.agent)}* ({request.scope} scope)")}},
+                f"*{request.name}* for agent *{escape(request.agent)}* ({request.scope} scope)")}},
             reason_block(request),
             {"type": "context", "elements": [{"type": "mrkdwn", "text": (
                 ":warning: Slack has no hidden input: the value is visible while you type. Once stored it is "
@@ -139,7 +138,7 @@ def provide_modal(request: CredentialRequestInfo) -> dict[str, Any]:
 def reason_block(request: CredentialRequestInfo) -> dict[str, Any]:
     """The model's reason, quoted as its words: one code span (no bold, links or mentions inside),
     ``verbatim`` (Slack links nothing), every character visible (core.display.shown_reason)."""
-    quoted = _escape(shown_reason(request.reason)).replace("`", "⟦backtick⟧")
+    quoted = escape(shown_reason(request.reason)).replace("`", "⟦backtick⟧")
     return {"type": "section", "text": {"type": "mrkdwn", "verbatim": True,
                                         "text": f"Reason given by the agent: `{quoted}`"}}
 
@@ -148,10 +147,6 @@ def _fallback(request: CredentialRequestInfo) -> str:
     if request.status == CredentialStatus.PENDING:
         return f"{request.agent} needs the credential {request.name}: Provide"
     return request.summary()
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _input_text(values: Any, block: str) -> str:

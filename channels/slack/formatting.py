@@ -76,3 +76,38 @@ def _cut_point(text: str, limit: int) -> int:
         if at > limit // 2:
             return at + len(sep)
     return limit
+
+
+def escape(text: str) -> str:
+    """Text that Slack must show as typed: no link, mention or markup of its own (``&``, ``<``, ``>``)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+class SlackMarks:
+    """Core's replies (``core.replies.Marks``) in mrkdwn: escaped text, mentions and channel links."""
+
+    def text(self, raw: str) -> str:
+        return escape(raw)
+
+    def code(self, raw: str) -> str:
+        return f"`{escape(raw)}`"
+
+    def block(self, raw: str) -> str:
+        return f"```\n{escape(raw)}\n```"
+
+    def bold(self, marked: str) -> str:
+        return f"*{marked}*"
+
+    def italic(self, marked: str) -> str:
+        return f"_{marked}_"
+
+    def user(self, user_id: str) -> str:
+        # A Slack user id becomes a mention; anything else ("web", "operator:ann") is shown as it is.
+        return f"<@{user_id}>" if re.fullmatch(r"[A-Z0-9]{1,32}", user_id) else escape(user_id)
+
+    def place(self, place: str) -> str:
+        parts = place.split(":")  # "slack:T1:C1" (a channel), "slack:dest:C2" (a schedule's destination)
+        return f"<#{parts[-1]}>" if place.startswith("slack:") and len(parts) == 3 else escape(place)
+
+
+SLACK_MARKS = SlackMarks()

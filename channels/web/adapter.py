@@ -17,10 +17,8 @@ from typing import Any
 from aiohttp import web
 
 from channels.web.auth import WebAuth
-from core.approvals import ApprovalBroker
-from core.credentials import CredentialService
-from core.dispatcher import Dispatcher
-from core.errors import CoreError, InvalidInput
+from channels.web.port import WebPort
+from core.errors import Conflict, CoreError, InvalidInput, NotAllowed, NotFound
 from core.events import (
     ApprovalRequested,
     ApprovalResolved,
@@ -35,11 +33,10 @@ from core.events import (
     TurnFinished,
     TurnStarted,
 )
+from core.gateway import Gateway
 from core.model import ApprovalInfo, CredentialRequestInfo, Inbound, MessageRef
-from core.schedules import ScheduleService
 from core.store import WebSessionStore
 from core.text import clean_tree, parse_id
-from core.triggers import TriggerSpec
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +44,8 @@ _CONVERSATION_ID = re.compile(r"^[0-9a-f]{32}$")
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _STATIC = {"app.js": "application/javascript", "app.css": "text/css", "index.html": "text/html"}
 _KEEPALIVE_S = 15.0
+_NO_SUCH_CONVERSATION = ('<!doctype html><meta charset="utf-8"><title>Not found</title>'
+                         '<p>No such conversation. <a href="/">Start a new one</a>.</p>')
 # Whoever uses the web chat (local, or holding BOT_WEB_TOKEN); may approve as the requester or via BOT_ADMINS.
 WEB_USER = "web"
 
@@ -60,26 +59,24 @@ class WebConfig:
 class WebChannel:
     name = "web"
 
-    def __init__(self, config: WebConfig, dispatcher: Dispatcher, approvals: ApprovalBroker,
-                 credentials: CredentialService, schedules: ScheduleService | None = None, *,
-                 logins: WebSessionStore | None = None) -> None:
-        self.schedules = schedules
+    def __init__(self, config: WebConfig, gateway: Gateway, *, logins: WebSessionStore | None = None) -> None:
         self.config = config
-        self.dispatcher = dispatcher
-        self.approvals = approvals
-        self.credentials = credentials
-        self.auth = WebAuth(config.token, logins, dispatcher.clock, secure_cookie=config.secure_cookie)
+        self.gateway = gateway
+        self.auth = WebAuth(config.token, logins, gateway.clock, secure_cookie=config.secure_cookie)
         self.started = False
         self._watchers: dict[str, set[asyncio.Queue[dict[str, Any] | None]]] = {}
-        dispatcher.bus.subscribe(self.render, channel=self.name)
+        self.port = WebPort(self._publish)  # what core calls on the web chat
+        gateway.subscribe(self.render, channel=self.name)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def routes(self) -> list[web.RouteDef]:
-        guard = self.auth.guard
+        def guard(handler: Any, **kwargs: Any) -> Any:  # and core's refusals answered by their type
+            return self.auth.guard(with_refusals(handler), **kwargs)
+
         return [
             web.get("/", guard(self._index, page=True)),
-            web.get("/c/{cid}", guard(self._index, page=True)),
+            web.get("/c/{cid}", guard(self._conversation_page, page=True)),
             web.get("/static/{name}", guard(self._static, public=True)),
             web.get("/login", guard(self.auth.login_page, public=True)),
             web.post("/login", guard(self.auth.login, public=True)),
@@ -110,6 +107,13 @@ class WebChannel:
         return web.Response(text=_read_static("index.html"), content_type="text/html",
                             headers={"Cache-Control": "no-cache"})
 
+    async def _conversation_page(self, request: web.Request) -> web.Response:
+        # A well-formed id not used yet is a new conversation (the page makes the id); any other names
+        # none, ever. The answer never repeats what was asked for.
+        if not _CONVERSATION_ID.match(request.match_info["cid"]):
+            raise web.HTTPNotFound(text=_NO_SUCH_CONVERSATION, content_type="text/html")
+        return await self._index(request)
+
     async def _static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if name not in _STATIC:
@@ -120,7 +124,7 @@ class WebChannel:
     # -- API ------------------------------------------------------------------------------------
 
     async def _list(self, _request: web.Request) -> web.Response:
-        sessions = await self.dispatcher.list_sessions(self.name)
+        sessions = await self.gateway.sessions(self.name)
         return web.json_response({"conversations": [
             {"id": s.id.removeprefix("web:"), "title": s.title or "(empty)", "status": s.status,
              "updated_at": s.updated_at.isoformat()}
@@ -129,9 +133,9 @@ class WebChannel:
 
     async def _conversation(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
-        session = await self.dispatcher.session(session_id)
-        entries = await self.dispatcher.history(session_id) if session is not None else []
-        working = session is not None and await self.dispatcher.working(session_id)
+        session = await self.gateway.session(session_id)
+        entries = await self.gateway.history(session_id) if session is not None else []
+        working = session is not None and await self.gateway.working(session_id)
         return web.json_response({
             "id": request.match_info["cid"],
             "status": session.status if session is not None else "new",
@@ -141,29 +145,24 @@ class WebChannel:
                  "queued": e.queued, "at": e.created_at.isoformat()}
                 for e in entries
             ],
-            "approvals": [_approval(a) for a in await self.approvals.recent(session_id)] if session else [],
-            "credentials": [_credential(c) for c in await self.credentials.recent(session_id)] if session else [],
+            "approvals": [_approval(a) for a in await self.gateway.recent_approvals(session_id)] if session else [],
+            "credentials": [_credential(c) for c in await self.gateway.recent_credentials(session_id)]
+            if session else [],
         })
 
     async def _list_schedules(self, _request: web.Request) -> web.Response:
-        rows = await self.schedules.list() if self.schedules is not None else []
-        schedules = self.schedules
+        rows = await self.gateway.schedules()  # the web chat's own list: every schedule
         return web.json_response({"schedules": [
-            {"id": r.id, "when": TriggerSpec.from_json(r.trigger).describe(), "destination": r.destination,
+            {"id": r.id, "when": r.describe(), "destination": r.destination,
              "status": r.status, "creator": r.creator, "prompt": r.prompt, "firings": r.firings,
-             "last_outcome": r.last_outcome, "can_change": schedules is not None and schedules.may_change(r, WEB_USER)}
+             "last_outcome": r.last_outcome, "can_change": self.gateway.may_change_schedule(r, WEB_USER)}
             for r in rows]})
 
     async def _change_schedule(self, request: web.Request) -> web.Response:
-        if self.schedules is None:
-            return web.json_response({"error": "schedules are not available"}, status=404)
         schedule_id = parse_id(request.match_info["id"])
         if schedule_id is None:
             return web.json_response({"error": "schedule ids are numbers"}, status=400)
-        try:
-            message = await self.schedules.change(schedule_id, request.match_info["action"], by=WEB_USER)
-        except InvalidInput as exc:
-            return web.json_response({"error": str(exc)}, status=403 if "only its creator" in str(exc) else 409)
+        message = await self.gateway.change_schedule(schedule_id, request.match_info["action"], by=WEB_USER)
         return web.json_response({"message": message})
 
     async def _provide(self, request: web.Request) -> web.Response:
@@ -174,11 +173,8 @@ class WebChannel:
         value = body.get("value")
         if not isinstance(value, str):
             return web.json_response({"error": "value must be text"}, status=400)
-        current = await self.credentials.get(request_id)
-        if current is None or current.session.channel != self.name:
-            return web.json_response({"error": "no such credential request here"}, status=404)
         # hosts: optional, comma-separated text or a list; checked (a field error) by the core.
-        result = await self.credentials.provide(request_id, value, by=WEB_USER, hosts=body.get("hosts"))
+        result = await self.gateway.provide(request_id, value, by=WEB_USER, hosts=body.get("hosts"), channel=self.name)
         if result.stored:
             return web.json_response({"stored": True, "message": result.message})
         status = 400 if result.field_error else 409
@@ -190,15 +186,9 @@ class WebChannel:
         if request_id is None:
             return web.json_response({"error": "approval ids are numbers"}, status=400)
         body = await _json_object(request)
-        verdict, reason = body.get("verdict"), body.get("reason")
-        if verdict not in ("approve", "deny", "always"):
-            return web.json_response({"error": "verdict must be approve, deny or always"}, status=400)
-        if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
-            return web.json_response({"error": "reason must be text of at most 500 characters"}, status=400)
-        current = await self.approvals.get(request_id)
-        if current is None or current.session.channel != self.name:
-            return web.json_response({"error": "no such approval request here"}, status=404)
-        result = await self.approvals.decide(request_id, verdict, by=WEB_USER, reason=reason)
+        # The verdict and reason are checked by core (400), then whether the request is this channel's (404).
+        result = await self.gateway.decide(request_id, body.get("verdict"), by=WEB_USER, reason=body.get("reason"),
+                                           channel=self.name)
         status = 403 if result.refused else 200 if result.won else 409
         return web.json_response({"won": result.won, "message": result.message}, status=status)
 
@@ -215,18 +205,13 @@ class WebChannel:
             ref=MessageRef(), idempotency_key=f"web:{client_id}" if client_id else None,
             place=session_id,  # grants and per-place settings belong to this conversation only
         )
-        try:
-            result = await self.dispatcher.accept(message)
-        except InvalidInput as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        except CoreError as exc:
-            return web.json_response({"error": str(exc)}, status=503)
+        result = await self.gateway.accept(message)  # refused: 400, not taking messages now: 503
         self._publish(session_id, {"type": "message.accepted", "outcome": result.outcome.value})
         return web.json_response({"outcome": result.outcome.value, "input_id": result.input_id,
                                   "note": result.note})
 
     async def _stop(self, request: web.Request) -> web.Response:
-        report = await self.dispatcher.cancel(_session_id(request), by=WEB_USER)
+        report = await self.gateway.stop(_session_id(request), by=WEB_USER)
         return web.json_response({"stopped": report.running, "waiting_cancelled": report.waiting,
                                   "text": report.describe("web")})
 
@@ -299,6 +284,25 @@ def _approval(a: ApprovalInfo) -> dict[str, Any]:
 def _credential(c: CredentialRequestInfo) -> dict[str, Any]:
     return {"id": c.id, "name": c.name, "reason": c.reason, "scope": c.scope, "status": c.status,
             "summary": c.summary(), "expires_at": c.expires_at.isoformat(), "at": c.created_at.isoformat()}
+
+
+def refusal_status(exc: CoreError) -> int:
+    """The HTTP status of one of core's refusals, by its type (core's words are never parsed)."""
+    for kind, status in ((NotAllowed, 403), (NotFound, 404), (Conflict, 409), (InvalidInput, 400)):
+        if isinstance(exc, kind):
+            return status
+    return 503  # core could not do it now (not accepting messages, the database out of reach)
+
+
+def with_refusals(handler: Any) -> Any:
+    """Answer core's refusals as JSON with their status. Anything else is a bug: it stays a 500."""
+    async def answer(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except CoreError as exc:
+            return web.json_response({"error": str(exc)}, status=refusal_status(exc))
+
+    return answer
 
 
 def _session_id(request: web.Request) -> str:

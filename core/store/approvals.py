@@ -160,7 +160,7 @@ async def _info(s: AsyncSession, row: ApprovalRow) -> ApprovalInfo:
     assert session is not None and row.id is not None
     return ApprovalInfo(
         id=row.id, session=session_info(session), tool=row.tool, arguments=json.loads(row.arguments),
-        agent=row.agent, requester=row.requester, status=row.status, parked_at=row.parked_at,
+        agent=row.agent, requester=row.requester, status=ApprovalStatus(row.status), parked_at=row.parked_at,
         expires_at=row.expires_at, decided_by=row.decided_by, reason=row.reason, always=row.always,
         announcement=json.loads(row.announcement) if row.announcement else None,
         started=row.started_at is not None,

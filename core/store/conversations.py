@@ -5,15 +5,19 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, true, update
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from core.model import (
+    LIVE_TURN_STATUSES,
+    DeliveryStatus,
     InputStatus,
     MessageRef,
     Outcome,
+    OutcomeStatus,
     SessionInfo,
     SessionStatus,
     SessionSummary,
@@ -22,8 +26,11 @@ from core.model import (
     TurnStatus,
 )
 from core.store.database import Database
-from core.store.tables import InputRow, MessageRow, SessionRow, TurnRow
+from core.store.tables import DeliveryRow, InputRow, MessageRow, SessionRow, TurnRow
 from core.text import clean_text
+
+if TYPE_CHECKING:
+    from core.store.deliveries import OutboxClaim
 
 
 class ConversationStore:
@@ -32,10 +39,19 @@ class ConversationStore:
 
     # -- turns ----------------------------------------------------------------------------------
 
-    async def running_sessions(self) -> list[str]:
+    async def running_sessions(self, *, set_aside: bool = False) -> list[str]:
+        """Sessions with a turn running; ``set_aside``: also those with one to continue (``suspend_turn``)."""
+        statuses = (TurnStatus.RUNNING, TurnStatus.QUEUED) if set_aside else (TurnStatus.RUNNING,)
         async with self.db.read() as s:
-            rows = await s.exec(select(TurnRow.session_id).where(TurnRow.status == TurnStatus.RUNNING).distinct())
+            rows = await s.exec(select(TurnRow.session_id).where(col(TurnRow.status).in_(statuses)).distinct())
             return list(rows.all())
+
+    async def suspend_turn(self, turn_id: int) -> None:
+        """Set aside a running turn that waits on a person (at shutdown): it is continued at the next
+        start like an interrupted one, but is no crash, so it gives back the attempt its resume takes."""
+        async with self.db.write() as s:
+            await s.exec(update(TurnRow).where(col(TurnRow.id) == turn_id, col(TurnRow.status) == TurnStatus.RUNNING)
+                         .values(status=TurnStatus.QUEUED, attempts=col(TurnRow.attempts) - 1))
 
     async def requeue_interrupted(self, max_attempts: int, now: datetime,
                                   sessions: list[str] | None = None) -> list[int]:
@@ -90,9 +106,12 @@ class ConversationStore:
             return await turn_info(s, turn, session)
 
     async def finish_turn(
-        self, turn_id: int, *, status: str, answer: str | None, error: str | None, now: datetime
+        self, turn_id: int, *, status: str, answer: str | None, error: str | None, now: datetime,
+        outbox: OutboxClaim | None = None,
     ) -> TurnInfo:
-        """Record how the turn ended; returns it with every input it took (for the events)."""
+        """Record how the turn ended; returns it with every input it took (for the events). With ``outbox``
+        (the session's channel delivers answers), a finished turn's answer goes into the outbox in the same
+        commit: an answer that exists is never left undelivered by a crash."""
         async with self.db.write() as s:
             turn = await s.get(TurnRow, turn_id)
             assert turn is not None
@@ -107,6 +126,10 @@ class ConversationStore:
             session.updated_at = now
             s.add(turn)
             s.add(session)
+            if outbox is not None and status == TurnStatus.FINISHED:
+                s.add(DeliveryRow(turn_id=turn_id, session_id=session.id, channel=session.channel,
+                                  status=DeliveryStatus.PENDING, attempts=1, next_attempt_at=outbox.until,
+                                  claimed_by=outbox.holder, created_at=now))
             return await turn_info(s, turn, session)
 
     async def final_answer(self, turn_id: int) -> str | None:
@@ -187,7 +210,7 @@ class ConversationStore:
         async with self.db.read() as s:
             turn = await s.exec(
                 select(TurnRow.id)
-                .where(TurnRow.session_id == session_id, col(TurnRow.status).in_(TurnStatus.LIVE))
+                .where(TurnRow.session_id == session_id, col(TurnRow.status).in_(LIVE_TURN_STATUSES))
                 .limit(1)
             )
             waiting = await s.exec(
@@ -216,7 +239,7 @@ class ConversationStore:
                 .limit(limit)
             )
             return [
-                SessionSummary(id=sid, status=status, title=_title(title), updated_at=updated)
+                SessionSummary(id=sid, status=SessionStatus(status), title=_title(title), updated_at=updated)
                 for sid, status, updated, title in rows.all()
             ]
 
@@ -262,19 +285,6 @@ class ConversationStore:
             ]
             return entries
 
-    async def report_delivery(self, turn_id: int, ref: str | None, error: str | None) -> None:
-        async with self.db.write() as s:
-            await s.exec(update(TurnRow).where(col(TurnRow.id) == turn_id)
-                         .values(delivered_ref=ref, delivery_error=error))
-
-    async def delivery(self, turn_id: int) -> tuple[str | None, str | None, bool]:
-        """(delivered ref, delivery error, reported at all) for a turn's answer."""
-        async with self.db.read() as s:
-            turn = await s.get(TurnRow, turn_id)
-            if turn is None:
-                return None, "unknown turn", True
-            return turn.delivered_ref, turn.delivery_error, bool(turn.delivered_ref or turn.delivery_error)
-
     async def ensure_session(self, info: SessionInfo, now: datetime) -> None:
         """Create a session core starts itself (a firing, a command's request), if it does not exist."""
         async with self.db.write() as s:
@@ -310,11 +320,11 @@ async def turn_info(s: AsyncSession, turn: TurnRow, session: SessionRow) -> Turn
 
 def turn_outcome(turn: TurnRow) -> Outcome | None:
     if turn.status == TurnStatus.FINISHED:
-        return Outcome("answered", turn.answer or "", turn.id)
+        return Outcome(OutcomeStatus.ANSWERED, turn.answer or "", turn.id)
     if turn.status == TurnStatus.FAILED:
-        return Outcome("failed", turn.error or "failed", turn.id)
+        return Outcome(OutcomeStatus.FAILED, turn.error or "failed", turn.id)
     if turn.status == TurnStatus.CANCELLED:
-        return Outcome("cancelled", turn.error or "stopped", turn.id)
+        return Outcome(OutcomeStatus.CANCELLED, turn.error or "stopped", turn.id)
     return None
 
 
@@ -328,7 +338,7 @@ def session_info(row: SessionRow) -> SessionInfo:
         id=row.id,
         channel=row.channel,
         agent=row.agent,
-        status=row.status,
+        status=SessionStatus(row.status),
         reply_ref=SessionInfo.parse_reply_ref(row.reply_ref),
         place=row.place,
         preapproved=tuple((str(t), str(s)) for t, s in json.loads(row.preapproved)) if row.preapproved else (),

@@ -249,7 +249,7 @@ async def _info(s: AsyncSession, row: CredentialRequestRow) -> CredentialRequest
     assert session is not None and row.id is not None
     return CredentialRequestInfo(
         id=row.id, session=session_info(session), name=row.name, reason=row.reason, scope=row.scope,
-        agent=row.agent, requester=row.requester, status=row.status, created_at=row.created_at,
+        agent=row.agent, requester=row.requester, status=CredentialStatus(row.status), created_at=row.created_at,
         expires_at=row.expires_at,
         provided_by=row.provided_by, announcement=json.loads(row.announcement) if row.announcement else None,
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, text
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -88,6 +89,11 @@ class Database:
         async with self._write_turn or _NO_LOCK:
             yield
 
+    def insert(self, table: Any) -> sqlite.Insert | postgresql.Insert:
+        """An INSERT in this database's dialect, which can say what a conflict does
+        (``on_conflict_do_nothing`` / ``on_conflict_do_update``): the one place the dialects differ."""
+        return sqlite.insert(table) if self.is_sqlite else postgresql.insert(table)
+
     @property
     def write_in_progress(self) -> bool:
         return self._write_turn is not None and self._write_turn.locked()
@@ -111,7 +117,7 @@ class Database:
         try:
             async with self._write_engine.begin() as conn:
                 await conn.run_sync(_upgrade_to_head)
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, OSError) as exc:  # OSError: the server refused or its name did not resolve
             raise StoreError(f"could not open or migrate the database {self.display_url}: {exc}") from exc
 
     @property

@@ -10,18 +10,19 @@ from datetime import datetime
 from sqlalchemy import delete, func, update
 from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from core.errors import InvalidInput
 from core.model import (
+    LIVE_TURN_STATUSES,
     Inbound,
     InputKind,
     InputStatus,
     MessageRef,
     Outcome,
+    OutcomeStatus,
     QueueMode,
     SessionInfo,
     SessionStatus,
@@ -34,7 +35,7 @@ from core.store.database import Database
 from core.store.tables import InputRow, MessageRow, ProcessedEventRow, SessionRow, TurnRow
 
 
-class AcceptOutcome(enum.Enum):
+class AcceptOutcome(enum.StrEnum):
     QUEUED = "queued"  # stored; a turn will answer it
     RECORDED = "recorded"  # stored as context for a later turn
     COMMAND = "command"  # a command to the bot, stored so a redelivery does not repeat it
@@ -92,7 +93,7 @@ class InputStore:
     ) -> Accepted:
         # Core statements, not ORM objects: this runs before Slack is acknowledged, for every message.
         async with self.db.write() as s:
-            if msg.delivery_key is not None and not await _claim_delivery(s, msg.delivery_key, now):
+            if msg.delivery_key is not None and not await _claim_delivery(self.db, s, msg.delivery_key, now):
                 return Accepted(AcceptOutcome.DUPLICATE)
             conn = await s.connection()
             found = (await conn.execute(sa_select(SessionRow.__table__).where(  # type: ignore[attr-defined]
@@ -265,13 +266,13 @@ class InputStore:
         async with self.db.read() as s:
             row = await s.get(InputRow, input_id)
             if row is None:
-                return Outcome("refused", "unknown input")
+                return Outcome(OutcomeStatus.REFUSED, "unknown input")
             if row.status == InputStatus.REFUSED:
-                return Outcome("refused", row.note or "refused")
+                return Outcome(OutcomeStatus.REFUSED, row.note or "refused")
             if row.status == InputStatus.CANCELLED and row.turn_id is None:
-                return Outcome("cancelled", row.note or "cancelled")
+                return Outcome(OutcomeStatus.CANCELLED, row.note or "cancelled")
             if row.kind == InputKind.CONTROL:
-                return Outcome("answered", row.note or "done")
+                return Outcome(OutcomeStatus.ANSWERED, row.note or "done")
             if row.turn_id is None:
                 return None
             turn = await s.get(TurnRow, row.turn_id)
@@ -312,7 +313,7 @@ class InputStore:
         async with self.db.read() as s:
             turn = (await s.exec(select(TurnRow).where(TurnRow.session_id == session_id)
                                  .order_by(col(TurnRow.id).desc()).limit(1))).first()
-            if turn is None or turn.status not in TurnStatus.LIVE:
+            if turn is None or turn.status not in LIVE_TURN_STATUSES:
                 waiting = (await s.exec(select(InputRow.sender).where(
                     InputRow.session_id == session_id, InputRow.status == InputStatus.WAITING,
                     InputRow.kind == InputKind.MESSAGE).order_by(col(InputRow.id)).limit(1))).first()
@@ -363,9 +364,7 @@ async def _waiting_count(s: AsyncSession, session_id: str) -> int:
     return int(result.one())
 
 
-async def _claim_delivery(s: AsyncSession, key: str, now: datetime) -> bool:
-    dialect = s.bind.dialect.name if s.bind is not None else "sqlite"
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    stmt = insert(ProcessedEventRow).values(key=key, received_at=now).on_conflict_do_nothing()
+async def _claim_delivery(db: Database, s: AsyncSession, key: str, now: datetime) -> bool:
+    stmt = db.insert(ProcessedEventRow).values(key=key, received_at=now).on_conflict_do_nothing()
     result = await s.exec(stmt)
     return bool(result.rowcount)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import col, select
 
 from core.store.database import Database
@@ -19,8 +18,7 @@ class LeaseStore:
 
     async def acquire(self, name: str, holder: str, ttl: timedelta, now: datetime) -> bool:
         """Take the lease if it is free, expired, or already ours (then it is extended)."""
-        insert = sqlite.insert if self.db.is_sqlite else postgresql.insert
-        stmt = insert(LeaseRow).values(name=name, holder=holder, expires_at=now + ttl)
+        stmt = self.db.insert(LeaseRow).values(name=name, holder=holder, expires_at=now + ttl)
         stmt = stmt.on_conflict_do_update(
             index_elements=["name"],
             set_={"holder": holder, "expires_at": now + ttl},

@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import update
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
+from core.model import FiringStatus, ScheduleStatus
 from core.store.database import Database
 from core.store.tables import FiringRow, InputRow, ScheduleRow, TurnRow
 from core.text import clean_text
@@ -46,6 +48,12 @@ class ScheduleStore:
 
     async def start_firing(self, schedule_id: int, now: datetime, min_gap_s: float) -> FiringRow | None:
         """Record the next firing, unless one started within ``min_gap_s`` (a re-fire after a crash)."""
+        try:
+            return await self._start_firing(schedule_id, now, min_gap_s)
+        except IntegrityError:  # another scheduler (a lease handover) took this firing's number first
+            return None
+
+    async def _start_firing(self, schedule_id: int, now: datetime, min_gap_s: float) -> FiringRow | None:
         async with self.db.write() as s:
             schedule = await s.get(ScheduleRow, schedule_id)
             if schedule is None:
@@ -55,7 +63,7 @@ class ScheduleStore:
             schedule.firings += 1
             schedule.last_fired_at = now
             firing = FiringRow(schedule_id=schedule_id, n=schedule.firings,
-                               session_id=f"schedule:{schedule_id}:{schedule.firings}", status="running",
+                               session_id=f"schedule:{schedule_id}:{schedule.firings}", status=FiringStatus.RUNNING,
                                started_at=now)
             s.add(schedule)
             s.add(firing)
@@ -69,21 +77,21 @@ class ScheduleStore:
         async with self.db.write() as s:
             firing = await s.get(FiringRow, firing_id)
             assert firing is not None
-            firing.status = "failed" if error else "posted"
+            firing.status = FiringStatus.FAILED if error else FiringStatus.POSTED
             firing.ts, firing.error, firing.finished_at = ts, error, now
             schedule = await s.get(ScheduleRow, firing.schedule_id)
             assert schedule is not None
             schedule.failures = schedule.failures + 1 if error else 0
             schedule.last_outcome = f"failed: {error}" if error else f"posted (ts {ts})"
-            if retire and schedule.status == "active":
-                schedule.status = "done"
+            if retire and schedule.status == ScheduleStatus.ACTIVE:
+                schedule.status = ScheduleStatus.DONE
             s.add(firing)
             s.add(schedule)
             return schedule
 
     async def unfinished_firings(self) -> list[FiringRow]:
         async with self.db.read() as s:
-            return list((await s.exec(select(FiringRow).where(FiringRow.status == "running"))).all())
+            return list((await s.exec(select(FiringRow).where(FiringRow.status == FiringStatus.RUNNING))).all())
 
     async def firing_input(self, session_id: str) -> int | None:
         async with self.db.read() as s:

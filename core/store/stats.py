@@ -5,9 +5,26 @@ from __future__ import annotations
 from sqlalchemy import func
 from sqlmodel import select
 
-from core.model import ApprovalStatus, CredentialStatus, InputStatus, TurnStatus
+from core.model import (
+    ApprovalStatus,
+    CredentialStatus,
+    DeliveryStatus,
+    FiringStatus,
+    InputKind,
+    InputStatus,
+    ScheduleStatus,
+    TurnStatus,
+)
 from core.store.database import Database
-from core.store.tables import ApprovalRow, CredentialRequestRow, FiringRow, InputRow, ScheduleRow, TurnRow
+from core.store.tables import (
+    ApprovalRow,
+    CredentialRequestRow,
+    DeliveryRow,
+    FiringRow,
+    InputRow,
+    ScheduleRow,
+    TurnRow,
+)
 
 
 async def snapshot(db: Database) -> dict[str, float]:
@@ -17,7 +34,7 @@ async def snapshot(db: Database) -> dict[str, float]:
 
         figures = {
             "queue_depth": await count(select(func.count()).select_from(InputRow).where(
-                InputRow.status == InputStatus.WAITING, InputRow.kind == "message")),
+                InputRow.status == InputStatus.WAITING, InputRow.kind == InputKind.MESSAGE)),
             "turns_running": await count(select(func.count()).select_from(TurnRow).where(
                 TurnRow.status == TurnStatus.RUNNING)),
             "approvals_pending": await count(select(func.count()).select_from(ApprovalRow).where(
@@ -25,9 +42,12 @@ async def snapshot(db: Database) -> dict[str, float]:
             "credential_requests_pending": await count(select(func.count()).select_from(CredentialRequestRow).where(
                 CredentialRequestRow.status == CredentialStatus.PENDING)),
             "schedules_active": await count(select(func.count()).select_from(ScheduleRow).where(
-                ScheduleRow.status == "active")),
+                ScheduleRow.status == ScheduleStatus.ACTIVE)),
         }
-        for status in ("posted", "failed"):
+        for delivery in (DeliveryStatus.PENDING, DeliveryStatus.GIVEN_UP):
+            figures[f"deliveries_{delivery}"] = await count(select(func.count()).select_from(DeliveryRow).where(
+                DeliveryRow.status == delivery))
+        for status in (FiringStatus.POSTED, FiringStatus.FAILED):
             figures[f"firings_{status}"] = await count(select(func.count()).select_from(FiringRow).where(
                 FiringRow.status == status))
         return figures

@@ -329,3 +329,28 @@ class WebSessionRow(SQLModel, table=True):
     created_at: datetime = _ts()
     expires_at: datetime = _ts()
     revoked_at: datetime | None = _ts(nullable=True)
+
+
+class DeliveryRow(SQLModel, table=True):
+    """The outbox: an answer still to be delivered, written in the same commit as the answer itself.
+
+    Its key is the turn's id, which is also the delivery id the platform message carries (so a retry
+    can tell whether an earlier attempt landed). The text is the turn's ``answer`` (already redacted)."""
+
+    __tablename__ = "deliveries"
+    __table_args__ = (Index("ix_deliveries_status_next", "status", "next_attempt_at"),)
+
+    turn_id: int = Field(primary_key=True, foreign_key="turns.id", sa_column_kwargs={"autoincrement": False})
+    session_id: str = Field(foreign_key="sessions.id", max_length=255)
+    channel: str = Field(max_length=32)
+    status: str = Field(max_length=16)  # DeliveryStatus
+    attempts: int = Field(default=0)
+    # When the next attempt may start; while one runs, when its claim runs out (a crashed claimer's row
+    # is then taken over).
+    next_attempt_at: datetime = _ts()
+    claimed_by: str | None = Field(default=None, max_length=64)
+    ref: str | None = Field(default=None, max_length=255)  # where it landed (Slack: the first message's ts)
+    last_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    created_at: datetime = _ts()
+    finished_at: datetime | None = _ts(nullable=True)
+    told: bool = Field(default=False)  # a given-up answer: the thread was told it was lost

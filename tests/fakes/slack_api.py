@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 BOT_USER_ID = "UBOT"
+REFUSED_POST = "chat.postMessage (refused)"  # recorded for each post an outage refused (see FakeSlack.outage)
 TEAM_ID = "T1"
 
 
@@ -27,6 +28,7 @@ class Failure:
     status: int = 200
     error: str | None = None
     retry_after: int | None = None
+    channel: str | None = None  # only a call to this channel fails (others go through); None: any call
 
 
 @dataclass
@@ -49,6 +51,14 @@ class FakeSlack:
     # files_upload_v2: files whose upload URL was handed out (by id), and those completed into a channel.
     _files: dict[str, dict[str, Any]] = field(default_factory=dict)
     uploads: list[dict[str, Any]] = field(default_factory=list)
+    # Messages in channels, as conversations.history / conversations.replies return them (with metadata):
+    # every post that landed, and any a test adds (e.g. a person's).
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    # An outage of chat.postMessage (see ``outage``).
+    _outage_until: float = 0.0
+    _outage_calls: int = 0
+    _outage_after: int = 0
+    _outage_lands: bool = False
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -89,6 +99,24 @@ class FakeSlack:
     def fail_next(self, method: str, failure: Failure) -> None:
         self.failures.setdefault(method, []).append(failure)
 
+    def outage(self, *, seconds: float = 0.0, calls: int = 0, after: int = 0, lands: bool = False) -> None:
+        """chat.postMessage answers HTTP 503 for ``seconds`` or for ``calls`` calls, starting ``after`` more
+        calls went through. ``lands``: the post is stored (and counted) all the same, only its response is
+        lost. ``outage()`` ends it."""
+        self._outage_until = time.monotonic() + seconds if seconds else 0.0
+        self._outage_calls = calls
+        self._outage_after = after
+        self._outage_lands = lands
+
+    def _in_outage(self) -> bool:
+        if self._outage_after > 0:
+            self._outage_after -= 1
+            return False
+        if self._outage_calls > 0:
+            self._outage_calls -= 1
+            return True
+        return time.monotonic() < self._outage_until
+
     def of(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
 
@@ -119,9 +147,18 @@ class FakeSlack:
             params.update(await request.json())
         else:
             params.update(dict(await request.post()))
-        pending = self.failures.get(method)
-        if pending:
-            failure = pending.pop(0)
+        if method == "chat.postMessage" and self._in_outage():
+            async with self._changed:
+                if self._outage_lands:
+                    self.calls.append(Call(method, params))
+                    self._answer(method, params)
+                self.calls.append(Call(REFUSED_POST, params))
+                self._changed.notify_all()
+            return web.Response(status=503, text="upstream connect error")
+        pending = self.failures.get(method, [])
+        failure = next((f for f in pending if f.channel in (None, params.get("channel"))), None)
+        if failure is not None:
+            pending.remove(failure)
             headers = {"Retry-After": str(failure.retry_after)} if failure.retry_after is not None else {}
             body = {"ok": False, "error": failure.error or "ratelimited"}
             return web.json_response(body, status=failure.status, headers=headers)
@@ -142,8 +179,23 @@ class FakeSlack:
             return {"ok": True, "url": f"ws://{self._host}/link"}
         if method == "chat.postMessage":
             self._ts += 1
-            return {"ok": True, "channel": params.get("channel"), "ts": f"1700000000.{self._ts:06d}",
-                    "message": {"text": params.get("text")}}
+            ts = f"1700000000.{self._ts:06d}"
+            message = {"type": "message", "ts": ts, "text": params.get("text"), "user": BOT_USER_ID, "bot_id": "BBOT"}
+            if params.get("metadata"):
+                message["metadata"] = params["metadata"]
+            self.messages.append(message | {"channel": params.get("channel"), "thread_ts": params.get("thread_ts")})
+            return {"ok": True, "channel": params.get("channel"), "ts": ts, "message": message}
+        if method in ("conversations.replies", "conversations.history"):
+            # Replies: the thread's messages, oldest first; history: the channel's top-level ones, newest first.
+            channel, thread = params.get("channel"), params.get("ts")
+            if method == "conversations.replies":
+                found = [m for m in self.messages if m["channel"] == channel and thread in (m["thread_ts"], m["ts"])]
+            else:
+                found = [m for m in reversed(self.messages) if m["channel"] == channel and not m["thread_ts"]]
+            metadata = str(params.get("include_all_metadata")).lower() in ("1", "true")
+            return {"ok": True, "has_more": False, "messages": [
+                {k: v for k, v in m.items() if k not in ("channel", "thread_ts") and (metadata or k != "metadata")}
+                | ({"thread_ts": m["thread_ts"]} if m["thread_ts"] else {}) for m in found]}
         if method in ("reactions.add", "reactions.remove", "chat.postEphemeral", "views.open"):
             return {"ok": True}
         if method == "chat.update":

@@ -84,7 +84,7 @@ async def test_slash_stop_by_the_requester_an_approver_or_an_admin_stops_it(
     gate.opened.set()
     await gateway.idle()
     assert not await _running(gateway, root)
-    history = await gateway.app.dispatcher.history(f"slack:T1:C1:{root['ts']}")
+    history = await gateway.app.gateway.history(f"slack:T1:C1:{root['ts']}")
     assert history[-1].content == f"(stopped by {user})"
 
 
@@ -174,7 +174,7 @@ async def _schedule_from(gateway: GatewayClient, fake_slack: FakeSlack, channel:
                          place=f"slack:T1:{channel}")
     count = len(fake_slack.posts())
     await app.schedules.create(prompt=prompt, trigger=_every_hour(), destination=destination, agent=origin.agent,
-                               creator="U1", origin=origin)
+                               creator="U1", origin=origin, channel="slack")
     await fake_slack.wait_for("chat.postMessage", count + 1)  # the destination approval card
 
 

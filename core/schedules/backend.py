@@ -1,5 +1,8 @@
-"""APScheduler on the bot's own database and event loop: the job store and a scheduler that never
-waits for SQLite's writer lock on the loop that holds it."""
+"""APScheduler on the bot's own database and event loop.
+
+The job store lives in the same database, and the scheduler never waits for SQLite's writer lock on
+the loop that holds it.
+"""
 
 from __future__ import annotations
 

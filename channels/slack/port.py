@@ -1,0 +1,229 @@
+"""What core calls on Slack (``core.ports.ChannelPort``): deliver answers exactly once, resolve places and groups."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+import aiohttp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.slack.api import error_code
+from channels.slack.formatting import split_message, to_mrkdwn
+from core.errors import InvalidInput
+from core.model import SessionInfo
+from core.ports import DeliveryFailed, Receipt
+from core.tools import ToolError
+
+log = logging.getLogger(__name__)
+
+DELIVERY_EVENT = "bot_delivery"  # the message metadata type that marks an answer's chunks
+GROUP_CACHE_S = 60.0  # approvers are checked on every click: a group's members are looked up once a minute
+# Slack errors that say "not now" rather than "never" (HTTP 5xx and 429 count as well).
+_RETRYABLE = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+_LOOKUP_PAGES = 10  # how far back a retry looks for an earlier attempt's chunks (200 messages a page)
+
+
+class SlackPort:
+    name = "slack"
+
+    def __init__(self, client: AsyncWebClient) -> None:
+        self.client = client
+        self._groups: dict[str, tuple[float, set[str]]] = {}
+        self._channel_ids: dict[str, str] = {}
+        self._identity: tuple[str, str] | None = None  # (bot_id, bot user id) from auth.test
+        # What find_delivered just saw of an incomplete delivery, so the resumed deliver needs no second look.
+        self._seen: dict[int, dict[int, str]] = {}
+
+    # -- answers --------------------------------------------------------------------------------
+
+    async def deliver(self, session: SessionInfo, text: str, *, delivery_id: int, resume: bool = False) -> Receipt:
+        """Post the answer (split under Slack's limits); each chunk carries the delivery id and its index
+        as message metadata, so a retry (``resume``) posts only the chunks that did not land."""
+        channel, thread_ts = _place(session)
+        chunks = split_message(to_mrkdwn(text))
+        landed = self._seen.pop(delivery_id, None) if resume else {}
+        if landed is None:
+            landed = (await self._landed(channel, thread_ts, delivery_id))[0]
+        for index, chunk in enumerate(chunks):
+            if index in landed:
+                continue
+            metadata = {"event_type": DELIVERY_EVENT,
+                        "event_payload": {"delivery_id": delivery_id, "chunk": index, "chunks": len(chunks)}}
+            response = await self._call("chat_postMessage", channel=channel, thread_ts=thread_ts, text=chunk,
+                                        metadata=metadata)
+            landed[index] = str(response.get("ts"))
+        return Receipt(landed[0])
+
+    async def find_delivered(self, session: SessionInfo, delivery_id: int) -> Receipt | None:
+        """The receipt of an earlier attempt whose every chunk landed (its response may have been lost)."""
+        channel, thread_ts = _place(session)
+        landed, total = await self._landed(channel, thread_ts, delivery_id)
+        if total and 0 in landed and len(landed) >= total:
+            return Receipt(landed[0])
+        self._seen[delivery_id] = landed
+        return None
+
+    async def _landed(self, channel: str, thread_ts: str | None, delivery_id: int) -> tuple[dict[int, str], int]:
+        """Chunks of ``delivery_id`` the bot itself posted here: {index: ts}, and how many there are in all.
+        Only the bot's own messages count: metadata anyone else wrote proves nothing."""
+        bot_id, bot_user = await self.identity()
+        landed: dict[int, str] = {}
+        total = 0
+        cursor: str | None = None
+        for _page in range(_LOOKUP_PAGES):
+            try:
+                if thread_ts is not None:
+                    response = await self._call("conversations_replies", channel=channel, ts=thread_ts, limit=200,
+                                                include_all_metadata=True, cursor=cursor)
+                else:  # a top-level post (a firing's destination): the newest messages come first
+                    response = await self._call("conversations_history", channel=channel, limit=200,
+                                                include_all_metadata=True, cursor=cursor)
+            except DeliveryFailed as exc:
+                if exc.retryable:
+                    raise
+                # E.g. missing_scope: an answer posted twice beats one never posted (a post that cannot
+                # go through will say so itself).
+                log.warning("cannot look for an earlier post of delivery %s in %s (%s): posting it again",
+                            delivery_id, channel, exc.error)
+                break
+            for message in response.get("messages") or []:
+                chunk = _chunk_of(message, delivery_id)
+                if chunk is None or message.get("bot_id") != bot_id or message.get("user") not in (None, bot_user):
+                    continue
+                landed.setdefault(chunk[0], str(message.get("ts")))
+                total = chunk[1]
+            cursor = (response.get("response_metadata") or {}).get("next_cursor")
+            if not cursor:
+                break
+        return landed, total
+
+    async def identity(self) -> tuple[str, str]:
+        """(bot_id, bot user id), asked once: which messages in a thread are the bot's own."""
+        if self._identity is None:
+            response = await self._call("auth_test")
+            bot_id, user = response.get("bot_id"), response.get("user_id")
+            if not bot_id or not user:
+                raise DeliveryFailed("auth.test did not name the bot", retryable=True)
+            self._identity = (str(bot_id), str(user))
+        return self._identity
+
+    async def post_notice(self, session: SessionInfo, text: str) -> None:
+        channel, thread_ts = _place(session)
+        await self.post(channel, thread_ts, f":information_source: {text}")
+
+    async def post(self, channel: str, thread_ts: str | None, text: str) -> str | None:
+        """Post a message (best effort): its ts, or None when Slack refused (logged)."""
+        try:
+            response = await self.client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text)
+        except SlackApiError as exc:
+            log.error("chat.postMessage to %s failed: %s", channel, error_code(exc))
+            return None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.error("chat.postMessage to %s failed: %s", channel, type(exc).__name__)
+            return None
+        return str(response.get("ts"))
+
+    async def _call(self, method: str, **params: Any) -> Any:
+        """A Web API call whose failure becomes DeliveryFailed (retryable unless Slack said "never")."""
+        try:
+            return await getattr(self.client, method)(**params)
+        except SlackApiError as exc:
+            code = error_code(exc)
+            status = getattr(exc.response, "status_code", 200)
+            retry_after = (getattr(exc.response, "headers", None) or {}).get("Retry-After")
+            retryable = code in _RETRYABLE or status >= 500 or status == 429
+            raise DeliveryFailed(code, retryable=retryable,
+                                 retry_after_s=float(retry_after) if retry_after else None) from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise DeliveryFailed(f"cannot reach Slack ({type(exc).__name__})", retryable=True) from None
+
+    # -- places and people ----------------------------------------------------------------------
+
+    async def resolve_destination(self, destination: str) -> str:
+        """A schedule's destination: the channel id, if the bot can post there (else InvalidInput)."""
+        try:
+            channel_id = await self._channel_id(destination)
+        except ToolError as exc:
+            raise InvalidInput(str(exc)) from None
+        if channel_id.startswith("D"):
+            return channel_id
+        try:
+            info = await self.client.conversations_info(channel=channel_id)
+        except SlackApiError as exc:
+            raise InvalidInput(f"cannot post to {destination}: {error_code(exc)}") from None
+        if (info.get("channel") or {}).get("is_member") is False:
+            raise InvalidInput(f"the bot is not in {destination}: invite it there first (/invite @bot)")
+        return channel_id
+
+    async def group_members(self, group_id: str) -> set[str]:
+        """Members of a Slack user group (cached for a minute)."""
+        cached = self._groups.get(group_id)
+        if cached is not None and time.monotonic() - cached[0] < GROUP_CACHE_S:
+            return cached[1]
+        try:
+            response = await self.client.usergroups_users_list(usergroup=group_id)
+            users = set(response.get("users") or [])
+        except SlackApiError as exc:
+            log.warning("usergroups.users.list %s failed: %s", group_id, error_code(exc))
+            users = set()
+        self._groups[group_id] = (time.monotonic(), users)
+        return users
+
+    async def send_message(self, channel: str, text: str) -> str:
+        """``message_send``: post to ``#name`` or a channel id; errors become tool errors the model reads.
+        It never carries delivery metadata: the model cannot make a post look like a delivered answer."""
+        channel_id = await self._channel_id(channel)
+        try:
+            response = await self.client.chat_postMessage(channel=channel_id, text=text)
+        except SlackApiError as exc:
+            error = error_code(exc)
+            hint = {"not_in_channel": "invite the bot to that channel first",
+                    "channel_not_found": "no such channel", "is_archived": "that channel is archived"}
+            raise ToolError(f"Slack refused the message to {channel}: {hint.get(error, error)}") from None
+        return f"posted to {channel} (ts {response.get('ts')})"
+
+    async def _channel_id(self, channel: str) -> str:
+        if not channel.startswith("#"):
+            if re.fullmatch(r"[CGD][A-Z0-9]{2,}", channel):
+                return channel
+            raise ToolError(f"{channel!r} is not a channel: use #name or a channel id such as C0123ABCD")
+        name = channel[1:].lower()
+        if name not in self._channel_ids:
+            cursor = None
+            while True:
+                response = await self.client.conversations_list(
+                    types="public_channel,private_channel", exclude_archived=True, limit=1000, cursor=cursor)
+                for item in response.get("channels") or []:
+                    self._channel_ids[str(item.get("name"))] = str(item.get("id"))
+                cursor = (response.get("response_metadata") or {}).get("next_cursor")
+                if not cursor:
+                    break
+        if name not in self._channel_ids:
+            raise ToolError(f"there is no channel {channel} that the bot can see")
+        return self._channel_ids[name]
+
+
+def _place(session: SessionInfo) -> tuple[str, str | None]:
+    ref = session.reply_ref
+    channel = ref.get("channel")
+    if not channel:
+        raise DeliveryFailed(f"session {session.id} has no Slack channel to answer in", retryable=False)
+    return str(channel), (str(ref["thread_ts"]) if ref.get("thread_ts") else None)
+
+
+def _chunk_of(message: dict[str, Any], delivery_id: int) -> tuple[int, int] | None:
+    """(chunk index, chunk count) if ``message`` carries this delivery's metadata."""
+    metadata = message.get("metadata")
+    if not isinstance(metadata, dict) or metadata.get("event_type") != DELIVERY_EVENT:
+        return None
+    payload = metadata.get("event_payload")
+    if not isinstance(payload, dict):
+        return None
+    delivered, chunk, chunks = payload.get("delivery_id"), payload.get("chunk"), payload.get("chunks")
+    if type(delivered) is not int or delivered != delivery_id or type(chunk) is not int or type(chunks) is not int:
+        return None
+    return (chunk, chunks) if 0 <= chunk < chunks else None

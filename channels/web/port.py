@@ -1,0 +1,33 @@
+"""What core calls on the web chat: an answer is already in the transcript and on the stream when it is delivered."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from core.errors import InvalidInput
+from core.model import SessionInfo
+from core.ports import Receipt
+
+
+class WebPort:
+    name = "web"
+
+    def __init__(self, publish: Callable[[str, dict[str, Any]], None]) -> None:
+        self._publish = publish  # to the browsers watching a conversation
+
+    async def deliver(self, session: SessionInfo, text: str, *, delivery_id: int, resume: bool = False) -> Receipt:
+        # The browser reads the answer from the transcript (and saw it on the stream): nothing to send.
+        return Receipt(f"turn:{delivery_id}")
+
+    async def find_delivered(self, session: SessionInfo, delivery_id: int) -> Receipt | None:
+        return Receipt(f"turn:{delivery_id}")
+
+    async def resolve_destination(self, destination: str) -> str:
+        raise InvalidInput("the web chat cannot be a schedule's destination: name a Slack channel")
+
+    async def group_members(self, group_id: str) -> set[str]:
+        return set()
+
+    async def post_notice(self, session: SessionInfo, text: str) -> None:
+        self._publish(session.id, {"type": "notice", "text": text})

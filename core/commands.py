@@ -1,0 +1,194 @@
+"""The ``/bot`` command: its grammar and every reply, for any channel that offers one.
+
+A channel hands over what was typed and where (``Command``) and renders the reply with its own
+``Marks``; who may stop, revoke, see or change what is decided by the services called here.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.approvals import ApprovalBroker
+from core.dispatcher import Dispatcher
+from core.errors import InvalidInput
+from core.model import RESERVED_SESSION_PREFIXES, SessionInfo, SessionStatus
+from core.replies import PLAIN, Marks, asked_by, listed_call, typed
+from core.schedules import ScheduleService
+from core.text import parse_id
+from core.triggers import parse_when
+
+_TRIGGER = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One use of the command, as the platform said it."""
+
+    text: str  # what followed the command's name
+    user: str
+    channel: str  # the channel's name ("slack")
+    place: str  # where it was typed, e.g. "slack:T1:C1": what it lists and acts on
+    reply_ref: dict[str, Any] = field(default_factory=dict)  # a top-level message in that place
+    trigger: str | None = None  # the platform's id for this use (a fresh one when None)
+    name: str = "/bot"  # how people type it, for the texts that quote it
+
+
+@dataclass(frozen=True)
+class Status:
+    paused: bool
+    accepting: bool
+    running: int
+    queue_mode: str
+
+
+class Commands:
+    def __init__(self, dispatcher: Dispatcher, approvals: ApprovalBroker, schedules: ScheduleService) -> None:
+        self.dispatcher = dispatcher
+        self.approvals = approvals
+        self.schedules = schedules
+
+    async def status(self) -> Status:
+        return Status(paused=await self.dispatcher.paused(), accepting=self.dispatcher.accepting,
+                      running=self.dispatcher.running_sessions, queue_mode=self.dispatcher.config.queue_mode)
+
+    async def run(self, command: Command, marks: Marks = PLAIN) -> str:
+        """The reply to ``command`` (refusals included: they are replies too)."""
+        words = command.text.split()
+        sub = words[0].lower() if words else "help"
+        if sub == "status":
+            return await self._status()
+        if sub == "stop":
+            return await self._stop(command, marks)
+        if sub == "queue" and len(words) == 2:
+            return await self._queue(command, words[1].lower(), marks)
+        if sub == "approvals":
+            return await self._approvals(command, words[1:], marks)
+        if sub == "schedules":
+            return await self._schedules(command, words[1:], marks)
+        if sub == "schedule":
+            return await self._schedule(command, command.text.strip()[len("schedule"):].strip(), marks)
+        if sub == "help":
+            return help_text(command.name)
+        typed_words = f"{command.name} {' '.join(words)}"
+        return f"I don't know {marks.code(typed_words)}.\n{help_text(command.name)}"
+
+    async def _status(self) -> str:
+        status = await self.status()
+        state = "paused by an operator" if status.paused else (
+            "taking messages" if status.accepting else "not taking messages")
+        return (f"I'm up and {state}; {status.running} conversation(s) working now. "
+                f"Default queue mode: {status.queue_mode}.")
+
+    async def _stop(self, command: Command, marks: Marks) -> str:
+        # A command does not say which thread it came from: stop this place's latest busy one.
+        try:
+            report = await self.dispatcher.stop_latest(command.place, by=command.user)
+        except InvalidInput as exc:
+            return marks.text(str(exc))
+        if report is None:
+            return "Nothing to stop in this channel."
+        return (f"{report.describe(None)} (the most recent busy thread here; to stop another, "
+                "reply `stop` to me in that thread)")
+
+    async def _queue(self, command: Command, mode: str, marks: Marks) -> str:
+        try:
+            await self.dispatcher.set_place_queue_mode(command.place, mode, by=command.user)
+        except InvalidInput as exc:
+            return marks.text(str(exc))
+        return (f"Queue mode in this channel is now {mode} "
+                "(a thread can still override it: mention me with `queue collect`).")
+
+    async def _approvals(self, command: Command, args: list[str], marks: Marks) -> str:
+        if len(args) == 2 and args[0] == "revoke":
+            grant_id = parse_id(args[1])
+            if grant_id is None:
+                return (f"{marks.code(typed(args[1]))} is not a grant id (a number such as 12: "
+                        f"see `{command.name} approvals`).")
+            try:
+                return await self.approvals.revoke_grant(grant_id, by=command.user)
+            except InvalidInput as exc:
+                return marks.text(str(exc))
+        # What this user may see: this place's items, or everything for an admin (the broker decides).
+        pending = await self.approvals.pending(place=command.place, viewer=command.user)
+        grants = await self.approvals.grants(place=command.place, viewer=command.user)
+        where = "" if self.approvals.policy.is_admin(command.user) else " in this channel"
+        lines = [f"{marks.bold(f'Pending approvals{where}:')} {len(pending)}"]
+        lines += [f"• #{p.id} {marks.code(p.tool)} — {asked_by(p, marks)}, expires {p.expires_at:%H:%M} UTC"
+                  for p in pending[:20]]
+        lines.append(f"{marks.bold(f'Always-allow grants{where}:')} {len(grants)} (each covers one exact call)")
+        lines += [f"• {g.id}: agent {marks.code(g.agent)} may run {marks.code(g.tool)}"
+                  + (f" in {marks.place(g.place)}" if g.place else "") + f" (by {marks.user(g.created_by)}), exactly:"
+                  + listed_call(g.describe(), marks) for g in grants[:30]]
+        if grants:
+            lines.append(f"Revoke one with `{command.name} approvals revoke <id>` (admins).")
+        return "\n".join(lines)
+
+    async def _schedules(self, command: Command, words: list[str], marks: Marks) -> str:
+        if words and words[0] in ("pause", "resume", "cancel") and len(words) == 2:
+            schedule_id = parse_id(words[1])
+            if schedule_id is None:
+                return (f"{marks.code(typed(words[1]))} is not a schedule id (a number such as 12: "
+                        f"see `{command.name} schedules`).")
+            try:
+                return await self.schedules.change(schedule_id, words[0], by=command.user)
+            except InvalidInput as exc:
+                return marks.text(str(exc))
+        # What this user may see: this place's schedules, or every one for an admin (the service decides).
+        rows = await self.schedules.list(place=command.place, viewer=command.user)
+        if not rows:
+            where = "" if self.schedules.policy.is_admin(command.user) else " in this channel"
+            return f"No schedules{where}. Create one: `{command.name} schedule every 1h #ops summarize open incidents`"
+        return "\n".join(
+            f"• {r.id}: {marks.text(r.describe())} → {marks.text(r.destination)} {marks.bold(marks.text(r.status))} "
+            f"(by {marks.user(r.creator)}) · firings {r.firings} · last: {marks.text(r.last_outcome or 'none yet')}"
+            for r in rows[:30]
+        ) + f"\n`{command.name} schedules pause|resume|cancel <id>` (creator or admin)"
+
+    async def _schedule(self, command: Command, text: str, marks: Marks) -> str:
+        try:
+            trigger, rest = parse_when(text)
+            destination, _, prompt = rest.partition(" ")
+            if not destination or not prompt.strip():
+                return f"Not scheduled: usage: {command.name} schedule every 5m #channel <prompt>"
+            # The destination approval is asked where the command was typed, as a top-level message, in a
+            # session of its own; the schedule runs the default agent.
+            origin = SessionInfo(id=f"{command.place}:command-{_trigger(command)}", channel=command.channel,
+                                 agent=self.dispatcher.agents.default.name, status=SessionStatus.IDLE,
+                                 reply_ref=dict(command.reply_ref), place=command.place)
+            if origin.id.startswith(RESERVED_SESSION_PREFIXES):
+                raise InvalidInput(f"session id {origin.id!r} is reserved")
+            schedule = await self.schedules.create(prompt=prompt, trigger=trigger, destination=destination,
+                                                   agent=origin.agent, creator=command.user, origin=origin,
+                                                   channel=command.channel)
+        except InvalidInput as exc:
+            return f"Not scheduled: {marks.text(str(exc))}"
+        return (f"Schedule {schedule.id} created ({marks.text(trigger.describe())} → "
+                f"{marks.text(destination)}); it starts once posting to {marks.text(destination)} is approved.")
+
+
+def _trigger(command: Command) -> str:
+    """The command's own id in its origin session's id: the platform's, when it has a safe shape."""
+    if command.trigger is not None and _TRIGGER.fullmatch(command.trigger):
+        return command.trigger
+    return uuid.uuid4().hex
+
+
+def help_text(name: str) -> str:
+    c = name
+    return (
+        "Mention me in a thread (or DM me) and I'll answer there; every reply in that thread is "
+        "context for the next one. Messages sent while I work are taken into what I'm doing.\n"
+        "In a thread: `@bot stop` stops my work there; `@bot queue steer|collect|followup` sets how "
+        "messages sent while I work are handled. Stopping and the queue mode are for whoever asked, "
+        "approvers and admins.\n"
+        f"`{c} status` — am I up and how busy\n`{c} stop` — stop the latest busy thread in this channel\n"
+        f"`{c} queue steer|collect|followup` — the queue mode for this channel\n"
+        f"`{c} schedule every 1h #ops <prompt>` — run a prompt on a schedule (also `cron \"0 9 * * 1-5\"`, "
+        f"`at 2026-12-01T09:00`); `{c} schedules` — this channel's schedules (all of them for admins): "
+        "list, pause, resume, cancel\n"
+        f"`{c} approvals` — pending approvals and \"Always allow\" grants; "
+        f"`{c} approvals revoke <id>` (admins)\n`{c} help` — this text"
+    )

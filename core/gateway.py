@@ -1,0 +1,180 @@
+"""The one object channel adapters call: intake, decisions, credentials, stop, commands, listings, status.
+
+Adapters translate a platform's input into these calls and render what comes back (and the events
+they subscribe to). Every rule stays in the service that owns it (``Dispatcher``, ``ApprovalBroker``,
+``CredentialService``, ``ScheduleService``); this facade only routes, so that a channel needs
+nothing else from core but values (``core.model``, ``core.views``, ``core.events``) and errors.
+Refusals are typed (``core.errors``): a channel picks its answer by the type, never by the words.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.approvals import TOO_LONG_TO_SHOW, ApprovalBroker, DecideResult
+from core.clock import Clock
+from core.commands import Command, Commands, Status
+from core.controls import StopReport
+from core.credentials import CredentialService, ProvideResult
+from core.dispatcher import Dispatcher
+from core.errors import InvalidInput, NotFound
+from core.events import Handler
+from core.model import ApprovalInfo, CredentialRequestInfo, Inbound, SessionInfo, SessionSummary, TranscriptEntry
+from core.replies import PLAIN, Marks
+from core.schedules import ScheduleService
+from core.store import Accepted, AcceptOutcome
+from core.views import GrantView, ScheduleView
+
+# What adapters may name without importing the services that produce them.
+__all__ = ["AcceptOutcome", "Accepted", "Command", "DecideResult", "Gateway", "Marks", "ProvideResult", "Status",
+           "StopReport"]
+
+VERDICTS = ("approve", "deny", "always")
+REASON_MAX = 500  # characters of a deny reason (the model reads it)
+
+
+class Gateway:
+    def __init__(self, dispatcher: Dispatcher, approvals: ApprovalBroker, credentials: CredentialService,
+                 schedules: ScheduleService) -> None:
+        self._dispatcher = dispatcher
+        self._conversations = dispatcher.conversations
+        self._approvals = approvals
+        self._credentials = credentials
+        self._schedules = schedules
+        self._commands = Commands(dispatcher, approvals, schedules)
+
+    # -- events and time ------------------------------------------------------------------------
+
+    def subscribe(self, handler: Handler, *, channel: str) -> None:
+        """Receive core's events for ``channel``'s sessions (and those for every channel)."""
+        self._dispatcher.bus.subscribe(handler, channel=channel)
+
+    @property
+    def clock(self) -> Clock:
+        return self._dispatcher.clock
+
+    # -- intake and stopping --------------------------------------------------------------------
+
+    async def accept(self, message: Inbound) -> Accepted:
+        """Store one message durably (deduplicated) and act on it. Raises InvalidInput (refused, with the
+        reason to tell the sender) or Unavailable (not taking messages right now)."""
+        return await self._dispatcher.accept(message)
+
+    async def stop(self, session_id: str, by: str) -> StopReport:
+        """Stop a conversation's running turn and drop what waits behind it (a channel's stop button)."""
+        return await self._dispatcher.cancel(session_id, by=by)
+
+    async def command(self, command: Command, marks: Marks = PLAIN) -> str:
+        """The ``/bot`` command: the reply, its dynamic parts marked up by ``marks``."""
+        return await self._commands.run(command, marks)
+
+    async def status(self) -> Status:
+        return await self._commands.status()
+
+    @property
+    def accepting(self) -> bool:
+        return self._dispatcher.accepting
+
+    # -- approvals ------------------------------------------------------------------------------
+
+    async def decide(self, request_id: int, verdict: object, by: str, reason: object = None, *,
+                     channel: str | None = None) -> DecideResult:
+        """A person's Approve / Deny / Always allow (``verdict`` and ``reason`` as they arrived: checked
+        here). With ``channel``, only that channel's requests exist (NotFound, as for an unknown id)."""
+        if not isinstance(verdict, str) or verdict not in VERDICTS:
+            raise InvalidInput("verdict must be approve, deny or always")
+        if reason is not None and (not isinstance(reason, str) or len(reason) > REASON_MAX):
+            raise InvalidInput(f"reason must be text of at most {REASON_MAX} characters")
+        if channel is not None:
+            _owned(await self._approvals.get(request_id), channel, "approval request")
+        return await self._approvals.decide(request_id, verdict, by=by, reason=reason)
+
+    async def deny_prompt(self, request_id: int, by: str) -> ApprovalInfo | DecideResult:
+        """A Deny click, before the reason is asked: the request when ``by`` may deny it now, else what a
+        deny achieved (a refusal, or what had already happened)."""
+        request = await self._approvals.get(request_id)
+        if request is None or request.settled or not await self._approvals.may_decide(by, request):
+            return await self._approvals.decide(request_id, "deny", by=by)
+        return request
+
+    async def approval(self, request_id: int) -> ApprovalInfo | None:
+        return await self._approvals.get(request_id)
+
+    async def recent_approvals(self, session_id: str) -> list[ApprovalInfo]:
+        return await self._approvals.recent(session_id)
+
+    async def pending_approvals(self, *, place: str | None = None, viewer: str | None = None) -> list[ApprovalInfo]:
+        return await self._approvals.pending(place=place, viewer=viewer)
+
+    async def grants(self, *, place: str | None = None, viewer: str | None = None) -> list[GrantView]:
+        return await self._approvals.grants(place=place, viewer=viewer)
+
+    async def approval_shown(self, request_id: int, where: dict[str, Any]) -> None:
+        """Where a channel showed the request, so the message can be updated once it is settled."""
+        await self._approvals.record_announcement(request_id, where)
+
+    async def approval_unshowable(self, request_id: int) -> bool:
+        """The channel could not show every argument: nobody can decide unseen, so the call is cancelled."""
+        return await self._approvals.refuse(request_id, TOO_LONG_TO_SHOW)
+
+    # -- credentials ----------------------------------------------------------------------------
+
+    async def provide(self, request_id: int, value: str, by: str, *, hosts: object = None,
+                      channel: str | None = None) -> ProvideResult:
+        """A person's value for a credential request (sealed at once). With ``channel``, only that channel's
+        requests exist (NotFound otherwise)."""
+        if channel is not None:
+            _owned(await self._credentials.get(request_id), channel, "credential request")
+        return await self._credentials.provide(request_id, value, by=by, hosts=hosts)
+
+    async def provide_prompt(self, request_id: int, by: str) -> CredentialRequestInfo | str:
+        """A Provide click, before the form opens: the request when ``by`` may provide it now, else why not
+        (core's words, in core's order: unknown, not an approver, already settled)."""
+        request = await self._credentials.get(request_id)
+        refused = await self._credentials.refusal(request, by)
+        if refused is not None:
+            return refused
+        assert request is not None  # refusal() refuses an unknown request
+        return request
+
+    async def credential_request(self, request_id: int) -> CredentialRequestInfo | None:
+        return await self._credentials.get(request_id)
+
+    async def recent_credentials(self, session_id: str) -> list[CredentialRequestInfo]:
+        return await self._credentials.recent(session_id)
+
+    async def credential_shown(self, request_id: int, where: dict[str, Any]) -> None:
+        await self._credentials.record_announcement(request_id, where)
+
+    # -- conversations --------------------------------------------------------------------------
+
+    async def sessions(self, channel: str) -> list[SessionSummary]:
+        return await self._conversations.list_sessions(channel)
+
+    async def session(self, session_id: str) -> SessionInfo | None:
+        return await self._conversations.get_session(session_id)
+
+    async def history(self, session_id: str) -> list[TranscriptEntry]:
+        return await self._conversations.history(session_id)
+
+    async def working(self, session_id: str) -> bool:
+        return await self._conversations.has_live_work(session_id)
+
+    # -- schedules ------------------------------------------------------------------------------
+
+    async def schedules(self, *, place: str | None = None, viewer: str | None = None) -> list[ScheduleView]:
+        """As ``ScheduleService.list``: a viewer sees this place's schedules (an admin every one)."""
+        return await self._schedules.list(place=place, viewer=viewer)
+
+    def may_change_schedule(self, schedule: ScheduleView, user: str) -> bool:
+        return self._schedules.may_change(schedule, user)
+
+    async def change_schedule(self, schedule_id: int, action: str, by: str) -> str:
+        """pause, resume or cancel. Raises NotFound, NotAllowed, Conflict or InvalidInput."""
+        return await self._schedules.change(schedule_id, action, by=by)
+
+
+def _owned(request: ApprovalInfo | CredentialRequestInfo | None, channel: str, what: str) -> None:
+    """A request shown in another channel does not exist here (the same refusal as an unknown id)."""
+    if request is None or request.session.channel != channel:
+        raise NotFound(f"no such {what} here")

@@ -1,0 +1,206 @@
+"""Managing schedules (SPEC §9): create one (and win its destination approval), list, pause, resume, cancel.
+
+The ``schedules`` table is the truth. This service changes it and tells this process's jobs
+(``core.schedules.jobs``) at once; without them (the operator's CLI) the scheduler of the running
+gateway follows the table at its next firing or sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import Any, Protocol
+
+from core.approvals import DESTINATION_TOOL, ApprovalBroker
+from core.clock import Clock
+from core.errors import Conflict, InvalidInput, NotAllowed, NotFound
+from core.events import EventBus, Notice
+from core.model import ApprovalStatus, ScheduleStatus, SessionInfo
+from core.ports import Ports
+from core.store import ConversationStore
+from core.store.schedules import ScheduleStore
+from core.store.tables import ScheduleRow
+from core.text import MAX_ID, clean_text
+from core.triggers import TriggerSpec
+from core.views import ScheduleView
+
+log = logging.getLogger(__name__)
+
+class JobControl(Protocol):
+    """What management asks of the scheduler in this process (``core.schedules.jobs.ScheduleJobs``)."""
+
+    async def add(self, schedule_id: int, trigger: TriggerSpec) -> None: ...
+    async def pause(self, schedule_id: int) -> None: ...
+    async def remove(self, schedule_id: int) -> None: ...
+
+
+class ScheduleService:
+    def __init__(self, store: ScheduleStore, conversations: ConversationStore, approvals: ApprovalBroker,
+                 bus: EventBus, clock: Clock, *, interval_floor_s: int = 60, jobs: JobControl | None = None,
+                 ports: Ports | None = None) -> None:
+        self.store = store
+        self.conversations = conversations
+        self.approvals = approvals
+        self.policy = approvals.policy
+        self.bus = bus
+        self.clock = clock
+        self.floor_s = interval_floor_s
+        self.jobs = jobs  # None: no scheduler in this process (the CLI)
+        self.ports = ports or Ports()  # a destination is resolved by its channel's port
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Go on waiting for the destination approvals of schedules created before a restart."""
+        for schedule in await self.store.all(statuses=(ScheduleStatus.PENDING_DESTINATION,)):
+            self._spawn(self._await_destination(schedule))
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- creating -------------------------------------------------------------------------------
+
+    async def create(self, *, prompt: str, trigger: TriggerSpec, destination: str, agent: str, creator: str,
+                     origin: SessionInfo, channel: str) -> ScheduleView:
+        """Validate everything, store the schedule (pending its destination on ``channel``) and ask for the
+        destination approval in ``origin``. Bad input raises InvalidInput and stores nothing."""
+        prompt = clean_text(prompt)  # stored, then fired as a message: no NUL, no lone surrogate
+        if not prompt.strip():
+            raise InvalidInput("the prompt is empty")
+        trigger.check(self.clock.now(), self.floor_s)
+        destination_id = await self.ports.get(channel).resolve_destination(destination)
+        await self.conversations.ensure_session(origin, self.clock.now())
+        schedule = await self.store.add(ScheduleRow(
+            prompt=prompt.strip(), trigger=trigger.to_json(), destination=destination, destination_id=destination_id,
+            channel=channel, agent=agent, creator=creator, origin_session=origin.id,
+            status=ScheduleStatus.PENDING_DESTINATION, created_at=self.clock.now(),
+        ))
+        self._spawn(self._await_destination(schedule))
+        return schedule_view(schedule)
+
+    async def _await_destination(self, schedule: ScheduleRow) -> None:
+        assert schedule.id is not None
+        approval = await self.approvals.get(schedule.approval_id) if schedule.approval_id else None
+        granted = False
+        if approval is None:  # a restart between asking and recording the request: find it, don't ask again
+            approval = await self.approvals.for_call(schedule.origin_session or "", f"schedule:{schedule.id}")
+            if approval is not None:
+                await self.store.set_status(schedule.id, ScheduleStatus.PENDING_DESTINATION, approval_id=approval.id,
+                                            only_from=(ScheduleStatus.PENDING_DESTINATION,))
+        if approval is None:
+            args = destination_args(schedule)
+            # "Always allow" on an earlier destination approval: this agent may post there again.
+            granted = await self.approvals.granted(agent=schedule.agent, tool=DESTINATION_TOOL,
+                                                   place=destination_place(schedule), args=args)
+            if not granted:
+                approval = await self.approvals.request(
+                    session_id=schedule.origin_session or "", turn_id=None, call_id=f"schedule:{schedule.id}",
+                    tool=DESTINATION_TOOL, args=args, agent=schedule.agent, place=destination_place(schedule),
+                    requester=schedule.creator,
+                )
+                await self.store.set_status(schedule.id, ScheduleStatus.PENDING_DESTINATION, approval_id=approval.id)
+        if approval is not None and not approval.settled:
+            approval = await self.approvals.wait(approval)
+        origin = await self.conversations.get_session(schedule.origin_session or "")
+        if granted or (approval is not None and approval.status == ApprovalStatus.APPROVED):
+            await self._activate(schedule)
+            text = (f"Schedule {schedule.id} is active: {schedule_view(schedule).describe()}, "
+                    f"posting to {schedule.destination}"
+                    + (" (always allowed there)." if granted else "."))
+        else:
+            await self.store.set_status(schedule.id, ScheduleStatus.CANCELLED,
+                                        only_from=(ScheduleStatus.PENDING_DESTINATION,))
+            text = f"Schedule {schedule.id} was not started: posting to {schedule.destination} was not approved."
+        if origin is not None:
+            self.bus.emit(Notice(origin, text))
+
+    async def _activate(self, schedule: ScheduleRow) -> None:
+        assert schedule.id is not None
+        if not await self.store.set_status(schedule.id, ScheduleStatus.ACTIVE,
+                                           only_from=(ScheduleStatus.PENDING_DESTINATION, ScheduleStatus.PAUSED)):
+            return
+        if self.jobs is not None:  # else the running gateway's scheduler adds the job when it syncs
+            await self.jobs.add(schedule.id, TriggerSpec.from_json(schedule.trigger))
+
+    # -- managing -------------------------------------------------------------------------------
+
+    async def list(self, *, place: str | None = None, viewer: str | None = None) -> list[ScheduleView]:
+        """Schedules. A ``viewer`` (a person asking somewhere) sees those asked for at ``place`` or posting
+        there, unless an admin; without a viewer (an operator, the web chat's own list) every one."""
+        rows = await self.store.all()
+        if viewer is not None and not self.policy.is_admin(viewer):
+            if not place:
+                return []
+            rows = [r for r in rows if _posts_to(r, place) or await self._origin_place(r) == place]
+        return [schedule_view(r) for r in rows]
+
+    async def _origin_place(self, schedule: ScheduleRow) -> str | None:
+        origin = await self.conversations.get_session(schedule.origin_session) if schedule.origin_session else None
+        return origin.place if origin is not None else None
+
+    def may_change(self, schedule: ScheduleView, user: str) -> bool:
+        """Pausing, resuming and cancelling belong to a schedule's creator and to admins."""
+        return user == schedule.creator or self.policy.is_admin(user)
+
+    async def change(self, schedule_id: int, action: str, by: str, *, operator: bool = False) -> str:
+        """pause, resume or cancel — by its creator, an admin, or an operator. Refused with NotFound,
+        NotAllowed (not theirs), Conflict (not in a state for that) or InvalidInput (no such action)."""
+        if not 0 < schedule_id <= MAX_ID:  # e.g. the model's schedule_cancel: the database holds no more
+            raise NotFound(f"there is no schedule {schedule_id}")
+        schedule = await self.store.get(schedule_id)
+        if schedule is None:
+            raise NotFound(f"there is no schedule {schedule_id}")
+        if not operator and not self.may_change(schedule_view(schedule), by):
+            raise NotAllowed(f"only its creator or an admin can {action} schedule {schedule_id}")
+        if action == "pause":
+            if not await self.store.set_status(schedule_id, ScheduleStatus.PAUSED, only_from=(ScheduleStatus.ACTIVE,)):
+                raise Conflict(f"schedule {schedule_id} is {schedule.status}, not active")
+            if self.jobs is not None:
+                await self.jobs.pause(schedule_id)
+            return f"Schedule {schedule_id} paused."
+        if action == "resume":
+            if schedule.status != ScheduleStatus.PAUSED:
+                raise Conflict(f"schedule {schedule_id} is {schedule.status}, not paused")
+            await self._activate(schedule)
+            return f"Schedule {schedule_id} resumed."
+        if action == "cancel":
+            live = (ScheduleStatus.ACTIVE, ScheduleStatus.PAUSED, ScheduleStatus.PENDING_DESTINATION)
+            if not await self.store.set_status(schedule_id, ScheduleStatus.CANCELLED, only_from=live):
+                raise Conflict(f"schedule {schedule_id} is already {schedule.status}")
+            if self.jobs is not None:
+                await self.jobs.remove(schedule_id)
+            return f"Schedule {schedule_id} cancelled."
+        raise InvalidInput(f"unknown action {action!r}: pause, resume or cancel")
+
+
+def schedule_view(row: ScheduleRow) -> ScheduleView:
+    assert row.id is not None
+    return ScheduleView(id=row.id, prompt=row.prompt, trigger=TriggerSpec.from_json(row.trigger),
+                        destination=row.destination, creator=row.creator, status=ScheduleStatus(row.status),
+                        firings=row.firings, failures=row.failures, last_outcome=row.last_outcome)
+
+
+def destination_args(schedule: ScheduleRow) -> dict[str, Any]:
+    """What the destination approval shows, and (by ``destination_id`` and ``creator``) what its grant
+    is keyed by: another person's schedules to the same channel are asked again."""
+    return {"schedule": schedule.id, "destination": schedule.destination, "destination_id": schedule.destination_id,
+            "creator": schedule.creator, "when": schedule_view(schedule).describe(),
+            "prompt": schedule.prompt}
+
+
+def destination_place(schedule: ScheduleRow) -> str:
+    """Where a firing lives (its approvals are asked there), e.g. "slack:dest:C2"."""
+    return f"{schedule.channel}:dest:{schedule.destination_id}"
+
+
+def _posts_to(schedule: ScheduleRow, place: str) -> bool:
+    """Whether the schedule posts to ``place`` ("slack:T1:C2", or a firing's own "slack:dest:C2")."""
+    channel, _, rest = place.partition(":")
+    return channel == schedule.channel and rest.rsplit(":", 1)[-1] == schedule.destination_id

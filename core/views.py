@@ -1,0 +1,81 @@
+"""What core hands across the boundary instead of table rows: frozen views that describe themselves.
+
+A view carries what its listings show and nothing else (no internal ids, no raw pattern of a
+revoked grant): a channel can render any field of it without leaking more than core meant to.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from core.model import ScheduleStatus
+from core.tools import CANONICAL_KEYS, DESTINATION_TOOL, canonical_call, canonical_text
+from core.triggers import TriggerSpec
+
+
+@dataclass(frozen=True)
+class ScheduleView:
+    """A schedule as its creator, admins and operators see it listed."""
+
+    id: int
+    prompt: str
+    trigger: TriggerSpec
+    destination: str  # as the person wrote it ("#ops")
+    creator: str
+    status: ScheduleStatus
+    firings: int = 0
+    failures: int = 0  # consecutive failed deliveries
+    last_outcome: str | None = None
+
+    def describe(self) -> str:
+        """When it fires, as a person reads it (e.g. "every 60 s")."""
+        return self.trigger.describe()
+
+
+@dataclass(frozen=True)
+class GrantView:
+    """An "Always allow": this agent may run exactly this call at this place again."""
+
+    id: int
+    agent: str
+    tool: str
+    place: str | None
+    created_by: str
+    created_at: datetime
+    call_text: str | None  # the exact canonical call it covers (what ``describe`` renders)
+
+    def describe(self) -> str:
+        """The exact call a grant covers, as a person reads it (e.g. the command, then any other argument)."""
+        try:
+            args = json.loads(self.call_text or "")
+        except json.JSONDecodeError:
+            args = None
+        if not isinstance(args, dict):
+            return self.call_text or "(nothing: a grant from before exact calls, revoked)"
+        if self.tool == DESTINATION_TOOL:
+            return f"schedules by {args.get('creator')} posting to {args.get('destination')}"
+        text = canonical_text(self.tool, args)
+        rest = {k: v for k, v in args.items() if k not in CANONICAL_KEYS.get(self.tool, tuple(args))}
+        return f"{text} (with {canonical_call(rest)})" if rest else text
+
+
+@dataclass(frozen=True)
+class CredentialView:
+    """A stored credential as an operator sees it listed: never its value, sealed or not."""
+
+    name: str
+    scope: str  # "agent" (one agent's) or "shared" (agents granted it)
+    agent: str  # the owner for scope "agent"; "" for shared
+    granted_to: tuple[str, ...]  # the agents a shared one is granted to
+    hosts: tuple[str, ...] | None  # where it may be sent; None: anywhere
+    key_id: str
+    created_by: str
+    updated_at: datetime
+    last_used_at: datetime | None
+
+    def describe(self) -> str:
+        """Whose it is, e.g. "agent (default)" or "shared (granted to ops, deploy)"."""
+        owner = self.agent if self.scope == "agent" else "granted to " + (", ".join(self.granted_to) or "nobody")
+        return f"{self.scope} ({owner})"
