@@ -151,8 +151,8 @@ class ApprovalBroker:
 
     async def recover(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> GateDecision | None:
         request = await self.store.for_call(ctx.session_id, ctx.call_id)
-        if request is None:
-            return None
+        if request is None or not _same_call(request, ctx, tool, args):
+            return None  # another turn's request (one failed after restarts), or a reused call id: never acted on
         if request.status == ApprovalStatus.PENDING:
             request = await self._wait(request, ctx.turn_id)  # its buttons still work after a restart
         return _decision(request)
@@ -261,6 +261,12 @@ class ApprovalBroker:
         for request in overdue:
             await self._settle(request.id, ApprovalStatus.EXPIRED, by=None, reason=None)
         return len(overdue)
+
+
+def _same_call(request: ApprovalInfo, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> bool:
+    """Whether a stored request is this very call of this turn (what was approved is what would run)."""
+    return (request.turn_id == ctx.turn_id and request.tool == tool.name
+            and canonical_call(request.arguments) == canonical_call(args))
 
 
 def grant_call(tool: str, args: dict[str, Any]) -> str | None:

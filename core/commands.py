@@ -72,7 +72,7 @@ class Commands:
             return await self._schedule(command, command.text.strip()[len("schedule"):].strip(), marks)
         if sub == "help":
             return help_text(command.name)
-        typed_words = f"{command.name} {' '.join(words)}"
+        typed_words = f"{command.name} {typed(' '.join(words))}"  # quoted back: no backtick can end the code span
         return f"I don't know {marks.code(typed_words)}.\n{help_text(command.name)}"
 
     async def _status(self) -> str:
@@ -133,7 +133,7 @@ class Commands:
                 return (f"{marks.code(typed(words[1]))} is not a schedule id (a number such as 12: "
                         f"see `{command.name} schedules`).")
             try:
-                return await self.schedules.change(schedule_id, words[0], by=command.user)
+                return await self.schedules.change(schedule_id, words[0], by=command.user, place=command.place)
             except InvalidInput as exc:
                 return marks.text(str(exc))
         # What this user may see: this place's schedules, or every one for an admin (the service decides).

@@ -119,8 +119,8 @@ class CredentialService:
 
     async def _recover(self, ctx: ToolContext, _args: dict[str, Any]) -> str | None:
         request = await self.store.for_call(ctx.session_id, ctx.call_id)
-        if request is None:
-            return None
+        if request is None or request.turn_id != ctx.turn_id:
+            return None  # another turn's request (one failed after restarts), or a reused call id
         if request.status == CredentialStatus.PENDING:
             request = await self._wait(request, ctx.turn_id)  # its Provide button keeps working after a restart
         return await self._result(request)

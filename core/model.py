@@ -168,6 +168,7 @@ class ApprovalInfo:
     always: bool = False
     announcement: dict[str, Any] | None = None
     started: bool = False
+    turn_id: int | None = None  # the turn that asked (None: not a turn's call, e.g. a schedule's destination)
     # Whoever else had messages in the turn when the call was asked (steered or context): the call
     # may be their idea. Shown to approvers; they are not requesters (only ``requester`` is).
     other_senders: tuple[str, ...] = ()
@@ -213,6 +214,7 @@ class CredentialRequestInfo:
     expires_at: datetime
     provided_by: str | None = None
     announcement: dict[str, Any] | None = None
+    turn_id: int | None = None  # the turn that asked
 
     @property
     def settled(self) -> bool:

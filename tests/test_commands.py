@@ -46,6 +46,7 @@ async def test_help_status_stop_and_queue_replies(admin_gateway: GatewayClient) 
     assert await _say(gateway, "frobnicate <!channel> now") == (
         "I don't know `/bot frobnicate &lt;!channel&gt; now`.\n" + HELP)  # what was typed, never markup
     assert await _say(gateway, "queue") == "I don't know `/bot queue`.\n" + HELP
+    assert await _say(gateway, "fo`o *bold* `x") == "I don't know `/bot fo'o *bold* 'x`.\n" + HELP  # stays one span
     assert await _say(gateway, "status") == (
         "I'm up and taking messages; 0 conversation(s) working now. Default queue mode: steer.")
     await gateway.app.dispatcher.set_paused(True)
@@ -135,3 +136,16 @@ async def test_approvals_and_schedules_replies(
         "Revoke one with `/bot approvals revoke <id>` (admins).")
     assert await _say(gateway, "approvals revoke 2", user="UADMIN") == (
         "Grant 2 revoked: that call needs approval again.")
+
+
+async def test_another_channels_schedule_ids_do_not_show_through_refusals(admin_gateway: GatewayClient) -> None:
+    """A person in another channel is told "there is no schedule N" for a schedule they cannot list,
+    exactly as for an id that does not exist; where they can list it, the refusal says why."""
+    created = await _say(admin_gateway, "schedule every 1h #acc-dest say hi", user="U1", channel="C1")
+    assert created.startswith("Schedule 1 created")
+    for verb in ("cancel", "pause", "resume"):
+        assert await _say(admin_gateway, f"schedules {verb} 1", user="U2", channel="C2") == "there is no schedule 1"
+        assert await _say(admin_gateway, f"schedules {verb} 99", user="U2", channel="C2") == "there is no schedule 99"
+    assert await _say(admin_gateway, "schedules cancel 1", user="U2", channel="C1") == (
+        "only its creator or an admin can cancel schedule 1")
+    assert await _say(admin_gateway, "schedules cancel 1", user="UADMIN", channel="C2") == "Schedule 1 cancelled."

@@ -42,7 +42,8 @@ def schedule_tools(service: ScheduleService, conversations: ConversationStore, *
 
     async def cancel(ctx: ToolContext, args: dict[str, Any]) -> str:
         try:
-            return await service.change(int(args["schedule_id"]), "cancel", by=ctx.sender or "")
+            return await service.change(int(args["schedule_id"]), "cancel", by=ctx.sender or "",
+                                        place=ctx.place or "")
         except InvalidInput as exc:
             raise ToolError(str(exc)) from None
 

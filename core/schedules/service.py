@@ -149,15 +149,20 @@ class ScheduleService:
         """Pausing, resuming and cancelling belong to a schedule's creator and to admins."""
         return user == schedule.creator or self.policy.is_admin(user)
 
-    async def change(self, schedule_id: int, action: str, by: str, *, operator: bool = False) -> str:
+    async def change(self, schedule_id: int, action: str, by: str, *, operator: bool = False,
+                     place: str | None = None) -> str:
         """pause, resume or cancel — by its creator, an admin, or an operator. Refused with NotFound,
-        NotAllowed (not theirs), Conflict (not in a state for that) or InvalidInput (no such action)."""
+        NotAllowed (not theirs), Conflict (not in a state for that) or InvalidInput (no such action).
+        A person asking at ``place`` is told of another's schedule only if ``list`` shows it there: to
+        anyone else it does not exist (ids must not reveal other channels' schedules)."""
         if not 0 < schedule_id <= MAX_ID:  # e.g. the model's schedule_cancel: the database holds no more
             raise NotFound(f"there is no schedule {schedule_id}")
         schedule = await self.store.get(schedule_id)
         if schedule is None:
             raise NotFound(f"there is no schedule {schedule_id}")
         if not operator and not self.may_change(schedule_view(schedule), by):
+            if place is not None and not (_posts_to(schedule, place) or await self._origin_place(schedule) == place):
+                raise NotFound(f"there is no schedule {schedule_id}")
             raise NotAllowed(f"only its creator or an admin can {action} schedule {schedule_id}")
         if action == "pause":
             if not await self.store.set_status(schedule_id, ScheduleStatus.PAUSED, only_from=(ScheduleStatus.ACTIVE,)):

@@ -163,6 +163,6 @@ async def _info(s: AsyncSession, row: ApprovalRow) -> ApprovalInfo:
         agent=row.agent, requester=row.requester, status=ApprovalStatus(row.status), parked_at=row.parked_at,
         expires_at=row.expires_at, decided_by=row.decided_by, reason=row.reason, always=row.always,
         announcement=json.loads(row.announcement) if row.announcement else None,
-        started=row.started_at is not None,
+        started=row.started_at is not None, turn_id=row.turn_id,
         other_senders=tuple(json.loads(row.other_senders)) if row.other_senders else (),
     )

@@ -26,7 +26,15 @@ from core.model import (
     TurnStatus,
 )
 from core.store.database import Database
-from core.store.tables import DeliveryRow, InputRow, MessageRow, SessionRow, TurnRow
+from core.store.tables import (
+    ApprovalRow,
+    CredentialRequestRow,
+    DeliveryRow,
+    InputRow,
+    MessageRow,
+    SessionRow,
+    TurnRow,
+)
 from core.text import clean_text
 
 if TYPE_CHECKING:
@@ -70,6 +78,7 @@ class ConversationStore:
                     status=TurnStatus.FAILED, error="interrupted by a restart more than once", finished_at=now))
                 await s.exec(update(SessionRow).where(col(SessionRow.id).in_([d[1] for d in dead])).values(
                     status=SessionStatus.FAILED, updated_at=now))
+                await _cancel_requests_of(s, [d[0] for d in dead if d[0] is not None], now)
             await s.exec(update(TurnRow).where(running, scope).values(status=TurnStatus.QUEUED))
             return [d[0] for d in dead if d[0] is not None]
 
@@ -343,3 +352,22 @@ def session_info(row: SessionRow) -> SessionInfo:
         place=row.place,
         preapproved=tuple((str(t), str(s)) for t, s in json.loads(row.preapproved)) if row.preapproved else (),
     )
+
+
+async def _cancel_requests_of(s: AsyncSession, turn_ids: list[int], now: datetime) -> None:
+    """A failed turn's pending approvals and credential requests end with it: approving one later must
+    not run its call (nor a later turn pick it up), and its buttons say it was cancelled."""
+    from core.store.approvals import audit_row  # approvals builds on this module
+
+    reason = "its turn was stopped after being interrupted by restarts"
+    for table, kind in ((ApprovalRow, "approval"), (CredentialRequestRow, "credential")):
+        pending = list((await s.exec(select(table.id).where(
+            col(table.turn_id).in_(turn_ids), col(table.status) == "pending"))).all())
+        if not pending:
+            continue
+        values: dict[str, object] = {"status": "cancelled"}
+        if table is ApprovalRow:
+            values |= {"decided_at": now, "reason": reason}
+        await s.exec(update(table).where(col(table.id).in_(pending)).values(**values))
+        for request_id in pending:
+            s.add(audit_row(now, "system", f"{kind}.cancelled", f"{kind}:{request_id}", {"reason": reason}))

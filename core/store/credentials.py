@@ -252,4 +252,5 @@ async def _info(s: AsyncSession, row: CredentialRequestRow) -> CredentialRequest
         agent=row.agent, requester=row.requester, status=CredentialStatus(row.status), created_at=row.created_at,
         expires_at=row.expires_at,
         provided_by=row.provided_by, announcement=json.loads(row.announcement) if row.announcement else None,
+        turn_id=row.turn_id,
     )

@@ -396,3 +396,42 @@ async def test_the_web_chat_card_shows_the_whole_arguments_with_invisible_charac
             await browser.close()
     finally:
         assert await bot.terminate() == 0
+
+
+async def test_a_turn_failed_by_restarts_takes_its_pending_approval_with_it(
+    tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    """A turn the process died under twice is failed; its approval card must not stay live: approving
+    it later runs nothing, and nobody's later turn in that thread picks the old call up and runs it."""
+    import sqlite3
+
+    from tests.bot_process import post_form
+    from tests.fakes.core import until
+
+    env = slack_env(fake_slack, fake_llm, unused_port) | {"APPROVAL_POLL_S": "0.1", "BOT_APPROVERS": "UAPPROVER"}
+    db, log = tmp_path / ".bot" / "bot.db", tmp_path / ".bot" / "work" / "log"
+    thread = "1712345678.000100"
+
+    def rows(sql: str) -> list[Any]:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as c:
+            return c.execute(sql).fetchall()
+
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo deploy-prod >> log"})]))
+    bot = await BotProcess(tmp_path, env).start()
+    try:
+        assert await send_event(bot, mention("deploy prod", ts=thread), "Ev1") == 200
+        await fake_slack.wait_for("chat.postMessage")
+        for _ in range(2):  # the process dies twice while the turn waits for the approval
+            await bot.kill()
+            bot = await BotProcess(tmp_path, env).start()
+        await until(lambda: rows("SELECT status FROM turns WHERE id = 1") == [("failed",)])
+        assert rows("SELECT status FROM approvals") == [("cancelled",)]
+        await post_form(bot, block_action("approval:approve", "1", user="UAPPROVER"))
+        fake_llm.then(Reply("It is noon."), Reply("It is noon."))
+        assert await send_event(bot, mention("what time is it?", ts="1712345678.000300", thread_ts=thread,
+                                             user="U2"), "Ev3") == 200
+        await until(lambda: rows("SELECT status FROM turns WHERE id = 2") == [("finished",)])
+        assert not log.exists()  # neither the late click nor U2's turn ran U1's command
+        assert rows("SELECT status FROM approvals") == [("cancelled",)]
+    finally:
+        await bot.terminate()
