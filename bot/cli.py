@@ -9,11 +9,16 @@ import os
 import re
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from bot import __version__
 from bot.errors import DB_HINT, BotError, Exit, Failed
 from bot.manifest import render_manifest
 from core.errors import CoreError
+
+if TYPE_CHECKING:
+    from bot.app import Application
+    from bot.settings import Settings
 
 log = logging.getLogger("bot")
 
@@ -270,11 +275,28 @@ async def _run() -> int:
     secure_home(settings)
     lock = take_run_lock(settings)  # SQLite: before anything reads, migrates or recovers; held until exit
     app = build_application(settings, secret_sink=redactor.add)
+    # Before start: recovery resumes parked turns, and a SIGTERM or Ctrl-C meeting the default action
+    # then would count as a crash (twice fails the turn). Start-up finishes, then the bot stops as usual.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
         await app.start()  # listens first: a busy port fails before anything is recovered
     except StoreError as exc:
         raise Failed(f"{exc}; {DB_HINT}") from exc
+    if not stop.is_set():
+        _announce(settings, app)
+        await stop.wait()
+    log.info("shutting down (running turns get up to %.0f s; parked ones are kept as they are)",
+             settings.shutdown_drain_s)
+    stopped = await app.stop()
+    lock.release()  # after the database is closed (see bot.runlock)
+    print(stopped.describe(), flush=True)
+    return 0
 
+
+def _announce(settings: Settings, app: Application) -> None:
     url = f"http://{settings.host}:{app.bound_port}"
     # The "listening on" line comes last: scripts wait for it.
     if settings.slack_mode == "http":
@@ -289,15 +311,3 @@ async def _run() -> int:
         login = " (log in with BOT_WEB_TOKEN)" if settings.bot_web_token else ""
         print(f"bot: web chat: {url}/{login}", flush=True)
     print(f"bot: listening on {url}  (health: {url}/healthz)", flush=True)
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("shutting down (running turns get up to %.0f s; parked ones are kept as they are)",
-             settings.shutdown_drain_s)
-    stopped = await app.stop()
-    lock.release()
-    print(stopped.describe(), flush=True)
-    return 0

@@ -60,10 +60,10 @@ def home_problems(settings: Settings) -> list[str]:
 
 
 def sqlite_path(settings: Settings) -> Path | None:
-    """The SQLite database file, or None (PostgreSQL, in memory)."""
+    """The SQLite database file, or None (PostgreSQL, in memory). Settings refuse URI filenames
+    (``file:…``, ``?uri=true``): the path here is the one SQLite opens."""
     url = make_url(settings.resolved_database_url)
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:" \
-            or url.database.startswith("file:"):
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
         return None
     return Path(url.database).resolve()
 

@@ -161,6 +161,12 @@ class Settings(BaseSettings):
             raise ValueError(f"must be sqlite or postgresql, not {url.get_backend_name()!r}")
         if "@" in (url.host or ""):  # the tail of a password would be shown (and used) as the host name
             raise ValueError("has an '@' in its user name or password: write it as %40")
+        # SQLite would parse a URI filename itself (another file, or its own locking turned off by
+        # nolock=1): the run lock and BOT_HOME's file modes need the plain path SQLite opens.
+        if url.get_backend_name() == "sqlite" and ("uri" in url.query or
+                                                   (url.database or "").lower().startswith("file:")):
+            raise ValueError("SQLite URI filenames (file:..., ?uri=true) are not supported: give the file's "
+                             "path, e.g. sqlite:////srv/bot/bot.db (absolute) or sqlite:///bot.db (relative)")
         return value
 
     @field_validator("http_allow_hosts")

@@ -226,6 +226,50 @@ async def test_a_stopped_turn_does_not_cancel_the_wait_it_left_behind(
         assert await bot.terminate() == 0
 
 
+async def _term_while_starting(cwd: Path, env: dict[str, str], database_url: str | None) -> tuple[int, str]:
+    """``bot run``, and SIGTERM the moment recovery has resumed the parked turn (start-up not over yet)."""
+    attempts = "SELECT attempts FROM turns"
+    before = (await _column(cwd, database_url, attempts))[0]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", cwd=cwd, env=BotProcess(cwd, env).env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    STARTED.append(proc)
+    async with asyncio.timeout(20):
+        while (await _column(cwd, database_url, attempts))[0] <= before:
+            await asyncio.sleep(0.002)
+    proc.send_signal(signal.SIGTERM)  # a deploy superseded while this one was still starting
+    async with asyncio.timeout(30):
+        out, _ = await proc.communicate()
+    return int(proc.returncode or 0), out.decode()
+
+
+async def test_sigterm_while_starting_keeps_a_parked_turn_parked(
+    tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM, database_url: str | None
+) -> None:
+    """SIGTERM during start-up, after recovery resumed the parked turn, is a redeploy too: start-up
+    finishes, then the bot stops as on any SIGTERM. Killed there, the resume counted as a crash."""
+    env = _env(fake_slack, fake_llm, unused_port)
+    runs = tmp_path / ".bot" / "work" / "runs.log"
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo ran >> runs.log"})]))
+    bot = await BotProcess(tmp_path, env).start()
+    assert await send_event(bot, mention("run it"), "EvStartTerm") == 200
+    request_id = await _card(fake_slack)
+    assert await bot.terminate() == 0
+    for _ in range(2):  # max_turn_attempts is 2
+        code, out = await _term_while_starting(tmp_path, env, database_url)
+        assert code == 0 and "1 parked request(s) kept" in out and "Traceback" not in out, out
+    bot = await BotProcess(tmp_path, env).start()
+    try:
+        fake_llm.then(Reply("ran it"))
+        assert await post_form(bot, block_action("approval:approve", request_id, user="U1")) == 200
+        await _wait_text(fake_slack, "ran it")
+        assert runs.read_text() == "ran\n"  # exactly once
+        assert "restarted" not in _shown(fake_slack) and "ancel" not in _shown(fake_slack)
+        assert "failed" not in await _column(tmp_path, database_url, "SELECT status FROM turns")
+    finally:
+        assert await bot.terminate() == 0
+
+
 # -- one process per SQLite database -------------------------------------------------------------
 
 
@@ -299,6 +343,72 @@ async def test_a_database_outside_bot_home_is_locked_beside_it(
         assert code != 0 and "already running" in out and "shared.db.lock" in out, out
     finally:
         assert await first.terminate() == 0
+
+
+@sqlite_only
+@pytest.mark.parametrize("spelling", ["another BOT_HOME", "a file: URI", "a hard link"])
+async def test_the_same_database_by_another_name_is_refused(
+    tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM, spelling: str
+) -> None:
+    """The first bot keeps its database in its BOT_HOME; a second one, with its own BOT_HOME, names
+    the same file another way. The lock is on the file itself, so no name gets past it."""
+    env = slack_env(fake_slack, fake_llm, unused_port)
+    gate = Gate(Reply("the first one answers"))
+    fake_llm.then(gate)
+    first = await BotProcess(tmp_path, env).start()
+    database = tmp_path / ".bot" / "bot.db"
+    try:
+        assert await send_event(first, mention("keep working"), "EvSameFile") == 200
+        await asyncio.wait_for(gate.reached.wait(), 10)
+        name = database
+        if spelling == "a hard link":
+            name = tmp_path / "elsewhere" / "same.db"
+            name.parent.mkdir()
+            os.link(database, name)
+        url = f"sqlite:///file:{name}?uri=true" if spelling == "a file: URI" else f"sqlite:///{name}"
+        second = {"BOT_HOME": str(tmp_path / "home-b"), "DATABASE_URL": url, "PORT": "0"}
+        code, out, _took = await _run_expecting_exit(tmp_path, env | second)
+        assert code != 0 and "Traceback" not in out, out
+        if spelling == "a file: URI":
+            assert "file:" in out and "sqlite:////" in out, out  # says how to write it instead
+        else:
+            assert first.proc is not None and f"pid {first.proc.pid}" in out, out
+            assert "already running" in out and str(name) in out, out
+        assert _sqlite(tmp_path, "SELECT status, attempts FROM turns") == [("running", 1)]
+        assert len(fake_llm.requests) == 1
+        code, out = await run_cli(tmp_path, env, "approvals", "list")  # operator commands still work
+        assert code == 0, out
+        gate.opened.set()
+        await _wait_text(fake_slack, "the first one answers")
+        assert _texts(fake_slack).count("the first one answers") == 1
+    finally:
+        gate.opened.set()
+        assert await first.terminate() == 0
+
+
+@sqlite_only
+@pytest.mark.parametrize("url", ["sqlite:///file:{db}", "sqlite:///FILE:{db}?uri=true", "sqlite:///{db}?uri=true",
+                                 "sqlite+aiosqlite:///file:{db}?uri=true&nolock=1"])
+def test_a_sqlite_uri_filename_is_refused_in_settings(tmp_path: Path, url: str) -> None:
+    """A URI filename is parsed by SQLite, not by the lock (and may turn SQLite's own locking off)."""
+    from bot.errors import SettingsError
+    from bot.settings import load_settings
+
+    with pytest.raises(SettingsError, match="DATABASE_URL"):
+        load_settings(env_file=None, bot_home=tmp_path, database_url=url.format(db=tmp_path / "bot.db"))
+
+
+@sqlite_only
+async def test_a_database_with_a_second_name_is_refused(tmp_path: Path, unused_port: int) -> None:
+    """SQLite keeps its -wal file beside the name it was opened by: two names, two WALs, a corrupt
+    database. A hard link to the database file stops `bot run` before it opens it."""
+    home = tmp_path / ".bot"
+    home.mkdir(mode=0o700)
+    (home / "bot.db").touch(mode=0o600)
+    os.link(home / "bot.db", tmp_path / "copy.db")
+    code, out, _took = await _run_expecting_exit(tmp_path, {"PORT": str(unused_port)})
+    assert code != 0 and "bot.db" in out and "hard link" in out and "Traceback" not in out, out
+    assert (home / "bot.db").stat().st_size == 0
 
 
 @sqlite_only
