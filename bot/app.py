@@ -99,10 +99,12 @@ class Application:
         await self.credentials.redactor.check()  # load the masks (and tell the log filter) before any turn
         await self.approvals.expire_overdue()  # those that ran out while no process was up
         await self.credentials.expire_overdue()
+        # Before turns resume: on SQLite it releases the claims of answers the last run left mid-delivery,
+        # and must not release those of answers resumed turns are about to post.
+        await self.deliveries.start(single_process=self.db.is_sqlite)  # resumes answers left undelivered
         await self.dispatcher.start()
         for channel in self.channels:
             await channel.start()
-        await self.deliveries.start(single_process=self.db.is_sqlite)  # resumes answers left undelivered
         await self.schedule_jobs.start()
         await self.schedules.start()
 

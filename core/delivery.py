@@ -4,23 +4,31 @@ Path of an answer: ``ConversationStore.finish_turn`` writes it and its outbox ro
 already claimed by this process) → ``TurnFinished`` → ``Deliveries`` asks the port to ``deliver`` it and
 records the receipt. A failed attempt is retried with capped exponential backoff, across restarts and by
 whichever replica claims the row, until the channel takes it or ``max_age_s`` passes; then it is given up,
-counted, and the thread is told once the channel takes posts again. Before each retry the port is asked
+counted, and the thread is told once the channel takes posts again (in a task of its own, a few tries; told
+only once the notice was taken). Before each retry the port is asked
 whether an earlier attempt landed after all (``find_delivered``), so an answer is posted once.
+
+One attempt at a time: every attempt runs under a claim on its row (``claimed_by``, the attempt number, and
+``next_attempt_at`` as its end) and is cut off before the claim ends; only the claim's holder records the
+result. The first attempt runs from the bus, which takes a thread's events in turn, so it may start late: it
+keeps its claim only if nobody (this process's own retry loop included) took the row meanwhile and the claim
+still has time left; otherwise the retry loop takes the row, looking for an earlier post first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from core.clock import Clock
 from core.events import Event, EventBus, TurnFinished
 from core.leasing import holder_name
 from core.model import LIVE_TURN_STATUSES, DeliveryStatus, SessionInfo, TurnStatus
-from core.ports import DeliveryFailed, Ports, Receipt
+from core.ports import ChannelPort, DeliveryFailed, DeliveryId, Ports, Receipt
 from core.store.deliveries import DeliveryStore, OutboxClaim
 from core.waiting import Waiters
 
@@ -41,11 +49,21 @@ class DeliveryOutcome:
 class DeliveryConfig:
     max_age_s: float = 3600.0  # DELIVERY_MAX_AGE_S: how long an undelivered answer is retried
     retry_base_s: float = 1.0  # the first retry's delay; doubled each time, up to retry_max_s
-    retry_max_s: float = 300.0
+    retry_max_s: float = 300.0  # tries are at most this far apart, whatever a Retry-After says
     # One attempt's claim (LEASE_TTL_S): a dead claimer's row is taken over after this long. An attempt
-    # is cut off before its claim runs out, so two processes never post the same answer at once.
+    # is cut off a fifth of it before its claim runs out, so two processes never post the same answer at once.
     claim_s: float = 30.0
     poll_s: float = 2.0  # how often rows claimable by anyone (other replicas' failures) are looked for
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """One attempt's hold on a row: its number, when the claim ends, and when the answer was written."""
+
+    turn_id: int
+    attempt: int
+    until: datetime
+    written_at: datetime
 
 
 class Deliveries:
@@ -57,25 +75,33 @@ class Deliveries:
         self.holder = holder or holder_name()  # whose claim a row is under, among replicas
         self.config = config
         self.waiters: Waiters[DeliveryOutcome] = Waiters(config.poll_s)
+        self._claim = timedelta(seconds=config.claim_s)
+        self._margin = self._claim / 5  # an attempt ends this long before its claim does
+        self._install: str | None = None
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
+        self._telling: dict[str, asyncio.Task[None]] = {}  # by channel: threads told of given-up answers
+        self._tell_again: set[str] = set()
         bus.subscribe(self._on_event)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self, *, single_process: bool) -> None:
-        """Resume every pending row. With one process per database, claims left by a dead one end now."""
+        """Resume every pending row. With one process per database, claims left by a dead one end now
+        (not this process's own: a turn resumed at start may be making its first attempt)."""
         if single_process:
-            released = await self.store.release_claims(self.clock.now())
+            released = await self.store.release_claims(self.clock.now(), keep=self.holder)
             if released:
                 log.info("%d answer(s) left mid-delivery by the last run: retrying", released)
         self._loop_task = asyncio.create_task(self._loop(), name="deliveries")
 
     async def stop(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
-            self._loop_task = None
+        tasks = [t for t in (self._loop_task, *self._telling.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._loop_task = None
+        self._telling.clear()
 
     # -- what the rest of core calls ------------------------------------------------------------
 
@@ -83,7 +109,7 @@ class Deliveries:
         """For ``finish_turn``: the claim its outbox row starts with, or None when no port delivers there."""
         if self.ports.find(channel) is None:
             return None
-        return OutboxClaim(self.holder, self.clock.now() + timedelta(seconds=self.config.claim_s))
+        return OutboxClaim(self.holder, self.clock.now() + self._claim)
 
     async def wait(self, turn_id: int) -> DeliveryOutcome:
         """Until the turn's answer is delivered or given up (recorded by this process or another)."""
@@ -115,18 +141,25 @@ class Deliveries:
 
     async def _on_event(self, event: Event) -> None:
         # The first attempt, at once and in order per session (the bus serializes a session's events).
-        if isinstance(event, TurnFinished) and self.ports.find(event.channel) is not None:
-            await self._attempt(event.turn.id, event.session, event.text, first=True)
+        if not isinstance(event, TurnFinished) or self.ports.find(event.channel) is None:
+            return
+        now, turn_id = self.clock.now(), event.turn.id
+        row = await self.store.extend_claim(turn_id, holder=self.holder, attempt=1, valid_after=now + self._margin,
+                                            until=now + self._claim)
+        if row is None:  # started late: the retry loop (here or on another replica) has the row, or soon will
+            self._wake.set()
+            return
+        claim = _Claim(turn_id, 1, row.next_attempt_at, row.created_at)
+        await self._attempt(claim, event.session, event.text, first=True)
 
     async def _loop(self) -> None:
         while True:
             try:
                 for turn_id in await self.store.due(self.clock.now()):
-                    now = self.clock.now()
-                    pending = await self.store.claim(turn_id, self.holder, now,
-                                                     now + timedelta(seconds=self.config.claim_s))
-                    if pending is not None:
-                        await self._attempt(turn_id, pending.session, pending.text or EMPTY_ANSWER, first=False)
+                    try:
+                        await self._retry(turn_id)
+                    except Exception:  # one row's trouble does not hold up the others
+                        log.exception("retrying the delivery of turn %s failed", turn_id)
                 wait_s = await self._until_next()
             except Exception:
                 log.exception("delivery loop failed; retrying")
@@ -138,67 +171,127 @@ class Deliveries:
             except TimeoutError:
                 pass
 
+    async def _retry(self, turn_id: int) -> None:
+        now = self.clock.now()
+        pending = await self.store.claim(turn_id, self.holder, now, now + self._claim)
+        if pending is not None:
+            claim = _Claim(turn_id, pending.row.attempts, pending.row.next_attempt_at, pending.row.created_at)
+            await self._attempt(claim, pending.session, pending.text or EMPTY_ANSWER, first=False)
+
     async def _until_next(self) -> float:
         due = await self.store.next_due()
         if due is None:
             return self.config.poll_s
         return min(self.config.poll_s, max(0.0, (due - self.clock.now()).total_seconds()))
 
-    async def _attempt(self, turn_id: int, session: SessionInfo, text: str, *, first: bool) -> None:
+    def _deadline(self, until: datetime) -> float:
+        """The event loop's time at which work under a claim ending at ``until`` must stop."""
+        left = (until - self._margin - self.clock.now()).total_seconds()
+        return asyncio.get_running_loop().time() + left
+
+    async def _attempt(self, claim: _Claim, session: SessionInfo, text: str, *, first: bool) -> None:
         port = self.ports.find(session.channel)
+        turn_id = claim.turn_id
         try:
             if port is None:
                 raise DeliveryFailed(f"no {session.channel} channel is configured", retryable=True)
-            async with asyncio.timeout(self.config.claim_s * 0.8):
-                receipt: Receipt | None = None if first else await port.find_delivered(session, turn_id)
+            if self._install is None:
+                self._install = await self.store.install_id(self.clock.now())
+            delivery_id = DeliveryId(self._install, turn_id, claim.written_at)
+            async with asyncio.timeout_at(self._deadline(claim.until)):
+                receipt: Receipt | None = None if first else await port.find_delivered(session, delivery_id)
                 if receipt is None:
-                    receipt = await port.deliver(session, text, delivery_id=turn_id, resume=not first)
+                    receipt = await port.deliver(session, text, delivery_id=delivery_id, resume=not first)
         except asyncio.CancelledError:
             raise  # shutdown: the claim runs out (or is released at the next start) and the row is retried
         except DeliveryFailed as exc:
-            await self._failed(turn_id, exc.error, retryable=exc.retryable, retry_after_s=exc.retry_after_s)
+            await self._failed(claim, exc.error, retryable=exc.retryable, retry_after_s=exc.retry_after_s)
             return
         except Exception as exc:  # e.g. a connection error an adapter did not translate: try again later
             log.warning("delivery of turn %s failed: %s: %s", turn_id, type(exc).__name__, exc)
-            await self._failed(turn_id, type(exc).__name__, retryable=True, retry_after_s=None)
+            await self._failed(claim, type(exc).__name__, retryable=True, retry_after_s=None)
             return
-        if await self.store.delivered(turn_id, receipt.ref, self.clock.now()):
+        if await self.store.delivered(turn_id, receipt.ref, self.clock.now(), holder=self.holder,
+                                      attempt=claim.attempt):
             log.info("answer of turn %s delivered (%s)", turn_id, receipt.ref)
         self.waiters.wake(turn_id)
-        await self._tell_given_up(session.channel)
+        self._tell(session.channel)
 
-    async def _failed(self, turn_id: int, error: str, *, retryable: bool, retry_after_s: float | None) -> None:
-        row = await self.store.get(turn_id)
-        if row is None or row.status != DeliveryStatus.PENDING:
-            return
-        now = self.clock.now()
-        deadline = row.created_at + timedelta(seconds=self.config.max_age_s)
+    async def _failed(self, claim: _Claim, error: str, *, retryable: bool, retry_after_s: float | None) -> None:
+        row = await self.store.get(claim.turn_id)
+        if row is None or row.status != DeliveryStatus.PENDING or row.attempts != claim.attempt \
+                or row.claimed_by != self.holder:
+            return  # the claim was lost: the row is someone else's now
+        now, turn_id = self.clock.now(), claim.turn_id
+        try:
+            deadline = row.created_at + timedelta(seconds=self.config.max_age_s)
+        except OverflowError:  # a DELIVERY_MAX_AGE_S of centuries: never
+            deadline = datetime.max.replace(tzinfo=UTC)
         if not retryable or now >= deadline:
-            if await self.store.give_up(turn_id, error, now):
+            if await self.store.give_up(turn_id, error, now, holder=self.holder, attempt=claim.attempt):
                 log.error("answer of turn %s given up after %d attempt(s): %s%s", turn_id, row.attempts, error,
                           "" if retryable else " (retrying cannot help)")
             self.waiters.wake(turn_id)
             return
-        delay = min(self.config.retry_max_s, self.config.retry_base_s * 2 ** max(0, row.attempts - 1))
-        delay *= random.uniform(0.8, 1.2)  # replicas retrying the same outage do not march in step
-        if retry_after_s is not None:
-            delay = max(delay, retry_after_s)
+        delay = self._backoff(row.attempts)
+        if retry_after_s is not None and math.isfinite(retry_after_s):  # the platform's word, within our bounds
+            delay = max(delay, min(retry_after_s, self.config.retry_max_s))
         at = min(now + timedelta(seconds=delay), deadline)
         log.warning("answer of turn %s not delivered (attempt %d: %s); next try in %.1f s",
                     turn_id, row.attempts, error, (at - now).total_seconds())
-        await self.store.retry_later(turn_id, self.holder, error, at)
-        self._wake.set()
+        if await self.store.retry_later(turn_id, error, at, holder=self.holder, attempt=claim.attempt):
+            self._wake.set()
+
+    def _backoff(self, tries: int) -> float:
+        """Seconds before the next try after ``tries``: doubled each time (the exponent capped, so it stays
+        a float), jittered so replicas retrying the same outage do not march in step, at most retry_max_s."""
+        delay = self.config.retry_base_s * 2 ** min(max(0, tries - 1), 20) * random.uniform(0.8, 1.2)
+        return min(self.config.retry_max_s, delay)
+
+    # -- telling threads about given-up answers ---------------------------------------------------
+
+    def _tell(self, channel: str) -> None:
+        """The channel took a post: tell the threads whose answers were given up. In a task of its own: a
+        notice may wait out a rate limit, and no answer waits behind it."""
+        task = self._telling.get(channel)
+        if task is not None and not task.done():
+            self._tell_again.add(channel)  # rows given up meanwhile: one more round when this one ends
+            return
+        self._telling[channel] = asyncio.create_task(self._tell_given_up(channel), name=f"deliveries:tell:{channel}")
 
     async def _tell_given_up(self, channel: str) -> None:
-        """The channel takes posts again: tell each thread whose answer was given up (once, by one process)."""
         port = self.ports.find(channel)
         if port is None:
             return
-        for turn_id in await self.store.untold(channel):
-            told = await self.store.take_telling(turn_id)
-            if told is None:
-                continue
-            await port.post_notice(told.session, _given_up_text(told.row.created_at, told.row.last_error))
+        try:
+            while True:
+                self._tell_again.discard(channel)
+                for turn_id in await self.store.untold(channel, self.clock.now()):
+                    await self._tell_one(port, turn_id)
+                if channel not in self._tell_again:
+                    return
+        except Exception:
+            log.exception("telling threads about given-up answers in %s failed", channel)
+
+    async def _tell_one(self, port: ChannelPort, turn_id: int) -> None:
+        """One notice, once across replicas: claimed for a while, cut off before the claim ends, and the
+        thread counts as told only once the notice was taken (else it is tried again, a few times)."""
+        now = self.clock.now()
+        told = await self.store.take_telling(turn_id, self.holder, now, now + self._claim)
+        if told is None:
+            return
+        taken = False
+        try:
+            async with asyncio.timeout_at(self._deadline(told.row.next_attempt_at)):
+                taken = await port.post_notice(told.session, _given_up_text(told.row.created_at, told.row.last_error))
+        except Exception as exc:  # a timeout, or a port that raised after all
+            log.warning("telling the thread of turn %s that its answer was given up failed: %s", turn_id,
+                        type(exc).__name__)
+        if taken:
+            await self.store.told(turn_id, self.holder)
+        else:
+            at = self.clock.now() + timedelta(seconds=self._backoff(told.row.notice_tries))
+            await self.store.tell_later(turn_id, self.holder, at)
 
 
 def _given_up_text(written_at: datetime, error: str | None) -> str:

@@ -21,9 +21,18 @@ from core.store import LeaseStore
 log = logging.getLogger(__name__)
 
 
+HOLDER_MAX = 64  # leases.holder and deliveries.claimed_by are VARCHAR(64)
+
+
 def holder_name() -> str:
-    """This process among the replicas: host, pid and a random part (a restarted pid is a new holder)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """This process among the replicas: host, pid and a random part (a restarted pid is a new holder), at most
+    HOLDER_MAX characters: a long hostname (a pod's, up to 63) keeps its start and end, "~" between."""
+    suffix = f":{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    host, room = socket.gethostname(), HOLDER_MAX - len(suffix)
+    if len(host) > room:
+        head = (room - 1) // 2
+        host = f"{host[:head]}~{host[len(host) - (room - 1 - head):]}"
+    return host + suffix
 
 
 def lease_name(session_id: str) -> str:

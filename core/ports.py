@@ -8,6 +8,7 @@ session's port to ``deliver`` it, and records the ``Receipt`` (or retries) itsel
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from core.errors import CoreError, InvalidInput
@@ -19,6 +20,17 @@ class Receipt:
     """Where a delivered message landed on its platform (Slack: the first message's ts)."""
 
     ref: str
+
+
+@dataclass(frozen=True)
+class DeliveryId:
+    """What an answer's messages carry, so a retry can tell whether an earlier attempt landed: the turn, and the
+    database it was written in (``install``: random, made once per database, since turn ids repeat across
+    databases). ``written_at``: no message older than the answer can be it."""
+
+    install: str
+    turn_id: int
+    written_at: datetime
 
 
 class DeliveryFailed(CoreError):
@@ -38,14 +50,16 @@ class ChannelPort(Protocol):
     @property
     def name(self) -> str: ...
 
-    async def deliver(self, session: SessionInfo, text: str, *, delivery_id: int, resume: bool = False) -> Receipt:
-        """Post ``text`` as the session's answer, carrying ``delivery_id`` so a retry can find it.
+    async def deliver(self, session: SessionInfo, text: str, *, delivery_id: DeliveryId,
+                      resume: bool = False) -> Receipt:
+        """Post ``text`` as the session's answer, carrying ``delivery_id`` (and the session) so a retry can find it.
         ``resume``: an earlier attempt may have posted part of it (a long answer is several messages):
         post only what did not land. Raises DeliveryFailed."""
         ...
 
-    async def find_delivered(self, session: SessionInfo, delivery_id: int) -> Receipt | None:
-        """Before retrying: the receipt of an earlier attempt that did land after all, if any."""
+    async def find_delivered(self, session: SessionInfo, delivery_id: DeliveryId) -> Receipt | None:
+        """Before retrying: the receipt of an earlier attempt that did land after all, if any. Raises
+        DeliveryFailed (retryable) when that cannot be known now."""
         ...
 
     async def resolve_destination(self, destination: str) -> str:
@@ -57,8 +71,9 @@ class ChannelPort(Protocol):
         """The members of a user group named in BOT_APPROVERS / BOT_ADMINS (empty if unknown)."""
         ...
 
-    async def post_notice(self, session: SessionInfo, text: str) -> None:
-        """A short notice in the session's place (best effort: failures are logged, not raised)."""
+    async def post_notice(self, session: SessionInfo, text: str) -> bool:
+        """A short notice in the session's place (best effort: failures are logged, not raised).
+        True once the platform took it."""
         ...
 
 

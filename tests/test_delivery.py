@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from sqlmodel import col, select
 
 from core.model import DeliveryStatus, SessionInfo, SessionStatus
+from core.ports import DeliveryId
 from core.store.schedules import ScheduleStore
 from core.store.tables import DeliveryRow, TurnRow
 from tests.bot_process import BotProcess, run_cli, send_event, slack_env
@@ -66,8 +70,9 @@ async def test_an_answer_finished_during_an_outage_lands_once(retrying: GatewayC
     answers = _answers(fake_slack, "echo: are you there?")
     assert len(answers) == 1
     assert answers[0].params["thread_ts"] == event["ts"]
-    assert answers[0].params["metadata"] == {"event_type": "bot_delivery",
-                                             "event_payload": {"delivery_id": turn, "chunk": 0, "chunks": 1}}
+    install = await retrying.app.deliveries.store.install_id(datetime.now(UTC))
+    assert answers[0].params["metadata"] == {"event_type": "bot_delivery", "event_payload": {
+        "delivery_id": turn, "install": install, "session": f"slack:T1:C1:{event['ts']}", "chunk": 0, "chunks": 1}}
     landed = [m for m in fake_slack.messages if m["text"] == "echo: are you there?"]
     assert outcome.error is None and outcome.ref == landed[0]["ts"]
     row = await _row(retrying, turn)
@@ -233,25 +238,31 @@ async def test_only_the_bots_own_messages_prove_a_delivery(fake_slack: FakeSlack
                          reply_ref={"channel": "CGEN", "thread_ts": THREAD})
     top = SessionInfo(id="schedule:1:1", channel="slack", agent="default", status=SessionStatus.IDLE,
                       reply_ref={"channel": "CGEN"})
-    forged = {"event_type": "bot_delivery", "event_payload": {"delivery_id": 7, "chunk": 0, "chunks": 1}}
-    for user, bot_id, thread_ts in (("U1", None, THREAD), ("UAPP", "BOTHER", THREAD), ("U1", None, None)):
-        fake_slack.messages.append({"type": "message", "ts": f"1700000001.{len(fake_slack.messages):06d}",
+    delivery = DeliveryId("install-1", 7, datetime.now(UTC) - timedelta(seconds=5))
+    payload = {"delivery_id": 7, "install": "install-1", "chunk": 0, "chunks": 1}
+    for user, bot_id, session in (("U1", None, thread), ("UAPP", "BOTHER", thread), ("U1", None, top)):
+        forged = {"event_type": "bot_delivery", "event_payload": payload | {"session": session.id}}
+        fake_slack.messages.append({"type": "message", "ts": f"{int(time.time())}.{len(fake_slack.messages):06d}",
                                     "text": "done", "user": user, "metadata": forged, "channel": "CGEN",
-                                    "thread_ts": thread_ts} | ({"bot_id": bot_id} if bot_id else {}))
-    await port.send_message("CGEN", json.dumps(forged))  # the model's message_send: text, never metadata
-    assert await port.find_delivered(thread, 7) is None
-    assert await port.find_delivered(top, 7) is None
-    receipt = await port.deliver(thread, "the real answer", delivery_id=7)
-    assert await port.find_delivered(thread, 7) == receipt
-    assert await port.find_delivered(thread, 8) is None
+                                    "thread_ts": session.reply_ref.get("thread_ts")}
+                                   | ({"bot_id": bot_id} if bot_id else {}))
+        await port.send_message("CGEN", json.dumps(forged))  # the model's message_send: text, never metadata
+    assert await port.find_delivered(thread, delivery) is None
+    assert await port.find_delivered(top, delivery) is None
+    receipt = await port.deliver(thread, "the real answer", delivery_id=delivery)
+    assert await port.find_delivered(thread, delivery) == receipt
+    for other in (replace(delivery, turn_id=8), replace(delivery, install="install-2")):
+        assert await port.find_delivered(thread, other) is None
 
 
 async def test_a_forged_delivery_id_in_the_thread_does_not_swallow_the_answer(
     retrying: GatewayClient, fake_slack: FakeSlack
 ) -> None:
-    forged = [{"type": "message", "ts": f"1700000001.00000{n}", "text": "answered!", "user": "U2", "channel": "C1",
-               "thread_ts": THREAD, "metadata": {"event_type": "bot_delivery",
-                                                 "event_payload": {"delivery_id": n, "chunk": 0, "chunks": 1}}}
+    install = await retrying.app.deliveries.store.install_id(datetime.now(UTC))  # not a secret: posts carry it
+    payload = {"install": install, "session": f"slack:T1:C1:{THREAD}", "chunk": 0, "chunks": 1}
+    forged = [{"type": "message", "ts": f"{int(time.time())}.00000{n}", "text": "answered!", "user": "U2",
+               "channel": "C1", "thread_ts": THREAD,
+               "metadata": {"event_type": "bot_delivery", "event_payload": payload | {"delivery_id": n}}}
               for n in range(1, 6)]  # a person's messages naming the next turns' delivery ids
     fake_slack.messages.extend(forged)
     fake_slack.outage(calls=1)  # so the retry looks for an earlier success
@@ -318,7 +329,6 @@ async def test_web_answers_are_delivered_at_once_and_a_channel_without_port_says
 async def test_one_process_at_a_time_attempts_a_row(make_settings: Any, start_gateway: Any,
                                                     fake_slack: FakeSlack) -> None:
     """Replicas race for a due row with a conditional update: one claim wins, until it runs out."""
-    from datetime import timedelta
 
     gateway: GatewayClient = await start_gateway(make_settings(delivery_retry_base_s=60))
     fake_slack.outage(calls=1)
@@ -354,3 +364,210 @@ async def test_stopping_during_an_outage_is_prompt(make_settings: Any, fake_slac
         await asyncio.wait_for(app.stop(), 10)
     async with app.db.read() as s:  # still waiting for Slack, for the next start
         assert (await s.exec(select(DeliveryRow.status))).all() == [DeliveryStatus.PENDING]
+
+
+# -- security review: claims, long threads, notices, delivery ids, Retry-After --------------------
+
+
+async def _settled(gateway: GatewayClient, turn: int, check: Any, timeout: float = 10) -> DeliveryRow:
+    """The turn's outbox row, once ``check(row)`` holds."""
+    async with asyncio.timeout(timeout):
+        while True:
+            async with gateway.app.db.read() as s:
+                row = await s.get(DeliveryRow, turn)  # none until the turn has finished
+            if row is not None and check(row):
+                return row
+            await asyncio.sleep(0.02)
+
+
+async def test_a_first_attempt_that_comes_after_its_claim_was_taken_over_posts_nothing(
+    retrying: GatewayClient, fake_slack: FakeSlack
+) -> None:
+    """The bus runs a thread's first attempts one after another, so one can start late: by then the retry loop
+    (here, or on another replica) has taken the row over and posted it. The late one leaves the row alone."""
+    from core.events import Event, TurnFinished
+
+    finished: list[TurnFinished] = []
+
+    async def record(event: Event) -> None:
+        if isinstance(event, TurnFinished):
+            finished.append(event)
+
+    retrying.app.dispatcher.bus.subscribe(record)
+    fake_slack.outage(calls=1)  # the first attempt fails: the loop retries and delivers
+    event = mention("late first attempt")
+    await retrying.send_event(event)
+    turn = await _turn(retrying, event)
+    assert (await asyncio.wait_for(retrying.app.deliveries.wait(turn), 10)).error is None
+    await retrying.idle()
+    assert len(_answers(fake_slack, "echo: late first attempt")) == 1
+    retrying.app.dispatcher.bus.emit(finished[-1])  # the same first attempt, starting late
+    await retrying.idle()
+    assert len(_answers(fake_slack, "echo: late first attempt")) == 1
+
+
+async def test_at_start_only_claims_of_an_earlier_run_are_released(retrying: GatewayClient,
+                                                                   fake_slack: FakeSlack) -> None:
+    """SQLite: claims a dead process left end at start, but not those this process has just made (a turn
+    resumed at start finishes and its first attempt runs at once)."""
+
+    deliveries, store = retrying.app.deliveries, retrying.app.deliveries.store
+    fake_slack.outage(seconds=60)
+    turns = []
+    for text in ("ours", "the dead one's"):
+        event = mention(text)
+        await retrying.send_event(event)
+        turns.append(await _turn(retrying, event))
+    ours, theirs = turns
+    for turn in turns:  # the first attempts failed and let go
+        await _settled(retrying, turn, lambda row: row.claimed_by is None and row.attempts >= 1)
+    await deliveries.stop()
+    later = max([(await _row(retrying, t)).next_attempt_at for t in turns]) + timedelta(seconds=1)
+    until = later + timedelta(seconds=120)
+    assert await store.claim(ours, deliveries.holder, later, until) is not None
+    assert await store.claim(theirs, "dead-process", later, until) is not None
+    await deliveries.start(single_process=True)
+    row = await _row(retrying, ours)
+    assert (row.claimed_by, row.next_attempt_at) == (deliveries.holder, until)
+    assert (await _row(retrying, theirs)).next_attempt_at < until
+
+
+@pytest.mark.parametrize("recent", [False, True])
+async def test_a_long_thread_is_read_from_when_the_answer_was_written(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, recent: bool
+) -> None:
+    """Anyone in a channel can grow a thread past the 10 pages a retry reads: only replies since the answer was
+    written are read; if even those are too many, whether it landed is unknown and it is not posted again."""
+
+    gateway: GatewayClient = await start_gateway(make_settings(delivery_max_age_s=1.5, **FAST))
+    fake_slack.page_limit = 200
+    fake_slack.messages.append({"type": "message", "ts": THREAD, "text": "incident", "user": "U1",
+                                "channel": "C1", "thread_ts": None})
+    at = int(time.time()) - 20 if recent else 1700000001  # replies 20 s before the question, or long before
+    fake_slack.messages.extend({"type": "message", "ts": f"{at}.{n:06d}", "text": f"line {n}", "user": "U2",
+                                "channel": "C1", "thread_ts": THREAD} for n in range(2100))
+    fake_slack.outage(calls=1, lands=True)  # the answer lands, its response is lost
+    event = mention("status?", thread_ts=THREAD)
+    await gateway.send_event(event)
+    outcome = await asyncio.wait_for(gateway.app.deliveries.wait(await _turn(gateway, event)), 15)
+    assert len(_answers(fake_slack, "echo: status?")) == 1
+    looked = fake_slack.of("conversations.replies")
+    assert looked and all(float(c.params["oldest"]) > 1700000001 for c in looked)
+    if recent:  # more than 10 pages of replies since: never known, never posted again; given up in the end
+        assert outcome.ref is None and outcome.error is not None and "too many messages" in outcome.error
+    else:
+        assert outcome.error is None and outcome.ref == fake_slack.messages[-1]["ts"]
+
+
+async def test_telling_threads_about_lost_answers_stalls_no_retry_and_a_failed_notice_is_sent_later(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack
+) -> None:
+    """Notices run on their own, each cut off in time (the client would wait out a rate limit's Retry-After);
+    a row counts as told only once its notice was taken."""
+    gateway: GatewayClient = await start_gateway(make_settings(lease_ttl_s=1, approval_poll_s=0.1, **FAST))
+    deliveries = gateway.app.deliveries
+    fake_slack.fail_next("chat.postMessage", Failure(error="channel_not_found", channel="CDEAD"))
+    lost = mention("lost", channel="CDEAD")
+    await gateway.send_event(lost)
+    lost_turn = await _turn(gateway, lost)
+    assert (await asyncio.wait_for(deliveries.wait(lost_turn), 10)).error is not None  # given up, not yet told
+    # The notice is rate limited: Slack's client would sleep 30 s before trying again.
+    fake_slack.fail_next("chat.postMessage", Failure(status=429, error="ratelimited", retry_after=30, channel="CDEAD"))
+    for channel in ("C1", "C2"):  # each first attempt fails: the retry loop delivers (and the first one tells)
+        fake_slack.fail_next("chat.postMessage", Failure(status=503, error="service_unavailable", channel=channel))
+        event = mention(f"in {channel}", channel=channel)
+        await gateway.send_event(event)
+        assert (await asyncio.wait_for(deliveries.wait(await _turn(gateway, event)), 3)).error is None
+    row = await _settled(gateway, lost_turn, lambda row: row.notice_tries == 1 and row.claimed_by is None)
+    assert not row.told and [m for m in fake_slack.messages if m["channel"] == "CDEAD"] == []
+    event = mention("again")  # Slack takes posts: the thread is told now
+    await gateway.send_event(event)
+    await asyncio.wait_for(deliveries.wait(await _turn(gateway, event)), 10)
+    await _settled(gateway, lost_turn, lambda row: row.told)
+    told = [m for m in fake_slack.messages if m["channel"] == "CDEAD"]
+    assert len(told) == 1 and "was given up" in told[0]["text"]
+
+
+async def test_only_this_databases_answer_to_this_thread_proves_a_delivery(
+    retrying: GatewayClient, fake_slack: FakeSlack
+) -> None:
+    """Turn ids repeat across databases (a restored backup, a new DATABASE_URL, two deployments of one Slack app):
+    the bot's own older posts with the same turn id are not this answer."""
+
+    install = await retrying.app.deliveries.store.install_id(datetime.now(UTC))
+    session = f"slack:T1:C1:{THREAD}"
+    fake_slack.messages.append({"type": "message", "ts": THREAD, "text": "old question", "user": "U1",
+                                "channel": "C1", "thread_ts": None})
+    earlier = int(time.time()) - 3600
+    for n, extra in enumerate([{}, {"install": install, "session": "slack:T1:C1:1.0"},  # another database; thread
+                               {"install": install, "session": session}]):  # before the answer was written
+        fake_slack.messages.append({
+            "type": "message", "ts": f"{earlier}.{n:06d}", "text": "an older answer", "user": "UBOT", "bot_id": "BBOT",
+            "channel": "C1", "thread_ts": THREAD,
+            "metadata": {"event_type": "bot_delivery",
+                         "event_payload": {"delivery_id": 1, "chunk": 0, "chunks": 1} | extra}})
+    fake_slack.outage(calls=1)  # so the retry looks for an earlier post
+    event = mention("what changed today?", thread_ts=THREAD)
+    await retrying.send_event(event)
+    turn = await _turn(retrying, event)
+    assert turn == 1
+    outcome = await asyncio.wait_for(retrying.app.deliveries.wait(turn), 10)
+    answers = _answers(fake_slack, "echo: what changed today?")
+    assert len(answers) == 1 and outcome.ref == fake_slack.messages[-1]["ts"]
+    assert answers[0].params["metadata"]["event_payload"] == {"delivery_id": turn, "install": install,
+                                                              "session": session, "chunk": 0, "chunks": 1}
+
+
+@pytest.mark.parametrize("retry_after", ["1e12", "inf", "nan", "-5", "86400", "Wed, 21 Oct 2015 07:28:00 GMT"])
+async def test_retry_after_is_bounded_and_only_a_number_counts(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, retry_after: str
+) -> None:
+    """Whatever Retry-After says, the failure is recorded and the next try is at most 5 minutes away."""
+
+    gateway: GatewayClient = await start_gateway(make_settings(delivery_retry_base_s=0.05))
+    fake_slack.fail_next("chat.postMessage", Failure(status=503, error="service_unavailable", retry_after=retry_after))
+    event = mention("hello")
+    await gateway.send_event(event)
+    turn = await _turn(gateway, event)
+    row = await _settled(gateway, turn, lambda row: row.last_error is not None or row.status != "pending", 5)
+    assert row.last_error == "service_unavailable"
+    if retry_after in ("1e12", "86400"):  # capped at the longest backoff
+        assert timedelta(seconds=290) < row.next_attempt_at - row.created_at <= timedelta(seconds=301)
+    else:  # not a number of seconds: ignored, the backoff alone counts
+        assert (await asyncio.wait_for(gateway.app.deliveries.wait(turn), 5)).error is None
+
+
+async def test_backoff_stays_bounded_after_many_attempts(make_settings: Any, start_gateway: Any,
+                                                         fake_slack: FakeSlack) -> None:
+    """After ~1,000 attempts (DELIVERY_MAX_AGE_S of days, Slack unreachable) the backoff still computes."""
+
+    from sqlalchemy import update
+
+    gateway: GatewayClient = await start_gateway(make_settings(delivery_retry_base_s=60, delivery_max_age_s=7 * 86400,
+                                                               approval_poll_s=0.1))
+    fake_slack.outage(seconds=60)
+    event = mention("hello")
+    await gateway.send_event(event)
+    turn = await _turn(gateway, event)
+    await _settled(gateway, turn, lambda row: row.claimed_by is None and row.last_error is not None)
+    async with gateway.app.db.write() as s:  # as after 3.5 days of retries 5 minutes apart
+        await s.exec(update(DeliveryRow).where(col(DeliveryRow.turn_id) == turn)  # type: ignore[call-overload]
+                     .values(attempts=1024, next_attempt_at=datetime.now(UTC)))
+    row = await _settled(gateway, turn, lambda row: row.attempts == 1025 and row.claimed_by is None)
+    assert row.status == "pending" and row.last_error == "HTTP 503"
+    assert row.next_attempt_at - datetime.now(UTC) <= timedelta(seconds=301)
+
+
+def test_holder_names_fit_their_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod's hostname may be 63 characters: the holder name (leases.holder, deliveries.claimed_by) stays
+    within 64, readable and unique per process start."""
+    import socket
+
+    from core.leasing import holder_name
+
+    pod = "chatops-gateway-production-eu-west-1-6f7d9c8b5-x2x4k-abcdefghijk"
+    monkeypatch.setattr(socket, "gethostname", lambda: pod)
+    names = {holder_name() for _ in range(20)}
+    assert len(names) == 20 and all(len(n) <= 64 and n.startswith("chatops-gateway") for n in names)
+    monkeypatch.setattr(socket, "gethostname", lambda: "vm")
+    assert holder_name().startswith("vm:")

@@ -1108,9 +1108,10 @@ async def test_an_answer_enters_the_outbox_with_its_turn_and_is_claimed_by_one(
     [won] = [c for c in claims if c is not None]
     assert (won.text, won.session.id, won.row.attempts) == (f"answer in {SID}", SID, 2)
     assert won.row.claimed_by in {f"q{n}" for n in range(5)}
-    await outbox.retry_later(turn, "someone-else", "ratelimited", later)  # not its claim: nothing changes
+    assert not await outbox.retry_later(turn, "ratelimited", later, holder="someone-else", attempt=2)  # not its claim
     assert await outbox.due(later) == []
-    await outbox.retry_later(turn, won.row.claimed_by or "", "ratelimited", later + timedelta(seconds=5))
+    assert await outbox.retry_later(turn, "ratelimited", later + timedelta(seconds=5), holder=won.row.claimed_by or "",
+                                    attempt=2)
     row = await outbox.get(turn)
     assert row is not None and (row.claimed_by, row.last_error) == (None, "ratelimited")
     assert await outbox.due(later + timedelta(seconds=5)) == [turn]
@@ -1121,19 +1122,23 @@ async def test_an_answer_is_delivered_or_given_up_once(inputs: InputStore, convs
     outbox = DeliveryStore(db)
     claim = OutboxClaim("p1", T0)
     posted, lost = await _answered(inputs, convs, "s:posted", claim), await _answered(inputs, convs, "s:lost", claim)
-    settles = await asyncio.gather(outbox.delivered(posted, "1.1", T0), outbox.delivered(posted, "1.2", T0),
-                                   outbox.give_up(posted, "too old", T0))
+    held: dict[str, Any] = {"holder": "p1", "attempt": 1}
+    settles = await asyncio.gather(outbox.delivered(posted, "1.1", T0, **held),
+                                   outbox.delivered(posted, "1.2", T0, **held),
+                                   outbox.give_up(posted, "too old", T0, **held))
     assert sorted(settles) == [False, False, True]
     row = await outbox.get(posted)
     assert row is not None and row.status in ("delivered", "given_up") and row.claimed_by is None
     async with db.read() as s:
         turn = await s.get(TurnRow, posted)
     assert turn is not None and (turn.delivered_ref is None) == (row.status == "given_up")
-    assert await outbox.give_up(lost, "channel_not_found", T0) and not await outbox.delivered(lost, "9.9", T0)
-    assert lost in await outbox.untold("slack") and await outbox.untold("web") == []
-    tellings = await asyncio.gather(*(outbox.take_telling(lost) for _ in range(3)))
+    assert await outbox.give_up(lost, "channel_not_found", T0, **held)
+    assert not await outbox.delivered(lost, "9.9", T0, **held)
+    assert lost in await outbox.untold("slack", T0) and await outbox.untold("web", T0) == []
+    tellings = await asyncio.gather(*(outbox.take_telling(lost, f"p{n}", T0, T0 + timedelta(seconds=30))
+                                      for n in range(3)))
     assert len([t for t in tellings if t is not None]) == 1
-    assert lost not in await outbox.untold("slack")
+    assert lost not in await outbox.untold("slack", T0)
     assert await outbox.count(DeliveryStatus.GIVEN_UP) == 1 + (row.status == "given_up")
     assert await outbox.count(DeliveryStatus.GIVEN_UP, since=T0 + timedelta(days=1)) == 0
     assert await outbox.count(DeliveryStatus.PENDING) == 0 and await outbox.next_due() is None
@@ -1143,9 +1148,82 @@ async def test_claims_of_a_dead_process_are_released_at_start(inputs: InputStore
                                                               db: Database) -> None:
     outbox = DeliveryStore(db)
     turn = await _answered(inputs, convs, SID, OutboxClaim("dead", T0 + timedelta(hours=1)))
-    assert await outbox.release_claims(T0) == 1
+    ours = await _answered(inputs, convs, "s:ours", OutboxClaim("me", T0 + timedelta(hours=1)))
+    assert await outbox.release_claims(T0, keep="me") == 1
     assert await outbox.due(T0) == [turn]
-    assert await outbox.release_claims(T0) == 0
+    assert await outbox.release_claims(T0, keep="me") == 0
+    row = await outbox.get(ours)  # this process's own claim (a resumed turn's first attempt) stays
+    assert row is not None and (row.claimed_by, row.next_attempt_at) == ("me", T0 + timedelta(hours=1))
+
+
+async def test_only_the_holder_of_an_attempts_claim_keeps_it_or_records_its_result(
+    inputs: InputStore, convs: ConversationStore, db: Database
+) -> None:
+    outbox = DeliveryStore(db)
+    turn = await _answered(inputs, convs, SID, OutboxClaim("p1", T0 + timedelta(seconds=30)))
+    later = T0 + timedelta(seconds=50)
+    assert await outbox.extend_claim(turn, holder="p2", attempt=1, valid_after=T0, until=later) is None
+    assert await outbox.extend_claim(turn, holder="p1", attempt=2, valid_after=T0, until=later) is None
+    # The first attempt starts late: its claim ends too soon to start one.
+    assert await outbox.extend_claim(turn, holder="p1", attempt=1, valid_after=T0 + timedelta(seconds=30),
+                                     until=later) is None
+    kept = await outbox.extend_claim(turn, holder="p1", attempt=1, valid_after=T0 + timedelta(seconds=20), until=later)
+    assert kept is not None and kept.next_attempt_at == later and await outbox.due(later - timedelta(seconds=1)) == []
+    # It ran out; the same process's retry loop took the row over: the first attempt's claim is gone.
+    assert await outbox.claim(turn, "p1", later, later + timedelta(seconds=30)) is not None
+    assert await outbox.extend_claim(turn, holder="p1", attempt=1, valid_after=T0, until=later) is None
+    assert not await outbox.delivered(turn, "1.1", later, holder="p1", attempt=1)
+    assert not await outbox.give_up(turn, "gone", later, holder="p1", attempt=1)
+    assert not await outbox.retry_later(turn, "503", later, holder="p1", attempt=1)
+    assert not await outbox.delivered(turn, "1.1", later, holder="p2", attempt=2)
+    row = await outbox.get(turn)
+    assert row is not None and (row.status, row.claimed_by, row.attempts, row.ref) == ("pending", "p1", 2, None)
+    assert await outbox.delivered(turn, "1.2", later, holder="p1", attempt=2)
+    row = await outbox.get(turn)
+    assert row is not None and (row.status, row.ref, row.claimed_by) == ("delivered", "1.2", None)
+
+
+async def test_a_thread_counts_as_told_only_once_its_notice_was_taken(
+    inputs: InputStore, convs: ConversationStore, db: Database
+) -> None:
+    from core.store.deliveries import NOTICE_TRIES
+
+    outbox = DeliveryStore(db)
+    lost = await _answered(inputs, convs, SID, OutboxClaim("p1", T0))
+    assert await outbox.untold("slack", T0) == []  # pending: nothing to tell
+    assert await outbox.take_telling(lost, "p1", T0, T0 + timedelta(seconds=30)) is None
+    assert await outbox.give_up(lost, "channel_not_found", T0, holder="p1", attempt=1)
+    at = T0
+    for n in range(NOTICE_TRIES):
+        telling = await outbox.take_telling(lost, "p1", at, at + timedelta(seconds=30))
+        assert telling is not None and telling.session.id == SID and telling.row.notice_tries == n + 1
+        assert await outbox.take_telling(lost, "p2", at, at + timedelta(seconds=30)) is None  # p1 is telling
+        assert not await outbox.tell_later(lost, "p2", at) and not await outbox.told(lost, "p2")
+        if n == 0:  # p1 died mid-notice: its claim runs out, and the thread may be told again
+            at += timedelta(seconds=31)
+            assert await outbox.untold("slack", at) == [lost]
+            continue
+        assert await outbox.tell_later(lost, "p1", at + timedelta(seconds=5))  # not taken: later
+        assert await outbox.untold("slack", at) == []
+        at += timedelta(seconds=5)
+        assert await outbox.untold("slack", at) == ([lost] if n + 1 < NOTICE_TRIES else [])
+    # No tries left: a channel that is gone never takes one.
+    assert await outbox.untold("slack", at + timedelta(days=1)) == []
+    row = await outbox.get(lost)
+    assert row is not None and not row.told
+    other = await _answered(inputs, convs, "s:other", OutboxClaim("p1", T0))
+    assert await outbox.give_up(other, "ratelimited", T0, holder="p1", attempt=1)
+    assert await outbox.take_telling(other, "p1", T0, T0 + timedelta(seconds=30)) is not None
+    assert await outbox.told(other, "p1") and not await outbox.told(other, "p1")
+    assert await outbox.untold("slack", T0 + timedelta(days=1)) == []
+    row = await outbox.get(other)
+    assert row is not None and row.told and row.claimed_by is None
+
+
+async def test_the_install_id_is_made_once_per_database(db: Database) -> None:
+    ids = await asyncio.gather(*(DeliveryStore(db).install_id(T0) for _ in range(4)))
+    assert len(set(ids)) == 1 and len(ids[0]) >= 16
+    assert await DeliveryStore(db).install_id(T0 + timedelta(days=1)) == ids[0]
 
 
 def _head_revision() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from typing import Any
@@ -15,7 +16,7 @@ from channels.slack.api import error_code
 from channels.slack.formatting import split_message, to_mrkdwn
 from core.errors import InvalidInput
 from core.model import SessionInfo
-from core.ports import DeliveryFailed, Receipt
+from core.ports import DeliveryFailed, DeliveryId, Receipt
 from core.tools import ToolError
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,10 @@ DELIVERY_EVENT = "bot_delivery"  # the message metadata type that marks an answe
 GROUP_CACHE_S = 60.0  # approvers are checked on every click: a group's members are looked up once a minute
 # Slack errors that say "not now" rather than "never" (HTTP 5xx and 429 count as well).
 _RETRYABLE = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
-_LOOKUP_PAGES = 10  # how far back a retry looks for an earlier attempt's chunks (200 messages a page)
+_LOOKUP_PAGES = 10  # how many messages a retry reads looking for an earlier attempt's chunks (200 a page)
+# A retry reads only messages posted since the answer was written, less this: Slack refuses request signatures
+# 5 minutes off, so a working bot's clock is within that of Slack's.
+_CLOCK_MARGIN_S = 300.0
 
 
 class SlackPort:
@@ -36,41 +40,48 @@ class SlackPort:
         self._channel_ids: dict[str, str] = {}
         self._identity: tuple[str, str] | None = None  # (bot_id, bot user id) from auth.test
         # What find_delivered just saw of an incomplete delivery, so the resumed deliver needs no second look.
-        self._seen: dict[int, dict[int, str]] = {}
+        self._seen: dict[DeliveryId, dict[int, str]] = {}
 
     # -- answers --------------------------------------------------------------------------------
 
-    async def deliver(self, session: SessionInfo, text: str, *, delivery_id: int, resume: bool = False) -> Receipt:
-        """Post the answer (split under Slack's limits); each chunk carries the delivery id and its index
-        as message metadata, so a retry (``resume``) posts only the chunks that did not land."""
+    async def deliver(self, session: SessionInfo, text: str, *, delivery_id: DeliveryId,
+                      resume: bool = False) -> Receipt:
+        """Post the answer (split under Slack's limits); each chunk carries the delivery id, the session and
+        its index as message metadata, so a retry (``resume``) posts only the chunks that did not land."""
         channel, thread_ts = _place(session)
         chunks = split_message(to_mrkdwn(text))
         landed = self._seen.pop(delivery_id, None) if resume else {}
         if landed is None:
-            landed = (await self._landed(channel, thread_ts, delivery_id))[0]
+            landed = (await self._landed(channel, thread_ts, session, delivery_id))[0]
         for index, chunk in enumerate(chunks):
             if index in landed:
                 continue
             metadata = {"event_type": DELIVERY_EVENT,
-                        "event_payload": {"delivery_id": delivery_id, "chunk": index, "chunks": len(chunks)}}
+                        "event_payload": {"delivery_id": delivery_id.turn_id, "install": delivery_id.install,
+                                          "session": session.id, "chunk": index, "chunks": len(chunks)}}
             response = await self._call("chat_postMessage", channel=channel, thread_ts=thread_ts, text=chunk,
                                         metadata=metadata)
             landed[index] = str(response.get("ts"))
         return Receipt(landed[0])
 
-    async def find_delivered(self, session: SessionInfo, delivery_id: int) -> Receipt | None:
+    async def find_delivered(self, session: SessionInfo, delivery_id: DeliveryId) -> Receipt | None:
         """The receipt of an earlier attempt whose every chunk landed (its response may have been lost)."""
         channel, thread_ts = _place(session)
-        landed, total = await self._landed(channel, thread_ts, delivery_id)
+        landed, total = await self._landed(channel, thread_ts, session, delivery_id)
         if total and 0 in landed and len(landed) >= total:
             return Receipt(landed[0])
         self._seen[delivery_id] = landed
         return None
 
-    async def _landed(self, channel: str, thread_ts: str | None, delivery_id: int) -> tuple[dict[int, str], int]:
+    async def _landed(self, channel: str, thread_ts: str | None, session: SessionInfo,
+                      delivery_id: DeliveryId) -> tuple[dict[int, str], int]:
         """Chunks of ``delivery_id`` the bot itself posted here: {index: ts}, and how many there are in all.
-        Only the bot's own messages count: metadata anyone else wrote proves nothing."""
+        Only the bot's own messages count: metadata anyone else wrote proves nothing. Only messages since the
+        answer was written are read (however long the thread); if even those are too many to read, whether
+        it landed is unknown: DeliveryFailed (retryable), never "not posted"."""
         bot_id, bot_user = await self.identity()
+        oldest = delivery_id.written_at.timestamp() - _CLOCK_MARGIN_S
+        since = {"oldest": f"{oldest:.6f}", "inclusive": True}
         landed: dict[int, str] = {}
         total = 0
         cursor: str | None = None
@@ -78,28 +89,31 @@ class SlackPort:
             try:
                 if thread_ts is not None:
                     response = await self._call("conversations_replies", channel=channel, ts=thread_ts, limit=200,
-                                                include_all_metadata=True, cursor=cursor)
+                                                include_all_metadata=True, cursor=cursor, **since)
                 else:  # a top-level post (a firing's destination): the newest messages come first
                     response = await self._call("conversations_history", channel=channel, limit=200,
-                                                include_all_metadata=True, cursor=cursor)
+                                                include_all_metadata=True, cursor=cursor, **since)
             except DeliveryFailed as exc:
                 if exc.retryable:
                     raise
                 # E.g. missing_scope: an answer posted twice beats one never posted (a post that cannot
                 # go through will say so itself).
                 log.warning("cannot look for an earlier post of delivery %s in %s (%s): posting it again",
-                            delivery_id, channel, exc.error)
-                break
+                            delivery_id.turn_id, channel, exc.error)
+                return landed, total
             for message in response.get("messages") or []:
-                chunk = _chunk_of(message, delivery_id)
+                chunk = _chunk_of(message, session, delivery_id, oldest)
                 if chunk is None or message.get("bot_id") != bot_id or message.get("user") not in (None, bot_user):
                     continue
                 landed.setdefault(chunk[0], str(message.get("ts")))
                 total = chunk[1]
             cursor = (response.get("response_metadata") or {}).get("next_cursor")
             if not cursor:
-                break
-        return landed, total
+                return landed, total
+        if total and len(landed) >= total:
+            return landed, total  # every chunk found: what was not read cannot change that
+        raise DeliveryFailed(f"too many messages in {channel} since the answer was written to tell whether it "
+                             "was posted", retryable=True)
 
     async def identity(self) -> tuple[str, str]:
         """(bot_id, bot user id), asked once: which messages in a thread are the bot's own."""
@@ -111,9 +125,9 @@ class SlackPort:
             self._identity = (str(bot_id), str(user))
         return self._identity
 
-    async def post_notice(self, session: SessionInfo, text: str) -> None:
+    async def post_notice(self, session: SessionInfo, text: str) -> bool:
         channel, thread_ts = _place(session)
-        await self.post(channel, thread_ts, f":information_source: {text}")
+        return await self.post(channel, thread_ts, f":information_source: {text}") is not None
 
     async def post(self, channel: str, thread_ts: str | None, text: str) -> str | None:
         """Post a message (best effort): its ts, or None when Slack refused (logged)."""
@@ -134,10 +148,9 @@ class SlackPort:
         except SlackApiError as exc:
             code = error_code(exc)
             status = getattr(exc.response, "status_code", 200)
-            retry_after = (getattr(exc.response, "headers", None) or {}).get("Retry-After")
+            retry_after = _seconds((getattr(exc.response, "headers", None) or {}).get("Retry-After"))
             retryable = code in _RETRYABLE or status >= 500 or status == 429
-            raise DeliveryFailed(code, retryable=retryable,
-                                 retry_after_s=float(retry_after) if retry_after else None) from None
+            raise DeliveryFailed(code, retryable=retryable, retry_after_s=retry_after) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise DeliveryFailed(f"cannot reach Slack ({type(exc).__name__})", retryable=True) from None
 
@@ -215,15 +228,30 @@ def _place(session: SessionInfo) -> tuple[str, str | None]:
     return str(channel), (str(ref["thread_ts"]) if ref.get("thread_ts") else None)
 
 
-def _chunk_of(message: dict[str, Any], delivery_id: int) -> tuple[int, int] | None:
-    """(chunk index, chunk count) if ``message`` carries this delivery's metadata."""
+def _chunk_of(message: dict[str, Any], session: SessionInfo, delivery_id: DeliveryId,
+              oldest: float) -> tuple[int, int] | None:
+    """(chunk index, chunk count) if ``message`` carries this delivery's metadata: this database's turn, this
+    session, posted since the answer was written (checked here too, whatever the server did with ``oldest``)."""
     metadata = message.get("metadata")
     if not isinstance(metadata, dict) or metadata.get("event_type") != DELIVERY_EVENT:
         return None
-    payload = metadata.get("event_payload")
-    if not isinstance(payload, dict):
+    payload, ts = metadata.get("event_payload"), _seconds(message.get("ts"))
+    if not isinstance(payload, dict) or ts is None or ts < oldest:
+        return None
+    if payload.get("install") != delivery_id.install or payload.get("session") != session.id:
         return None
     delivered, chunk, chunks = payload.get("delivery_id"), payload.get("chunk"), payload.get("chunks")
-    if type(delivered) is not int or delivered != delivery_id or type(chunk) is not int or type(chunks) is not int:
+    if type(delivered) is not int or delivered != delivery_id.turn_id or type(chunk) is not int \
+            or type(chunks) is not int:
         return None
     return (chunk, chunks) if 0 <= chunk < chunks else None
+
+
+def _seconds(value: object) -> float | None:
+    """A number of seconds as a header (Retry-After) or a ts gives it, if it is one: finite and not negative
+    (an HTTP date, "inf", "nan" or "-5" are not)."""
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None

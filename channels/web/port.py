@@ -7,7 +7,7 @@ from typing import Any
 
 from core.errors import InvalidInput
 from core.model import SessionInfo
-from core.ports import Receipt
+from core.ports import DeliveryId, Receipt
 
 
 class WebPort:
@@ -16,12 +16,13 @@ class WebPort:
     def __init__(self, publish: Callable[[str, dict[str, Any]], None]) -> None:
         self._publish = publish  # to the browsers watching a conversation
 
-    async def deliver(self, session: SessionInfo, text: str, *, delivery_id: int, resume: bool = False) -> Receipt:
+    async def deliver(self, session: SessionInfo, text: str, *, delivery_id: DeliveryId,
+                      resume: bool = False) -> Receipt:
         # The browser reads the answer from the transcript (and saw it on the stream): nothing to send.
-        return Receipt(f"turn:{delivery_id}")
+        return Receipt(f"turn:{delivery_id.turn_id}")
 
-    async def find_delivered(self, session: SessionInfo, delivery_id: int) -> Receipt | None:
-        return Receipt(f"turn:{delivery_id}")
+    async def find_delivered(self, session: SessionInfo, delivery_id: DeliveryId) -> Receipt | None:
+        return Receipt(f"turn:{delivery_id.turn_id}")
 
     async def resolve_destination(self, destination: str) -> str:
         raise InvalidInput("the web chat cannot be a schedule's destination: name a Slack channel")
@@ -29,5 +30,6 @@ class WebPort:
     async def group_members(self, group_id: str) -> set[str]:
         return set()
 
-    async def post_notice(self, session: SessionInfo, text: str) -> None:
+    async def post_notice(self, session: SessionInfo, text: str) -> bool:
         self._publish(session.id, {"type": "notice", "text": text})
+        return True

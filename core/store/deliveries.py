@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, update
 from sqlmodel import col, select
@@ -11,7 +13,10 @@ from sqlmodel import col, select
 from core.model import DeliveryStatus, SessionInfo
 from core.store.conversations import session_info
 from core.store.database import Database
-from core.store.tables import DeliveryRow, SessionRow, TurnRow
+from core.store.tables import ControlRow, DeliveryRow, SessionRow, TurnRow
+
+INSTALL_KEY = "delivery_install"  # the control row holding this database's install id (see ``install_id``)
+NOTICE_TRIES = 5  # how often telling a thread its answer was given up is tried (a deleted channel never takes it)
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,21 @@ class DeliveryStore:
                                .where(DeliveryRow.status == DeliveryStatus.PENDING))
             return row.one()
 
+    async def install_id(self, now: datetime) -> str:
+        """This database's random id, made the first time it is asked for (once, across replicas). Turn ids
+        repeat across databases (a restored backup, a new DATABASE_URL, two deployments of one Slack app):
+        a delivered message names both, so only this database's answer proves a delivery."""
+        async with self.db.read() as s:
+            row = await s.get(ControlRow, INSTALL_KEY)
+        if row is None:
+            async with self.db.write() as s:  # the first writer's id stands
+                await s.exec(self.db.insert(ControlRow).values(
+                    key=INSTALL_KEY, value=secrets.token_hex(8), updated_at=now).on_conflict_do_nothing())
+            async with self.db.read() as s:
+                row = await s.get(ControlRow, INSTALL_KEY)
+        assert row is not None
+        return row.value
+
     async def claim(self, turn_id: int, holder: str, now: datetime, until: datetime) -> Pending | None:
         """Take a due row for one attempt (a conditional update: one process at a time, across replicas)."""
         async with self.db.write() as s:
@@ -80,12 +100,22 @@ class DeliveryStore:
                 return None
             return Pending(row, session_info(session), turn.answer or "")
 
-    async def delivered(self, turn_id: int, ref: str, now: datetime) -> bool:
-        """Record where it landed (the turn's ``delivered_ref`` too), in one commit; False if already settled."""
+    async def extend_claim(self, turn_id: int, *, holder: str, attempt: int, valid_after: datetime,
+                           until: datetime) -> DeliveryRow | None:
+        """Keep a claim for its attempt, if it is still ``holder``'s for that attempt (nobody, this process
+        included, took the row since) and runs past ``valid_after``; the row, or None: leave it alone."""
+        async with self.db.write() as s:
+            result = await s.exec(update(DeliveryRow).where(*_held(turn_id, holder, attempt),
+                                                            col(DeliveryRow.next_attempt_at) > valid_after)
+                                  .values(next_attempt_at=until))
+            return await s.get(DeliveryRow, turn_id) if result.rowcount == 1 else None
+
+    async def delivered(self, turn_id: int, ref: str, now: datetime, *, holder: str, attempt: int) -> bool:
+        """Record where it landed (the turn's ``delivered_ref`` too), in one commit; False if already settled
+        or the claim was lost (its new holder finds the post and records it)."""
         async with self.db.write() as s:
             result = await s.exec(
-                update(DeliveryRow)
-                .where(col(DeliveryRow.turn_id) == turn_id, col(DeliveryRow.status) == DeliveryStatus.PENDING)
+                update(DeliveryRow).where(*_held(turn_id, holder, attempt))
                 .values(status=DeliveryStatus.DELIVERED, ref=ref, claimed_by=None, finished_at=now, last_error=None)
             )
             if result.rowcount != 1:
@@ -94,45 +124,42 @@ class DeliveryStore:
                          .values(delivered_ref=ref, delivery_error=None))
             return True
 
-    async def retry_later(self, turn_id: int, holder: str, error: str, at: datetime) -> None:
+    async def retry_later(self, turn_id: int, error: str, at: datetime, *, holder: str, attempt: int) -> bool:
         """An attempt failed: release the claim and say when the next one may start."""
         async with self.db.write() as s:
-            await s.exec(
-                update(DeliveryRow)
-                .where(col(DeliveryRow.turn_id) == turn_id, col(DeliveryRow.status) == DeliveryStatus.PENDING,
-                       col(DeliveryRow.claimed_by) == holder)
-                .values(claimed_by=None, next_attempt_at=at, last_error=error)
-            )
+            result = await s.exec(update(DeliveryRow).where(*_held(turn_id, holder, attempt))
+                                  .values(claimed_by=None, next_attempt_at=at, last_error=error))
+            return bool(result.rowcount == 1)
 
-    async def give_up(self, turn_id: int, error: str, now: datetime) -> bool:
+    async def give_up(self, turn_id: int, error: str, now: datetime, *, holder: str, attempt: int) -> bool:
         async with self.db.write() as s:
             result = await s.exec(
-                update(DeliveryRow)
-                .where(col(DeliveryRow.turn_id) == turn_id, col(DeliveryRow.status) == DeliveryStatus.PENDING)
-                .values(status=DeliveryStatus.GIVEN_UP, claimed_by=None, finished_at=now, last_error=error)
+                update(DeliveryRow).where(*_held(turn_id, holder, attempt))
+                .values(status=DeliveryStatus.GIVEN_UP, claimed_by=None, finished_at=now, last_error=error,
+                        next_attempt_at=now)  # the thread may be told from now on
             )
             if result.rowcount != 1:
                 return False
             await s.exec(update(TurnRow).where(col(TurnRow.id) == turn_id).values(delivery_error=error))
             return True
 
-    async def untold(self, channel: str, limit: int = 20) -> list[int]:
-        """Given-up answers in ``channel`` whose thread has not been told yet."""
+    # A given-up row's thread is told with the same claim columns: one process at a time tries, each try
+    # claims the row for a while (a dead teller's claim runs out), ``told`` only once the notice was taken.
+
+    async def untold(self, channel: str, now: datetime, limit: int = 20) -> list[int]:
+        """Given-up answers in ``channel`` whose thread may be told now (not told yet, not being told)."""
         async with self.db.read() as s:
             rows = await s.exec(select(DeliveryRow.turn_id)
-                                .where(DeliveryRow.channel == channel, DeliveryRow.status == DeliveryStatus.GIVEN_UP,
-                                       col(DeliveryRow.told).is_(False))
+                                .where(*_tellable(now), DeliveryRow.channel == channel)
                                 .order_by(col(DeliveryRow.turn_id)).limit(limit))
             return list(rows.all())
 
-    async def take_telling(self, turn_id: int) -> Pending | None:
-        """Mark a given-up row as told (once, across replicas); returns it to the one that may tell."""
+    async def take_telling(self, turn_id: int, holder: str, now: datetime, until: datetime) -> Pending | None:
+        """Claim a given-up row to tell its thread (one process at a time, across replicas), until ``until``."""
         async with self.db.write() as s:
             result = await s.exec(
-                update(DeliveryRow)
-                .where(col(DeliveryRow.turn_id) == turn_id, col(DeliveryRow.status) == DeliveryStatus.GIVEN_UP,
-                       col(DeliveryRow.told).is_(False))
-                .values(told=True)
+                update(DeliveryRow).where(*_tellable(now), col(DeliveryRow.turn_id) == turn_id)
+                .values(claimed_by=holder, next_attempt_at=until, notice_tries=DeliveryRow.notice_tries + 1)
             )
             if result.rowcount != 1:
                 return None
@@ -142,12 +169,32 @@ class DeliveryStore:
                 return None
             return Pending(row, session_info(session), "")
 
-    async def release_claims(self, now: datetime) -> int:
-        """At start with one process per database: claims left by a dead process end now."""
+    async def told(self, turn_id: int, holder: str) -> bool:
+        """The notice was taken: the thread has been told, for good."""
+        return await self._end_telling(turn_id, holder, told=True)
+
+    async def tell_later(self, turn_id: int, holder: str, at: datetime) -> bool:
+        """The notice was not taken: let another try start at ``at`` (while tries are left)."""
+        return await self._end_telling(turn_id, holder, next_attempt_at=at)
+
+    async def _end_telling(self, turn_id: int, holder: str, **values: Any) -> bool:
         async with self.db.write() as s:
             result = await s.exec(
                 update(DeliveryRow)
-                .where(col(DeliveryRow.status) == DeliveryStatus.PENDING, col(DeliveryRow.claimed_by).is_not(None))
+                .where(col(DeliveryRow.turn_id) == turn_id, col(DeliveryRow.status) == DeliveryStatus.GIVEN_UP,
+                       col(DeliveryRow.told).is_(False), col(DeliveryRow.claimed_by) == holder)
+                .values(claimed_by=None, **values)
+            )
+            return bool(result.rowcount == 1)
+
+    async def release_claims(self, now: datetime, *, keep: str) -> int:
+        """At start with one process per database: claims left by a dead process end now; ``keep``'s (this
+        process's own, e.g. a resumed turn's first attempt) stay."""
+        async with self.db.write() as s:
+            result = await s.exec(
+                update(DeliveryRow)
+                .where(col(DeliveryRow.status) == DeliveryStatus.PENDING, col(DeliveryRow.claimed_by).is_not(None),
+                       col(DeliveryRow.claimed_by) != keep)
                 .values(claimed_by=None, next_attempt_at=now)
             )
             return int(result.rowcount)
@@ -158,3 +205,15 @@ class DeliveryStore:
             query = query.where(col(DeliveryRow.created_at) >= since)
         async with self.db.read() as s:
             return int((await s.exec(query)).one())
+
+
+def _held(turn_id: int, holder: str, attempt: int) -> tuple[Any, ...]:
+    """The row is pending and still claimed by ``holder`` for its ``attempt``-th attempt: a result an attempt
+    brings back after losing its claim (it ran out and another took the row) changes nothing."""
+    return (col(DeliveryRow.turn_id) == turn_id, col(DeliveryRow.status) == DeliveryStatus.PENDING,
+            col(DeliveryRow.claimed_by) == holder, col(DeliveryRow.attempts) == attempt)
+
+
+def _tellable(now: datetime) -> tuple[Any, ...]:
+    return (col(DeliveryRow.status) == DeliveryStatus.GIVEN_UP, col(DeliveryRow.told).is_(False),
+            col(DeliveryRow.next_attempt_at) <= now, col(DeliveryRow.notice_tries) < NOTICE_TRIES)

@@ -334,8 +334,9 @@ class WebSessionRow(SQLModel, table=True):
 class DeliveryRow(SQLModel, table=True):
     """The outbox: an answer still to be delivered, written in the same commit as the answer itself.
 
-    Its key is the turn's id, which is also the delivery id the platform message carries (so a retry
-    can tell whether an earlier attempt landed). The text is the turn's ``answer`` (already redacted)."""
+    Its key is the turn's id, which is also the delivery id the platform message carries, with the
+    database's install id and the session (so a retry can tell whether an earlier attempt landed). The
+    text is the turn's ``answer`` (already redacted)."""
 
     __tablename__ = "deliveries"
     __table_args__ = (Index("ix_deliveries_status_next", "status", "next_attempt_at"),)
@@ -354,3 +355,5 @@ class DeliveryRow(SQLModel, table=True):
     created_at: datetime = _ts()
     finished_at: datetime | None = _ts(nullable=True)
     told: bool = Field(default=False)  # a given-up answer: the thread was told it was lost
+    # Given up: how often telling the thread was tried (claimed_by / next_attempt_at then hold the try's claim).
+    notice_tries: int = Field(default=0)

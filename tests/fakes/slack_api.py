@@ -27,7 +27,7 @@ class Call:
 class Failure:
     status: int = 200
     error: str | None = None
-    retry_after: int | None = None
+    retry_after: int | str | None = None  # the Retry-After header, as sent (a str: any text a server may send)
     channel: str | None = None  # only a call to this channel fails (others go through); None: any call
 
 
@@ -59,6 +59,8 @@ class FakeSlack:
     _outage_calls: int = 0
     _outage_after: int = 0
     _outage_lands: bool = False
+    # conversations.replies/history: at most this many messages a page (with a cursor), like Slack; None: all.
+    page_limit: int | None = None
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -179,7 +181,8 @@ class FakeSlack:
             return {"ok": True, "url": f"ws://{self._host}/link"}
         if method == "chat.postMessage":
             self._ts += 1
-            ts = f"1700000000.{self._ts:06d}"
+            # Slack's ts is the time of posting (answers are looked for from when they were written on).
+            ts = f"{int(time.time())}.{500000 + self._ts:06d}"
             message = {"type": "message", "ts": ts, "text": params.get("text"), "user": BOT_USER_ID, "bot_id": "BBOT"}
             if params.get("metadata"):
                 message["metadata"] = params["metadata"]
@@ -192,10 +195,18 @@ class FakeSlack:
                 found = [m for m in self.messages if m["channel"] == channel and thread in (m["thread_ts"], m["ts"])]
             else:
                 found = [m for m in reversed(self.messages) if m["channel"] == channel and not m["thread_ts"]]
+            if params.get("oldest"):  # only messages after it (at it too, with inclusive)
+                oldest, inclusive = float(params["oldest"]), str(params.get("inclusive")).lower() in ("1", "true")
+                found = [m for m in found if float(m["ts"]) > oldest or (inclusive and float(m["ts"]) == oldest)]
+            cursor = ""
+            if self.page_limit is not None:
+                start, limit = int(params.get("cursor") or 0), min(int(params.get("limit") or 100), self.page_limit)
+                cursor, found = str(start + limit) if start + limit < len(found) else "", found[start:start + limit]
             metadata = str(params.get("include_all_metadata")).lower() in ("1", "true")
-            return {"ok": True, "has_more": False, "messages": [
+            return {"ok": True, "has_more": bool(cursor), "messages": [
                 {k: v for k, v in m.items() if k not in ("channel", "thread_ts") and (metadata or k != "metadata")}
-                | ({"thread_ts": m["thread_ts"]} if m["thread_ts"] else {}) for m in found]}
+                | ({"thread_ts": m["thread_ts"]} if m["thread_ts"] else {}) for m in found],
+                "response_metadata": {"next_cursor": cursor}}
         if method in ("reactions.add", "reactions.remove", "chat.postEphemeral", "views.open"):
             return {"ok": True}
         if method == "chat.update":
