@@ -82,6 +82,7 @@ class Deliveries:
         self._loop_task: asyncio.Task[None] | None = None
         self._telling: dict[str, asyncio.Task[None]] = {}  # by channel: threads told of given-up answers
         self._tell_again: set[str] = set()
+        self._tell_later: list[asyncio.TimerHandle] = []  # a failed notice's next try, even if nothing else posts
         bus.subscribe(self._on_event)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -102,6 +103,9 @@ class Deliveries:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._loop_task = None
         self._telling.clear()
+        for handle in self._tell_later:
+            handle.cancel()
+        self._tell_later.clear()
 
     # -- what the rest of core calls ------------------------------------------------------------
 
@@ -253,6 +257,8 @@ class Deliveries:
     def _tell(self, channel: str) -> None:
         """The channel took a post: tell the threads whose answers were given up. In a task of its own: a
         notice may wait out a rate limit, and no answer waits behind it."""
+        if self._loop_task is None:  # stopped (or not started): the next start tells
+            return
         task = self._telling.get(channel)
         if task is not None and not task.done():
             self._tell_again.add(channel)  # rows given up meanwhile: one more round when this one ends
@@ -290,8 +296,12 @@ class Deliveries:
         if taken:
             await self.store.told(turn_id, self.holder)
         else:
-            at = self.clock.now() + timedelta(seconds=self._backoff(told.row.notice_tries))
-            await self.store.tell_later(turn_id, self.holder, at)
+            delay = self._backoff(told.row.notice_tries)
+            await self.store.tell_later(turn_id, self.holder, self.clock.now() + timedelta(seconds=delay))
+            # Tried again then, whether or not another answer is posted meanwhile (that would only tell earlier).
+            loop = asyncio.get_running_loop()
+            self._tell_later = [h for h in self._tell_later if h.when() > loop.time()]  # those still to run
+            self._tell_later.append(loop.call_later(delay + 0.01, self._tell, port.name))
 
 
 def _given_up_text(written_at: datetime, error: str | None) -> str:

@@ -5,7 +5,8 @@ wakes the waiter at once, one made by another process (an operator's CLI, anothe
 by re-reading. Running out of time settles the request (exactly once: the broker's settle is a
 conditional update of a pending row). Being cancelled settles it only when the turn was stopped
 (a person's stop): a shutdown, or a replica losing the session, leaves it pending, so its buttons
-keep working for whichever process continues the turn.
+keep working for whichever process continues the turn. A parked turn holds no concurrency slot
+(``Hold.on_park``); once its request is settled it takes one again (``on_unpark``) before it runs on.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ class Parked(Protocol):
 P = TypeVar("P", bound=Parked)
 
 
+async def _nothing() -> None:
+    return None
+
+
 @dataclass(eq=False)
 class Hold:
     """One turn's share in parking, between the turn (which parks) and its driver (which may stop it,
@@ -41,12 +46,27 @@ class Hold:
     inherits the variable but waits for no turn)."""
 
     turn_id: int
-    on_park: Callable[[], None] = field(default=lambda: None)  # the driver learns a turn just parked
-    parked: int = 0  # requests the turn waits on right now
+    on_park: Callable[[], None] = field(default=lambda: None)  # the turn just parked: its slot is free
+    on_unpark: Callable[[], Awaitable[None]] = field(default=_nothing)  # before it runs on: take a slot
+    parked: int = 0  # requests the turn waits on right now (or waits for a slot after)
     stopped: bool = False  # a person's stop: cancelling the turn settles what it waits on
 
     def stop(self) -> None:
         self.stopped = True
+
+    def park(self) -> None:
+        self.parked += 1
+        if self.parked == 1:
+            self.on_park()
+
+    async def unpark(self) -> None:
+        """The wait is over; the turn runs on once ``on_unpark`` returns. Until then it still counts as
+        parked: nothing has started, so a shutdown may set it aside. Cancelled: it runs on no further."""
+        try:
+            if self.parked == 1:
+                await self.on_unpark()
+        finally:
+            self.parked -= 1
 
 
 HOLD: ContextVar[Hold | None] = ContextVar("parking_hold", default=None)
@@ -93,23 +113,26 @@ class Waiters:
         if hold is not None and hold.turn_id != turn_id:
             hold = None
         if hold is not None:
-            hold.parked += 1
-            hold.on_park()
+            hold.park()
+        over = False
         try:
             while await self._waiters.wait(key, settled, timeout_s=max(self._left(request), 0.0)) is None:
                 pass  # its time ran out: the next read settles it as expired
+            here = key in self._settled_here
+            if not self._waiters.waiting(key):
+                self._settled_here.discard(key)
+            if not here:
+                settled_elsewhere(found[-1])
+            over = True
         except asyncio.CancelledError:
             if hold is not None and hold.stopped:
                 await cancel(key)
             raise
         finally:
-            if hold is not None:
-                hold.parked -= 1
-        here = key in self._settled_here
-        if not self._waiters.waiting(key):
-            self._settled_here.discard(key)
-        if not here:
-            settled_elsewhere(found[-1])
+            if hold is not None and not over:
+                hold.parked -= 1  # the turn ends here: it takes no slot again
+        if hold is not None:
+            await hold.unpark()  # settled: a stop from here on cancels the turn, not the request
         return found[-1]
 
     def _left(self, request: Parked) -> float:

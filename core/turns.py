@@ -3,6 +3,7 @@
 A driver waits out a burst's quiet window, takes the session's lease (with several replicas), takes the
 next batch of inputs as one turn, runs it, records how it ended and settles whoever waits for those
 inputs; then looks again. Messages arriving during a turn are taken in at its next tool step (``steer``).
+MAX_CONCURRENT_TURNS counts turns at work: a turn parked on a person gives its slot back meanwhile.
 """
 
 from __future__ import annotations
@@ -51,6 +52,25 @@ class _Driver:
     def stop_turn(self) -> None:
         if self.turn is not None:
             self.turn.cancel()
+
+
+class _Slot:
+    """A turn's share of MAX_CONCURRENT_TURNS. Given back while the turn is parked on a person (so
+    parked turns cannot keep everyone else from an answer), taken again before it runs on."""
+
+    def __init__(self, slots: asyncio.Semaphore) -> None:
+        self._slots = slots
+        self.held = False
+
+    async def take(self) -> None:
+        if not self.held:
+            await self._slots.acquire()  # cancelled while waiting: the semaphore keeps nothing
+            self.held = True
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            self._slots.release()
 
 
 @dataclass(frozen=True)
@@ -197,10 +217,14 @@ class TurnDrivers:
                             await asyncio.sleep(self.config.lease_retry_s)
                             continue
                         heartbeat = asyncio.create_task(self.leasing.heartbeat(session_id, driver.stop_turn))
-                    async with self._slots:
+                    slot = _Slot(self._slots)
+                    await slot.take()
+                    try:
                         started = await self._next(session_id, resume=first)
                         if started is not None:
-                            await self._run(*started)
+                            await self._run(*started, slot=slot)
+                    finally:
+                        slot.give_back()  # unless the turn ended parked: it has none then
                 else:
                     started = None
                 first = False
@@ -243,7 +267,7 @@ class TurnDrivers:
             return None
         return taken.turn, taken.text, taken.images
 
-    async def _run(self, turn: TurnInfo, text: str, images: tuple[str, ...]) -> None:
+    async def _run(self, turn: TurnInfo, text: str, images: tuple[str, ...], *, slot: _Slot) -> None:
         agent = self.agents.get(turn.session.agent)
         driver = self._drivers[turn.session.id]
         logcontext.session_id.set(turn.session.id)  # every line logged for this turn carries both
@@ -254,7 +278,7 @@ class TurnDrivers:
         driver.turn_id = turn.id
         if driver.cancel_turn_id != turn.id:
             driver.cancelled_by = None
-        driver.hold = Hold(turn.id, on_park=self._parked.set)
+        driver.hold = Hold(turn.id, on_park=lambda: self._parking(slot), on_unpark=slot.take)
         context = contextvars.copy_context()  # the turn's task (and what it spawns) sees its hold
         context.run(HOLD.set, driver.hold)
         driver.turn = asyncio.create_task(
@@ -295,6 +319,10 @@ class TurnDrivers:
                 self.waiters.wake((final or turn).input_ids)
             driver.steered = False
         self.ended += 1
+
+    def _parking(self, slot: _Slot) -> None:
+        slot.give_back()
+        self._parked.set()  # shutdown sets it aside at once
 
     async def _steer(self, turn: TurnInfo) -> list[ChatMessage]:
         taken: Taken | None = await self.inputs.take_steered(turn.id, self.config.queue_mode, self.config.budget,

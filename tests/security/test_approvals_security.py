@@ -403,35 +403,42 @@ async def test_a_turn_failed_by_restarts_takes_its_pending_approval_with_it(
 ) -> None:
     """A turn the process died under twice is failed; its approval card must not stay live: approving
     it later runs nothing, and nobody's later turn in that thread picks the old call up and runs it."""
-    import sqlite3
+    from sqlalchemy import text
 
     from tests.bot_process import post_form
     from tests.fakes.core import until
 
-    env = slack_env(fake_slack, fake_llm, unused_port) | {"APPROVAL_POLL_S": "0.1", "BOT_APPROVERS": "UAPPROVER"}
-    db, log = tmp_path / ".bot" / "bot.db", tmp_path / ".bot" / "work" / "log"
+    env = slack_env(fake_slack, fake_llm, unused_port) | {"APPROVAL_POLL_S": "0.1", "BOT_APPROVERS": "UAPPROVER",
+                                                             "LEASE_TTL_S": "1"}  # PostgreSQL: a dead holder's lease
+    log = tmp_path / ".bot" / "work" / "log"
     thread = "1712345678.000100"
+    bot = BotProcess(tmp_path, env)
+    reader = Database(bot.env.get("DATABASE_URL") or f"sqlite:///{tmp_path / '.bot' / 'bot.db'}")
 
-    def rows(sql: str) -> list[Any]:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as c:
-            return c.execute(sql).fetchall()
+    async def rows(sql: str) -> list[Any]:
+        async with reader.read() as s:
+            return [tuple(r) for r in (await s.exec(text(sql))).all()]
+
+    async def has(sql: str, expected: list[Any]) -> bool:
+        return await rows(sql) == expected
 
     fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo deploy-prod >> log"})]))
-    bot = await BotProcess(tmp_path, env).start()
+    bot = await bot.start()
     try:
         assert await send_event(bot, mention("deploy prod", ts=thread), "Ev1") == 200
         await fake_slack.wait_for("chat.postMessage")
         for _ in range(2):  # the process dies twice while the turn waits for the approval
             await bot.kill()
             bot = await BotProcess(tmp_path, env).start()
-        await until(lambda: rows("SELECT status FROM turns WHERE id = 1") == [("failed",)])
-        assert rows("SELECT status FROM approvals") == [("cancelled",)]
+        await until(lambda: has("SELECT status FROM turns WHERE id = 1", [("failed",)]))
+        assert await rows("SELECT status FROM approvals") == [("cancelled",)]
         await post_form(bot, block_action("approval:approve", "1", user="UAPPROVER"))
         fake_llm.then(Reply("It is noon."), Reply("It is noon."))
         assert await send_event(bot, mention("what time is it?", ts="1712345678.000300", thread_ts=thread,
                                              user="U2"), "Ev3") == 200
-        await until(lambda: rows("SELECT status FROM turns WHERE id = 2") == [("finished",)])
+        await until(lambda: has("SELECT status FROM turns WHERE id = 2", [("finished",)]))
         assert not log.exists()  # neither the late click nor U2's turn ran U1's command
-        assert rows("SELECT status FROM approvals") == [("cancelled",)]
+        assert await rows("SELECT status FROM approvals") == [("cancelled",)]
     finally:
         await bot.terminate()
+        await reader.close()
