@@ -273,7 +273,7 @@ async def _run() -> int:
     settings = load_settings()
     redactor = configure_logging(settings.log_level, settings.log_format, settings.secret_values())
     secure_home(settings)
-    lock = take_run_lock(settings)  # SQLite: before anything reads, migrates or recovers; held until exit
+    take_run_lock(settings)  # SQLite: before anything reads, migrates or recovers; held until the process exits
     app = build_application(settings, secret_sink=redactor.add)
     # Before start: recovery resumes parked turns, and a SIGTERM or Ctrl-C meeting the default action
     # then would count as a crash (twice fails the turn). Start-up finishes, then the bot stops as usual.
@@ -291,7 +291,8 @@ async def _run() -> int:
     log.info("shutting down (running turns get up to %.0f s; parked ones are kept as they are)",
              settings.shutdown_drain_s)
     stopped = await app.stop()
-    lock.release()  # after the database is closed (see bot.runlock)
+    # The lock is not released here: closing a descriptor of the database file would drop SQLite's own
+    # locks of any connection still open in this process; the process's exit releases it.
     print(stopped.describe(), flush=True)
     return 0
 

@@ -282,7 +282,7 @@ class TurnDrivers:
         context = contextvars.copy_context()  # the turn's task (and what it spawns) sees its hold
         context.run(HOLD.set, driver.hold)
         driver.turn = asyncio.create_task(
-            self.runner.run(turn, agent, images=images, steer=lambda: self._steer(turn)), name=f"turn:{turn.id}",
+            self.runner.run(turn, agent, images=images, steer=lambda: self._steer(turn, slot)), name=f"turn:{turn.id}",
             context=context,
         )
         if driver.cancel_turn_id == turn.id:
@@ -324,7 +324,10 @@ class TurnDrivers:
         slot.give_back()
         self._parked.set()  # shutdown sets it aside at once
 
-    async def _steer(self, turn: TurnInfo) -> list[ChatMessage]:
+    async def _steer(self, turn: TurnInfo, slot: _Slot) -> list[ChatMessage]:
+        # Asked before every model call after tool calls: no model call without a slot, even when a tool's
+        # own timeout cut short the re-taking of the slot it gave back while parked.
+        await slot.take()
         taken: Taken | None = await self.inputs.take_steered(turn.id, self.config.queue_mode, self.config.budget,
                                                              self.clock.now())
         if taken is None:
