@@ -34,6 +34,8 @@ from core.waiting import Waiters
 
 log = logging.getLogger(__name__)
 
+_LANDING_S = timedelta(seconds=5)  # how long a request cut off mid-flight may still take to land
+
 EMPTY_ANSWER = "(the model returned an empty answer)"
 
 
@@ -211,6 +213,12 @@ class Deliveries:
         except DeliveryFailed as exc:
             await self._failed(claim, exc.error, retryable=exc.retryable, retry_after_s=exc.retry_after_s)
             return
+        except TimeoutError:
+            # Cut off mid-request: the post may still land on Slack's side. The next look for it comes only
+            # after this claim would have ended, and a little more, so it can see that post.
+            await self._failed(claim, "timed out", retryable=True, retry_after_s=None,
+                               not_before=claim.until + _LANDING_S)
+            return
         except Exception as exc:  # e.g. a connection error an adapter did not translate: try again later
             log.warning("delivery of turn %s failed: %s: %s", turn_id, type(exc).__name__, exc)
             await self._failed(claim, type(exc).__name__, retryable=True, retry_after_s=None)
@@ -221,7 +229,8 @@ class Deliveries:
         self.waiters.wake(turn_id)
         self._tell(session.channel)
 
-    async def _failed(self, claim: _Claim, error: str, *, retryable: bool, retry_after_s: float | None) -> None:
+    async def _failed(self, claim: _Claim, error: str, *, retryable: bool, retry_after_s: float | None,
+                      not_before: datetime | None = None) -> None:
         row = await self.store.get(claim.turn_id)
         if row is None or row.status != DeliveryStatus.PENDING or row.attempts != claim.attempt \
                 or row.claimed_by != self.holder:
@@ -240,7 +249,7 @@ class Deliveries:
         delay = self._backoff(row.attempts)
         if retry_after_s is not None and math.isfinite(retry_after_s):  # the platform's word, within our bounds
             delay = max(delay, min(retry_after_s, self.config.retry_max_s))
-        at = min(now + timedelta(seconds=delay), deadline)
+        at = min(max(now + timedelta(seconds=delay), not_before or now), deadline)
         log.warning("answer of turn %s not delivered (attempt %d: %s); next try in %.1f s",
                     turn_id, row.attempts, error, (at - now).total_seconds())
         if await self.store.retry_later(turn_id, error, at, holder=self.holder, attempt=claim.attempt):

@@ -569,3 +569,20 @@ def test_holder_names_fit_their_columns(monkeypatch: pytest.MonkeyPatch) -> None
     assert len(names) == 20 and all(len(n) <= 64 and n.startswith("chatops-gateway") for n in names)
     monkeypatch.setattr(socket, "gethostname", lambda: "vm")
     assert holder_name().startswith("vm:")
+
+
+async def test_a_post_cut_off_mid_flight_is_looked_for_after_it_could_land(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack
+) -> None:
+    """An attempt cut off at its claim's end may still land on Slack's side: the next attempt looks for it
+    only after that, so the answer is posted once, not again by a retry that looked too early."""
+    fake_slack.post_delay_s = 2.0  # the attempt (claim 1 s) gives up at 0.8 s; the post lands at 2 s
+    gateway: GatewayClient = await start_gateway(make_settings(lease_ttl_s=1, **FAST))
+    event = mention("slow slack")
+    await gateway.send_event(event)
+    turn = await _turn(gateway, event)
+    outcome = await asyncio.wait_for(gateway.app.deliveries.wait(turn), 20)
+    fake_slack.post_delay_s = 0.0
+    assert outcome.error is None
+    await asyncio.sleep(2.2)  # any stray second post would be in by now (each takes 2 s from its start)
+    assert [m["text"] for m in fake_slack.messages if m.get("text") == "echo: slow slack"] == ["echo: slow slack"]

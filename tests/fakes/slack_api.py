@@ -61,6 +61,8 @@ class FakeSlack:
     _outage_lands: bool = False
     # conversations.replies/history: at most this many messages a page (with a cursor), like Slack; None: all.
     page_limit: int | None = None
+    # chat.postMessage answers only after this long (a slow Slack); the post lands even if the caller gave up.
+    post_delay_s: float = 0.0
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -149,6 +151,8 @@ class FakeSlack:
             params.update(await request.json())
         else:
             params.update(dict(await request.post()))
+        if method == "chat.postMessage" and self.post_delay_s:
+            await asyncio.shield(asyncio.sleep(self.post_delay_s))
         if method == "chat.postMessage" and self._in_outage():
             async with self._changed:
                 if self._outage_lands:
