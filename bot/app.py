@@ -32,6 +32,7 @@ from core.credentials import CredentialService
 from core.delivery import Deliveries, DeliveryConfig
 from core.dispatcher import DispatchConfig, Dispatcher
 from core.events import EventBus
+from core.failed_turns import announce_cancelled_requests
 from core.gateway import Gateway
 from core.ports import Ports
 from core.providers import Provider, RetryPolicy
@@ -194,6 +195,7 @@ def build_application(
         poll_s=settings.approval_poll_s, on_secret=secret_sink,
     )
     credentials.redactor.add_static(setting_secrets(settings))
+    announce_cancelled_requests(bus, approvals, credentials)  # a turn failed after restarts: its cards say so
     egress = EgressPolicy.from_settings(settings)
     shell = probe_sandbox(settings.shell_sandbox, network=settings.shell_network)
     shell.log()  # without a working sandbox shell_run is off, and the log says how to fix it

@@ -25,6 +25,7 @@ from core.controls import Controls, StopReport, is_command
 from core.delivery import Deliveries
 from core.errors import InvalidInput, Unavailable
 from core.events import EventBus, InputQueued, Notice, TurnFailed
+from core.failed_turns import INTERRUPTED
 from core.leasing import SessionLeases
 from core.model import (
     RESERVED_SESSION_PREFIXES,
@@ -127,7 +128,7 @@ class Dispatcher:
         for turn_id in failed:
             info = await self.conversations.turn_info(turn_id)
             if info is not None:
-                self.bus.emit(TurnFailed(info.session, info, "interrupted", _INTERRUPTED_TWICE))
+                self.bus.emit(TurnFailed(info.session, info, INTERRUPTED, _INTERRUPTED_TWICE))
         for session_id in sessions or []:
             self.turns.kick(session_id)
 

@@ -432,6 +432,13 @@ async def test_a_turn_failed_by_restarts_takes_its_pending_approval_with_it(
             bot = await BotProcess(tmp_path, env).start()
         await until(lambda: has("SELECT status FROM turns WHERE id = 1", [("failed",)]))
         assert await rows("SELECT status FROM approvals") == [("cancelled",)]
+
+        def told() -> list[Any]:  # the card updated, or (its post not recorded before the kill) a new one
+            return [c for c in fake_slack.calls if c.method in ("chat.update", "chat.postMessage")
+                    and "Cancelled (its turn was stopped" in str(c.params.get("text"))]
+
+        await until(told)
+        assert "approval:approve" not in str(told()[-1].params)  # no buttons left
         await post_form(bot, block_action("approval:approve", "1", user="UAPPROVER"))
         fake_llm.then(Reply("It is noon."), Reply("It is noon."))
         assert await send_event(bot, mention("what time is it?", ts="1712345678.000300", thread_ts=thread,
