@@ -1,19 +1,28 @@
 """Run every benchmark (as separate processes, one after another) and print one table.
 
-    python -m bench.run_all            # about 3-5 minutes on 2 cores
+    python -m bench.run_all                                   # about 5 minutes on 2 cores
+    python -m bench.run_all --database-url postgresql://...   # also the intake figures on PostgreSQL,
+                                                              # one process and two replicas
 
 Each figure is measured in the same run as its baseline and given as a ratio.
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import time
 
 RUNS = [
-    ("ack latency, burst", ["bench.ack_latency", "--burst", "500", "--model-delay", "10", "--noop-baseline"]),
-    ("ack latency, 100/s", ["bench.ack_latency", "--rate", "100", "--seconds", "5", "--model-delay", "10"]),
+    # Turns complete while mentions arrive (an instant model): the load users create.
+    ("intake, 100/s", ["bench.intake_load", "--rate", "100", "--seconds", "10"]),
+    ("intake, burst of 200", ["bench.intake_load", "--burst", "200"]),
+    ("intake, burst of 500", ["bench.intake_load", "--burst", "500"]),
+    ("first visible sign, 10/s", ["bench.intake_load", "--rate", "10", "--seconds", "10", "--signs"]),
+    # A second line: acks while a slow model keeps every turn parked (nothing else writes meanwhile).
+    ("ack latency, 100/s, parked model", ["bench.ack_latency", "--rate", "100", "--seconds", "5", "--model-delay",
+                                          "10"]),
     ("dispatcher", ["bench.dispatcher", "--sessions", "1000", "--burst", "5"]),
     ("approval latency", ["bench.approval_latency", "--rounds", "20"]),
     ("schedule drift", ["bench.schedule_drift", "--every", "1", "--firings", "8"]),
@@ -23,9 +32,21 @@ RUNS = [
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--database-url", default="", help="a PostgreSQL database for the intake figures")
+    args = parser.parse_args()
+    runs = list(RUNS)
+    if args.database_url:
+        for replicas in ("1", "2"):
+            runs.append((f"intake on PostgreSQL, {replicas} replica(s), 100/s",
+                         ["bench.intake_load", "--rate", "100", "--seconds", "10", "--database-url",
+                          args.database_url, "--replicas", replicas]))
+            runs.append((f"intake on PostgreSQL, {replicas} replica(s), burst of 200",
+                         ["bench.intake_load", "--burst", "200", "--database-url", args.database_url,
+                          "--replicas", replicas]))
     rows: list[list[str]] = []
     started = time.monotonic()
-    for label, argv in RUNS:
+    for label, argv in runs:
         print(f"== {label}: python -m {' '.join(argv)}", flush=True)
         t0 = time.monotonic()
         done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, check=False)

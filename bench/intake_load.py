@@ -1,0 +1,314 @@
+"""Realistic intake load (SPEC §15): signed mentions arrive while turns complete, the gateway vs a bare
+slack-bolt app in the same run, against the same fake Slack and an instant fake model.
+
+    python -m bench.intake_load --rate 100 --seconds 10          # sustained load
+    python -m bench.intake_load --burst 200                      # all at once
+    python -m bench.intake_load --rate 10 --seconds 10 --signs   # first visible sign after a mention
+    python -m bench.intake_load --rate 100 --seconds 10 --database-url postgresql://... --replicas 2
+
+Every mention opens its own thread (its own session). For each app it prints: the time until every
+mention is answered, ack p50/p99/max, event → model request p50, model answer → Slack post p50 and,
+for the gateway, the first visible sign (a reaction or a thread status) p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from bench.common import free_port, summary
+from tests.fakes.llm import FakeLLM
+from tests.fakes.server import RunningServer
+from tests.fakes.slack_api import FakeSlack
+from tests.slack_requests import SIGNING_SECRET, dumps, event_body, mention, next_ts, signed_headers
+
+ROOT = Path(__file__).resolve().parent.parent
+LABEL = re.compile(r"load (\d+)")
+SIGN_METHODS = ("reactions.add", "assistant.threads.setStatus")
+
+
+class TimedLLM(FakeLLM):
+    """The fake model, noting when each mention's request arrived and when its answer left."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: dict[int, float] = {}
+        self.answered: dict[int, float] = {}
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        arrived = time.monotonic()
+        response = await super()._handle(request)
+        found = LABEL.search(self.last_user_text())
+        if found:
+            self.asked.setdefault(int(found[1]), arrived)
+            self.answered.setdefault(int(found[1]), time.monotonic())
+        return response
+
+
+@dataclass
+class Run:
+    sent: dict[int, float] = field(default_factory=dict)  # mention → when its request left
+    acks: list[float] = field(default_factory=list)
+    statuses: dict[int, int] = field(default_factory=dict)
+    ts_of: dict[str, int] = field(default_factory=dict)  # message ts → mention
+    done_s: float = 0.0  # first send → last answer posted
+
+
+def _pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+async def _ready(port: int, proc: asyncio.subprocess.Process, path: str) -> None:
+    async with asyncio.timeout(60), aiohttp.ClientSession() as http:
+        while proc.returncode is None:
+            try:
+                async with http.get(f"http://127.0.0.1:{port}{path}") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientConnectionError:
+                pass
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"the app on port {port} exited with {proc.returncode} before it was ready")
+
+
+async def _load(ports: list[int], rate: float, count: int, slack: FakeSlack, offset: int) -> Run:
+    run = Run()
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
+
+        async def one(i: int) -> None:
+            ts = next_ts()
+            run.ts_of[ts] = i
+            body = dumps(event_body(mention(f"load {i}", channel=f"C{i % 50}", ts=ts)))
+            url = f"http://127.0.0.1:{ports[i % len(ports)]}/slack/events"
+            start = time.monotonic()
+            run.sent[i] = start
+            async with http.post(url, data=body, headers=signed_headers(body)) as resp:
+                await resp.read()
+                run.statuses[resp.status] = run.statuses.get(resp.status, 0) + 1
+            run.acks.append(time.monotonic() - start)
+
+        tasks = []
+        t0 = time.monotonic()
+        for n in range(count):
+            if rate:
+                delay = t0 + n / rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(offset + n)))
+        await asyncio.gather(*tasks)
+        wanted = set(range(offset, offset + count))
+        if set(run.statuses) != {200}:
+            print(f"  non-200 acks: {run.statuses}", file=sys.stderr)
+        async with asyncio.timeout(120):
+            while True:
+                answered = {int(m[1]) for c in slack.of("chat.postMessage")
+                            if (m := LABEL.search(c.params.get("text") or ""))}
+                if wanted <= answered:
+                    break
+                await asyncio.sleep(0.02)
+        last = max(c.at for c in slack.of("chat.postMessage")
+                   if (m := LABEL.search(c.params.get("text") or "")) and int(m[1]) in wanted)
+        run.done_s = last - t0
+    return run
+
+
+@dataclass
+class Figures:
+    done_s: float
+    ack_p50: float
+    ack_p99: float
+    ack_max: float
+    to_model: float
+    to_post: float
+    sign_p99: float
+
+
+def _figures(run: Run, slack: FakeSlack, llm: TimedLLM) -> Figures:
+    posted: dict[int, float] = {}
+    for call in slack.of("chat.postMessage"):
+        found = LABEL.search(call.params.get("text") or "")
+        if found and int(found[1]) in run.sent:
+            posted.setdefault(int(found[1]), call.at)
+    signs: dict[int, float] = {}
+    for call in slack.calls:
+        if call.method in SIGN_METHODS:
+            i = run.ts_of.get(str(call.params.get("timestamp") or call.params.get("thread_ts")))
+            if i is not None:
+                signs.setdefault(i, call.at)
+    to_model = [llm.asked[i] - t for i, t in run.sent.items() if i in llm.asked]
+    to_post = [posted[i] - llm.answered[i] for i in run.sent if i in posted and i in llm.answered]
+    sign = [signs[i] - t for i, t in run.sent.items() if i in signs]
+    return Figures(run.done_s, statistics.median(run.acks), _pct(run.acks, 99), max(run.acks),
+                   statistics.median(to_model), statistics.median(to_post), _pct(sign, 99))
+
+
+async def _start(argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> asyncio.subprocess.Process:
+    with log.open("wb") as out:  # the app's own errors, if the bench fails
+        proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=cwd, stdout=out, stderr=out)
+    await _ready(int(env["PORT"]), proc, "/readyz" if "bot" in argv else "/healthz")
+    return proc
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    if os.environ.get("BENCH_PROFILE"):  # py-spy writes its profile on ^C; its child is stopped first
+        for child in _children(proc.pid):
+            os.kill(child, signal.SIGTERM)
+        await asyncio.sleep(2)
+        proc.send_signal(signal.SIGINT)
+    else:
+        proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), 30)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Figures]:
+    slack, llm = FakeSlack(), TimedLLM()
+    slack_server = await RunningServer(slack.app()).start()
+    llm_server = await RunningServer(llm.app()).start()
+    scrub = ("SLACK_", "LLM_", "BOT_", "DATABASE_", "SQLITE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(scrub)} | {
+        "SLACK_BOT_TOKEN": "xoxb-bench", "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+        "SLACK_API_URL": f"{slack_server.url}/api/", "LLM_BASE_URL": f"{llm_server.url}/v1",
+        "LLM_API_KEY": "sk-bench", "LLM_MODEL": "fake", "LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT),
+    }
+    count = args.burst or int(args.rate * args.seconds)
+    results: dict[str, Figures] = {}
+    offset = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        apps: list[tuple[str, list[list[str]], dict[str, str]]] = [
+            ("bare slack-bolt", [[sys.executable, "-m", "bench.baseline_app"]], {}),
+        ]
+        gateway_env = {"DATABASE_URL": args.database_url} if args.database_url else {}
+        if args.sqlite_synchronous:
+            gateway_env["SQLITE_SYNCHRONOUS"] = args.sqlite_synchronous
+        gateway = [sys.executable, "-m", "bot", "run"]
+        if os.environ.get("BENCH_PROFILE"):  # py-spy's collapsed stacks of the (first) gateway, for profiling
+            gateway = ["py-spy", "record", "--gil", "--format", "raw", "-r", "200", "-o", os.environ["BENCH_PROFILE"],
+                       "--", *gateway]
+        apps.append(("gateway", [gateway] * args.replicas, gateway_env))
+        for label, argvs, extra in apps:
+            procs, ports = [], []
+            for n, argv in enumerate(argvs):
+                home = Path(tmp) / f"{label.split()[0]}-{n}"
+                home.mkdir()
+                port = free_port()
+                procs.append(await _start(argv, env | extra | {"PORT": str(port), "BOT_HOME": str(home)},
+                                          ROOT if label != "gateway" else home, home / "output.log"))
+                ports.append(port)
+            try:
+                await _warm_up(ports, slack, offset + 1_000_000)
+                calls_before = len(slack.calls)
+                cpu_before = sum(_cpu_s(proc.pid) for proc in procs)
+                run = await _load(ports, 0 if args.burst else args.rate, count, slack, offset)
+                cpu = sum(_cpu_s(proc.pid) for proc in procs) - cpu_before
+                print(f"  {label}: {cpu * 1000 / count:.1f} ms of CPU per mention", file=sys.stderr)
+                if set(run.statuses) != {200}:
+                    print(f"  {label}: non-200 answers: {run.statuses}", file=sys.stderr)
+                results[label] = _figures(run, _Since(slack, calls_before), llm)  # type: ignore[arg-type]
+            except BaseException:
+                _print_logs(Path(tmp))
+                raise
+            finally:
+                for proc in procs:
+                    await _stop(proc)
+            offset += count
+    await slack_server.stop()
+    await llm_server.stop()
+    return results
+
+
+def _print_logs(tmp: Path) -> None:
+    """The apps' own output, when a run fails."""
+    for log in tmp.glob("*/output.log"):
+        print(f"--- {log}:\n{log.read_text()[-3000:]}", file=sys.stderr)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for task in Path(f"/proc/{pid}/task").glob("*/children") for child in task.read_text().split()]
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its children (py-spy's child when profiling)."""
+    total = sum(_cpu_s(child) for child in _children(pid))
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return total + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _Since:
+    """The fake Slack's calls from one index on (each app's own)."""
+
+    def __init__(self, slack: FakeSlack, start: int) -> None:
+        self.calls = slack.calls[start:]
+
+    def of(self, method: str) -> list[Any]:
+        return [c for c in self.calls if c.method == method]
+
+
+async def _warm_up(ports: list[int], slack: FakeSlack, offset: int) -> None:
+    """A few mentions first, so both apps have their connections and caches warm."""
+    await _load(ports, 50, 10 * len(ports), slack, offset)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=100)
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--burst", type=int, default=0, help="send this many at once instead of at --rate")
+    parser.add_argument("--signs", action="store_true", help="report the first visible sign (p99)")
+    parser.add_argument("--database-url", default="", help="run the gateway on this database (e.g. PostgreSQL)")
+    parser.add_argument("--replicas", type=int, default=1, help="gateway processes sharing --database-url")
+    parser.add_argument("--sqlite-synchronous", default="", help="SQLITE_SYNCHRONOUS for the gateway")
+    args = parser.parse_args()
+    if args.replicas > 1 and not args.database_url.startswith("postgresql"):
+        parser.error("--replicas needs a PostgreSQL --database-url")
+    results = await measure(args)
+
+    load = f"a burst of {args.burst}" if args.burst else f"{int(args.rate * args.seconds)} at {args.rate:g}/s"
+    backend = "PostgreSQL" if args.database_url.startswith("postgresql") else "SQLite"
+    where = f"{backend}, {args.replicas} replicas" if args.replicas > 1 else backend
+    print(f"intake load: {load} signed mentions, instant model, turns completing while mentions arrive ({where})")
+    print(f"{'app':<16} {'all answered s':>15} {'ack p50':>8} {'ack p99':>8} {'ack max':>8} {'→model':>7} "
+          f"{'→post':>7} {'sign p99':>9}  (ms unless s)")
+    for label, f in results.items():
+        print(f"{label:<16} {f.done_s:15.2f} {f.ack_p50 * 1000:8.1f} {f.ack_p99 * 1000:8.1f} {f.ack_max * 1000:8.1f} "
+              f"{f.to_model * 1000:7.1f} {f.to_post * 1000:7.1f} {f.sign_p99 * 1000:9.1f}")
+    base, ours = results["bare slack-bolt"], results["gateway"]
+    tag = f" ({where})" if where != "SQLite" else ""
+    if args.signs:
+        summary(f"first visible sign p99 at {args.rate:g}/s{tag}", ours.sign_p99 * 1000, 300, "ms",
+                "<= 300 ms (baseline: the limit)")
+        return
+    if args.burst:
+        target = "<= 1.5x" if args.burst <= 200 else "every ack < 3 s"
+        summary(f"ack p99, burst of {args.burst}{tag}", ours.ack_p99 * 1000, base.ack_p99 * 1000, "ms", target)
+        print(f"slowest ack: {ours.ack_max * 1000:.0f} ms (Slack's limit: 3000 ms)")
+        return
+    summary(f"{load}: all answered{tag}", ours.done_s, base.done_s, "s", "<= 1.15x")
+    summary(f"ack p99 at {args.rate:g}/s{tag}", ours.ack_p99 * 1000, base.ack_p99 * 1000, "ms", "<= 3x; < 3 s")
+    summary(f"event → model request p50{tag}", ours.to_model * 1000, base.to_model * 1000, "ms", "<= 2x")
+    summary(f"model answer → Slack post p50{tag}", ours.to_post * 1000, base.to_post * 1000, "ms", "<= 2x")
+    print(f"slowest ack: {ours.ack_max * 1000:.0f} ms (Slack's limit: 3000 ms)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
