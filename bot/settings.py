@@ -40,6 +40,10 @@ class Settings(BaseSettings):
     # Storage
     bot_home: Path = Path("./.bot")
     database_url: str | None = None
+    # SQLite only. NORMAL: a commit survives the process being killed, not a power cut or OS crash (the
+    # last commits may roll back, the file stays sound). FULL: it survives those too, at one fsync per
+    # commit (a group of messages shares one).
+    sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
     bot_secret_keys: str | None = None
 
     # Model
@@ -146,6 +150,11 @@ class Settings(BaseSettings):
         if not value.startswith("/") or len(value) < 2 or " " in value:
             raise ValueError("must look like '/bot'")
         return value
+
+    @field_validator("sqlite_synchronous", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value
 
     @field_validator("database_url")
     @classmethod

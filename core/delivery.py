@@ -79,11 +79,15 @@ class Deliveries:
         self.waiters: Waiters[DeliveryOutcome] = Waiters(config.poll_s)
         self._claim = timedelta(seconds=config.claim_s)
         self._margin = self._claim / 5  # an attempt ends this long before its claim does
+        self._attempted: dict[int, None] = {}  # turns whose fresh claim was used (insertion-ordered)
         self._install: str | None = None
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._telling: dict[str, asyncio.Task[None]] = {}  # by channel: threads told of given-up answers
         self._tell_again: set[str] = set()
+        # Channels whose last look found no given-up answer to tell, with none given up here since: not
+        # looked at again after every post (forgotten on each turn of the retry loop, for other replicas').
+        self._nothing_to_tell: set[str] = set()
         self._tell_later: list[asyncio.TimerHandle] = []  # a failed notice's next try, even if nothing else posts
         bus.subscribe(self._on_event)
 
@@ -111,11 +115,12 @@ class Deliveries:
 
     # -- what the rest of core calls ------------------------------------------------------------
 
-    def outbox(self, channel: str) -> OutboxClaim | None:
-        """For ``finish_turn``: the claim its outbox row starts with, or None when no port delivers there."""
+    def outbox(self, channel: str, now: datetime) -> OutboxClaim | None:
+        """For ``finish_turn`` at ``now``: the claim its outbox row starts with, or None when no port
+        delivers there."""
         if self.ports.find(channel) is None:
             return None
-        return OutboxClaim(self.holder, self.clock.now() + self._claim)
+        return OutboxClaim(self.holder, now + self._claim, now)
 
     async def wait(self, turn_id: int) -> DeliveryOutcome:
         """Until the turn's answer is delivered or given up (recorded by this process or another)."""
@@ -150,6 +155,14 @@ class Deliveries:
         if not isinstance(event, TurnFinished) or self.ports.find(event.channel) is None:
             return
         now, turn_id = self.clock.now(), event.turn.id
+        fresh = event.outbox
+        if fresh is not None and fresh.written_at is not None and fresh.holder == self.holder \
+                and fresh.until - now >= self._claim - self._margin and self._first_attempt(turn_id):
+            # finish_turn wrote this claim a moment ago and nothing has used it: nobody takes a row before its
+            # claim ends, so the first attempt needs no second write to keep it.
+            await self._attempt(_Claim(turn_id, 1, fresh.until, fresh.written_at), event.session, event.text,
+                                first=True)
+            return
         row = await self.store.extend_claim(turn_id, holder=self.holder, attempt=1, valid_after=now + self._margin,
                                             until=now + self._claim)
         if row is None:  # started late: the retry loop (here or on another replica) has the row, or soon will
@@ -158,8 +171,18 @@ class Deliveries:
         claim = _Claim(turn_id, 1, row.next_attempt_at, row.created_at)
         await self._attempt(claim, event.session, event.text, first=True)
 
+    def _first_attempt(self, turn_id: int) -> bool:
+        """True the first time only (a recent window of turns is remembered)."""
+        if turn_id in self._attempted:
+            return False
+        self._attempted[turn_id] = None
+        if len(self._attempted) > 4096:
+            del self._attempted[next(iter(self._attempted))]
+        return True
+
     async def _loop(self) -> None:
         while True:
+            self._nothing_to_tell.clear()  # another replica may have given answers up meanwhile
             try:
                 for turn_id in await self.store.due(self.clock.now()):
                     try:
@@ -242,6 +265,7 @@ class Deliveries:
             deadline = datetime.max.replace(tzinfo=UTC)
         if not retryable or now >= deadline:
             if await self.store.give_up(turn_id, error, now, holder=self.holder, attempt=claim.attempt):
+                self._nothing_to_tell.discard(row.channel)
                 log.error("answer of turn %s given up after %d attempt(s): %s%s", turn_id, row.attempts, error,
                           "" if retryable else " (retrying cannot help)")
             self.waiters.wake(turn_id)
@@ -268,11 +292,18 @@ class Deliveries:
         notice may wait out a rate limit, and no answer waits behind it."""
         if self._loop_task is None:  # stopped (or not started): the next start tells
             return
+        if channel in self._nothing_to_tell:
+            return
         task = self._telling.get(channel)
         if task is not None and not task.done():
             self._tell_again.add(channel)  # rows given up meanwhile: one more round when this one ends
             return
         self._telling[channel] = asyncio.create_task(self._tell_given_up(channel), name=f"deliveries:tell:{channel}")
+
+    def _tell_due(self, channel: str) -> None:
+        """A failed notice's next try is due: look, whatever the last look found."""
+        self._nothing_to_tell.discard(channel)
+        self._tell(channel)
 
     async def _tell_given_up(self, channel: str) -> None:
         port = self.ports.find(channel)
@@ -281,9 +312,12 @@ class Deliveries:
         try:
             while True:
                 self._tell_again.discard(channel)
-                for turn_id in await self.store.untold(channel, self.clock.now()):
+                untold = await self.store.untold(channel, self.clock.now())
+                for turn_id in untold:
                     await self._tell_one(port, turn_id)
                 if channel not in self._tell_again:
+                    if not untold:
+                        self._nothing_to_tell.add(channel)
                     return
         except Exception:
             log.exception("telling threads about given-up answers in %s failed", channel)
@@ -310,7 +344,7 @@ class Deliveries:
             # Tried again then, whether or not another answer is posted meanwhile (that would only tell earlier).
             loop = asyncio.get_running_loop()
             self._tell_later = [h for h in self._tell_later if h.when() > loop.time()]  # those still to run
-            self._tell_later.append(loop.call_later(delay + 0.01, self._tell, port.name))
+            self._tell_later.append(loop.call_later(delay + 0.01, self._tell_due, port.name))
 
 
 def _given_up_text(written_at: datetime, error: str | None) -> str:

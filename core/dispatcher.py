@@ -14,6 +14,7 @@ and stopping or re-queueing work, with who may (core.controls). Channels reach i
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -172,10 +173,17 @@ class Dispatcher:
             # Kept nowhere, not even its dedupe keys: the same message arriving later as a mention is
             # then answered (once, by the keys that mention stores).
             return Accepted(AcceptOutcome.IGNORED)
-        paused = kind == InputKind.MESSAGE and await self.control.intake_paused()
+        # Stored and acted on even if our caller goes away meanwhile (a closed connection): once the message
+        # is in a commit group it may be committed, and then it must also be answered, not left waiting
+        # behind the dedupe key that makes Slack's redelivery a duplicate.
+        return await asyncio.shield(asyncio.ensure_future(self._store_and_act(message, kind, text)))
+
+    async def _store_and_act(self, message: Inbound, kind: str, text: str) -> Accepted:
+        # Whether intake is paused is read in the transaction that stores the message.
         result = await self.inputs.accept(
-            message, kind=kind, agent=self.agents.get(message.agent).name,
-            refuse=_PAUSED if paused else None, max_waiting=self.config.max_waiting, now=self.clock.now(),
+            message, kind=kind, agent=self.agents.get(message.agent).name, refuse=None,
+            max_waiting=self.config.max_waiting, now=self.clock.now(),
+            refuse_if_paused=_PAUSED if kind == InputKind.MESSAGE else None,
         )
         session = result.session
         if session is None:

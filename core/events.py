@@ -11,9 +11,12 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from core.model import ApprovalInfo, CredentialRequestInfo, MessageRef, SessionInfo, TurnInfo
+
+if TYPE_CHECKING:
+    from core.store.deliveries import OutboxClaim
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ class TurnStarted(TurnEvent):
 class TurnFinished(TurnEvent):
     name: ClassVar[str] = "turn.finished"
     text: str
+    outbox: OutboxClaim | None = None  # the claim its outbox row was written with (core.delivery)
 
 
 @dataclass(frozen=True)

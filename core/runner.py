@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,7 +23,6 @@ from core.providers import (
 )
 from core.redaction import Redactor
 from core.store import ConversationStore
-from core.store.tables import MessageRow
 from core.text import clean_text
 from core.tools import Risk, Tool, ToolContext, ToolError, ToolGate, ToolRegistry, run_tool
 
@@ -72,22 +72,38 @@ class AgentRunner:
         *,
         images: tuple[str, ...] = (),
         steer: Steer | None = None,
+        transcript: Sequence[Any] | None = None,
     ) -> str:
         """Answer the turn; every message is saved as soon as it exists. Returns the final text.
 
         ``steer`` is asked after each batch of tool calls, before the next model call, for messages
         that arrived meanwhile (already saved to the transcript); ``images`` go with the turn's input.
         """
+        # Another process may have stored a secret since the last turn: the masks are brought up to date
+        # while the model is first asked, and before anything is redacted.
+        checking = asyncio.ensure_future(self.redactor.check()) if self.redactor is not None else None
+        try:
+            return await self._run(turn, agent, images, steer, transcript, checking)
+        except BaseException:
+            # Never cut short: what the turn's failure says is redacted next, with masks that must be current.
+            if checking is not None:
+                await asyncio.wait([checking])
+                if not checking.cancelled():
+                    checking.exception()  # retrieved here; a failed check already failed the turn or will
+            raise
+
+    async def _run(self, turn: TurnInfo, agent: Agent, images: tuple[str, ...], steer: Steer | None,
+                   transcript: Sequence[Any] | None, checking: asyncio.Future[None] | None) -> str:
         session_id = turn.session.id
-        if self.redactor is not None:
-            await self.redactor.check()  # another process may have stored a secret since the last turn
         allowed = self.tools.allowed(agent.tools)
         specs = [t.spec() for t in allowed]
         allowed_names = {t.name for t in allowed}
         ctx = ToolContext(session_id=session_id, turn_id=turn.id, agent=agent.name, sender=turn.sender,
                           place=turn.session.place, preapproved=turn.session.preapproved)
-        rows = await self.store.transcript(session_id, self.limits.history_messages)
-        history = await self._close_dangling_calls(_to_chat(rows), allowed_names, ctx)
+        # Read where the turn was taken, in the same transaction, unless the caller did not.
+        rows = transcript if transcript is not None else await self.store.transcript(session_id,
+                                                                                     self.limits.history_messages)
+        history = await self._close_dangling_calls(_to_chat(rows), allowed_names, ctx, checking)
         if images and history and history[-1].role == "user":
             history[-1] = replace(history[-1], images=images)
 
@@ -95,6 +111,8 @@ class AgentRunner:
             request = CompletionRequest(instructions=agent.instructions, messages=merge_user_runs(history),
                                         tools=specs)
             reply = await complete_with_retries(self.provider, request, self.retry)
+            if checking is not None:
+                await checking
             # The model may repeat a secret it saw: masked before it is stored, posted or shown. A
             # call whose arguments hold one never runs (see _call_tool): it would put the secret on
             # an approval card, in a grant or in a command line.
@@ -174,7 +192,7 @@ class AgentRunner:
         return await self.redactor.redact(text) if self.redactor is not None else text
 
     async def _close_dangling_calls(
-        self, history: list[ChatMessage], allowed: set[str], ctx: ToolContext
+        self, history: list[ChatMessage], allowed: set[str], ctx: ToolContext, checking: asyncio.Future[None] | None
     ) -> list[ChatMessage]:
         """A crash can leave tool calls without results. One still waiting for its approval waits
         again (its buttons keep working); one approved but never begun runs now; anything else is
@@ -185,6 +203,8 @@ class AgentRunner:
             closed.append(message)
             for call in message.tool_calls:
                 if call.id not in answered:
+                    if checking is not None:
+                        await checking  # a recovered call's result is redacted
                     result = await self._recover_call(call, allowed, replace(ctx, call_id=call.id))
                     await self.store.add_message(
                         ctx.session_id, role="tool", content=result, turn_id=ctx.turn_id,
@@ -238,7 +258,8 @@ def _truncate(text: str, limit: int) -> str:
     return text[:limit] + f"\n[truncated: {len(text) - limit} more characters]"
 
 
-def _to_chat(rows: list[MessageRow]) -> list[ChatMessage]:
+def _to_chat(rows: Sequence[Any]) -> list[ChatMessage]:
+    """Transcript rows (role, content, tool_calls, tool_call_id) as the model's messages."""
     messages: list[ChatMessage] = []
     for row in rows:
         calls = tuple(ToolCall(**c) for c in json.loads(row.tool_calls)) if row.tool_calls else ()

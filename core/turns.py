@@ -13,7 +13,7 @@ import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from core import logcontext
@@ -116,7 +116,7 @@ class TurnDrivers:
         leasing: SessionLeases,
         waiters: OutcomeWaiters,
         queue_mode: Callable[[str], Awaitable[str]],
-        outbox: Callable[[str], OutboxClaim | None] | None = None,
+        outbox: Callable[[str, datetime], OutboxClaim | None] | None = None,
     ) -> None:
         self.outbox = outbox  # a channel's claim on a finished answer's outbox row (core.delivery)
         self.conversations = conversations
@@ -201,14 +201,17 @@ class TurnDrivers:
 
     async def _drive(self, session_id: str) -> None:
         first = True
+        more = False  # the last batch left messages waiting (followup, or past the merge budget)
         holding = False
         heartbeat: asyncio.Task[None] | None = None
         try:
             while True:
                 driver = self._drivers[session_id]
-                driver.wake = False
-                # After a turn, look again only if something waits (one read), after its quiet window.
-                if first or await self._quiet_window(session_id):
+                woken, driver.wake = driver.wake, False
+                # After a turn, look again only if something waits (one read), after its quiet window. In one
+                # process every arrival wakes the session's driver: not woken and nothing left behind by the
+                # last batch, nothing waits.
+                if first or ((woken or more or self.leasing.enabled) and await self._quiet_window(session_id)):
                     if self.leasing.enabled and not holding:
                         holding = await self.leasing.take(session_id)
                         if not holding:  # another replica runs this session: it will take what waits,
@@ -221,8 +224,9 @@ class TurnDrivers:
                     await slot.take()
                     try:
                         started = await self._next(session_id, resume=first)
+                        more = started is not None and started.more
                         if started is not None:
-                            await self._run(*started, slot=slot)
+                            await self._run(started, slot=slot)
                     finally:
                         slot.give_back()  # unless the turn ended parked: it has none then
                 else:
@@ -256,18 +260,17 @@ class TurnDrivers:
                 return True
             await asyncio.sleep(left)
 
-    async def _next(self, session_id: str, *, resume: bool) -> tuple[TurnInfo, str, tuple[str, ...]] | None:
+    async def _next(self, session_id: str, *, resume: bool) -> Taken | None:
         # Only a driver's first look can find an interrupted turn: they exist only from before start().
-        resumed = await self.conversations.resume_interrupted(session_id, self.clock.now()) if resume else None
-        if resumed is not None:
-            return resumed, "", ()
         taken = await self.inputs.take_batch(session_id, self.config.queue_mode, self.config.budget,
-                                             self.clock.now())
+                                             self.clock.now(), resume=resume,
+                                             history=self.runner.limits.history_messages)
         if taken is None:
             return None
-        return taken.turn, taken.text, taken.images
+        return taken
 
-    async def _run(self, turn: TurnInfo, text: str, images: tuple[str, ...], *, slot: _Slot) -> None:
+    async def _run(self, taken: Taken, *, slot: _Slot) -> None:
+        turn, images = taken.turn, taken.images
         agent = self.agents.get(turn.session.agent)
         driver = self._drivers[turn.session.id]
         logcontext.session_id.set(turn.session.id)  # every line logged for this turn carries both
@@ -282,7 +285,8 @@ class TurnDrivers:
         context = contextvars.copy_context()  # the turn's task (and what it spawns) sees its hold
         context.run(HOLD.set, driver.hold)
         driver.turn = asyncio.create_task(
-            self.runner.run(turn, agent, images=images, steer=lambda: self._steer(turn, slot)), name=f"turn:{turn.id}",
+            self.runner.run(turn, agent, images=images, steer=lambda: self._steer(turn, slot),
+                            transcript=taken.transcript), name=f"turn:{turn.id}",
             context=context,
         )
         if driver.cancel_turn_id == turn.id:
@@ -342,11 +346,12 @@ class TurnDrivers:
     # -- how a turn ended -----------------------------------------------------------------------
 
     async def _finish(self, turn: TurnInfo, answer: str) -> None:
-        outbox = self.outbox(turn.session.channel) if self.outbox is not None else None
+        now = self.clock.now()
+        outbox = self.outbox(turn.session.channel, now) if self.outbox is not None else None
         final = await self.conversations.finish_turn(turn.id, status=TurnStatus.FINISHED, answer=answer,
-                                                     error=None, now=self.clock.now(), outbox=outbox)
+                                                     error=None, now=now, outbox=outbox)
         log.info("turn %s finished (session %s)", turn.id, turn.session.id)
-        self.bus.emit(TurnFinished(final.session, final, answer or EMPTY_ANSWER))
+        self.bus.emit(TurnFinished(final.session, final, answer or EMPTY_ANSWER, outbox=outbox))
 
     async def _cancelled(self, turn: TurnInfo, by: str) -> None:
         saved = await self.conversations.final_answer(turn.id)

@@ -14,6 +14,7 @@ import pytest
 
 from bot.app import Application, build_application
 from bot.settings import Settings, load_settings
+from core.store import Database
 from tests.fakes.llm import FakeLLM
 from tests.fakes.server import RunningServer
 from tests.fakes.slack_api import FakeSlack
@@ -191,3 +192,26 @@ def unused_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+STORE_BACKENDS = [
+    pytest.param("sqlite"),
+    pytest.param("postgresql", marks=pytest.mark.skipif(not os.environ.get("TEST_DATABASE_URL"),
+                                                        reason="needs TEST_DATABASE_URL")),
+]
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+async def store_db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    """A freshly migrated database of each backend."""
+    if request.param == "sqlite":
+        database = Database(f"sqlite:///{tmp_path}/x.db")
+        await database.migrate()
+        yield database
+        await database.close()
+        return
+    async with fresh_postgres(os.environ["TEST_DATABASE_URL"]) as url:
+        database = Database(url)
+        await database.migrate()
+        yield database
+        await database.close()

@@ -154,3 +154,30 @@ async def test_sigterm_drains_then_the_restart_finishes_the_turn(
 
 
 
+
+
+async def test_every_acknowledged_mention_of_a_burst_is_answered_once_after_a_kill(
+    tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    """Accepts are committed in groups: an ack means its group committed. Killed right after the last ack
+    of a burst (some turns running, most waiting), the restart answers each of them exactly once."""
+    fake_llm.delay_s = 0.2  # turns are still at work when the process dies
+    env = slack_env(fake_slack, fake_llm, unused_port)
+    bot = await BotProcess(tmp_path, env).start()
+    events = [mention(f"burst {n}", channel=f"C{n}") for n in range(40)]
+    statuses = await asyncio.gather(*(send_event(bot, event, f"EvBurst{n}") for n, event in enumerate(events)))
+    assert statuses == [200] * 40
+    await bot.kill()
+    assert len(_texts(fake_slack)) < 40  # the kill came before every turn had answered
+
+    bot = await BotProcess(tmp_path, env).start()
+    try:
+        async def all_answered() -> bool:
+            return all(any(f"burst {n}" in t for t in _texts(fake_slack)) for n in range(40))
+
+        await until(all_answered, timeout=30, what="every acknowledged mention answered")
+        await asyncio.sleep(0.5)  # a second answer to any of them would be posted by now
+        for n in range(40):
+            assert sum(t == f"echo: burst {n}" for t in _texts(fake_slack)) == 1, f"burst {n}"
+    finally:
+        assert await bot.terminate() == 0

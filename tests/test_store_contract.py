@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -64,34 +63,16 @@ from core.store.tables import (
     TurnRow,
     WebSessionRow,
 )
-from tests.conftest import fresh_postgres
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 SID = "slack:T1:C1:1.0"
 MSG, CTX, CMD = InputKind.MESSAGE, InputKind.CONTEXT, InputKind.CONTROL
 FOLLOWUP, COLLECT = "followup", "collect"
 ROOMY = Budget()
-BACKENDS = [
-    pytest.param("sqlite"),
-    pytest.param("postgresql", marks=pytest.mark.skipif(not os.environ.get("TEST_DATABASE_URL"),
-                                                        reason="needs TEST_DATABASE_URL")),
-]
-
-
-@pytest.fixture(params=BACKENDS)
-async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
-    """A freshly migrated database of each backend."""
-    if request.param == "sqlite":
-        database = Database(f"sqlite:///{tmp_path}/x.db")
-        await database.migrate()
-        yield database
-        await database.close()
-        return
-    async with fresh_postgres(os.environ["TEST_DATABASE_URL"]) as url:
-        database = Database(url)
-        await database.migrate()
-        yield database
-        await database.close()
+@pytest.fixture
+def db(store_db: Database) -> Database:
+    """A freshly migrated database of each backend (tests/conftest.py ``store_db``)."""
+    return store_db
 
 
 @pytest.fixture

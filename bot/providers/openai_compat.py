@@ -7,6 +7,7 @@ from typing import Any
 
 import openai
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletion
 
 from core.errors import ProviderError
 from core.providers import ChatMessage, Completion, CompletionRequest, ToolCall
@@ -28,7 +29,9 @@ class OpenAICompatibleProvider:
         if request.tools:
             kwargs["tools"] = request.tools
         try:
-            response = await self.client.chat.completions.create(**kwargs)
+            # The request is built here already: posted as it is, without the SDK walking every message
+            # and tool schema through its parameter types first (most of a call's CPU with many tools).
+            response = await self.client.post("/chat/completions", body=kwargs, cast_to=ChatCompletion)
         except openai.APIError as exc:
             raise classify(exc) from exc
         if not response.choices:
@@ -37,9 +40,9 @@ class OpenAICompatibleProvider:
         # Model output is stored and posted: its text is repaired (no NUL, no lone surrogate). The
         # arguments are left as written; a call whose arguments hold either is refused when parsed.
         calls = tuple(
-            ToolCall(id=_cleaned(c.id), name=_cleaned(c.function.name), arguments=c.function.arguments or "{}")
+            ToolCall(id=_cleaned(c.id), name=_cleaned(fn.name), arguments=fn.arguments or "{}")
             for c in (message.tool_calls or [])
-            if getattr(c, "function", None) is not None
+            if (fn := getattr(c, "function", None)) is not None
         )
         return Completion(content=clean_text(message.content or ""), tool_calls=calls)
 

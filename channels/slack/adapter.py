@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.async_app import AsyncApp
@@ -87,6 +88,12 @@ class SlackChannel:
         return [web.post("/slack/events", self.handle_http)]
 
     async def start(self) -> None:
+        # One session for every Web API call: connections to Slack are kept alive and reused, not opened
+        # (and torn down) per call, as slack_sdk does without one.
+        # No cookie jar: like slack_sdk's own per-call sessions, nothing one response sets goes with the next.
+        self.client.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.client.timeout),
+                                                    trust_env=self.client.trust_env_in_session,
+                                                    cookie_jar=aiohttp.DummyCookieJar())
         if self.config.app_token is not None:
             self._socket = _checked_socket_handler(
                 self.app, self.config.app_token, web_client=AsyncWebClient(base_url=self.config.api_url)
@@ -98,6 +105,9 @@ class SlackChannel:
         self.started = False
         if self._socket is not None:
             await self._socket.close_async()
+        session, self.client.session = self.client.session, None
+        if session is not None:
+            await session.close()
 
     # -- HTTP mode ------------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ from core.store.control import ControlStore
 from core.store.conversations import ConversationStore
 from core.store.credentials import CredentialStore
 from core.store.database import Database
-from core.store.inputs import Accepted, AcceptOutcome, Budget, InputStore, Taken
+from core.store.inputs import Budget, InputStore, Taken
+from core.store.intake import Accepted, AcceptOutcome
 from core.store.leases import LeaseStore
 from core.store.web_sessions import WebSessionStore
 

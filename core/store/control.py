@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from sqlmodel.ext.asyncio.session import AsyncSession
+from sqlalchemy import Row
+from sqlmodel import Session
 
 from core.store.database import Database
 from core.store.tables import ControlRow, SessionRow
@@ -12,11 +14,11 @@ from core.store.tables import ControlRow, SessionRow
 INTAKE_PAUSED = "intake_paused"
 
 
-async def queue_mode_of(s: AsyncSession, session: SessionRow) -> str | None:
+def queue_mode_of(s: Session, session: SessionRow | Row[Any]) -> str | None:
     if session.queue_mode:
         return session.queue_mode
     if session.place:
-        control = await s.get(ControlRow, f"queue_mode:{session.place}")
+        control = s.get(ControlRow, f"queue_mode:{session.place}")
         return control.value if control is not None else None
     return None
 
@@ -51,9 +53,11 @@ class ControlStore:
 
     async def queue_mode(self, session_id: str) -> str | None:
         """The conversation's own queue mode, else its place's (e.g. its Slack channel), else None."""
-        async with self.db.read() as s:
-            session = await s.get(SessionRow, session_id)
-            return await queue_mode_of(s, session) if session is not None else None
+        def work(s: Session) -> str | None:
+            session = s.get(SessionRow, session_id)
+            return queue_mode_of(s, session) if session is not None else None
+
+        return await self.db.run_read(work)
 
     async def set_session_queue_mode(self, session_id: str, mode: str | None, now: datetime) -> None:
         async with self.db.write() as s:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, true, update
-from sqlmodel import col, select
+from sqlalchemy import Row, func, true, update
+from sqlalchemy import select as sa_select
+from sqlmodel import Session, col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from core.model import (
@@ -36,6 +37,12 @@ from core.store.tables import (
     TurnRow,
 )
 from core.text import clean_text
+
+_turns = TurnRow.__table__  # type: ignore[attr-defined]
+_sessions = SessionRow.__table__  # type: ignore[attr-defined]
+_inputs = InputRow.__table__  # type: ignore[attr-defined]
+_messages = MessageRow.__table__  # type: ignore[attr-defined]
+_deliveries = DeliveryRow.__table__  # type: ignore[attr-defined]
 
 if TYPE_CHECKING:
     from core.store.deliveries import OutboxClaim
@@ -84,35 +91,10 @@ class ConversationStore:
 
     async def resume_interrupted(self, session_id: str, now: datetime) -> TurnInfo | None:
         """Start continuing the session's interrupted turn, if it has one."""
-        async with self.db.write() as s:
-            turn = (
-                await s.exec(
-                    select(TurnRow)
-                    .where(TurnRow.session_id == session_id, TurnRow.status == TurnStatus.QUEUED)
-                    .order_by(col(TurnRow.id))
-                    .limit(1)
-                )
-            ).first()
-            if turn is None:
-                return None
-            session = await s.get(SessionRow, session_id)
-            assert session is not None
-            turn.status = TurnStatus.RUNNING
-            turn.attempts += 1
-            turn.started_at = now
-            session.status = SessionStatus.RUNNING
-            s.add(turn)
-            s.add(session)
-            return await turn_info(s, turn, session)
+        return await self.db.run_write(lambda s: resume_interrupted(s, session_id, now))
 
     async def turn_info(self, turn_id: int) -> TurnInfo | None:
-        async with self.db.read() as s:
-            turn = await s.get(TurnRow, turn_id)
-            if turn is None:
-                return None
-            session = await s.get(SessionRow, turn.session_id)
-            assert session is not None
-            return await turn_info(s, turn, session)
+        return await self.db.run_read(lambda s: _load_turn_info(s, turn_id))
 
     async def finish_turn(
         self, turn_id: int, *, status: str, answer: str | None, error: str | None, now: datetime,
@@ -121,25 +103,23 @@ class ConversationStore:
         """Record how the turn ended; returns it with every input it took (for the events). With ``outbox``
         (the session's channel delivers answers), a finished turn's answer goes into the outbox in the same
         commit: an answer that exists is never left undelivered by a crash."""
-        async with self.db.write() as s:
-            turn = await s.get(TurnRow, turn_id)
-            assert turn is not None
-            session = await s.get(SessionRow, turn.session_id)
-            assert session is not None
-            turn.status = status
+        def work(s: Session) -> TurnInfo:
+            conn = s.connection()
+            turn = conn.execute(sa_select(_turns.c.session_id, _turns.c.input_message_id)
+                                .where(_turns.c.id == turn_id)).one()
             # An error may quote what a model endpoint said: stored text never holds NUL.
-            turn.answer = clean_text(answer) if answer is not None else None
-            turn.error = clean_text(error) if error is not None else None
-            turn.finished_at = now
-            session.status = SessionStatus.FAILED if status == TurnStatus.FAILED else SessionStatus.IDLE
-            session.updated_at = now
-            s.add(turn)
-            s.add(session)
+            conn.execute(update(_turns).where(_turns.c.id == turn_id).values(
+                status=status, answer=clean_text(answer) if answer is not None else None,
+                error=clean_text(error) if error is not None else None, finished_at=now))
+            session = _set_status(s, turn.session_id,
+                                  SessionStatus.FAILED if status == TurnStatus.FAILED else SessionStatus.IDLE, now)
             if outbox is not None and status == TurnStatus.FINISHED:
-                s.add(DeliveryRow(turn_id=turn_id, session_id=session.id, channel=session.channel,
-                                  status=DeliveryStatus.PENDING, attempts=1, next_attempt_at=outbox.until,
-                                  claimed_by=outbox.holder, created_at=now))
-            return await turn_info(s, turn, session)
+                conn.execute(_deliveries.insert().values(
+                    turn_id=turn_id, session_id=session.id, channel=session.channel, status=DeliveryStatus.PENDING,
+                    attempts=1, next_attempt_at=outbox.until, claimed_by=outbox.holder, created_at=now))
+            return turn_info(s, turn_id, turn.input_message_id, session)
+
+        return await self.db.run_write(work)
 
     async def final_answer(self, turn_id: int) -> str | None:
         """The turn's saved final answer (an assistant message without tool calls), if it got that far."""
@@ -173,16 +153,9 @@ class ConversationStore:
 
     # -- transcript -----------------------------------------------------------------------------
 
-    async def transcript(self, session_id: str, limit: int) -> list[MessageRow]:
+    async def transcript(self, session_id: str, limit: int) -> list[Row[Any]]:
         """The newest ``limit`` messages of the session, oldest first."""
-        async with self.db.read() as s:
-            rows = await s.exec(
-                select(MessageRow)
-                .where(MessageRow.session_id == session_id)
-                .order_by(col(MessageRow.id).desc())
-                .limit(limit)
-            )
-            return list(reversed(rows.all()))
+        return await self.db.run_read(lambda s: transcript(s, session_id, limit))
 
     async def add_message(
         self,
@@ -204,8 +177,10 @@ class ConversationStore:
             turn_id=turn_id,
             created_at=now,
         )
-        async with self.db.write() as s:
-            s.add(row)
+        values = row.model_dump()
+        values.pop("id", None)
+        row.id = await self.db.run_write(lambda s: int(s.connection().execute(_messages.insert().values(**values))
+                                                          .inserted_primary_key[0]))  # type: ignore[index]
         return row
 
     # -- reads for people -----------------------------------------------------------------------
@@ -309,22 +284,56 @@ class ConversationStore:
             return int(result.one())
 
 
-async def turn_info(s: AsyncSession, turn: TurnRow, session: SessionRow) -> TurnInfo:
+def resume_interrupted(s: Session, session_id: str, now: datetime) -> TurnInfo | None:
+    """Mark the session's interrupted turn (if any) running again, one attempt more."""
+    conn = s.connection()
+    turn = conn.execute(sa_select(_turns.c.id, _turns.c.input_message_id).where(
+        _turns.c.session_id == session_id, _turns.c.status == TurnStatus.QUEUED).order_by(_turns.c.id).limit(1)).first()
+    if turn is None:
+        return None
+    conn.execute(update(_turns).where(_turns.c.id == turn.id)
+                 .values(status=TurnStatus.RUNNING, attempts=_turns.c.attempts + 1, started_at=now))
+    return turn_info(s, turn.id, turn.input_message_id, _set_status(s, session_id, SessionStatus.RUNNING))
+
+
+def _set_status(s: Session, session_id: str, status: SessionStatus, now: datetime | None = None) -> SessionInfo:
+    """Set the session's status (and ``updated_at``); returns it as it is now."""
+    conn = s.connection()
+    values: dict[str, object] = {"status": status} | ({"updated_at": now} if now is not None else {})
+    conn.execute(update(_sessions).where(_sessions.c.id == session_id).values(**values))
+    return session_info(conn.execute(sa_select(_sessions).where(_sessions.c.id == session_id)).one())
+
+
+def transcript(s: Session, session_id: str, limit: int) -> list[Row[Any]]:
+    """The newest ``limit`` messages of the session, oldest first (what the model is shown)."""
+    rows = s.connection().execute(
+        sa_select(_messages).where(_messages.c.session_id == session_id).order_by(_messages.c.id.desc())
+        .limit(limit)).all()
+    return list(reversed(rows))
+
+
+def _load_turn_info(s: Session, turn_id: int) -> TurnInfo | None:
+    conn = s.connection()
+    turn = conn.execute(sa_select(_turns.c.session_id, _turns.c.input_message_id).where(_turns.c.id == turn_id)).first()
+    if turn is None:
+        return None
+    session = conn.execute(sa_select(_sessions).where(_sessions.c.id == turn.session_id)).one()
+    return turn_info(s, turn_id, turn.input_message_id, session_info(session))
+
+
+def turn_info(s: Session, turn_id: int, input_message_id: int | None, session: SessionInfo) -> TurnInfo:
     """A turn as events carry it, with every input it took (steered ones too) in arrival order."""
-    assert turn.id is not None
-    inputs = (
-        await s.exec(
-            select(InputRow).where(InputRow.turn_id == turn.id, InputRow.kind != "control").order_by(col(InputRow.id))
-        )
-    ).all()
+    inputs = s.connection().execute(
+        sa_select(_inputs.c.id, _inputs.c.kind, _inputs.c.sender, _inputs.c.platform_channel, _inputs.c.platform_ts)
+        .where(_inputs.c.turn_id == turn_id, _inputs.c.kind != "control").order_by(_inputs.c.id)).all()
     refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in inputs)
-    ids = tuple(i.id for i in inputs if i.id is not None)
+    ids = tuple(i.id for i in inputs)
     sender = next((i.sender for i in inputs if i.kind == "message"), inputs[0].sender if inputs else None)
-    if not inputs and turn.input_message_id is not None:  # a turn from before merged turns existed
-        msg = await s.get(MessageRow, turn.input_message_id)
+    if not inputs and input_message_id is not None:  # a turn from before merged turns existed
+        msg = s.get(MessageRow, input_message_id)
         if msg is not None:
             refs, sender = (MessageRef(msg.platform_channel, msg.platform_ts),), msg.sender
-    return TurnInfo(id=turn.id, session=session_info(session), inputs=refs, sender=sender, input_ids=ids)
+    return TurnInfo(id=turn_id, session=session, inputs=refs, sender=sender, input_ids=ids)
 
 
 def turn_outcome(turn: TurnRow) -> Outcome | None:
@@ -342,7 +351,8 @@ def _title(text: str | None) -> str:
     return line if len(line) <= 80 else line[:79] + "…"
 
 
-def session_info(row: SessionRow) -> SessionInfo:
+def session_info(row: SessionRow | Row[Any]) -> SessionInfo:
+    """From an ORM row or a Core row of the sessions table (they have the same attribute names)."""
     return SessionInfo(
         id=row.id,
         channel=row.channel,

@@ -5,25 +5,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import event, text
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlmodel import Session
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from core.errors import StoreError
+from core.store.sqlite_writer import SQLiteWriter
 
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 _NO_LOCK = contextlib.nullcontext()
+SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
+T = TypeVar("T")
 
 
 def async_url(url: str) -> str:
@@ -49,10 +53,19 @@ def async_url(url: str) -> str:
 class Database:
     """One engine for the process. ``write()`` transactions take SQLite's write lock up front."""
 
-    def __init__(self, url: str, *, echo: bool = False) -> None:
+    def __init__(self, url: str, *, echo: bool = False, sqlite_synchronous: str = "NORMAL") -> None:
         self.url = async_url(url)
         self.is_sqlite = self.url.startswith("sqlite")
+        if sqlite_synchronous.upper() not in SQLITE_SYNCHRONOUS:
+            raise StoreError(f"SQLITE_SYNCHRONOUS must be one of {', '.join(SQLITE_SYNCHRONOUS)}, "
+                             f"not {sqlite_synchronous!r}")
+        self.sqlite_synchronous = sqlite_synchronous.upper()
         kwargs: dict[str, Any] = {"echo": echo}
+        self._fast: SQLiteWriter | None = None
+        # SQLite has one writer at a time. Queueing our own writers here keeps them out of SQLite's
+        # busy handler, which sleeps in growing steps (up to 100 ms) while another connection writes.
+        self._write_turn = asyncio.Lock()
+        self._writes_queued = self.is_sqlite
         if self.is_sqlite:
             path = make_url(self.url).database
             if path and path != ":memory:":
@@ -62,13 +75,17 @@ class Database:
             kwargs["pool_pre_ping"] = True
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         if self.is_sqlite:
-            _tune_sqlite(self.engine)
+            _tune_sqlite(self.engine, self.sqlite_synchronous)
             self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE")
-        else:
+        if self.is_sqlite and make_url(self.url).database not in (None, "", ":memory:"):
+            # The hot path's writes (intake, turns, deliveries) run on a thread of their own (see
+            # core.store.sqlite_writer), queued behind the same write turn as the async writers.
+            fast = create_engine(self.sync_url, echo=echo, connect_args={
+                "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
+            _tune_sqlite(fast, self.sqlite_synchronous)
+            self._fast = SQLiteWriter(fast.execution_options(sqlite_begin="IMMEDIATE"), self._write_turn)
+        elif not self.is_sqlite:
             self._write_engine = self.engine
-        # SQLite has one writer at a time. Queueing our own writers here keeps them out of SQLite's
-        # busy handler, which sleeps in growing steps (up to 100 ms) while another connection writes.
-        self._write_turn = asyncio.Lock() if self.is_sqlite else None
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
@@ -78,15 +95,34 @@ class Database:
     @asynccontextmanager
     async def write(self) -> AsyncIterator[AsyncSession]:
         """A transaction that commits when the block ends, or rolls back on error."""
-        async with self._write_turn or _NO_LOCK, AsyncSession(self._write_engine, expire_on_commit=False) as session:
+        async with self._write_lock(), AsyncSession(self._write_engine, expire_on_commit=False) as session:
             async with session.begin():
                 yield session
+
+    async def run_read(self, work: Callable[[Session], T]) -> T:
+        """Run ``work`` (synchronous statements) on a read connection: for code shared with ``run_write``."""
+        async with self.read() as s:
+            return await s.run_sync(work)  # type: ignore[arg-type]  # sqlmodel's Session
+
+    async def run_write(self, work: Callable[[Session], T]) -> T:
+        """Run ``work`` (synchronous ORM or Core statements) in one write transaction, committed when it
+        returns, rolled back if it raises. On SQLite the whole transaction is one call on the writer
+        thread; on PostgreSQL it runs on the async connection (``run_sync``). ``work`` does nothing but
+        database work: it may run on another thread."""
+        if self._fast is not None:
+            return await self._fast.run(work)
+        async with self._write_lock(), AsyncSession(self._write_engine, expire_on_commit=False) as s:
+            async with s.begin():
+                return await s.run_sync(work)  # type: ignore[arg-type]  # sqlmodel's Session
+
+    def _write_lock(self) -> asyncio.Lock | contextlib.nullcontext[None]:
+        return self._write_turn if self._writes_queued else _NO_LOCK
 
     @asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
         """No write transaction of this process is open inside this block (SQLite): synchronous code
         that writes to the same file (APScheduler's job store) can run here without waiting on us."""
-        async with self._write_turn or _NO_LOCK:
+        async with self._write_lock():
             yield
 
     def insert(self, table: Any) -> sqlite.Insert | postgresql.Insert:
@@ -96,7 +132,7 @@ class Database:
 
     @property
     def write_in_progress(self) -> bool:
-        return self._write_turn is not None and self._write_turn.locked()
+        return self._writes_queued and self._write_turn.locked()
 
     @property
     def sync_url(self) -> str:
@@ -126,21 +162,25 @@ class Database:
 
     async def close(self) -> None:
         await self.engine.dispose()
+        if self._fast is not None:
+            await self._fast.close()
 
 
-def _tune_sqlite(engine: AsyncEngine) -> None:
-    @event.listens_for(engine.sync_engine, "connect")
+def _tune_sqlite(engine: AsyncEngine | Engine, synchronous: str) -> None:
+    sync_engine = engine.sync_engine if isinstance(engine, AsyncEngine) else engine
+
+    @event.listens_for(sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let us emit BEGIN ourselves (the driver's implicit BEGIN is always DEFERRED).
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(sync_engine, "begin")
     def _on_begin(conn: Connection) -> None:
         mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
         conn.exec_driver_sql(f"BEGIN {mode}")

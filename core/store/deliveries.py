@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, update
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from core.model import DeliveryStatus, SessionInfo
 from core.store.conversations import session_info
@@ -26,6 +26,7 @@ class OutboxClaim:
 
     holder: str
     until: datetime
+    written_at: datetime | None = None  # the row's created_at (when the answer was written), if known here
 
 
 @dataclass(frozen=True)
@@ -104,25 +105,30 @@ class DeliveryStore:
                            until: datetime) -> DeliveryRow | None:
         """Keep a claim for its attempt, if it is still ``holder``'s for that attempt (nobody, this process
         included, took the row since) and runs past ``valid_after``; the row, or None: leave it alone."""
-        async with self.db.write() as s:
-            result = await s.exec(update(DeliveryRow).where(*_held(turn_id, holder, attempt),
-                                                            col(DeliveryRow.next_attempt_at) > valid_after)
-                                  .values(next_attempt_at=until))
-            return await s.get(DeliveryRow, turn_id) if result.rowcount == 1 else None
+        def work(s: Session) -> DeliveryRow | None:
+            result = s.exec(update(DeliveryRow).where(*_held(turn_id, holder, attempt),
+                                                      col(DeliveryRow.next_attempt_at) > valid_after)
+                            .values(next_attempt_at=until))
+            return s.get(DeliveryRow, turn_id) if result.rowcount == 1 else None
+
+        return await self.db.run_write(work)
 
     async def delivered(self, turn_id: int, ref: str, now: datetime, *, holder: str, attempt: int) -> bool:
         """Record where it landed (the turn's ``delivered_ref`` too), in one commit; False if already settled
         or the claim was lost (its new holder finds the post and records it)."""
-        async with self.db.write() as s:
-            result = await s.exec(
-                update(DeliveryRow).where(*_held(turn_id, holder, attempt))
+        def work(s: Session) -> bool:
+            conn = s.connection()  # Core statements: no ORM bookkeeping on the path of every answer
+            result = conn.execute(
+                update(DeliveryRow.__table__).where(*_held(turn_id, holder, attempt))  # type: ignore[attr-defined]
                 .values(status=DeliveryStatus.DELIVERED, ref=ref, claimed_by=None, finished_at=now, last_error=None)
             )
             if result.rowcount != 1:
                 return False
-            await s.exec(update(TurnRow).where(col(TurnRow.id) == turn_id)
+            conn.execute(update(TurnRow.__table__).where(TurnRow.__table__.c.id == turn_id)  # type: ignore[attr-defined]
                          .values(delivered_ref=ref, delivery_error=None))
             return True
+
+        return await self.db.run_write(work)
 
     async def retry_later(self, turn_id: int, error: str, at: datetime, *, holder: str, attempt: int) -> bool:
         """An attempt failed: release the claim and say when the next one may start."""

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import enum
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import delete, func, update
-from sqlalchemy import insert as sa_insert
+from sqlalchemy import Row, delete, func, update
 from sqlalchemy import select as sa_select
-from sqlalchemy.exc import IntegrityError
-from sqlmodel import col, select
-from sqlmodel.ext.asyncio.session import AsyncSession
+from sqlmodel import Session, col, select
 
-from core.errors import InvalidInput
 from core.model import (
     LIVE_TURN_STATUSES,
     Inbound,
@@ -24,32 +21,15 @@ from core.model import (
     Outcome,
     OutcomeStatus,
     QueueMode,
-    SessionInfo,
     SessionStatus,
     TurnInfo,
     TurnStatus,
 )
 from core.store.control import queue_mode_of
-from core.store.conversations import session_info, turn_info, turn_outcome
+from core.store.conversations import resume_interrupted, session_info, transcript, turn_info, turn_outcome
 from core.store.database import Database
+from core.store.intake import Accepted, Arrival, Intake
 from core.store.tables import InputRow, MessageRow, ProcessedEventRow, SessionRow, TurnRow
-
-
-class AcceptOutcome(enum.StrEnum):
-    QUEUED = "queued"  # stored; a turn will answer it
-    RECORDED = "recorded"  # stored as context for a later turn
-    COMMAND = "command"  # a command to the bot, stored so a redelivery does not repeat it
-    REFUSED = "refused"  # stored as refused (busy, paused); the sender is told why
-    DUPLICATE = "duplicate"  # seen before (redelivery, or a second event for the same message)
-    IGNORED = "ignored"  # not for the bot (no mention, no session)
-
-
-@dataclass(frozen=True)
-class Accepted:
-    outcome: AcceptOutcome
-    input_id: int | None = None
-    session: SessionInfo | None = None
-    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,83 +48,34 @@ class Taken:
     text: str  # merged, in arrival order, joined by a blank line
     images: tuple[str, ...]
     refs: tuple[MessageRef, ...]  # the inputs taken now (not those the turn took before)
+    transcript: tuple[Row[Any], ...] | None = None  # asked for with ``history``: the model's view
+    more: bool = False  # messages still wait behind this batch (followup, or past the budget)
+
+
+_inputs = InputRow.__table__  # type: ignore[attr-defined]
+_sessions = SessionRow.__table__  # type: ignore[attr-defined]
+_turns = TurnRow.__table__  # type: ignore[attr-defined]
+_messages = MessageRow.__table__  # type: ignore[attr-defined]
+
+
+_WAITING_READ = 500  # waiting inputs read at once (a batch never holds more)
 
 
 class InputStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.intake = Intake(db)
 
     # -- arrival --------------------------------------------------------------------------------
 
     async def accept(
-        self, msg: Inbound, *, kind: str, agent: str, refuse: str | None, max_waiting: int, now: datetime
+        self, msg: Inbound, *, kind: str, agent: str, refuse: str | None, max_waiting: int, now: datetime,
+        refuse_if_paused: str | None = None,
     ) -> Accepted:
-        """Take one inbound message in, in one transaction: dedupe, then store it as waiting,
-        a command, context, or refused (``refuse`` is the operator's reason, e.g. paused)."""
-        try:
-            return await self._accept(msg, kind=kind, agent=agent, refuse=refuse, max_waiting=max_waiting, now=now)
-        except IntegrityError:
-            # Another replica stored the same session or message at the same moment: read again,
-            # and this delivery turns out to be a duplicate (or finds the session now there).
-            return await self._accept(msg, kind=kind, agent=agent, refuse=refuse, max_waiting=max_waiting, now=now)
-
-    async def _accept(
-        self, msg: Inbound, *, kind: str, agent: str, refuse: str | None, max_waiting: int, now: datetime
-    ) -> Accepted:
-        # Core statements, not ORM objects: this runs before Slack is acknowledged, for every message.
-        async with self.db.write() as s:
-            if msg.delivery_key is not None and not await _claim_delivery(self.db, s, msg.delivery_key, now):
-                return Accepted(AcceptOutcome.DUPLICATE)
-            conn = await s.connection()
-            found = (await conn.execute(sa_select(SessionRow.__table__).where(  # type: ignore[attr-defined]
-                SessionRow.__table__.c.id == msg.session_id))).mappings().first()  # type: ignore[attr-defined]
-            new_session = found is None
-            if found is None:
-                if kind == InputKind.CONTEXT:
-                    return Accepted(AcceptOutcome.IGNORED)
-                values = dict(
-                    id=msg.session_id, channel=msg.channel, agent=msg.agent or agent, status=SessionStatus.IDLE,
-                    reply_ref=json.dumps(msg.reply_ref), place=msg.place, created_at=now, updated_at=now,
-                    preapproved=json.dumps([list(p) for p in msg.preapproved]) if msg.preapproved else None,
-                    queue_mode=None,
-                )
-                await conn.execute(sa_insert(SessionRow.__table__).values(**values))  # type: ignore[attr-defined]
-                session = SessionRow.model_validate(values)
-            else:
-                session = SessionRow.model_validate(dict(found))
-            info = session_info(session)
-            if msg.agent is not None and msg.agent != session.agent:
-                raise InvalidInput(f"this conversation belongs to agent {session.agent!r}, not {msg.agent!r}")
-            if msg.idempotency_key is not None and not new_session:
-                seen_id = (await conn.execute(sa_select(InputRow.__table__.c.id).where(  # type: ignore[attr-defined]
-                    InputRow.__table__.c.session_id == msg.session_id,  # type: ignore[attr-defined]
-                    InputRow.__table__.c.idempotency_key == msg.idempotency_key,  # type: ignore[attr-defined]
-                ))).scalar()
-                if seen_id is not None:
-                    return Accepted(AcceptOutcome.DUPLICATE, seen_id, info)
-            status, outcome = InputStatus.WAITING, AcceptOutcome.QUEUED
-            note = None
-            if kind == InputKind.CONTEXT:
-                outcome = AcceptOutcome.RECORDED
-            elif kind == InputKind.CONTROL:
-                status, outcome = InputStatus.TAKEN, AcceptOutcome.COMMAND
-            elif refuse is not None:
-                status, outcome, note = InputStatus.REFUSED, AcceptOutcome.REFUSED, refuse
-            elif not new_session and await _waiting_count(s, msg.session_id) >= max_waiting:
-                note = (f"I'm busy: {max_waiting} messages in this conversation are already waiting for me. "
-                        "Send this again once I've answered them.")
-                status, outcome = InputStatus.REFUSED, AcceptOutcome.REFUSED
-            inserted = await conn.execute(sa_insert(InputRow.__table__).values(  # type: ignore[attr-defined]
-                session_id=msg.session_id, kind=kind, status=status, text=msg.text,
-                images=json.dumps(list(msg.images)) if msg.images else None, sender=msg.sender,
-                agent=msg.agent, platform_channel=msg.ref.channel, platform_ts=msg.ref.ts,
-                idempotency_key=msg.idempotency_key, note=note, created_at=now,
-            ))
-            if not new_session:
-                await conn.execute(update(SessionRow).where(col(SessionRow.id) == msg.session_id)
-                                   .values(updated_at=now))
-            input_id = int(inserted.inserted_primary_key[0])  # type: ignore[index]
-            return Accepted(outcome, input_id, info, note)
+        """Take one inbound message in: dedupe, then store it as waiting, a command, context, or refused
+        (``refuse`` is the operator's reason; ``refuse_if_paused`` the one given while intake is paused).
+        Committed together with whatever else arrived meanwhile (core.store.intake)."""
+        return await self.intake.accept(Arrival(msg, kind, agent, refuse, max_waiting, now, refuse_if_paused))
 
     async def prune_deliveries(self, older_than: datetime) -> int:
         async with self.db.write() as s:
@@ -153,61 +84,43 @@ class InputStore:
 
     # -- turns taking inputs --------------------------------------------------------------------
 
-    async def take_batch(self, session_id: str, default_mode: str, budget: Budget, now: datetime) -> Taken | None:
+    async def take_batch(self, session_id: str, default_mode: str, budget: Budget, now: datetime, *,
+                         resume: bool = False, history: int = 0) -> Taken | None:
         """Start a turn with the oldest waiting inputs: one message (followup) or as many as the budget
-        holds (steer, collect), with the context recorded before it. None when no message waits."""
-        async with self.db.write() as s:
-            waiting = await _waiting(s, session_id)
-            if not any(i.kind == InputKind.MESSAGE for i in waiting):
-                return None
-            session = await s.get(SessionRow, session_id)
-            assert session is not None
-            mode = await queue_mode_of(s, session) or default_mode
-            batch = _fit(waiting, budget, one_message=mode == QueueMode.FOLLOWUP)
-            turn = TurnRow(session_id=session_id, agent=session.agent, status=TurnStatus.RUNNING, attempts=1,
-                           created_at=now, started_at=now)
-            s.add(turn)
-            session.status = SessionStatus.RUNNING
-            await s.flush()
-            return await self._take(s, turn, session, batch, now)
+        holds (steer, collect), with the context recorded before it. None when no message waits.
+        With ``resume``, a turn a dead process left interrupted comes first (continued, taking nothing).
+        With ``history``, the newest that many messages of the transcript come along (read in the same
+        transaction: the model's view of the conversation, the batch included)."""
+
+        def work(s: Session) -> Taken | None:
+            resumed = resume_interrupted(s, session_id, now) if resume else None
+            # After a resumed turn, look again: messages may have waited behind it since before the restart.
+            taken = Taken(resumed, "", (), (), more=True) if resumed is not None else take_batch(
+                s, session_id, default_mode, budget, now)
+            if taken is not None and history:
+                taken = replace(taken, transcript=tuple(transcript(s, session_id, history)))
+            return taken
+
+        return await self.db.run_write(work)
 
     async def take_steered(self, turn_id: int, default_mode: str, budget: Budget, now: datetime) -> Taken | None:
         """Hand what waits to the running turn at its tool step (steer mode only); None when nothing does."""
-        async with self.db.write() as s:
-            turn = await s.get(TurnRow, turn_id)
-            assert turn is not None
-            waiting = await _waiting(s, turn.session_id)
+
+        def work(s: Session) -> Taken | None:
+            conn = s.connection()
+            turn = conn.execute(sa_select(_turns.c.session_id, _turns.c.status, _turns.c.input_message_id)
+                                .where(_turns.c.id == turn_id)).one()
+            waiting = _waiting(s, turn.session_id)
             if not waiting or turn.status != TurnStatus.RUNNING:
                 return None
-            session = await s.get(SessionRow, turn.session_id)
-            assert session is not None
-            if (await queue_mode_of(s, session) or default_mode) != QueueMode.STEER:
+            session = conn.execute(sa_select(_sessions).where(_sessions.c.id == turn.session_id)).one()
+            if (queue_mode_of(s, session) or default_mode) != QueueMode.STEER:
                 return None
-            return await self._take(s, turn, session, _fit(waiting, budget, one_message=False), now)
+            batch = _fit(waiting, budget, one_message=False)
+            _take(s, turn_id, batch, now)
+            return _taken(turn_info(s, turn_id, turn.input_message_id, session_info(session)), batch)
 
-    async def _take(
-        self, s: AsyncSession, turn: TurnRow, session: SessionRow, batch: list[InputRow], now: datetime
-    ) -> Taken:
-        images: list[str] = []
-        for item in batch:
-            if item.message_id is None:
-                message = MessageRow(
-                    session_id=item.session_id, role="user", content=item.text, sender=item.sender,
-                    platform_channel=item.platform_channel, platform_ts=item.platform_ts,
-                    idempotency_key=item.idempotency_key, turn_id=turn.id, created_at=now,
-                )
-                s.add(message)
-                await s.flush()
-                item.message_id = message.id
-            item.status = InputStatus.TAKEN
-            item.turn_id = turn.id
-            item.taken_at = now
-            images += json.loads(item.images) if item.images else []
-            s.add(item)
-        await s.flush()
-        text = "\n\n".join(i.text for i in batch if i.text)
-        refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in batch)
-        return Taken(await turn_info(s, turn, session), text, tuple(images), refs)
+        return await self.db.run_write(work)
 
     async def last_arrival(self, session_id: str) -> datetime | None:
         async with self.db.read() as s:
@@ -326,10 +239,55 @@ class InputStore:
             return first.first()
 
 
-def _fit(waiting: list[InputRow], budget: Budget, *, one_message: bool) -> list[InputRow]:
+def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, now: datetime) -> Taken | None:
+    waiting = _waiting(s, session_id)
+    if not any(i.kind == InputKind.MESSAGE for i in waiting):
+        return None
+    conn = s.connection()
+    session = conn.execute(sa_select(_sessions).where(_sessions.c.id == session_id)).one()
+    mode = queue_mode_of(s, session) or default_mode
+    batch = _fit(waiting, budget, one_message=mode == QueueMode.FOLLOWUP)
+    turn_id = int(conn.execute(_turns.insert().values(
+        session_id=session_id, agent=session.agent, status=TurnStatus.RUNNING, attempts=1, created_at=now,
+        started_at=now)).inserted_primary_key[0])  # type: ignore[index]
+    conn.execute(update(_sessions).where(_sessions.c.id == session_id).values(status=SessionStatus.RUNNING))
+    _take(s, turn_id, batch, now)
+    # A new turn holds exactly this batch (context and control inputs are never "waiting" controls).
+    messages = [i for i in batch if i.kind == InputKind.MESSAGE]
+    more = len(waiting) >= _WAITING_READ or any(i.kind == InputKind.MESSAGE for i in waiting[len(batch):])
+    info = replace(session_info(session), status=SessionStatus.RUNNING)
+    refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in batch)
+    sender = messages[0].sender if messages else batch[0].sender
+    turn = TurnInfo(id=turn_id, session=info, inputs=refs, sender=sender, input_ids=tuple(i.id for i in batch))
+    return replace(_taken(turn, batch), more=more)
+
+
+def _take(s: Session, turn_id: int, batch: Sequence[Row[Any]], now: datetime) -> None:
+    """The batch joins the turn: each input becomes a user message of the transcript (once)."""
+    conn = s.connection()
+    for item in batch:
+        message_id = item.message_id
+        if message_id is None:
+            message_id = conn.execute(_messages.insert().values(
+                session_id=item.session_id, role="user", content=item.text, sender=item.sender,
+                platform_channel=item.platform_channel, platform_ts=item.platform_ts,
+                idempotency_key=item.idempotency_key, turn_id=turn_id, created_at=now,
+            )).inserted_primary_key[0]  # type: ignore[index]
+        conn.execute(update(_inputs).where(_inputs.c.id == item.id).values(
+            status=InputStatus.TAKEN, turn_id=turn_id, taken_at=now, message_id=message_id))
+
+
+def _taken(turn: TurnInfo, batch: Sequence[Row[Any]]) -> Taken:
+    images = [image for i in batch if i.images for image in json.loads(i.images)]
+    text = "\n\n".join(i.text for i in batch if i.text)
+    refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in batch)
+    return Taken(turn, text, tuple(images), refs)
+
+
+def _fit(waiting: Sequence[Row[Any]], budget: Budget, *, one_message: bool) -> list[Row[Any]]:
     """The longest prefix that fits the budget, always reaching the first message (a large one runs
     alone, and context recorded before it never makes a turn of its own)."""
-    batch: list[InputRow] = []
+    batch: list[Row[Any]] = []
     chars = images = 0
     has_message = False
     for item in waiting:
@@ -345,26 +303,8 @@ def _fit(waiting: list[InputRow], budget: Budget, *, one_message: bool) -> list[
     return batch
 
 
-async def _waiting(s: AsyncSession, session_id: str) -> list[InputRow]:
-    rows = await s.exec(
-        select(InputRow)
-        .where(InputRow.session_id == session_id, InputRow.status == InputStatus.WAITING)
-        .order_by(col(InputRow.id))
-        .limit(500)
-    )
-    return list(rows.all())
-
-
-async def _waiting_count(s: AsyncSession, session_id: str) -> int:
-    result = await s.exec(
-        select(func.count()).select_from(InputRow).where(
-            InputRow.session_id == session_id, InputRow.status == InputStatus.WAITING,
-            InputRow.kind == InputKind.MESSAGE)
-    )
-    return int(result.one())
-
-
-async def _claim_delivery(db: Database, s: AsyncSession, key: str, now: datetime) -> bool:
-    stmt = db.insert(ProcessedEventRow).values(key=key, received_at=now).on_conflict_do_nothing()
-    result = await s.exec(stmt)
-    return bool(result.rowcount)
+def _waiting(s: Session, session_id: str) -> Sequence[Row[Any]]:
+    return s.connection().execute(
+        sa_select(_inputs).where(_inputs.c.session_id == session_id, _inputs.c.status == InputStatus.WAITING)
+        .order_by(_inputs.c.id).limit(_WAITING_READ)
+    ).all()

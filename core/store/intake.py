@@ -1,0 +1,223 @@
+"""Arrival of inputs, committed in groups: every message that arrives while one transaction is being
+written goes into the next one, and each caller returns only once its own group has committed."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Generic, TypeVar
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlmodel import Session
+
+from core.errors import InvalidInput
+from core.model import Inbound, InputKind, InputStatus, SessionInfo, SessionStatus
+from core.store.control import INTAKE_PAUSED
+from core.store.conversations import session_info
+from core.store.database import Database
+from core.store.tables import ControlRow, InputRow, ProcessedEventRow, SessionRow
+
+MAX_GROUP = 256  # inputs per transaction: a burst larger than this is written in several
+
+_sessions = SessionRow.__table__  # type: ignore[attr-defined]
+_inputs = InputRow.__table__  # type: ignore[attr-defined]
+
+
+class AcceptOutcome(enum.StrEnum):
+    QUEUED = "queued"  # stored; a turn will answer it
+    RECORDED = "recorded"  # stored as context for a later turn
+    COMMAND = "command"  # a command to the bot, stored so a redelivery does not repeat it
+    REFUSED = "refused"  # stored as refused (busy, paused); the sender is told why
+    DUPLICATE = "duplicate"  # seen before (redelivery, or a second event for the same message)
+    IGNORED = "ignored"  # not for the bot (no mention, no session)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    outcome: AcceptOutcome
+    input_id: int | None = None
+    session: SessionInfo | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One inbound message and what to do with it. ``refuse`` is an operator's reason to refuse it;
+    ``refuse_if_paused`` is the reason given when intake turns out to be paused (read in the same
+    transaction that stores it)."""
+
+    msg: Inbound
+    kind: str
+    agent: str
+    refuse: str | None
+    max_waiting: int
+    now: datetime
+    refuse_if_paused: str | None = None
+
+
+Req = TypeVar("Req")
+Res = TypeVar("Res")
+
+
+class GroupCommit(Generic[Req, Res]):
+    """Callers queue requests; one writer task writes whatever is queued in one transaction (``write``
+    returns a result or an exception per request) and wakes each caller once that transaction committed.
+    Nothing waits for a window to fill: the first request goes at once, the rest gather behind it."""
+
+    def __init__(self, write: Callable[[list[Req]], Awaitable[list[Res | Exception]]],
+                 max_group: int = MAX_GROUP) -> None:
+        self._write = write
+        self._max = max_group
+        self._queue: list[tuple[Req, asyncio.Future[Res]]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self.groups = 0  # transactions written (``requests / groups``: how much a commit is shared)
+        self.requests = 0
+
+    async def submit(self, request: Req) -> Res:
+        future: asyncio.Future[Res] = asyncio.get_running_loop().create_future()
+        self._queue.append((request, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain(), name="group-commit")
+        return await future
+
+    async def _drain(self) -> None:
+        while self._queue:
+            group, self._queue = self._queue[:self._max], self._queue[self._max:]
+            group = [(request, future) for request, future in group if not future.done()]  # callers gone: unwritten
+            if not group:
+                continue
+            self.groups, self.requests = self.groups + 1, self.requests + len(group)
+            try:
+                results = await self._write([request for request, _ in group])
+            except Exception as exc:  # the transaction failed as a whole: nothing of it was stored
+                results = [exc] * len(group)
+            for (_, future), result in zip(group, results, strict=True):
+                if future.done():  # its caller went away; what committed stays committed
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+
+class Intake:
+    """``accept`` for every inbound message: deduplicated and stored before it returns."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._group: GroupCommit[Arrival, Accepted] = GroupCommit(self._write)
+
+    async def accept(self, arrival: Arrival) -> Accepted:
+        return await self._group.submit(arrival)
+
+    @property
+    def commits(self) -> GroupCommit[Arrival, Accepted]:
+        return self._group
+
+    async def _write(self, arrivals: list[Arrival]) -> list[Accepted | Exception]:
+        try:
+            return await self.db.run_write(lambda s: _accept_group(s, self.db, arrivals))
+        except DBAPIError:
+            if len(arrivals) == 1:
+                raise
+            # E.g. PostgreSQL's deadlock detector, or a serialization failure: one at a time, so one
+            # input's trouble is only its own.
+            return [result for arrival in arrivals for result in await self._write([arrival])]
+
+
+def _accept_group(s: Session, db: Database, arrivals: list[Arrival]) -> list[Accepted | Exception]:
+    paused: bool | None = None
+    results: dict[int, Accepted | Exception] = {}
+    # Sessions are written in the order of their ids (arrival order within one): two replicas committing
+    # groups that touch the same conversations lock their rows in the same order, and never deadlock.
+    for index in sorted(range(len(arrivals)), key=lambda i: arrivals[i].msg.session_id):
+        arrival = arrivals[index]
+        if arrival.refuse_if_paused is not None and arrival.refuse is None:
+            if paused is None:
+                row = s.get(ControlRow, INTAKE_PAUSED)
+                paused = row is not None and row.value == "1"
+            if paused:
+                arrival = _refused(arrival, arrival.refuse_if_paused)
+        for attempt in (1, 2):
+            try:
+                with s.begin_nested():  # one input's trouble undoes only its own writes
+                    results[index] = _accept_one(s, db, arrival)
+                break
+            except IntegrityError as exc:
+                # Another replica stored the same session or message at the same moment: read again, and
+                # this delivery turns out to be a duplicate (or finds the session now there).
+                if attempt == 2:
+                    results[index] = exc
+            except InvalidInput as exc:
+                results[index] = exc
+                break
+    return [results[i] for i in range(len(arrivals))]
+
+
+def _refused(arrival: Arrival, reason: str) -> Arrival:
+    return Arrival(arrival.msg, arrival.kind, arrival.agent, reason, arrival.max_waiting, arrival.now)
+
+
+def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
+    """Dedupe, then store the input as waiting, a command, context, or refused."""
+    msg, kind, now = arrival.msg, arrival.kind, arrival.now
+    conn = s.connection()
+    if msg.delivery_key is not None:
+        claim = db.insert(ProcessedEventRow).values(key=msg.delivery_key, received_at=now).on_conflict_do_nothing()
+        if not conn.execute(claim).rowcount:
+            return Accepted(AcceptOutcome.DUPLICATE)
+    found = conn.execute(select(_sessions).where(_sessions.c.id == msg.session_id)).mappings().first()
+    new_session = found is None
+    if found is None:
+        if kind == InputKind.CONTEXT:
+            return Accepted(AcceptOutcome.IGNORED)
+        values = dict(
+            id=msg.session_id, channel=msg.channel, agent=msg.agent or arrival.agent, status=SessionStatus.IDLE,
+            reply_ref=json.dumps(msg.reply_ref), place=msg.place, created_at=now, updated_at=now,
+            preapproved=json.dumps([list(p) for p in msg.preapproved]) if msg.preapproved else None,
+            queue_mode=None,
+        )
+        conn.execute(_sessions.insert().values(**values))
+        session = SessionRow.model_validate(values)
+    else:
+        session = SessionRow.model_validate(dict(found))
+    info = session_info(session)
+    if msg.agent is not None and msg.agent != session.agent:
+        raise InvalidInput(f"this conversation belongs to agent {session.agent!r}, not {msg.agent!r}")
+    if msg.idempotency_key is not None and not new_session:
+        seen_id = conn.execute(select(_inputs.c.id).where(
+            _inputs.c.session_id == msg.session_id, _inputs.c.idempotency_key == msg.idempotency_key)).scalar()
+        if seen_id is not None:
+            return Accepted(AcceptOutcome.DUPLICATE, seen_id, info)
+    status, outcome, note = InputStatus.WAITING, AcceptOutcome.QUEUED, None
+    if kind == InputKind.CONTEXT:
+        outcome = AcceptOutcome.RECORDED
+    elif kind == InputKind.CONTROL:
+        status, outcome = InputStatus.TAKEN, AcceptOutcome.COMMAND
+    elif arrival.refuse is not None:
+        status, outcome, note = InputStatus.REFUSED, AcceptOutcome.REFUSED, arrival.refuse
+    elif not new_session and _waiting_count(s, msg.session_id) >= arrival.max_waiting:
+        note = (f"I'm busy: {arrival.max_waiting} messages in this conversation are already waiting for me. "
+                "Send this again once I've answered them.")
+        status, outcome = InputStatus.REFUSED, AcceptOutcome.REFUSED
+    inserted = conn.execute(_inputs.insert().values(
+        session_id=msg.session_id, kind=kind, status=status, text=msg.text,
+        images=json.dumps(list(msg.images)) if msg.images else None, sender=msg.sender,
+        agent=msg.agent, platform_channel=msg.ref.channel, platform_ts=msg.ref.ts,
+        idempotency_key=msg.idempotency_key, note=note, created_at=now,
+    ))
+    if not new_session:
+        conn.execute(update(_sessions).where(_sessions.c.id == msg.session_id).values(updated_at=now))
+    input_id = int(inserted.inserted_primary_key[0])  # type: ignore[index]
+    return Accepted(outcome, input_id, info, note)
+
+
+def _waiting_count(s: Session, session_id: str) -> int:
+    return int(s.connection().execute(select(func.count()).select_from(_inputs).where(
+        _inputs.c.session_id == session_id, _inputs.c.status == InputStatus.WAITING,
+        _inputs.c.kind == InputKind.MESSAGE)).scalar_one())
