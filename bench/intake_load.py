@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import os
 import re
 import signal
@@ -199,6 +200,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Figures]:
             ("bare slack-bolt", [[sys.executable, "-m", "bench.baseline_app"]], {}),
         ]
         gateway_env = {"DATABASE_URL": args.database_url} if args.database_url else {}
+        if args.database_url:  # replicas share their keys (README: several replicas)
+            gateway_env["BOT_SECRET_KEYS"] = f"k1:{base64.b64encode(os.urandom(32)).decode()}"
         if args.sqlite_synchronous:
             gateway_env["SQLITE_SYNCHRONOUS"] = args.sqlite_synchronous
         gateway = [sys.executable, "-m", "bot", "run"]

@@ -70,19 +70,22 @@ class GroupCommit(Generic[Req, Res]):
     Nothing waits for a window to fill: the first request goes at once, the rest gather behind it."""
 
     def __init__(self, write: Callable[[list[Req]], Awaitable[list[Res | Exception]]],
-                 max_group: int = MAX_GROUP) -> None:
+                 max_group: int = MAX_GROUP, writers: int = 1) -> None:
         self._write = write
         self._max = max_group
+        self._writers = writers  # groups written at once (SQLite: one writer anyway; PostgreSQL: several)
         self._queue: list[tuple[Req, asyncio.Future[Res]]] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._drainers: set[asyncio.Task[None]] = set()
         self.groups = 0  # transactions written (``requests / groups``: how much a commit is shared)
         self.requests = 0
 
     async def submit(self, request: Req) -> Res:
         future: asyncio.Future[Res] = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._drain(), name="group-commit")
+        if len(self._drainers) < self._writers:
+            drainer = asyncio.create_task(self._drain(), name="group-commit")
+            self._drainers.add(drainer)
+            drainer.add_done_callback(self._drainers.discard)
         return await future
 
     async def _drain(self) -> None:
@@ -110,7 +113,7 @@ class Intake:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self._group: GroupCommit[Arrival, Accepted] = GroupCommit(self._write)
+        self._group: GroupCommit[Arrival, Accepted] = GroupCommit(self._write, writers=1 if db.is_sqlite else 4)
 
     async def accept(self, arrival: Arrival) -> Accepted:
         return await self._group.submit(arrival)
@@ -119,14 +122,21 @@ class Intake:
     def commits(self) -> GroupCommit[Arrival, Accepted]:
         return self._group
 
-    async def _write(self, arrivals: list[Arrival]) -> list[Accepted | Exception]:
+    async def _write(self, arrivals: list[Arrival], *, retried: bool = False) -> list[Accepted | Exception]:
         try:
             return await self.db.run_write(lambda s: _accept_group(s, self.db, arrivals))
+        except IntegrityError:
+            # Another replica stored the same session or message at the same moment. One at a time, read
+            # again: the delivery turns out to be a duplicate (or finds the session now there).
+            if len(arrivals) > 1:
+                return [result for arrival in arrivals for result in await self._write([arrival])]
+            if retried:
+                raise
+            return await self._write(arrivals, retried=True)
         except DBAPIError:
             if len(arrivals) == 1:
                 raise
-            # E.g. PostgreSQL's deadlock detector, or a serialization failure: one at a time, so one
-            # input's trouble is only its own.
+            # E.g. a serialization failure: one at a time, so one input's trouble is only its own.
             return [result for arrival in arrivals for result in await self._write([arrival])]
 
 
@@ -143,19 +153,10 @@ def _accept_group(s: Session, db: Database, arrivals: list[Arrival]) -> list[Acc
                 paused = row is not None and row.value == "1"
             if paused:
                 arrival = _refused(arrival, arrival.refuse_if_paused)
-        for attempt in (1, 2):
-            try:
-                with s.begin_nested():  # one input's trouble undoes only its own writes
-                    results[index] = _accept_one(s, db, arrival)
-                break
-            except IntegrityError as exc:
-                # Another replica stored the same session or message at the same moment: read again, and
-                # this delivery turns out to be a duplicate (or finds the session now there).
-                if attempt == 2:
-                    results[index] = exc
-            except InvalidInput as exc:
-                results[index] = exc
-                break
+        try:
+            results[index] = _accept_one(s, db, arrival)
+        except InvalidInput as exc:  # raised before the input wrote anything: the rest of its group stands
+            results[index] = exc
     return [results[i] for i in range(len(arrivals))]
 
 
@@ -167,11 +168,14 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
     """Dedupe, then store the input as waiting, a command, context, or refused."""
     msg, kind, now = arrival.msg, arrival.kind, arrival.now
     conn = s.connection()
+    found = conn.execute(select(_sessions).where(_sessions.c.id == msg.session_id)).mappings().first()
+    if found is not None and msg.agent is not None and msg.agent != found["agent"]:
+        # Refused before anything is written, so the group it came with is stored without it.
+        raise InvalidInput(f"this conversation belongs to agent {found['agent']!r}, not {msg.agent!r}")
     if msg.delivery_key is not None:
         claim = db.insert(ProcessedEventRow).values(key=msg.delivery_key, received_at=now).on_conflict_do_nothing()
         if not conn.execute(claim).rowcount:
             return Accepted(AcceptOutcome.DUPLICATE)
-    found = conn.execute(select(_sessions).where(_sessions.c.id == msg.session_id)).mappings().first()
     new_session = found is None
     if found is None:
         if kind == InputKind.CONTEXT:
@@ -187,8 +191,6 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
     else:
         session = SessionRow.model_validate(dict(found))
     info = session_info(session)
-    if msg.agent is not None and msg.agent != session.agent:
-        raise InvalidInput(f"this conversation belongs to agent {session.agent!r}, not {msg.agent!r}")
     if msg.idempotency_key is not None and not new_session:
         seen_id = conn.execute(select(_inputs.c.id).where(
             _inputs.c.session_id == msg.session_id, _inputs.c.idempotency_key == msg.idempotency_key)).scalar()
