@@ -69,6 +69,14 @@ async def test_messages_arriving_together_share_commits_and_each_is_stored_when_
     assert commits.groups < 60, "every message had a transaction of its own: nothing was grouped"
 
 
+async def test_messages_one_after_another_are_each_written(store_db: Database) -> None:
+    """Each accept arrives just after the previous one's writer finished (before it was forgotten)."""
+    inputs = InputStore(store_db)
+    for n in range(5):
+        result = await asyncio.wait_for(_accept(inputs, _msg(n)), 5)
+        assert getattr(result, "outcome", None) == AcceptOutcome.QUEUED
+
+
 async def test_one_bad_input_fails_alone_and_writes_nothing(store_db: Database) -> None:
     db = store_db
     inputs = InputStore(db)

@@ -82,10 +82,10 @@ class GroupCommit(Generic[Req, Res]):
     async def submit(self, request: Req) -> Res:
         future: asyncio.Future[Res] = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
+        # A writer that has just finished may not have been forgotten yet (done callbacks run later).
+        self._drainers = {drainer for drainer in self._drainers if not drainer.done()}
         if len(self._drainers) < self._writers:
-            drainer = asyncio.create_task(self._drain(), name="group-commit")
-            self._drainers.add(drainer)
-            drainer.add_done_callback(self._drainers.discard)
+            self._drainers.add(asyncio.create_task(self._drain(), name="group-commit"))
         return await future
 
     async def _drain(self) -> None:
