@@ -18,6 +18,7 @@ import asyncio
 import base64
 import os
 import re
+import secrets
 import signal
 import statistics
 import sys
@@ -39,6 +40,7 @@ from tests.slack_requests import SIGNING_SECRET, dumps, event_body, mention, nex
 ROOT = Path(__file__).resolve().parent.parent
 LABEL = re.compile(r"load (\d+)")
 SIGN_METHODS = ("reactions.add", "assistant.threads.setStatus")
+RUN = secrets.token_hex(4)
 
 
 class TimedLLM(FakeLLM):
@@ -96,7 +98,8 @@ async def _load(ports: list[int], rate: float, count: int, slack: FakeSlack, off
         async def one(i: int) -> None:
             ts = next_ts()
             run.ts_of[ts] = i
-            body = dumps(event_body(mention(f"load {i}", channel=f"C{i % 50}", ts=ts)))
+            # Event ids unique to this run: a database kept from an earlier run would take them as redeliveries.
+            body = dumps(event_body(mention(f"load {i}", channel=f"C{i % 50}", ts=ts), event_id=f"Ev{RUN}.{i}"))
             url = f"http://127.0.0.1:{ports[i % len(ports)]}/slack/events"
             start = time.monotonic()
             run.sent[i] = start
