@@ -176,7 +176,9 @@ class Dispatcher:
         # Stored and acted on even if our caller goes away meanwhile (a closed connection): once the message
         # is in a commit group it may be committed, and then it must also be answered, not left waiting
         # behind the dedupe key that makes Slack's redelivery a duplicate.
-        return await asyncio.shield(asyncio.ensure_future(self._store_and_act(message, kind, text)))
+        work = asyncio.ensure_future(self._store_and_act(message, kind, text))
+        work.add_done_callback(_retrieved)  # a failure nobody is left to hear is not logged as unretrieved
+        return await asyncio.shield(work)
 
     async def _store_and_act(self, message: Inbound, kind: str, text: str) -> Accepted:
         # Whether intake is paused is read in the transaction that stores the message.
@@ -252,3 +254,8 @@ _INTERRUPTED_TWICE = (
     "I was restarted twice while working on this and stopped, so it may be half done. "
     "Check the state of anything I was changing, then ask again."
 )
+
+
+def _retrieved(task: asyncio.Future[Accepted]) -> None:
+    if not task.cancelled():
+        task.exception()

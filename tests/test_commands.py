@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import GatewayClient
+from tests.fakes.core import until
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import block_action, command_body, mention
@@ -109,6 +110,12 @@ async def test_approvals_and_schedules_replies(
     # "Always allow" on the destination: a grant, listed whole with where it applies.
     await gateway.interact(block_action("approval:always", str(pending.id), user="UADMIN"))
     await fake_slack.wait_for("chat.update")
+
+    async def active() -> bool:  # the card is updated at the decision; the schedule starts once its call ran
+        row = await gateway.app.schedules.store.get(1)
+        return row is not None and row.status == "active"
+
+    await until(active, what="schedule 1 active")
     assert await _say(gateway, "approvals", user="UADMIN") == (
         "*Pending approvals:* 0\n*Always-allow grants:* 1 (each covers one exact call)\n"
         "• 1: agent `default` may run `schedule_destination` in <#CACC> (by <@UADMIN>), exactly:\n"

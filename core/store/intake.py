@@ -65,9 +65,10 @@ Res = TypeVar("Res")
 
 
 class GroupCommit(Generic[Req, Res]):
-    """Callers queue requests; one writer task writes whatever is queued in one transaction (``write``
-    returns a result or an exception per request) and wakes each caller once that transaction committed.
-    Nothing waits for a window to fill: the first request goes at once, the rest gather behind it."""
+    """Callers queue requests; a writer task (``writers`` of them at most) writes whatever is queued in one
+    transaction (``write`` returns a result or an exception per request) and wakes each caller once that
+    transaction committed. Nothing waits for a window to fill: the first request goes at once, the rest
+    gather behind it."""
 
     def __init__(self, write: Callable[[list[Req]], Awaitable[list[Res | Exception]]],
                  max_group: int = MAX_GROUP, writers: int = 1) -> None:
