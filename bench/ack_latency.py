@@ -19,7 +19,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.common import free_port, summary
+from bench.common import free_port, pct, summary, wait_ready
 from tests.fakes.llm import FakeLLM
 from tests.fakes.server import RunningServer
 from tests.fakes.slack_api import FakeSlack
@@ -31,14 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 async def _start(argv: list[str], env: dict[str, str], cwd: Path) -> asyncio.subprocess.Process:
     proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=cwd, stdout=asyncio.subprocess.DEVNULL,
                                                 stderr=asyncio.subprocess.DEVNULL)
-    async with asyncio.timeout(60), aiohttp.ClientSession() as http:
-        while True:
-            try:
-                async with http.get(f"http://127.0.0.1:{env['PORT']}/healthz") as resp:
-                    if resp.status == 200:
-                        return proc
-            except aiohttp.ClientConnectionError:
-                await asyncio.sleep(0.1)
+    # The gateway answers 503 until recovery is done: its load starts once /readyz says so.
+    await wait_ready(int(env["PORT"]), proc, "/readyz" if "bot" in argv else "/healthz")
+    return proc
 
 
 async def _load(port: int, rate: float, seconds: float, label: str) -> list[float]:
@@ -69,11 +64,6 @@ async def _load(port: int, rate: float, seconds: float, label: str) -> list[floa
     if set(statuses) != {200}:
         print(f"  {label}: non-200 answers: {statuses}", file=sys.stderr)
     return latencies
-
-
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 async def main() -> None:
@@ -125,13 +115,13 @@ async def main() -> None:
           f"bare app: {baseline}")
     print(f"{'app':<16} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for label, values in results.items():
-        print(f"{label:<16} {statistics.median(values) * 1000:8.1f} {_pct(values, 99) * 1000:8.1f} "
+        print(f"{label:<16} {statistics.median(values) * 1000:8.1f} {pct(values, 99) * 1000:8.1f} "
               f"{max(values) * 1000:8.1f}")
     base, ours = results["bare slack-bolt"], results["gateway"]
     print(f"ratio gateway/bare: p50 {statistics.median(ours) / statistics.median(base):.2f}x, "
-          f"p99 {_pct(ours, 99) / _pct(base, 99):.2f}x")
+          f"p99 {pct(ours, 99) / pct(base, 99):.2f}x")
     name = f"ack p99, burst of {args.burst}" if args.burst else f"ack p99 at {args.rate:g}/s"
-    summary(name, _pct(ours, 99) * 1000, _pct(base, 99) * 1000, "ms", "<= 1.5x; every ack < 3 s")
+    summary(name, pct(ours, 99) * 1000, pct(base, 99) * 1000, "ms", "<= 1.5x; every ack < 3 s")
     summary(name.replace("p99", "p50"), statistics.median(ours) * 1000, statistics.median(base) * 1000, "ms",
             "(informative)")
     print(f"slowest ack: {max(ours) * 1000:.0f} ms (Slack's limit: 3000 ms)")

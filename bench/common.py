@@ -34,16 +34,30 @@ async def running_bot(home: Path) -> AsyncIterator[tuple[asyncio.subprocess.Proc
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bot", "run", env=env, cwd=home,
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     try:
-        async with aiohttp.ClientSession() as http:
-            while True:
-                try:
-                    async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                await asyncio.sleep(0.02)
+        await wait_ready(port, proc)
         yield proc, port
     finally:
         proc.terminate()
         await proc.wait()
+
+
+async def wait_ready(port: int, proc: asyncio.subprocess.Process, path: str = "/readyz") -> None:
+    """Until ``path`` on the app at ``port`` answers 200 (RuntimeError if the app exits first)."""
+    async with asyncio.timeout(60), aiohttp.ClientSession() as http:
+        while proc.returncode is None:
+            try:
+                async with http.get(f"http://127.0.0.1:{port}{path}") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientConnectionError:
+                pass
+            await asyncio.sleep(0.02)
+    raise RuntimeError(f"the app on port {port} exited with {proc.returncode} before it was ready")
+
+
+def pct(values: list[float], p: float) -> float:
+    """The ``p``-th percentile (nearest rank) of ``values``; NaN when there are none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]

@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from bench.common import free_port, summary
+from bench.common import free_port, pct, summary, wait_ready
 from tests.fakes.llm import FakeLLM
 from tests.fakes.server import RunningServer
 from tests.fakes.slack_api import FakeSlack
@@ -68,26 +68,6 @@ class Run:
     statuses: dict[int, int] = field(default_factory=dict)
     ts_of: dict[str, int] = field(default_factory=dict)  # message ts → mention
     done_s: float = 0.0  # first send → last answer posted
-
-
-def _pct(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
-async def _ready(port: int, proc: asyncio.subprocess.Process, path: str) -> None:
-    async with asyncio.timeout(60), aiohttp.ClientSession() as http:
-        while proc.returncode is None:
-            try:
-                async with http.get(f"http://127.0.0.1:{port}{path}") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.05)
-    raise RuntimeError(f"the app on port {port} exited with {proc.returncode} before it was ready")
 
 
 async def _load(ports: list[int], rate: float, count: int, slack: FakeSlack, offset: int) -> Run:
@@ -159,14 +139,14 @@ def _figures(run: Run, slack: FakeSlack, llm: TimedLLM) -> Figures:
     to_model = [llm.asked[i] - t for i, t in run.sent.items() if i in llm.asked]
     to_post = [posted[i] - llm.answered[i] for i in run.sent if i in posted and i in llm.answered]
     sign = [signs[i] - t for i, t in run.sent.items() if i in signs]
-    return Figures(run.done_s, statistics.median(run.acks), _pct(run.acks, 99), max(run.acks),
-                   statistics.median(to_model), statistics.median(to_post), _pct(sign, 99))
+    return Figures(run.done_s, statistics.median(run.acks), pct(run.acks, 99), max(run.acks),
+                   statistics.median(to_model), statistics.median(to_post), pct(sign, 99))
 
 
 async def _start(argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> asyncio.subprocess.Process:
     with log.open("wb") as out:  # the app's own errors, if the bench fails
         proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=cwd, stdout=out, stderr=out)
-    await _ready(int(env["PORT"]), proc, "/readyz" if "bot" in argv else "/healthz")
+    await wait_ready(int(env["PORT"]), proc, "/readyz" if "bot" in argv else "/healthz")
     return proc
 
 

@@ -55,6 +55,24 @@ async def _fill_slots(gateway: GatewayClient, fake_llm: FakeLLM) -> list[Gate]:
     return gates
 
 
+async def _approved_behind_busy_turns(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path,
+    then: Reply | None = None,
+) -> tuple[GatewayClient, Path, int, list[Gate]]:
+    """A shell_run parked in CA, every slot then busy, and the call approved: its turn waits for a slot,
+    the call not yet run. ``then`` answers the approved turn once it runs. (gateway, its marker file, the
+    request id, the busy turns' gates)"""
+    ran = tmp_path / "home" / "work" / "ran"
+    gateway = await start_gateway(make_settings(max_concurrent_turns=SLOTS))
+    request_id = await _park(gateway, fake_slack, fake_llm, "CA", "echo once >> ran", cards=1)
+    gates = await _fill_slots(gateway, fake_llm)
+    if then is not None:
+        fake_llm.then(then)
+    await gateway.interact(block_action("approval:approve", str(request_id), user="UATTACKER", channel="CA"))
+    await until(lambda: _waiting_for_a_slot(gateway) == 1, what="the approved turn waits for a slot")
+    return gateway, ran, request_id, gates
+
+
 @pytest.mark.parametrize("tool", ["shell_run", "credential_request"])
 async def test_parked_turns_leave_the_slots_to_others(
     make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tool: str
@@ -77,14 +95,9 @@ async def test_parked_turns_leave_the_slots_to_others(
 async def test_an_approved_turn_waits_for_a_slot_then_runs_its_call_once(
     make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
 ) -> None:
-    ran = tmp_path / "home" / "work" / "ran"
-    gateway = await start_gateway(make_settings(max_concurrent_turns=SLOTS))
-    request_id = await _park(gateway, fake_slack, fake_llm, "CA", "echo once >> ran", cards=1)
-    gates = await _fill_slots(gateway, fake_llm)
-    fake_llm.then(Reply("the parked one is done"))
-    await gateway.interact(block_action("approval:approve", str(request_id), user="UATTACKER", channel="CA"))
+    gateway, ran, _, gates = await _approved_behind_busy_turns(make_settings, start_gateway, fake_slack, fake_llm,
+                                                               tmp_path, then=Reply("the parked one is done"))
     await fake_slack.wait_for("chat.update")  # approved...
-    await until(lambda: _waiting_for_a_slot(gateway) == 1, what="the approved turn waits for a slot")
     assert not ran.exists() and len(fake_llm.requests) == 1 + SLOTS
 
     gates[0].opened.set()  # one busy turn ends: its slot goes to the approved turn
@@ -101,12 +114,8 @@ async def test_an_approved_turn_waits_for_a_slot_then_runs_its_call_once(
 async def test_stop_while_waiting_for_a_slot(
     make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
 ) -> None:
-    ran = tmp_path / "home" / "work" / "ran"
-    gateway = await start_gateway(make_settings(max_concurrent_turns=SLOTS))
-    request_id = await _park(gateway, fake_slack, fake_llm, "CA", "echo once >> ran", cards=1)
-    gates = await _fill_slots(gateway, fake_llm)
-    await gateway.interact(block_action("approval:approve", str(request_id), user="UATTACKER", channel="CA"))
-    await until(lambda: _waiting_for_a_slot(gateway) == 1, what="the approved turn waits for a slot")
+    gateway, ran, request_id, gates = await _approved_behind_busy_turns(make_settings, start_gateway, fake_slack,
+                                                                        fake_llm, tmp_path)
 
     stopped = await gateway.interact(command_body("stop", channel="CA", user="UATTACKER"))
     assert stopped.status == 200
@@ -127,12 +136,8 @@ async def test_shutdown_sets_aside_a_turn_waiting_for_a_slot(
 ) -> None:
     """Approved but not yet run: nothing has started, so it is set aside like a parked turn (no drain
     window spent on it, no restart attempt used) and the next start runs the approved call."""
-    ran = tmp_path / "home" / "work" / "ran"
-    gateway = await start_gateway(make_settings(max_concurrent_turns=SLOTS))
-    request_id = await _park(gateway, fake_slack, fake_llm, "CA", "echo once >> ran", cards=1)
-    gates = await _fill_slots(gateway, fake_llm)
-    await gateway.interact(block_action("approval:approve", str(request_id), user="UATTACKER", channel="CA"))
-    await until(lambda: _waiting_for_a_slot(gateway) == 1, what="the approved turn waits for a slot")
+    gateway, ran, request_id, gates = await _approved_behind_busy_turns(make_settings, start_gateway, fake_slack,
+                                                                        fake_llm, tmp_path)
 
     report = await _turns(gateway).shut_down(0.3)
     for gate in gates:  # the interrupted model calls' requests end too

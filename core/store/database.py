@@ -65,7 +65,6 @@ class Database:
         # SQLite has one writer at a time. Queueing our own writers here keeps them out of SQLite's
         # busy handler, which sleeps in growing steps (up to 100 ms) while another connection writes.
         self._write_turn = asyncio.Lock()
-        self._writes_queued = self.is_sqlite
         if self.is_sqlite:
             path = make_url(self.url).database
             if path and path != ":memory:":
@@ -74,9 +73,9 @@ class Database:
         else:
             kwargs["pool_pre_ping"] = True
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
+        self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE") if self.is_sqlite else self.engine
         if self.is_sqlite:
             _tune_sqlite(self.engine, self.sqlite_synchronous)
-            self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE")
         if self.is_sqlite and make_url(self.url).database not in (None, "", ":memory:"):
             # The hot path's writes (intake, turns, deliveries) run on a thread of their own (see
             # core.store.sqlite_writer), queued behind the same write turn as the async writers.
@@ -84,8 +83,6 @@ class Database:
                 "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
             _tune_sqlite(fast, self.sqlite_synchronous)
             self._fast = SQLiteWriter(fast.execution_options(sqlite_begin="IMMEDIATE"), self._write_turn)
-        elif not self.is_sqlite:
-            self._write_engine = self.engine
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
@@ -116,7 +113,7 @@ class Database:
                 return await s.run_sync(work)  # type: ignore[arg-type]  # sqlmodel's Session
 
     def _write_lock(self) -> asyncio.Lock | contextlib.nullcontext[None]:
-        return self._write_turn if self._writes_queued else _NO_LOCK
+        return self._write_turn if self.is_sqlite else _NO_LOCK
 
     @asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
@@ -132,7 +129,7 @@ class Database:
 
     @property
     def write_in_progress(self) -> bool:
-        return self._writes_queued and self._write_turn.locked()
+        return self.is_sqlite and self._write_turn.locked()
 
     @property
     def sync_url(self) -> str:
