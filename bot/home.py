@@ -33,10 +33,12 @@ _SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 def secure_home(settings: Settings) -> None:
     """Create BOT_HOME and the work folder 0700, tighten what is looser; refuse what cannot be trusted."""
     home = settings.bot_home.resolve()
+    database = sqlite_path(settings)
+    if database is not None:
+        _refuse_foreign_database(database)  # before anything is changed (a typo like sqlite:////tmp)
     _make_private_dir(home)
     _refuse_shared(home)
     _make_private_dir(home / WORK_DIR)
-    database = sqlite_path(settings)
     if database is not None:
         _make_private_dir(database.parent)  # only created here if missing; an existing one is left as it is
         _create_private_file(database)
@@ -75,6 +77,22 @@ def _private_paths(home: Path, database: Path | None) -> list[Path]:
         paths += [p for p in (database, *(database.with_name(database.name + s) for s in _SQLITE_SIDE_FILES))
                   if p.exists() and p not in paths]
     return paths
+
+
+def _refuse_foreign_database(database: Path) -> None:
+    """Only this user's plain files are the database (and its side files): a folder, a device, a FIFO or
+    another user's file named by DATABASE_URL is refused, never tightened, locked or opened."""
+    for path in (database, *(database.with_name(database.name + s) for s in _SQLITE_SIDE_FILES)):
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise SettingsError(f"cannot check the database {path}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise SettingsError(f"the database {path} is not a plain file of this user's (a folder, a device, a "
+                                "FIFO, a link or another user's file); point DATABASE_URL at this user's own "
+                                "SQLite file")
 
 
 def _make_private_dir(path: Path) -> None:

@@ -251,6 +251,39 @@ async def test_a_home_others_can_write_to_or_a_readable_key_is_refused(
         await start_gateway(settings)
 
 
+@pytest.mark.parametrize("target", ["directory", "fifo", "other_users_file"])
+def test_a_database_url_naming_something_that_is_not_our_file_is_refused_before_anything_changes(
+    make_settings: Callable[..., Settings], tmp_path: Path, target: str
+) -> None:
+    """A typo such as DATABASE_URL=sqlite:////tmp (or a FIFO, a device, someone else's file) must not have
+    its mode changed, nor a lock file put beside it, before the bot says no."""
+    from bot.errors import BotError
+    from bot.home import secure_home
+
+    place = tmp_path / "shared"
+    place.mkdir(mode=0o755)
+    place.chmod(0o1777)  # a shared folder, like /tmp
+    path = place / "db"
+    if target == "directory":
+        path.mkdir(mode=0o755)
+    elif target == "fifo":
+        os.mkfifo(path, 0o666)
+        path.chmod(0o666)
+    else:
+        path.write_text("")
+        path.chmod(0o644)
+        if os.getuid() == 0:
+            os.chown(path, 65534, 65534)  # nobody's
+        else:
+            pytest.skip("needs root to make a file of another user's")
+    before = {p: stat.S_IMODE(p.lstat().st_mode) for p in (place, path)}
+    settings = make_settings(database_url=f"sqlite:///{path}")
+    with pytest.raises(BotError, match="not a plain file of this user's"):
+        secure_home(settings)
+    assert {p: stat.S_IMODE(p.lstat().st_mode) for p in (place, path)} == before
+    assert sorted(q.name for q in place.iterdir()) == ["db"]
+
+
 # -- the one-time link page: forwarded headers only from a configured proxy ------------------------
 
 
