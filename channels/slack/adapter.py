@@ -114,6 +114,10 @@ class SlackChannel:
     async def handle_http(self, request: web.Request) -> web.Response:
         body = await request.text()
         headers: dict[str, str] = dict(request.headers)
+        # The signature first: an unsigned body is refused before anything parses or walks it (a flood of
+        # large, well-shaped unsigned bodies otherwise costs seconds of the loop that real acks need).
+        if self._verifier is not None and not self._verifier.is_valid_request(body, headers):
+            return web.json_response({"error": "invalid request signature"}, status=401)
         try:
             bolt_request = AsyncBoltRequest(body=body, query=request.query_string, headers=dict(headers))
             problem = shape_problem(bolt_request.body)
@@ -121,8 +125,8 @@ class SlackChannel:
             problem = "the body is not a Slack payload"
         if problem is not None:
             # Bolt (or a listener) would fail on it with a 500, and Slack would retry: refuse it here,
-            # once, before anything reads it. 401 if unsigned (bolt's verification is not bypassed), else 400.
-            if self._verifier is None or not self._verifier.is_valid_request(body, headers):
+            # once, before anything reads it (401 without a signing secret: bolt's check is not bypassed).
+            if self._verifier is None:
                 return web.json_response({"error": "invalid request signature"}, status=401)
             log.warning("malformed Slack payload refused: %s", problem)
             return web.json_response({"error": f"malformed payload: {problem}"}, status=400)
