@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Row
 from sqlmodel import Session
 
+from core.store import statements
 from core.store.database import Database
 from core.store.tables import ControlRow, SessionRow
 
@@ -18,8 +19,8 @@ def queue_mode_of(s: Session, session: SessionRow | Row[Any]) -> str | None:
     if session.queue_mode:
         return session.queue_mode
     if session.place:
-        control = s.get(ControlRow, f"queue_mode:{session.place}")
-        return control.value if control is not None else None
+        value = s.connection().execute(statements.CONTROL_VALUE, {"b_key": f"queue_mode:{session.place}"}).scalar()
+        return str(value) if value is not None else None
     return None
 
 

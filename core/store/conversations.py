@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Row, func, true, update
-from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -26,6 +26,7 @@ from core.model import (
     TurnInfo,
     TurnStatus,
 )
+from core.store import statements as st
 from core.store.database import Database
 from core.store.tables import (
     ApprovalRow,
@@ -105,16 +106,15 @@ class ConversationStore:
         commit: an answer that exists is never left undelivered by a crash."""
         def work(s: Session) -> TurnInfo:
             conn = s.connection()
-            turn = conn.execute(sa_select(_turns.c.session_id, _turns.c.input_message_id)
-                                .where(_turns.c.id == turn_id)).one()
+            turn = conn.execute(st.TURN_HEAD, {"b_turn": turn_id}).one()
             # An error may quote what a model endpoint said: stored text never holds NUL.
-            conn.execute(update(_turns).where(_turns.c.id == turn_id).values(
-                status=status, answer=clean_text(answer) if answer is not None else None,
+            conn.execute(st.UPDATE_TURN, dict(
+                b_turn=turn_id, status=status, answer=clean_text(answer) if answer is not None else None,
                 error=clean_text(error) if error is not None else None, finished_at=now))
             session = _set_status(s, turn.session_id,
                                   SessionStatus.FAILED if status == TurnStatus.FAILED else SessionStatus.IDLE, now)
             if outbox is not None and status == TurnStatus.FINISHED:
-                conn.execute(_deliveries.insert().values(
+                conn.execute(st.INSERT_DELIVERY, dict(
                     turn_id=turn_id, session_id=session.id, channel=session.channel, status=DeliveryStatus.PENDING,
                     attempts=1, next_attempt_at=outbox.until, claimed_by=outbox.holder, created_at=now))
             return turn_info(s, turn_id, turn.input_message_id, session)
@@ -179,7 +179,7 @@ class ConversationStore:
         )
         values = row.model_dump()
         values.pop("id", None)
-        row.id = await self.db.run_write(lambda s: int(s.connection().execute(_messages.insert().values(**values))
+        row.id = await self.db.run_write(lambda s: int(s.connection().execute(st.INSERT_MESSAGE, values)
                                                           .inserted_primary_key[0]))  # type: ignore[index]
         return row
 
@@ -287,8 +287,7 @@ class ConversationStore:
 def resume_interrupted(s: Session, session_id: str, now: datetime) -> TurnInfo | None:
     """Mark the session's interrupted turn (if any) running again, one attempt more."""
     conn = s.connection()
-    turn = conn.execute(sa_select(_turns.c.id, _turns.c.input_message_id).where(
-        _turns.c.session_id == session_id, _turns.c.status == TurnStatus.QUEUED).order_by(_turns.c.id).limit(1)).first()
+    turn = conn.execute(st.INTERRUPTED_TURN, {"b_session": session_id}).first()
     if turn is None:
         return None
     conn.execute(update(_turns).where(_turns.c.id == turn.id)
@@ -300,32 +299,28 @@ def _set_status(s: Session, session_id: str, status: SessionStatus, now: datetim
     """Set the session's status (and ``updated_at``); returns it as it is now."""
     conn = s.connection()
     values: dict[str, object] = {"status": status} | ({"updated_at": now} if now is not None else {})
-    conn.execute(update(_sessions).where(_sessions.c.id == session_id).values(**values))
-    return session_info(conn.execute(sa_select(_sessions).where(_sessions.c.id == session_id)).one())
+    conn.execute(st.UPDATE_SESSION, {"b_session": session_id, **values})
+    return session_info(conn.execute(st.SESSION, {"b_session": session_id}).one())
 
 
 def transcript(s: Session, session_id: str, limit: int) -> list[Row[Any]]:
     """The newest ``limit`` messages of the session, oldest first (what the model is shown)."""
-    rows = s.connection().execute(
-        sa_select(_messages).where(_messages.c.session_id == session_id).order_by(_messages.c.id.desc())
-        .limit(limit)).all()
+    rows = s.connection().execute(st.TRANSCRIPT, {"b_session": session_id, "b_limit": limit}).all()
     return list(reversed(rows))
 
 
 def _load_turn_info(s: Session, turn_id: int) -> TurnInfo | None:
     conn = s.connection()
-    turn = conn.execute(sa_select(_turns.c.session_id, _turns.c.input_message_id).where(_turns.c.id == turn_id)).first()
+    turn = conn.execute(st.TURN_HEAD, {"b_turn": turn_id}).first()
     if turn is None:
         return None
-    session = conn.execute(sa_select(_sessions).where(_sessions.c.id == turn.session_id)).one()
+    session = conn.execute(st.SESSION, {"b_session": turn.session_id}).one()
     return turn_info(s, turn_id, turn.input_message_id, session_info(session))
 
 
 def turn_info(s: Session, turn_id: int, input_message_id: int | None, session: SessionInfo) -> TurnInfo:
     """A turn as events carry it, with every input it took (steered ones too) in arrival order."""
-    inputs = s.connection().execute(
-        sa_select(_inputs.c.id, _inputs.c.kind, _inputs.c.sender, _inputs.c.platform_channel, _inputs.c.platform_ts)
-        .where(_inputs.c.turn_id == turn_id, _inputs.c.kind != "control").order_by(_inputs.c.id)).all()
+    inputs = s.connection().execute(st.TURN_INPUTS, {"b_turn": turn_id}).all()
     refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in inputs)
     ids = tuple(i.id for i in inputs)
     sender = next((i.sender for i in inputs if i.kind == "message"), inputs[0].sender if inputs else None)
@@ -351,8 +346,8 @@ def _title(text: str | None) -> str:
     return line if len(line) <= 80 else line[:79] + "…"
 
 
-def session_info(row: SessionRow | Row[Any]) -> SessionInfo:
-    """From an ORM row or a Core row of the sessions table (they have the same attribute names)."""
+def session_info(row: SessionRow | Row[Any] | SimpleNamespace) -> SessionInfo:
+    """From an ORM row, a Core row of the sessions table or the values just inserted (same attribute names)."""
     return SessionInfo(
         id=row.id,
         channel=row.channel,

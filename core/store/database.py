@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+PG_POOL_SIZE = 20  # connections one process keeps to PostgreSQL (plus up to 10 more while busy)
 _NO_LOCK = contextlib.nullcontext()
 SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
 T = TypeVar("T")
@@ -72,6 +73,9 @@ class Database:
             kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
         else:
             kwargs["pool_pre_ping"] = True
+            # Enough kept open for the busy case (turns, intake's group writers, reads, leases): past the
+            # pool's size each checkout opens a new connection (TLS attempt, auth) and closes it after.
+            kwargs["pool_size"] = PG_POOL_SIZE
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE") if self.is_sqlite else self.engine
         if self.is_sqlite:
@@ -101,13 +105,14 @@ class Database:
         async with self.read() as s:
             return await s.run_sync(work)  # type: ignore[arg-type]  # sqlmodel's Session
 
-    async def run_write(self, work: Callable[[Session], T]) -> T:
+    async def run_write(self, work: Callable[[Session], T], *, urgent: bool = False) -> T:
         """Run ``work`` (synchronous ORM or Core statements) in one write transaction, committed when it
         returns, rolled back if it raises. On SQLite the whole transaction is one call on the writer
         thread; on PostgreSQL it runs on the async connection (``run_sync``). ``work`` does nothing but
-        database work: it may run on another thread."""
+        database work: it may run on another thread. ``urgent``: someone (an ack) is waiting for it, so
+        on SQLite it goes before queued turn writes."""
         if self._fast is not None:
-            return await self._fast.run(work)
+            return await self._fast.run(work, urgent=urgent)
         async with self._write_lock(), AsyncSession(self._write_engine, expire_on_commit=False) as s:
             async with s.begin():
                 return await s.run_sync(work)  # type: ignore[arg-type]  # sqlmodel's Session

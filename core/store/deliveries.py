@@ -11,6 +11,7 @@ from sqlalchemy import func, update
 from sqlmodel import Session, col, select
 
 from core.model import DeliveryStatus, SessionInfo
+from core.store import statements as st
 from core.store.conversations import session_info
 from core.store.database import Database
 from core.store.tables import ControlRow, DeliveryRow, SessionRow, TurnRow
@@ -118,14 +119,12 @@ class DeliveryStore:
         or the claim was lost (its new holder finds the post and records it)."""
         def work(s: Session) -> bool:
             conn = s.connection()  # Core statements: no ORM bookkeeping on the path of every answer
-            result = conn.execute(
-                update(DeliveryRow.__table__).where(*_held(turn_id, holder, attempt))  # type: ignore[attr-defined]
-                .values(status=DeliveryStatus.DELIVERED, ref=ref, claimed_by=None, finished_at=now, last_error=None)
-            )
+            result = conn.execute(st.UPDATE_HELD_DELIVERY, dict(
+                b_turn=turn_id, b_holder=holder, b_attempt=attempt,
+                status=DeliveryStatus.DELIVERED, ref=ref, claimed_by=None, finished_at=now, last_error=None))
             if result.rowcount != 1:
                 return False
-            conn.execute(update(TurnRow.__table__).where(TurnRow.__table__.c.id == turn_id)  # type: ignore[attr-defined]
-                         .values(delivered_ref=ref, delivery_error=None))
+            conn.execute(st.UPDATE_TURN, dict(b_turn=turn_id, delivered_ref=ref, delivery_error=None))
             return True
 
         return await self.db.run_write(work)

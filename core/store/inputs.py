@@ -25,6 +25,7 @@ from core.model import (
     TurnInfo,
     TurnStatus,
 )
+from core.store import statements as st
 from core.store.control import queue_mode_of
 from core.store.conversations import resume_interrupted, session_info, transcript, turn_info, turn_outcome
 from core.store.database import Database
@@ -50,15 +51,13 @@ class Taken:
     refs: tuple[MessageRef, ...]  # the inputs taken now (not those the turn took before)
     transcript: tuple[Row[Any], ...] | None = None  # asked for with ``history``: the model's view
     more: bool = False  # messages still wait behind this batch (followup, or past the budget)
+    resumed: bool = False  # an interrupted turn continued (it takes nothing new)
 
 
 _inputs = InputRow.__table__  # type: ignore[attr-defined]
 _sessions = SessionRow.__table__  # type: ignore[attr-defined]
 _turns = TurnRow.__table__  # type: ignore[attr-defined]
 _messages = MessageRow.__table__  # type: ignore[attr-defined]
-
-
-_WAITING_READ = 500  # waiting inputs read at once (a batch never holds more)
 
 
 class InputStore:
@@ -95,7 +94,7 @@ class InputStore:
         def work(s: Session) -> Taken | None:
             resumed = resume_interrupted(s, session_id, now) if resume else None
             # After a resumed turn, look again: messages may have waited behind it since before the restart.
-            taken = Taken(resumed, "", (), (), more=True) if resumed is not None else take_batch(
+            taken = Taken(resumed, "", (), (), more=True, resumed=True) if resumed is not None else take_batch(
                 s, session_id, default_mode, budget, now)
             if taken is not None and history:
                 taken = replace(taken, transcript=tuple(transcript(s, session_id, history)))
@@ -113,7 +112,7 @@ class InputStore:
             waiting = _waiting(s, turn.session_id)
             if not waiting or turn.status != TurnStatus.RUNNING:
                 return None
-            session = conn.execute(sa_select(_sessions).where(_sessions.c.id == turn.session_id)).one()
+            session = conn.execute(st.SESSION, {"b_session": turn.session_id}).one()
             if (queue_mode_of(s, session) or default_mode) != QueueMode.STEER:
                 return None
             batch = _fit(waiting, budget, one_message=False)
@@ -244,17 +243,17 @@ def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, n
     if not any(i.kind == InputKind.MESSAGE for i in waiting):
         return None
     conn = s.connection()
-    session = conn.execute(sa_select(_sessions).where(_sessions.c.id == session_id)).one()
+    session = conn.execute(st.SESSION, {"b_session": session_id}).one()
     mode = queue_mode_of(s, session) or default_mode
     batch = _fit(waiting, budget, one_message=mode == QueueMode.FOLLOWUP)
-    turn_id = int(conn.execute(_turns.insert().values(
+    turn_id = int(conn.execute(st.INSERT_TURN, dict(
         session_id=session_id, agent=session.agent, status=TurnStatus.RUNNING, attempts=1, created_at=now,
         started_at=now)).inserted_primary_key[0])  # type: ignore[index]
-    conn.execute(update(_sessions).where(_sessions.c.id == session_id).values(status=SessionStatus.RUNNING))
+    conn.execute(st.UPDATE_SESSION, {"b_session": session_id, "status": SessionStatus.RUNNING})
     _take(s, turn_id, batch, now)
     # A new turn holds exactly this batch (context and control inputs are never "waiting" controls).
     messages = [i for i in batch if i.kind == InputKind.MESSAGE]
-    more = len(waiting) >= _WAITING_READ or any(i.kind == InputKind.MESSAGE for i in waiting[len(batch):])
+    more = len(waiting) >= st.WAITING_READ or any(i.kind == InputKind.MESSAGE for i in waiting[len(batch):])
     info = replace(session_info(session), status=SessionStatus.RUNNING)
     refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in batch)
     sender = messages[0].sender if messages else batch[0].sender
@@ -268,13 +267,13 @@ def _take(s: Session, turn_id: int, batch: Sequence[Row[Any]], now: datetime) ->
     for item in batch:
         message_id = item.message_id
         if message_id is None:
-            message_id = conn.execute(_messages.insert().values(
+            message_id = conn.execute(st.INSERT_MESSAGE, dict(
                 session_id=item.session_id, role="user", content=item.text, sender=item.sender,
                 platform_channel=item.platform_channel, platform_ts=item.platform_ts,
                 idempotency_key=item.idempotency_key, turn_id=turn_id, created_at=now,
             )).inserted_primary_key[0]  # type: ignore[index]
-        conn.execute(update(_inputs).where(_inputs.c.id == item.id).values(
-            status=InputStatus.TAKEN, turn_id=turn_id, taken_at=now, message_id=message_id))
+        conn.execute(st.UPDATE_INPUT, dict(
+            b_input=item.id, status=InputStatus.TAKEN, turn_id=turn_id, taken_at=now, message_id=message_id))
 
 
 def _taken(turn: TurnInfo, batch: Sequence[Row[Any]]) -> Taken:
@@ -304,7 +303,4 @@ def _fit(waiting: Sequence[Row[Any]], budget: Budget, *, one_message: bool) -> l
 
 
 def _waiting(s: Session, session_id: str) -> Sequence[Row[Any]]:
-    return s.connection().execute(
-        sa_select(_inputs).where(_inputs.c.session_id == session_id, _inputs.c.status == InputStatus.WAITING)
-        .order_by(_inputs.c.id).limit(_WAITING_READ)
-    ).all()
+    return s.connection().execute(st.WAITING, {"b_session": session_id}).all()

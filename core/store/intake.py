@@ -9,23 +9,21 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Generic, TypeVar
 
-from sqlalchemy import func, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlmodel import Session
 
 from core.errors import InvalidInput
 from core.model import Inbound, InputKind, InputStatus, SessionInfo, SessionStatus
+from core.store import statements as st
 from core.store.control import INTAKE_PAUSED
 from core.store.conversations import session_info
 from core.store.database import Database
-from core.store.tables import ControlRow, InputRow, ProcessedEventRow, SessionRow
 
 MAX_GROUP = 256  # inputs per transaction: a burst larger than this is written in several
 
-_sessions = SessionRow.__table__  # type: ignore[attr-defined]
-_inputs = InputRow.__table__  # type: ignore[attr-defined]
 
 
 class AcceptOutcome(enum.StrEnum):
@@ -125,7 +123,7 @@ class Intake:
 
     async def _write(self, arrivals: list[Arrival], *, retried: bool = False) -> list[Accepted | Exception]:
         try:
-            return await self.db.run_write(lambda s: _accept_group(s, self.db, arrivals))
+            return await self.db.run_write(lambda s: _accept_group(s, self.db, arrivals), urgent=True)
         except IntegrityError:
             # Another replica stored the same session or message at the same moment. One at a time, read
             # again: the delivery turns out to be a duplicate (or finds the session now there).
@@ -150,8 +148,7 @@ def _accept_group(s: Session, db: Database, arrivals: list[Arrival]) -> list[Acc
         arrival = arrivals[index]
         if arrival.refuse_if_paused is not None and arrival.refuse is None:
             if paused is None:
-                row = s.get(ControlRow, INTAKE_PAUSED)
-                paused = row is not None and row.value == "1"
+                paused = s.connection().execute(st.CONTROL_VALUE, {"b_key": INTAKE_PAUSED}).scalar() == "1"
             if paused:
                 arrival = _refused(arrival, arrival.refuse_if_paused)
         try:
@@ -169,13 +166,13 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
     """Dedupe, then store the input as waiting, a command, context, or refused."""
     msg, kind, now = arrival.msg, arrival.kind, arrival.now
     conn = s.connection()
-    found = conn.execute(select(_sessions).where(_sessions.c.id == msg.session_id)).mappings().first()
-    if found is not None and msg.agent is not None and msg.agent != found["agent"]:
+    found = conn.execute(st.SESSION, {"b_session": msg.session_id}).first()
+    if found is not None and msg.agent is not None and msg.agent != found.agent:
         # Refused before anything is written, so the group it came with is stored without it.
-        raise InvalidInput(f"this conversation belongs to agent {found['agent']!r}, not {msg.agent!r}")
+        raise InvalidInput(f"this conversation belongs to agent {found.agent!r}, not {msg.agent!r}")
     if msg.delivery_key is not None:
-        claim = db.insert(ProcessedEventRow).values(key=msg.delivery_key, received_at=now).on_conflict_do_nothing()
-        if not conn.execute(claim).rowcount:
+        claim = st.CLAIM_EVENT_SQLITE if db.is_sqlite else st.CLAIM_EVENT_POSTGRESQL
+        if not conn.execute(claim, {"key": msg.delivery_key, "received_at": now}).rowcount:
             return Accepted(AcceptOutcome.DUPLICATE)
     new_session = found is None
     if found is None:
@@ -187,14 +184,12 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
             preapproved=json.dumps([list(p) for p in msg.preapproved]) if msg.preapproved else None,
             queue_mode=None,
         )
-        conn.execute(_sessions.insert().values(**values))
-        session = SessionRow.model_validate(values)
+        conn.execute(st.INSERT_SESSION, values)
+        info = session_info(SimpleNamespace(**values))
     else:
-        session = SessionRow.model_validate(dict(found))
-    info = session_info(session)
+        info = session_info(found)
     if msg.idempotency_key is not None and not new_session:
-        seen_id = conn.execute(select(_inputs.c.id).where(
-            _inputs.c.session_id == msg.session_id, _inputs.c.idempotency_key == msg.idempotency_key)).scalar()
+        seen_id = conn.execute(st.INPUT_BY_KEY, {"b_session": msg.session_id, "b_key": msg.idempotency_key}).scalar()
         if seen_id is not None:
             return Accepted(AcceptOutcome.DUPLICATE, seen_id, info)
     status, outcome, note = InputStatus.WAITING, AcceptOutcome.QUEUED, None
@@ -208,19 +203,17 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
         note = (f"I'm busy: {arrival.max_waiting} messages in this conversation are already waiting for me. "
                 "Send this again once I've answered them.")
         status, outcome = InputStatus.REFUSED, AcceptOutcome.REFUSED
-    inserted = conn.execute(_inputs.insert().values(
+    inserted = conn.execute(st.INSERT_INPUT, dict(
         session_id=msg.session_id, kind=kind, status=status, text=msg.text,
         images=json.dumps(list(msg.images)) if msg.images else None, sender=msg.sender,
         agent=msg.agent, platform_channel=msg.ref.channel, platform_ts=msg.ref.ts,
         idempotency_key=msg.idempotency_key, note=note, created_at=now,
     ))
     if not new_session:
-        conn.execute(update(_sessions).where(_sessions.c.id == msg.session_id).values(updated_at=now))
+        conn.execute(st.UPDATE_SESSION, {"b_session": msg.session_id, "updated_at": now})
     input_id = int(inserted.inserted_primary_key[0])  # type: ignore[index]
     return Accepted(outcome, input_id, info, note)
 
 
 def _waiting_count(s: Session, session_id: str) -> int:
-    return int(s.connection().execute(select(func.count()).select_from(_inputs).where(
-        _inputs.c.session_id == session_id, _inputs.c.status == InputStatus.WAITING,
-        _inputs.c.kind == InputKind.MESSAGE)).scalar_one())
+    return int(s.connection().execute(st.WAITING_MESSAGES, {"b_session": session_id}).scalar_one())

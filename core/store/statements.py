@@ -1,0 +1,65 @@
+"""The hot paths' statements, built once (SPEC §15).
+
+Building a statement per call (``select(...).where(col == value)``) coerces every clause and computes its
+cache key each time: about three quarters of the Python time of a short transaction, spent on the
+writer thread that holds the GIL against the event loop. Built once with ``bindparam``, a statement
+keeps its cache key, and each execution only binds values. The SET of an update and the columns of an
+insert come from the parameters given (``b_`` names are the WHERE's, so they never meet a column's).
+Both dialects compile them (the compiled form is cached per dialect).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from core.model import DeliveryStatus, InputKind, InputStatus, TurnStatus
+from core.store.tables import ControlRow, DeliveryRow, InputRow, MessageRow, ProcessedEventRow, SessionRow, TurnRow
+
+sessions = SessionRow.__table__  # type: ignore[attr-defined]
+turns = TurnRow.__table__  # type: ignore[attr-defined]
+inputs = InputRow.__table__  # type: ignore[attr-defined]
+messages = MessageRow.__table__  # type: ignore[attr-defined]
+deliveries = DeliveryRow.__table__  # type: ignore[attr-defined]
+control = ControlRow.__table__  # type: ignore[attr-defined]
+processed = ProcessedEventRow.__table__  # type: ignore[attr-defined]
+
+WAITING_READ = 500  # waiting inputs read at once (a batch never holds more)
+
+# -- reads -------------------------------------------------------------------------------------------
+SESSION = select(sessions).where(sessions.c.id == bindparam("b_session"))
+CONTROL_VALUE = select(control.c.value).where(control.c.key == bindparam("b_key"))
+TURN_HEAD = select(turns.c.session_id, turns.c.input_message_id).where(turns.c.id == bindparam("b_turn"))
+TURN_INPUTS = (select(inputs.c.id, inputs.c.kind, inputs.c.sender, inputs.c.platform_channel, inputs.c.platform_ts)
+               .where(inputs.c.turn_id == bindparam("b_turn"), inputs.c.kind != InputKind.CONTROL)
+               .order_by(inputs.c.id))
+WAITING = (select(inputs).where(inputs.c.session_id == bindparam("b_session"), inputs.c.status == InputStatus.WAITING)
+           .order_by(inputs.c.id).limit(WAITING_READ))
+WAITING_MESSAGES = (select(func.count()).select_from(inputs)
+                    .where(inputs.c.session_id == bindparam("b_session"), inputs.c.status == InputStatus.WAITING,
+                           inputs.c.kind == InputKind.MESSAGE))
+INPUT_BY_KEY = select(inputs.c.id).where(inputs.c.session_id == bindparam("b_session"),
+                                         inputs.c.idempotency_key == bindparam("b_key"))
+INTERRUPTED_TURN = (select(turns.c.id, turns.c.input_message_id)
+                    .where(turns.c.session_id == bindparam("b_session"), turns.c.status == TurnStatus.QUEUED)
+                    .order_by(turns.c.id).limit(1))
+TRANSCRIPT = (select(messages).where(messages.c.session_id == bindparam("b_session"))
+              .order_by(messages.c.id.desc()).limit(bindparam("b_limit")))
+
+# -- writes (the SET or the columns: the parameters' other names) -------------------------------------------
+UPDATE_SESSION = update(sessions).where(sessions.c.id == bindparam("b_session"))
+UPDATE_TURN = update(turns).where(turns.c.id == bindparam("b_turn"))
+UPDATE_INPUT = update(inputs).where(inputs.c.id == bindparam("b_input"))
+# A delivery's result counts only while the row is pending and still claimed by that holder for that
+# attempt: a result brought back after the claim was lost (another took the row) changes nothing.
+UPDATE_HELD_DELIVERY = update(deliveries).where(
+    deliveries.c.turn_id == bindparam("b_turn"), deliveries.c.status == DeliveryStatus.PENDING,
+    deliveries.c.claimed_by == bindparam("b_holder"), deliveries.c.attempts == bindparam("b_attempt"))
+INSERT_SESSION = sessions.insert()
+INSERT_TURN = turns.insert()
+INSERT_INPUT = inputs.insert()
+INSERT_MESSAGE = messages.insert()
+INSERT_DELIVERY = deliveries.insert()
+# An event's first delivery claims its key; a redelivery inserts nothing (rowcount 0).
+CLAIM_EVENT_SQLITE = sqlite.insert(processed).on_conflict_do_nothing()
+CLAIM_EVENT_POSTGRESQL = postgresql.insert(processed).on_conflict_do_nothing()
