@@ -272,6 +272,7 @@ def build_application(
                 api_url=settings.slack_api_url,
                 command=settings.slack_command,
                 rate_limit_retries=settings.slack_max_retries,
+                progress_delay_s=settings.slack_progress_delay_s,
             ),
             gateway,
         )

@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     slack_api_url: str = "https://slack.com/api/"
     slack_command: str = "/bot"
     slack_max_retries: int = Field(default=3, ge=0, le=10)
+    # A turn shows its progress reaction once it has run this long (0: at once); a quicker answer is its own sign.
+    slack_progress_delay_s: float = Field(default=0.2, ge=0, le=60)
 
     # Server
     host: str = "127.0.0.1"

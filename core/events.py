@@ -52,6 +52,7 @@ class InputsTaken(Event):
     turn_id: int
     refs: tuple[MessageRef, ...]
     steered: bool
+    resumed: bool = False  # continued after a restart: an earlier process may have shown signs on them
 
 
 @dataclass(frozen=True)

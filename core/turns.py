@@ -276,7 +276,7 @@ class TurnDrivers:
         logcontext.session_id.set(turn.session.id)  # every line logged for this turn carries both
         logcontext.turn_id.set(turn.id)
         log.info("turn %s started (session %s)", turn.id, turn.session.id)
-        self.bus.emit(InputsTaken(turn.session, turn.id, turn.inputs, steered=False))
+        self.bus.emit(InputsTaken(turn.session, turn.id, turn.inputs, steered=False, resumed=taken.resumed))
         self.bus.emit(TurnStarted(turn.session, turn))
         driver.turn_id = turn.id
         if driver.cancel_turn_id != turn.id:

@@ -103,6 +103,8 @@ def slack_env(fake_slack: Any, fake_llm: Any, port: int) -> dict[str, str]:
         "LLM_MODEL": "fake-model",
         # On PostgreSQL a killed process's leases must run out before its restart takes over: keep it short.
         "LEASE_TTL_S": "2",
+        # Progress reactions at once (as in-process tests): tests may take their removal as "the turn is over".
+        "SLACK_PROGRESS_DELAY_S": "0",
     }
 
 

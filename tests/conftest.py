@@ -120,6 +120,9 @@ def make_settings(tmp_path: Path, fake_slack: FakeSlack, fake_llm: FakeLLM,
             "shutdown_drain_s": 1,
             "queue_debounce_ms": 50,
             "shell_sandbox": sandbox_mode(),
+            # Progress reactions at once, so tests that look at them need not wait; the delay (the
+            # default) has its own tests in test_slack_conversation.py.
+            "slack_progress_delay_s": 0,
         }
         values.update(overrides)
         return load_settings(env_file=None, **values)

@@ -74,6 +74,30 @@ async def test_kill_while_waiting_for_a_credential(
         assert await bot.terminate() == 0
 
 
+async def test_a_turn_resumed_after_a_kill_clears_the_sign_the_dead_process_showed(
+    tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    env = slack_env(fake_slack, fake_llm, unused_port) | {"SLACK_PROGRESS_DELAY_S": "0.2"}  # the default
+    gate = Gate(Reply("never seen"))
+    fake_llm.then(gate)
+    event = mention("think hard")
+    bot = await BotProcess(tmp_path, env).start()
+    try:
+        await send_event(bot, event, "EvSign")
+        await asyncio.wait_for(gate.reached.wait(), 10)
+        added = await fake_slack.wait_for("reactions.add")  # still working after the delay: the sign shows
+        assert (added[0].params["name"], added[0].params["timestamp"]) == ("eyes", event["ts"])
+        await bot.kill()
+        fake_llm.then(Reply("done after all"))  # the resumed turn ends well within the delay
+        bot = await BotProcess(tmp_path, env).start()
+        await _wait_text(fake_slack, "done after all")
+        removed = await fake_slack.wait_for("reactions.remove")
+        assert (removed[0].params["name"], removed[0].params["timestamp"]) == ("eyes", event["ts"])
+    finally:
+        gate.opened.set()
+        assert await bot.terminate() == 0
+
+
 async def test_kill_during_a_tool_call_never_runs_it_again(
     tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:

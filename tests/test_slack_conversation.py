@@ -103,6 +103,36 @@ async def test_the_ack_does_not_wait_for_the_model(
     assert posts[0].params["text"] == "slow answer"
 
 
+async def test_a_quick_answer_is_its_own_sign_and_costs_no_reaction_calls(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack
+) -> None:
+    gateway: GatewayClient = await start_gateway(make_settings(slack_progress_delay_s=5))
+    await gateway.send_event(mention("quick one"))
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert [c.method for c in fake_slack.calls if c.method.startswith("reactions.")] == []
+
+
+async def test_a_turn_still_working_after_the_delay_shows_progress_until_it_ends(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    gateway: GatewayClient = await start_gateway(make_settings(slack_progress_delay_s=0.05))
+    gate = Gate(Reply("slow answer"))
+    fake_llm.then(gate)
+    event = mention("take your time")
+    await gateway.send_event(event)
+    await asyncio.wait_for(gate.reached.wait(), 5)
+    added = await fake_slack.wait_for("reactions.add")
+    assert (added[0].params["name"], added[0].params["timestamp"]) == ("eyes", event["ts"])
+    assert fake_slack.of("reactions.remove") == []  # still working: the sign stays
+    gate.opened.set()
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    removed = fake_slack.of("reactions.remove")
+    assert [(c.params["name"], c.params["timestamp"]) for c in removed] == [("eyes", event["ts"])]
+    assert len(fake_slack.of("reactions.add")) == 1
+
+
 async def test_tool_calls_run_and_their_results_reach_the_model(
     gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:

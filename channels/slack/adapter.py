@@ -46,6 +46,7 @@ class SlackConfig:
     api_url: str = "https://slack.com/api/"
     command: str = "/bot"
     rate_limit_retries: int = 3
+    progress_delay_s: float = 0.0  # a turn shows its progress reaction once it has run this long
 
 
 class SlackChannel:
@@ -77,7 +78,8 @@ class SlackChannel:
         credentials_ui = SlackCredentials(self.app, self.client, gateway)
         self.app.action(re.compile(".*"))(self._on_unknown_action)  # registered last: anything not matched above
         self.app.error(self._on_error)
-        self.renderer = SlackRenderer(self.client, self.port, approvals_ui, credentials_ui)
+        self.renderer = SlackRenderer(self.client, self.port, approvals_ui, credentials_ui,
+                                      progress_delay_s=config.progress_delay_s)
         gateway.subscribe(self.renderer.render, channel=self.name)
 
     # -- lifecycle ------------------------------------------------------------------------------

@@ -1,11 +1,17 @@
 """Slack rendering of core events: progress reactions, notices, failures, approval and credential cards, DMs.
 
 Answers are not posted here: core delivers them through the port (``channels.slack.port``).
+
+The progress reaction shows once a turn has run for ``progress_delay_s``: a turn answered sooner needs
+no sign (its answer is one), and it saves the two reaction calls (Slack's Tier 3, ~50 a minute) that
+busy workspaces would otherwise spend on every quick answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from dataclasses import dataclass, field
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -28,7 +34,7 @@ from core.events import (
     TurnFailed,
     TurnFinished,
 )
-from core.model import MessageRef
+from core.model import MessageRef, TurnInfo
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +42,29 @@ PROGRESS_REACTION = "eyes"  # a turn is working on this message
 QUEUED_REACTION = "hourglass_flowing_sand"  # this message waits behind the running turn
 
 
+@dataclass
+class _Progress:
+    """A running turn's progress sign: the messages it is on, and whether it shows yet."""
+
+    refs: dict[MessageRef, None] = field(default_factory=dict)  # in order, each once
+    timer: asyncio.TimerHandle | None = None
+    shown: bool = False
+    showing: asyncio.Task[None] | None = None  # the delayed reactions, while on their way
+    leftover: bool = False  # resumed after a restart: the process before may have shown the sign
+
+
 class SlackRenderer:
     def __init__(self, client: AsyncWebClient, port: SlackPort, approvals: SlackApprovals,
-                 credentials: SlackCredentials) -> None:
+                 credentials: SlackCredentials, *, progress_delay_s: float = 0.0) -> None:
         self.client = client
         self.port = port
         self.approvals = approvals
         self.credentials = credentials
-        # Which messages show the "queued" sign (a rendering detail, so memory is enough: after a
-        # restart a leftover sign is only cosmetic).
+        self.progress_delay_s = progress_delay_s
+        # Which messages show the "queued" sign, and each running turn's progress sign (rendering
+        # details, so memory is enough: after a restart a leftover sign is only cosmetic).
         self._queued_signs: set[MessageRef] = set()
+        self._progress: dict[int, _Progress] = {}
 
     async def render(self, event: Event) -> None:
         if isinstance(event, DirectNotice):
@@ -59,16 +78,12 @@ class SlackRenderer:
             self._queued_signs.add(event.ref)
             await self._react("reactions_add", event.ref, QUEUED_REACTION)
         elif isinstance(event, InputsTaken):
-            for item in event.refs:
-                if item in self._queued_signs:
-                    self._queued_signs.discard(item)
-                    await self._react("reactions_remove", item, QUEUED_REACTION)
-                await self._react("reactions_add", item, PROGRESS_REACTION)
+            await self._taken(event)
         elif isinstance(event, TurnFinished | TurnCancelled):
-            await self._clear(event.turn.inputs)
+            await self._clear(event.turn)
         elif isinstance(event, TurnFailed):
             await self.port.post(channel, thread_ts, f":warning: {event.message}")
-            await self._clear(event.turn.inputs)
+            await self._clear(event.turn)
         elif isinstance(event, Notice):
             await self.port.post_notice(event.session, event.text)
         elif isinstance(event, ApprovalRequested):
@@ -80,8 +95,47 @@ class SlackRenderer:
         elif isinstance(event, CredentialResolved):
             await self.credentials.resolve(event.request)
 
-    async def _clear(self, refs: tuple[MessageRef, ...]) -> None:
-        for item in refs:
+    async def _taken(self, event: InputsTaken) -> None:
+        for item in event.refs:
+            if item in self._queued_signs:  # the sign changes: heard, and now being worked on
+                self._queued_signs.discard(item)
+                await self._react("reactions_remove", item, QUEUED_REACTION)
+        progress = self._progress.setdefault(event.turn_id, _Progress())
+        progress.leftover = progress.leftover or event.resumed
+        new = [item for item in event.refs if item not in progress.refs]
+        progress.refs.update(dict.fromkeys(new))
+        if progress.shown or self.progress_delay_s <= 0:
+            progress.shown = True
+            for item in new:
+                await self._react("reactions_add", item, PROGRESS_REACTION)
+        elif progress.timer is None:
+            progress.timer = asyncio.get_running_loop().call_later(
+                self.progress_delay_s, self._show_later, event.turn_id)
+
+    def _show_later(self, turn_id: int) -> None:
+        progress = self._progress.get(turn_id)
+        if progress is None or progress.shown:
+            return
+        progress.shown, progress.timer = True, None
+        progress.showing = asyncio.create_task(self._show(list(progress.refs)))
+
+    async def _show(self, refs: list[MessageRef]) -> None:
+        try:
+            for item in refs:
+                await self._react("reactions_add", item, PROGRESS_REACTION)
+        except Exception as exc:  # Slack unreachable: a missing sign is only cosmetic
+            log.warning("progress reaction failed: %s", type(exc).__name__)
+
+    async def _clear(self, turn: TurnInfo) -> None:
+        progress = self._progress.pop(turn.id, None)
+        if progress is not None and progress.timer is not None:  # ended before its sign was due
+            progress.timer.cancel()
+            if not progress.leftover:
+                return
+        if progress is not None and progress.showing is not None:
+            await progress.showing  # an add still on its way lands before its removal
+        # A turn this process never saw start (it ran before a restart) may still wear its sign.
+        for item in progress.refs if progress is not None else turn.inputs:
             await self._react("reactions_remove", item, PROGRESS_REACTION)
 
     async def _direct(self, user: str, text: str) -> None:
