@@ -3,7 +3,7 @@ slack-bolt app in the same run, against the same fake Slack and an instant fake 
 
     python -m bench.intake_load --rate 100 --seconds 10          # sustained load
     python -m bench.intake_load --burst 200                      # all at once
-    python -m bench.intake_load --rate 10 --seconds 10 --signs   # first visible sign after a mention
+    python -m bench.intake_load --rate 10 --seconds 10 --signs --model-delay 0.5   # first visible sign
     python -m bench.intake_load --rate 100 --seconds 10 --database-url postgresql://... --replicas 2
 
 Every mention opens its own thread (its own session). For each app it prints: the time until every
@@ -44,17 +44,23 @@ RUN = secrets.token_hex(4)
 
 
 class TimedLLM(FakeLLM):
-    """The fake model, noting when each mention's request arrived and when its answer left."""
+    """The fake model, noting when each mention's request arrived and when its answer left; it answers
+    at once, or after ``delay`` seconds (turns that outlast the progress sign's delay)."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay: float = 0.0) -> None:
         super().__init__()
+        self.delay = delay
         self.asked: dict[int, float] = {}
         self.answered: dict[int, float] = {}
 
     async def _handle(self, request: web.Request) -> web.Response:
         arrived = time.monotonic()
+        body = await request.json()
+        users = [m.get("content") for m in body.get("messages", []) if m.get("role") == "user"]
+        found = LABEL.search(str(users[-1])) if users else None
+        if self.delay:
+            await asyncio.sleep(self.delay)
         response = await super()._handle(request)
-        found = LABEL.search(self.last_user_text())
         if found:
             self.asked.setdefault(int(found[1]), arrived)
             self.answered.setdefault(int(found[1]), time.monotonic())
@@ -130,12 +136,12 @@ def _figures(run: Run, slack: FakeSlack, llm: TimedLLM) -> Figures:
         found = LABEL.search(call.params.get("text") or "")
         if found and int(found[1]) in run.sent:
             posted.setdefault(int(found[1]), call.at)
-    signs: dict[int, float] = {}
+    signs = dict(posted)  # an answer is a sign too (a quick one shows no reaction)
     for call in slack.calls:
         if call.method in SIGN_METHODS:
             i = run.ts_of.get(str(call.params.get("timestamp") or call.params.get("thread_ts")))
             if i is not None:
-                signs.setdefault(i, call.at)
+                signs[i] = min(call.at, signs.get(i, call.at))
     to_model = [llm.asked[i] - t for i, t in run.sent.items() if i in llm.asked]
     to_post = [posted[i] - llm.answered[i] for i in run.sent if i in posted and i in llm.answered]
     sign = [signs[i] - t for i, t in run.sent.items() if i in signs]
@@ -166,7 +172,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Figures]:
-    slack, llm = FakeSlack(), TimedLLM()
+    slack, llm = FakeSlack(), TimedLLM(args.model_delay)
     slack_server = await RunningServer(slack.app()).start()
     llm_server = await RunningServer(llm.app()).start()
     scrub = ("SLACK_", "LLM_", "BOT_", "DATABASE_", "SQLITE_")
@@ -187,6 +193,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Figures]:
             gateway_env["BOT_SECRET_KEYS"] = f"k1:{base64.b64encode(os.urandom(32)).decode()}"
         if args.sqlite_synchronous:
             gateway_env["SQLITE_SYNCHRONOUS"] = args.sqlite_synchronous
+        if args.progress_delay is not None:
+            gateway_env["SLACK_PROGRESS_DELAY_S"] = str(args.progress_delay)
         gateway = [sys.executable, "-m", "bot", "run"]
         if os.environ.get("BENCH_PROFILE"):  # py-spy's collapsed stacks of the (first) gateway, for profiling
             gateway = ["py-spy", "record", "--gil", "--format", "raw", "-r", "200", "-o", os.environ["BENCH_PROFILE"],
@@ -261,9 +269,12 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--burst", type=int, default=0, help="send this many at once instead of at --rate")
     parser.add_argument("--signs", action="store_true", help="report the first visible sign (p99)")
+    parser.add_argument("--model-delay", type=float, default=0.0, help="seconds the model takes per answer")
     parser.add_argument("--database-url", default="", help="run the gateway on this database (e.g. PostgreSQL)")
     parser.add_argument("--replicas", type=int, default=1, help="gateway processes sharing --database-url")
     parser.add_argument("--sqlite-synchronous", default="", help="SQLITE_SYNCHRONOUS for the gateway")
+    parser.add_argument("--progress-delay", type=float, default=None,
+                        help="SLACK_PROGRESS_DELAY_S for the gateway (0: every turn shows and clears its reaction)")
     args = parser.parse_args()
     if args.replicas > 1 and not args.database_url.startswith("postgresql"):
         parser.error("--replicas needs a PostgreSQL --database-url")
@@ -272,7 +283,8 @@ async def main() -> None:
     load = f"a burst of {args.burst}" if args.burst else f"{int(args.rate * args.seconds)} at {args.rate:g}/s"
     backend = "PostgreSQL" if args.database_url.startswith("postgresql") else "SQLite"
     where = f"{backend}, {args.replicas} replicas" if args.replicas > 1 else backend
-    print(f"intake load: {load} signed mentions, instant model, turns completing while mentions arrive ({where})")
+    model = f"model answering after {args.model_delay:g} s" if args.model_delay else "instant model"
+    print(f"intake load: {load} signed mentions, {model}, turns completing while mentions arrive ({where})")
     print(f"{'app':<16} {'all answered s':>15} {'ack p50':>8} {'ack p99':>8} {'ack max':>8} {'→model':>7} "
           f"{'→post':>7} {'sign p99':>9}  (ms unless s)")
     for label, f in results.items():
@@ -280,6 +292,8 @@ async def main() -> None:
               f"{f.to_model * 1000:7.1f} {f.to_post * 1000:7.1f} {f.sign_p99 * 1000:9.1f}")
     base, ours = results["bare slack-bolt"], results["gateway"]
     tag = f" ({where})" if where != "SQLite" else ""
+    if args.progress_delay == 0:
+        tag += " (a reaction on every turn)"
     if args.signs:
         summary(f"first visible sign p99 at {args.rate:g}/s{tag}", ours.sign_p99 * 1000, 300, "ms",
                 "<= 300 ms (baseline: the limit)")

@@ -17,9 +17,15 @@ import time
 RUNS = [
     # Turns complete while mentions arrive (an instant model): the load users create.
     ("intake, 100/s", ["bench.intake_load", "--rate", "100", "--seconds", "10"]),
+    # Every turn also adds and removes its :eyes: reaction (SLACK_PROGRESS_DELAY_S=0), as slower turns do.
+    ("intake, 100/s, a reaction on every turn", ["bench.intake_load", "--rate", "100", "--seconds", "10",
+                                                  "--progress-delay", "0"]),
     ("intake, burst of 200", ["bench.intake_load", "--burst", "200"]),
     ("intake, burst of 500", ["bench.intake_load", "--burst", "500"]),
-    ("first visible sign, 10/s", ["bench.intake_load", "--rate", "10", "--seconds", "10", "--signs"]),
+    # The model takes 0.5 s: every turn outlasts SLACK_PROGRESS_DELAY_S (0.2 s) and shows its reaction, and
+    # about 5 run at once (within MAX_CONCURRENT_TURNS).
+    ("first visible sign, 10/s", ["bench.intake_load", "--rate", "10", "--seconds", "10", "--signs",
+                                  "--model-delay", "0.5"]),
     # A second line: acks while a slow model keeps every turn parked (nothing else writes meanwhile).
     ("ack latency, 100/s, parked model", ["bench.ack_latency", "--rate", "100", "--seconds", "5", "--model-delay",
                                           "10"]),
