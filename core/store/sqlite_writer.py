@@ -121,8 +121,12 @@ class SQLiteWriter:
                 session.flush()  # what the work added through the ORM is written before the commit
                 return True, result
         except Exception as exc:
-            if self._conn is not None and (self._conn.invalidated or self._conn.closed):
-                self._conn = None  # the next job opens a fresh one
+            # A failed COMMIT (e.g. SQLITE_BUSY) leaves SQLite's transaction open, and SQLAlchemy sends no
+            # ROLLBACK then: closing the connection ends it (and its lock); the next job opens a fresh one.
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
             return False, exc
 
     def _close_connection(self) -> None:
