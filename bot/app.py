@@ -181,7 +181,8 @@ def build_application(
     """``secret_sink`` learns every stored secret value (the log filter masks them)."""
     clock = clock or SystemClock()
     secure_home(settings)  # before anything is created under BOT_HOME: 0700 folders, 0600 files
-    db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous,
+                  pool_size=settings.database_pool_size)
     store = ConversationStore(db)
     bus = EventBus()
     agents = AgentDirectory(load_agents(settings.bot_config, default_instructions=settings.bot_instructions))

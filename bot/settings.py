@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     # last commits may roll back, the file stays sound). FULL: it survives those too, at one fsync per
     # commit (a group of messages shares one).
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
+    # PostgreSQL: connections `bot run` keeps open (up to twice as many while busy)
+    database_pool_size: int = Field(default=10, ge=1, le=100)
     bot_secret_keys: str | None = None
 
     # Model

@@ -25,7 +25,6 @@ log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 10_000
-PG_POOL_SIZE = 20  # connections one process keeps to PostgreSQL (plus up to 10 more while busy)
 _NO_LOCK = contextlib.nullcontext()
 SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
 T = TypeVar("T")
@@ -54,7 +53,7 @@ def async_url(url: str) -> str:
 class Database:
     """One engine for the process. ``write()`` transactions take SQLite's write lock up front."""
 
-    def __init__(self, url: str, *, echo: bool = False, sqlite_synchronous: str = "NORMAL") -> None:
+    def __init__(self, url: str, *, echo: bool = False, sqlite_synchronous: str = "NORMAL", pool_size: int = 5) -> None:
         self.url = async_url(url)
         self.is_sqlite = self.url.startswith("sqlite")
         if sqlite_synchronous.upper() not in SQLITE_SYNCHRONOUS:
@@ -73,9 +72,10 @@ class Database:
             kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
         else:
             kwargs["pool_pre_ping"] = True
-            # Enough kept open for the busy case (turns, intake's group writers, reads, leases): past the
-            # pool's size each checkout opens a new connection (TLS attempt, auth) and closes it after.
-            kwargs["pool_size"] = PG_POOL_SIZE
+            # Kept open for the busy case (turns, intake's group writers, reads, leases): past the pool's
+            # size each checkout opens a new connection (TLS attempt, auth) and closes it after use.
+            kwargs["pool_size"] = pool_size
+            kwargs["max_overflow"] = pool_size
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE") if self.is_sqlite else self.engine
         if self.is_sqlite:
