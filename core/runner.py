@@ -73,8 +73,13 @@ class AgentRunner:
         images: tuple[str, ...] = (),
         steer: Steer | None = None,
         transcript: Sequence[Any] | None = None,
+        save_answer: bool = True,
     ) -> str:
-        """Answer the turn; every message is saved as soon as it exists. Returns the final text.
+        """Answer the turn; every message is saved as soon as it exists (the final answer too, unless
+        ``save_answer`` is False). Returns the final text.
+
+        With ``save_answer=False`` the final answer (the assistant message without tool calls) is left
+        to the caller, which stores it with the turn's end in one transaction (core.turns).
 
         ``steer`` is asked after each batch of tool calls, before the next model call, for messages
         that arrived meanwhile (already saved to the transcript); ``images`` go with the turn's input.
@@ -83,7 +88,7 @@ class AgentRunner:
         # while the model is first asked, and before anything is redacted.
         checking = asyncio.ensure_future(self.redactor.check()) if self.redactor is not None else None
         try:
-            return await self._run(turn, agent, images, steer, transcript, checking)
+            return await self._run(turn, agent, images, steer, transcript, checking, save_answer)
         except BaseException:
             # Never cut short: what the turn's failure says is redacted next, with masks that must be current.
             if checking is not None:
@@ -93,7 +98,8 @@ class AgentRunner:
             raise
 
     async def _run(self, turn: TurnInfo, agent: Agent, images: tuple[str, ...], steer: Steer | None,
-                   transcript: Sequence[Any] | None, checking: asyncio.Future[None] | None) -> str:
+                   transcript: Sequence[Any] | None, checking: asyncio.Future[None] | None,
+                   save_answer: bool) -> str:
         session_id = turn.session.id
         allowed = self.tools.allowed(agent.tools)
         specs = [t.spec() for t in allowed]
@@ -123,6 +129,8 @@ class AgentRunner:
                 recorded.append(replace(call, arguments=masked))
                 if masked != shown:
                     holds_secret.add(call.id)
+            if not reply.tool_calls and not save_answer:
+                return content
             await self.store.add_message(
                 session_id,
                 role="assistant",

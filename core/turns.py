@@ -286,7 +286,7 @@ class TurnDrivers:
         context.run(HOLD.set, driver.hold)
         driver.turn = asyncio.create_task(
             self.runner.run(turn, agent, images=images, steer=lambda: self._steer(turn, slot),
-                            transcript=taken.transcript), name=f"turn:{turn.id}",
+                            transcript=taken.transcript, save_answer=False), name=f"turn:{turn.id}",
             context=context,
         )
         if driver.cancel_turn_id == turn.id:
@@ -345,18 +345,21 @@ class TurnDrivers:
 
     # -- how a turn ended -----------------------------------------------------------------------
 
-    async def _finish(self, turn: TurnInfo, answer: str) -> None:
+    async def _finish(self, turn: TurnInfo, answer: str, *, saved: bool = False) -> None:
+        """The answer (unless ``saved`` already), the turn's end and its outbox row: one commit."""
         now = self.clock.now()
         outbox = self.outbox(turn.session.channel, now) if self.outbox is not None else None
         final = await self.conversations.finish_turn(turn.id, status=TurnStatus.FINISHED, answer=answer,
-                                                     error=None, now=now, outbox=outbox)
+                                                     error=None, now=now, outbox=outbox, answer_message=not saved)
         log.info("turn %s finished (session %s)", turn.id, turn.session.id)
         self.bus.emit(TurnFinished(final.session, final, answer or EMPTY_ANSWER, outbox=outbox))
 
     async def _cancelled(self, turn: TurnInfo, by: str) -> None:
         saved = await self.conversations.final_answer(turn.id)
-        if saved is not None:  # the stop lost the race: the answer exists, so it is the outcome
-            await self._finish(turn, saved)
+        # A turn's answer is stored with its end (one commit), so this finds one only for a turn whose
+        # runner stored it itself (before that was so) and that is stopped after being resumed.
+        if saved is not None:  # the answer exists, so it is the outcome
+            await self._finish(turn, saved, saved=True)  # already in the transcript: not again
             return
         # Said in the transcript, so the model knows that request was dropped, not still pending.
         await self.conversations.add_message(turn.session.id, role="assistant", content=f"(stopped by {by})",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -89,33 +88,52 @@ async def test_stop_ends_a_merged_turn_and_every_input_in_it(
 
 
 class _PauseAfterAnswer(ConversationStore):
-    """The real store; once a turn's final answer is saved, the turn waits here until released."""
+    """The real store; when a turn with an answer comes to be finished (the answer and the turn's end are
+    written in one commit), it waits here until released."""
 
-    saved = asyncio.Event()
+    finishing = asyncio.Event()
     release = asyncio.Event()
 
-    async def add_message(self, session_id: str, *, role: str, content: str, turn_id: int | None, now: datetime,
-                          **extra: Any) -> Any:
-        row = await super().add_message(session_id, role=role, content=content, turn_id=turn_id, now=now, **extra)
-        if role == "assistant" and not extra.get("tool_calls") and not content.startswith("(stopped"):
-            type(self).saved.set()
+    async def finish_turn(self, turn_id: int, **kwargs: Any) -> Any:
+        if kwargs.get("answer") is not None:
+            type(self).finishing.set()
             await type(self).release.wait()
-        return row
+        return await super().finish_turn(turn_id, **kwargs)
 
 
-async def test_a_stop_after_the_answer_is_saved_keeps_the_answer(tmp_path: Path) -> None:
+async def test_a_stop_after_the_model_answered_keeps_the_answer(tmp_path: Path) -> None:
     model = HeldProvider()
-    _PauseAfterAnswer.saved, _PauseAfterAnswer.release = asyncio.Event(), asyncio.Event()
+    _PauseAfterAnswer.finishing, _PauseAfterAnswer.release = asyncio.Event(), asyncio.Event()
     async with build_core(tmp_path / "bot.db", model, conversations_class=_PauseAfterAnswer) as core:
         accepted = await core.dispatcher.accept(msg("quick", "a"))
         await model.answer("made it")
-        await asyncio.wait_for(_PauseAfterAnswer.saved.wait(), 5)  # saved, and the turn not finished yet
+        await asyncio.wait_for(_PauseAfterAnswer.finishing.wait(), 5)  # answered, and the turn not finished yet
         report = await core.dispatcher.cancel("s:1", by="U1")
         assert report.running  # the stop did land on the running turn...
+        _PauseAfterAnswer.release.set()
         assert accepted.input_id is not None
         outcome = await core.dispatcher.outcome(accepted.input_id)
-        assert (outcome.status, outcome.text) == ("answered", "made it")  # ...and lost to the saved answer
+        assert (outcome.status, outcome.text) == ("answered", "made it")  # ...and lost to the answer
         assert await _history(core) == ["quick", "made it"]  # one outcome, and the transcript agrees
+
+
+async def test_a_stop_keeps_an_answer_the_transcript_already_holds(
+    core: Core, dispatcher: Dispatcher, model: HeldProvider
+) -> None:
+    """A turn whose runner stored its final answer itself (as before answers were stored with the turn's
+    end), resumed and stopped: the stored answer is the outcome, and it is not stored twice."""
+    accepted = await dispatcher.accept(msg("quick", "a"))
+    _request, held = await model.next_call()
+    turn_id = await core.conversations.running_turn("s:1")
+    assert turn_id is not None
+    await core.conversations.add_message("s:1", role="assistant", content="answered before", turn_id=turn_id,
+                                         now=SystemClock().now())
+    await dispatcher.cancel("s:1", by="U1")
+    assert accepted.input_id is not None
+    outcome = await dispatcher.outcome(accepted.input_id)
+    assert (outcome.status, outcome.text) == ("answered", "answered before")
+    assert held.cancelled()
+    assert await _history(core) == ["quick", "answered before"]
 
 
 async def test_a_stop_before_the_answer_wins(core: Core, dispatcher: Dispatcher, model: HeldProvider) -> None:

@@ -99,15 +99,19 @@ class ConversationStore:
 
     async def finish_turn(
         self, turn_id: int, *, status: str, answer: str | None, error: str | None, now: datetime,
-        outbox: OutboxClaim | None = None,
+        outbox: OutboxClaim | None = None, answer_message: bool = False,
     ) -> TurnInfo:
         """Record how the turn ended; returns it with every input it took (for the events). With ``outbox``
         (the session's channel delivers answers), a finished turn's answer goes into the outbox in the same
-        commit: an answer that exists is never left undelivered by a crash."""
+        commit: an answer that exists is never left undelivered by a crash. With ``answer_message`` the
+        answer also goes into the transcript, in the same commit (the runner left it to the turn's end)."""
         def work(s: Session) -> TurnInfo:
             conn = s.connection()
             turn = conn.execute(st.TURN_HEAD, {"b_turn": turn_id}).one()
             # An error may quote what a model endpoint said: stored text never holds NUL.
+            if answer_message and answer is not None and status == TurnStatus.FINISHED:
+                conn.execute(st.INSERT_MESSAGE, dict(session_id=turn.session_id, role="assistant",
+                                                     content=clean_text(answer), turn_id=turn_id, created_at=now))
             conn.execute(st.UPDATE_TURN, dict(
                 b_turn=turn_id, status=status, answer=clean_text(answer) if answer is not None else None,
                 error=clean_text(error) if error is not None else None, finished_at=now))
