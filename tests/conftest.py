@@ -74,7 +74,16 @@ async def fresh_postgres(admin_url: str) -> AsyncIterator[str]:
     finally:
         admin = await asyncpg.connect(dsn)
         try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            for attempt in range(50):
+                try:
+                    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                    break
+                except asyncpg.InsufficientPrivilegeError:
+                    # An autovacuum worker (the superuser's) is in it, and FORCE may not end it: it soon
+                    # leaves by itself. Seen once on a loaded machine.
+                    if attempt == 49:
+                        raise
+                    await asyncio.sleep(0.1)
         finally:
             await admin.close()
 

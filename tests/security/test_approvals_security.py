@@ -427,9 +427,11 @@ async def test_a_turn_failed_by_restarts_takes_its_pending_approval_with_it(
     try:
         assert await send_event(bot, mention("deploy prod", ts=thread), "Ev1") == 200
         await fake_slack.wait_for("chat.postMessage")
-        for _ in range(2):  # the process dies twice while the turn waits for the approval
+        for kill in range(2):  # the process dies twice while the turn waits for the approval
             await bot.kill()
             bot = await BotProcess(tmp_path, env).start()
+            if kill == 0:  # killed again only once this start has resumed the turn (slow on a loaded machine)
+                await until(lambda: has("SELECT attempts FROM turns WHERE id = 1", [(2,)]), 20)
         await until(lambda: has("SELECT status FROM turns WHERE id = 1", [("failed",)]))
         assert await rows("SELECT status FROM approvals") == [("cancelled",)]
 
