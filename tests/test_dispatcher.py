@@ -14,7 +14,7 @@ from core.dispatcher import Dispatcher
 from core.errors import InvalidInput
 from core.model import Inbound, MessageRef
 from core.providers import Completion
-from core.store import ConversationStore, InputStore
+from core.store import Accepted, ConversationStore, InputStore
 from tests.fakes.core import Core, HeldProvider, build_core
 
 
@@ -117,6 +117,15 @@ async def test_a_stop_after_the_model_answered_keeps_the_answer(tmp_path: Path) 
         assert await _history(core) == ["quick", "made it"]  # one outcome, and the transcript agrees
 
 
+async def _stop(dispatcher: Dispatcher, accepted: Accepted, held: asyncio.Future[Completion]) -> tuple[str, str]:
+    """U1 stops the thread while its model call is held: the call is cancelled; the input's outcome."""
+    await dispatcher.cancel("s:1", by="U1")
+    assert accepted.input_id is not None
+    outcome = await dispatcher.outcome(accepted.input_id)
+    assert held.cancelled()
+    return outcome.status, outcome.text
+
+
 async def test_a_stop_keeps_an_answer_the_transcript_already_holds(
     core: Core, dispatcher: Dispatcher, model: HeldProvider
 ) -> None:
@@ -128,22 +137,14 @@ async def test_a_stop_keeps_an_answer_the_transcript_already_holds(
     assert turn_id is not None
     await core.conversations.add_message("s:1", role="assistant", content="answered before", turn_id=turn_id,
                                          now=SystemClock().now())
-    await dispatcher.cancel("s:1", by="U1")
-    assert accepted.input_id is not None
-    outcome = await dispatcher.outcome(accepted.input_id)
-    assert (outcome.status, outcome.text) == ("answered", "answered before")
-    assert held.cancelled()
+    assert await _stop(dispatcher, accepted, held) == ("answered", "answered before")
     assert await _history(core) == ["quick", "answered before"]
 
 
 async def test_a_stop_before_the_answer_wins(core: Core, dispatcher: Dispatcher, model: HeldProvider) -> None:
     accepted = await dispatcher.accept(msg("slow", "a"))
     _request, held = await model.next_call()
-    await dispatcher.cancel("s:1", by="U1")
-    assert accepted.input_id is not None
-    outcome = await dispatcher.outcome(accepted.input_id)
-    assert (outcome.status, outcome.text) == ("cancelled", "stopped by U1")
-    assert held.cancelled()
+    assert await _stop(dispatcher, accepted, held) == ("cancelled", "stopped by U1")
     assert await _history(core) == ["slow", "(stopped by U1)"]
 
 

@@ -62,6 +62,7 @@ class Database:
         self.sqlite_synchronous = sqlite_synchronous.upper()
         kwargs: dict[str, Any] = {"echo": echo}
         self._fast: SQLiteWriter | None = None
+        self._insert_or_ignore: dict[Any, sqlite.Insert | postgresql.Insert] = {}
         # SQLite has one writer at a time. Queueing our own writers here keeps them out of SQLite's
         # busy handler, which sleeps in growing steps (up to 100 ms) while another connection writes.
         self._write_turn = asyncio.Lock()
@@ -131,6 +132,14 @@ class Database:
         """An INSERT in this database's dialect, which can say what a conflict does
         (``on_conflict_do_nothing`` / ``on_conflict_do_update``): the one place the dialects differ."""
         return sqlite.insert(table) if self.is_sqlite else postgresql.insert(table)
+
+    def insert_or_ignore(self, table: Any) -> sqlite.Insert | postgresql.Insert:
+        """``INSERT … ON CONFLICT DO NOTHING`` for ``table``, built once per table (a hot path's statement:
+        see core.store.statements); the columns come from the parameters it is executed with."""
+        statement = self._insert_or_ignore.get(table)
+        if statement is None:
+            statement = self._insert_or_ignore[table] = self.insert(table).on_conflict_do_nothing()
+        return statement
 
     @property
     def write_in_progress(self) -> bool:

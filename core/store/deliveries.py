@@ -107,7 +107,7 @@ class DeliveryStore:
         """Keep a claim for its attempt, if it is still ``holder``'s for that attempt (nobody, this process
         included, took the row since) and runs past ``valid_after``; the row, or None: leave it alone."""
         def work(s: Session) -> DeliveryRow | None:
-            result = s.exec(update(DeliveryRow).where(*_held(turn_id, holder, attempt),
+            result = s.exec(update(DeliveryRow).where(*st.held(turn_id, holder, attempt),
                                                       col(DeliveryRow.next_attempt_at) > valid_after)
                             .values(next_attempt_at=until))
             return s.get(DeliveryRow, turn_id) if result.rowcount == 1 else None
@@ -132,14 +132,14 @@ class DeliveryStore:
     async def retry_later(self, turn_id: int, error: str, at: datetime, *, holder: str, attempt: int) -> bool:
         """An attempt failed: release the claim and say when the next one may start."""
         async with self.db.write() as s:
-            result = await s.exec(update(DeliveryRow).where(*_held(turn_id, holder, attempt))
+            result = await s.exec(update(DeliveryRow).where(*st.held(turn_id, holder, attempt))
                                   .values(claimed_by=None, next_attempt_at=at, last_error=error))
             return bool(result.rowcount == 1)
 
     async def give_up(self, turn_id: int, error: str, now: datetime, *, holder: str, attempt: int) -> bool:
         async with self.db.write() as s:
             result = await s.exec(
-                update(DeliveryRow).where(*_held(turn_id, holder, attempt))
+                update(DeliveryRow).where(*st.held(turn_id, holder, attempt))
                 .values(status=DeliveryStatus.GIVEN_UP, claimed_by=None, finished_at=now, last_error=error,
                         next_attempt_at=now)  # the thread may be told from now on
             )
@@ -210,13 +210,6 @@ class DeliveryStore:
             query = query.where(col(DeliveryRow.created_at) >= since)
         async with self.db.read() as s:
             return int((await s.exec(query)).one())
-
-
-def _held(turn_id: int, holder: str, attempt: int) -> tuple[Any, ...]:
-    """The row is pending and still claimed by ``holder`` for its ``attempt``-th attempt: a result an attempt
-    brings back after losing its claim (it ran out and another took the row) changes nothing."""
-    return (col(DeliveryRow.turn_id) == turn_id, col(DeliveryRow.status) == DeliveryStatus.PENDING,
-            col(DeliveryRow.claimed_by) == holder, col(DeliveryRow.attempts) == attempt)
 
 
 def _tellable(now: datetime) -> tuple[Any, ...]:

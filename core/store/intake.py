@@ -171,7 +171,8 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
         # Refused before anything is written, so the group it came with is stored without it.
         raise InvalidInput(f"this conversation belongs to agent {found.agent!r}, not {msg.agent!r}")
     if msg.delivery_key is not None:
-        claim = st.CLAIM_EVENT_SQLITE if db.is_sqlite else st.CLAIM_EVENT_POSTGRESQL
+        # The first delivery claims the event's key; a redelivery inserts nothing.
+        claim = db.insert_or_ignore(st.processed)
         if not conn.execute(claim, {"key": msg.delivery_key, "received_at": now}).rowcount:
             return Accepted(AcceptOutcome.DUPLICATE)
     new_session = found is None

@@ -10,8 +10,9 @@ Both dialects compile them (the compiled form is cached per dialect).
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import bindparam, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from core.model import DeliveryStatus, InputKind, InputStatus, TurnStatus
 from core.store.tables import ControlRow, DeliveryRow, InputRow, MessageRow, ProcessedEventRow, SessionRow, TurnRow
@@ -25,6 +26,15 @@ control = ControlRow.__table__  # type: ignore[attr-defined]
 processed = ProcessedEventRow.__table__  # type: ignore[attr-defined]
 
 WAITING_READ = 500  # waiting inputs read at once (a batch never holds more)
+
+
+def held(turn_id: Any, holder: Any, attempt: Any) -> tuple[Any, ...]:
+    """The delivery row is pending and still claimed by ``holder`` for its ``attempt``-th attempt: a result
+    an attempt brings back after losing its claim (it ran out and another took the row) changes nothing.
+    Values, or bind parameters for a statement built once."""
+    return (deliveries.c.turn_id == turn_id, deliveries.c.status == DeliveryStatus.PENDING,
+            deliveries.c.claimed_by == holder, deliveries.c.attempts == attempt)
+
 
 # -- reads -------------------------------------------------------------------------------------------
 SESSION = select(sessions).where(sessions.c.id == bindparam("b_session"))
@@ -50,16 +60,10 @@ TRANSCRIPT = (select(messages).where(messages.c.session_id == bindparam("b_sessi
 UPDATE_SESSION = update(sessions).where(sessions.c.id == bindparam("b_session"))
 UPDATE_TURN = update(turns).where(turns.c.id == bindparam("b_turn"))
 UPDATE_INPUT = update(inputs).where(inputs.c.id == bindparam("b_input"))
-# A delivery's result counts only while the row is pending and still claimed by that holder for that
-# attempt: a result brought back after the claim was lost (another took the row) changes nothing.
 UPDATE_HELD_DELIVERY = update(deliveries).where(
-    deliveries.c.turn_id == bindparam("b_turn"), deliveries.c.status == DeliveryStatus.PENDING,
-    deliveries.c.claimed_by == bindparam("b_holder"), deliveries.c.attempts == bindparam("b_attempt"))
+    *held(bindparam("b_turn"), bindparam("b_holder"), bindparam("b_attempt")))
 INSERT_SESSION = sessions.insert()
 INSERT_TURN = turns.insert()
 INSERT_INPUT = inputs.insert()
 INSERT_MESSAGE = messages.insert()
 INSERT_DELIVERY = deliveries.insert()
-# An event's first delivery claims its key; a redelivery inserts nothing (rowcount 0).
-CLAIM_EVENT_SQLITE = sqlite.insert(processed).on_conflict_do_nothing()
-CLAIM_EVENT_POSTGRESQL = postgresql.insert(processed).on_conflict_do_nothing()
