@@ -5,7 +5,10 @@ transactions on its writer thread. Run against SQLite, and PostgreSQL when TEST_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
+import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from core.model import Inbound, InputKind, MessageRef, SessionInfo, SessionStatu
 from core.redaction import Redactor
 from core.runner import AgentRunner
 from core.store import AcceptOutcome, ControlStore, Database, InputStore
+from core.store.sqlite_checkpoint import WAL_SIZE_LIMIT_BYTES
 from core.store.tables import InputRow
 from tests.conftest import fresh_postgres
 from tests.fakes.core import HeldProvider, build_core, noop_tools
@@ -263,3 +267,75 @@ async def test_a_write_after_the_database_closed_is_refused_not_left_hanging(tmp
     await db.close()
     with pytest.raises(StoreError, match="closed"):
         await asyncio.wait_for(db.run_write(lambda s: None), 5)
+
+
+# -- the WAL's checkpoints run beside commits, not inside them ----------------------------------------------
+
+
+def _rows_in_database_file(tmp_path: Path) -> int:
+    """How many ``blobs`` rows the database file itself holds, without its WAL: what checkpoints copied."""
+    copy = tmp_path / "file-only.db"
+    shutil.copyfile(tmp_path / "x.db", copy)
+    conn = sqlite3.connect(copy)
+    try:
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'blobs'").fetchone():
+            return 0
+        return int(conn.execute("SELECT count(*) FROM blobs").fetchone()[0])
+    finally:
+        conn.close()
+        copy.unlink()
+
+
+async def _write_blobs(db: Database, count: int) -> None:
+    """``count`` rows of 64 KB each (128: 8 MB, past the 1000 pages at which a commit checkpoints by default)."""
+    await db.run_write(lambda s: s.connection().execute(text("CREATE TABLE blobs (b BLOB)")))
+    for _ in range(count):
+        await db.run_write(lambda s: s.connection().execute(text("INSERT INTO blobs VALUES (randomblob(65536))")))
+
+
+async def test_no_commit_checkpoints_the_wal_itself(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/x.db", sqlite_checkpoint_delay_s=3600)  # the checkpointer stays idle
+    await db.migrate()
+    try:
+        await _write_blobs(db, 128)
+        assert _rows_in_database_file(tmp_path) == 0  # all of it still in the WAL
+        async with db.read() as s:  # and every connection reads it from there
+            assert (await s.exec(text("SELECT count(*) FROM blobs"))).scalar() == 128  # type: ignore[call-overload]
+    finally:
+        await db.close()
+
+
+async def test_the_checkpointer_copies_committed_writes_into_the_database_file(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/x.db", sqlite_checkpoint_delay_s=0.01)
+    await db.migrate()
+    try:
+        await _write_blobs(db, 128)
+        for _ in range(500):
+            with contextlib.suppress(sqlite3.DatabaseError):  # copied while a checkpoint wrote into it
+                if _rows_in_database_file(tmp_path) == 128:
+                    break
+            await asyncio.sleep(0.01)
+        assert _rows_in_database_file(tmp_path) == 128
+    finally:
+        await db.close()
+
+
+async def test_a_wal_the_checkpointer_does_not_keep_up_with_still_restarts_and_stays_bounded(tmp_path: Path) -> None:
+    """The safety net: past AUTOCHECKPOINT_PAGES a commit checkpoints after all, and the WAL restarts
+    from its beginning instead of growing for as long as writes keep coming."""
+    db = Database(f"sqlite:///{tmp_path}/x.db", sqlite_checkpoint_delay_s=3600)  # the checkpointer stays idle
+    await db.migrate()
+    try:
+        await _write_blobs(db, 640)  # 40 MB of writes
+        assert _rows_in_database_file(tmp_path) > 0
+        assert (tmp_path / "x.db-wal").stat().st_size <= WAL_SIZE_LIMIT_BYTES + 2 * 1024 * 1024
+    finally:
+        await db.close()
+
+
+async def test_closing_a_database_twice_is_harmless(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/x.db", sqlite_checkpoint_delay_s=0.01)
+    await db.migrate()
+    await db.run_write(lambda s: None)
+    await db.close()
+    await db.close()

@@ -35,7 +35,7 @@ class DbFriendlyScheduler(AsyncIOScheduler):
 def build_scheduler(db: Database, *, misfire_grace_s: float) -> DbFriendlyScheduler:
     """A scheduler whose jobs live in ``db`` (explicit ids, coalesced, one instance at a time)."""
     options: dict[str, Any] = {"connect_args": {"timeout": 10}} if db.is_sqlite else {"pool_pre_ping": True}
-    store = SQLAlchemyJobStore(url=db.sync_url, engine_options=options)
+    store = SQLAlchemyJobStore(engine=db.sync_engine(**options))
     return DbFriendlyScheduler(
         lambda: db.write_in_progress, jobstores={"default": store},
         job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": misfire_grace_s},

@@ -19,6 +19,12 @@ from sqlmodel import Session
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from core.errors import StoreError
+from core.store.sqlite_checkpoint import (
+    AUTOCHECKPOINT_PAGES,
+    CHECKPOINT_DELAY_S,
+    WAL_SIZE_LIMIT_BYTES,
+    SQLiteCheckpointer,
+)
 from core.store.sqlite_writer import SQLiteWriter
 
 log = logging.getLogger(__name__)
@@ -53,7 +59,8 @@ def async_url(url: str) -> str:
 class Database:
     """One engine for the process. ``write()`` transactions take SQLite's write lock up front."""
 
-    def __init__(self, url: str, *, echo: bool = False, sqlite_synchronous: str = "NORMAL", pool_size: int = 5) -> None:
+    def __init__(self, url: str, *, echo: bool = False, sqlite_synchronous: str = "NORMAL", pool_size: int = 5,
+                 sqlite_checkpoint_delay_s: float = CHECKPOINT_DELAY_S) -> None:
         self.url = async_url(url)
         self.is_sqlite = self.url.startswith("sqlite")
         if sqlite_synchronous.upper() not in SQLITE_SYNCHRONOUS:
@@ -62,6 +69,7 @@ class Database:
         self.sqlite_synchronous = sqlite_synchronous.upper()
         kwargs: dict[str, Any] = {"echo": echo}
         self._fast: SQLiteWriter | None = None
+        self._checkpointer: SQLiteCheckpointer | None = None
         self._insert_or_ignore: dict[Any, sqlite.Insert | postgresql.Insert] = {}
         # SQLite has one writer at a time. Queueing our own writers here keeps them out of SQLite's
         # busy handler, which sleeps in growing steps (up to 100 ms) while another connection writes.
@@ -79,15 +87,19 @@ class Database:
             kwargs["max_overflow"] = pool_size
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE") if self.is_sqlite else self.engine
+        on_file = self.is_sqlite and make_url(self.url).database not in (None, "", ":memory:")
         if self.is_sqlite:
-            _tune_sqlite(self.engine, self.sqlite_synchronous)
-        if self.is_sqlite and make_url(self.url).database not in (None, "", ":memory:"):
+            _tune_sqlite(self.engine, self.sqlite_synchronous, own_checkpoints=on_file)
+        if on_file:
             # The hot path's writes (intake, turns, deliveries) run on a thread of their own (see
-            # core.store.sqlite_writer), queued behind the same write turn as the async writers.
+            # core.store.sqlite_writer), queued behind the same write turn as the async writers; the
+            # WAL's checkpoints on another (core.store.sqlite_checkpoint), out of every commit's way.
             fast = create_engine(self.sync_url, echo=echo, connect_args={
                 "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
-            _tune_sqlite(fast, self.sqlite_synchronous)
-            self._fast = SQLiteWriter(fast.execution_options(sqlite_begin="IMMEDIATE"), self._write_turn)
+            _tune_sqlite(fast, self.sqlite_synchronous, own_checkpoints=True)
+            self._checkpointer = SQLiteCheckpointer(fast, delay_s=sqlite_checkpoint_delay_s)
+            self._fast = SQLiteWriter(fast.execution_options(sqlite_begin="IMMEDIATE"), self._write_turn,
+                                      on_commit=self._checkpointer.wrote)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
@@ -100,6 +112,7 @@ class Database:
         async with self._write_lock(), AsyncSession(self._write_engine, expire_on_commit=False) as session:
             async with session.begin():
                 yield session
+        self._wrote()
 
     async def run_read(self, work: Callable[[Session], T]) -> T:
         """Run ``work`` (synchronous statements) on a read connection: for code shared with ``run_write``."""
@@ -116,7 +129,13 @@ class Database:
             return await self._fast.run(work, urgent=urgent)
         async with self._write_lock(), AsyncSession(self._write_engine, expire_on_commit=False) as s:
             async with s.begin():
-                return await s.run_sync(work)  # type: ignore[arg-type]  # sqlmodel's Session
+                result = await s.run_sync(work)  # type: ignore[arg-type]  # sqlmodel's Session
+        self._wrote()
+        return result
+
+    def _wrote(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.wrote()
 
     def _write_lock(self) -> asyncio.Lock | contextlib.nullcontext[None]:
         return self._write_turn if self.is_sqlite else _NO_LOCK
@@ -127,6 +146,7 @@ class Database:
         that writes to the same file (APScheduler's job store) can run here without waiting on us."""
         async with self._write_lock():
             yield
+        self._wrote()
 
     def insert(self, table: Any) -> sqlite.Insert | postgresql.Insert:
         """An INSERT in this database's dialect, which can say what a conflict does
@@ -144,6 +164,13 @@ class Database:
     @property
     def write_in_progress(self) -> bool:
         return self.is_sqlite and self._write_turn.locked()
+
+    def sync_engine(self, **options: Any) -> Engine:
+        """A synchronous engine on the same database (APScheduler's job store), tuned like ours."""
+        engine = create_engine(self.sync_url, **options)
+        if self.is_sqlite:
+            _tune_sqlite(engine, self.sqlite_synchronous, own_checkpoints=self._checkpointer is not None)
+        return engine
 
     @property
     def sync_url(self) -> str:
@@ -166,6 +193,7 @@ class Database:
                 await conn.run_sync(_upgrade_to_head)
         except (SQLAlchemyError, OSError) as exc:  # OSError: the server refused or its name did not resolve
             raise StoreError(f"could not open or migrate the database {self.display_url}: {exc}") from exc
+        self._wrote()
 
     @property
     def display_url(self) -> str:
@@ -173,11 +201,13 @@ class Database:
 
     async def close(self) -> None:
         await self.engine.dispose()
+        if self._checkpointer is not None:
+            await self._checkpointer.close()
         if self._fast is not None:
             await self._fast.close()
 
 
-def _tune_sqlite(engine: AsyncEngine | Engine, synchronous: str) -> None:
+def _tune_sqlite(engine: AsyncEngine | Engine, synchronous: str, *, own_checkpoints: bool) -> None:
     sync_engine = engine.sync_engine if isinstance(engine, AsyncEngine) else engine
 
     @event.listens_for(sync_engine, "connect")
@@ -189,6 +219,9 @@ def _tune_sqlite(engine: AsyncEngine | Engine, synchronous: str) -> None:
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute("PRAGMA foreign_keys=ON")
+        if own_checkpoints:  # SQLiteCheckpointer checkpoints beside the commits; a commit only as a safety net
+            cursor.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
+            cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
         cursor.close()
 
     @event.listens_for(sync_engine, "begin")

@@ -40,8 +40,10 @@ _TURN_JOBS = 256  # jobs per hold of the write turn: the async writers waiting f
 
 
 class SQLiteWriter:
-    def __init__(self, engine: Engine, write_turn: asyncio.Lock) -> None:
+    def __init__(self, engine: Engine, write_turn: asyncio.Lock, *,
+                 on_commit: Callable[[], None] | None = None) -> None:
         self._engine = engine
+        self._on_commit = on_commit  # after each run of jobs (the WAL's checkpointer)
         self._write_turn = write_turn  # shared with the async writers of the same process
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
         # Taken by the thread while it runs, so a job queued meanwhile runs in the same hold of the
@@ -96,6 +98,8 @@ class SQLiteWriter:
                         job.future.cancel()
                 if not isinstance(exc, Exception):
                     raise
+            if self._on_commit is not None:
+                self._on_commit()
 
     def _run_queued(self, loop: asyncio.AbstractEventLoop) -> None:
         for _ in range(_TURN_JOBS):
