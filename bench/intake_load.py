@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import gc
 import os
 import re
 import secrets
@@ -213,6 +214,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Figures]:
                 await _warm_up(ports, slack, offset + 1_000_000)
                 calls_before = len(slack.calls)
                 cpu_before = sum(_cpu_s(proc.pid) for proc in procs)
+                gc.collect()  # the harness's own full collections would stop its clock for either app
+                gc.freeze()
                 run = await _load(ports, 0 if args.burst else args.rate, count, slack, offset)
                 cpu = sum(_cpu_s(proc.pid) for proc in procs) - cpu_before
                 print(f"  {label}: {cpu * 1000 / count:.1f} ms of CPU per mention", file=sys.stderr)
