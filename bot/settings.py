@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     slack_max_retries: int = Field(default=3, ge=0, le=10)
     # A turn shows its progress reaction once it has run this long (0: at once); a quicker answer is its own sign.
     slack_progress_delay_s: float = Field(default=0.2, ge=0, le=60)
+    # Answers stream into the thread while the model writes, once it has written for SLACK_STREAM_DELAY_S
+    # (an answer complete sooner is posted whole); needs LLM_STREAM.
+    slack_streaming: bool = True
+    slack_stream_delay_s: float = Field(default=0.3, ge=0, le=60)
 
     # Server
     host: str = "127.0.0.1"
@@ -56,6 +60,7 @@ class Settings(BaseSettings):
     llm_api_key: str | None = None
     llm_model: str | None = None
     llm_timeout_s: float = Field(default=120.0, gt=0)
+    llm_stream: bool = True  # ask the model to stream (answers show while written); off for endpoints that cannot
     llm_max_attempts: int = Field(default=4, ge=1, le=10)
     llm_retry_base_s: float = Field(default=0.5, ge=0)
 

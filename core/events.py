@@ -73,6 +73,16 @@ class TurnFinished(TurnEvent):
 
 
 @dataclass(frozen=True)
+class AnswerDelta(TurnEvent):
+    """More of the answer as the model writes it, masked (core.answer_stream): for channels that show it
+    live. Never stored; the answer itself comes with TurnFinished and is delivered by the outbox."""
+
+    name: ClassVar[str] = "answer.delta"
+    text: str
+    restart: bool  # a new model call's first text: what was shown before is not how the answer begins
+
+
+@dataclass(frozen=True)
 class TurnFailed(TurnEvent):
     name: ClassVar[str] = "turn.failed"
     kind: str

@@ -45,11 +45,21 @@ class Completion:
     tool_calls: tuple[ToolCall, ...] = ()
 
 
+class TextStream(Protocol):
+    """Where a streaming provider sends the answer's text as it arrives (core.answer_stream)."""
+
+    def restart(self) -> None:
+        """A new model call begins (a retry): what came before is not its text."""
+
+    def __call__(self, text: str) -> None: ...
+
+
 class Provider(Protocol):
     name: str
 
     async def complete(self, request: CompletionRequest) -> Completion:
-        """One model call; raise ProviderError (classified) on failure."""
+        """One model call; raise ProviderError (classified) on failure. A provider whose ``streams``
+        attribute is true also takes ``on_text: TextStream | None``, and calls it as the text arrives."""
         ...
 
 
@@ -66,9 +76,15 @@ class RetryPolicy:
         return min(backoff * (0.5 + random.random() / 2), self.max_delay_s)
 
 
-async def complete_with_retries(provider: Provider, request: CompletionRequest, policy: RetryPolicy) -> Completion:
+async def complete_with_retries(provider: Provider, request: CompletionRequest, policy: RetryPolicy,
+                                on_text: TextStream | None = None) -> Completion:
+    streaming = on_text is not None and getattr(provider, "streams", False)
     for attempt in range(1, policy.attempts + 1):
         try:
+            if streaming:
+                assert on_text is not None
+                on_text.restart()
+                return await provider.complete(request, on_text=on_text)  # type: ignore[call-arg]
             return await provider.complete(request)
         except ProviderError as error:
             if not error.retryable or attempt == policy.attempts:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import json
 import math
 import re
@@ -87,6 +88,9 @@ def _encoded(raw: bytes) -> list[str]:
     return forms
 
 
+_PROBE = 16
+
+
 class MaskSet:
     """An immutable compiled set of masks: ``mask(text)`` replaces every form of every value."""
 
@@ -94,6 +98,24 @@ class MaskSet:
         self.masks = masks  # form → what replaces it
         self.longest = max(map(len, masks), default=0)
         self.pattern = _compile(list(masks)) if masks else None
+        self._sorted = sorted(masks)  # the forms that start with a text follow it at once, in this order
+
+    def could_begin(self, text: str, start: int) -> int:
+        """The first position from ``start`` on at which the rest of ``text`` could still be the beginning
+        of a form (``len(text)``: none)."""
+        forms, end = self._sorted, len(text)
+        for at in range(start, end):
+            probe = text[at:at + _PROBE]  # most positions fail on a few characters, without copying the rest
+            i = bisect.bisect_left(forms, probe)
+            if i == len(forms) or not forms[i].startswith(probe):
+                continue
+            if end - at <= _PROBE:
+                return at
+            rest = text[at:]
+            i = bisect.bisect_left(forms, rest)
+            if i < len(forms) and forms[i].startswith(rest):
+                return at
+        return end
 
     @classmethod
     def build(cls, named: Iterable[tuple[str, str]], label: Callable[[str], str] = mask_label) -> MaskSet:
@@ -122,8 +144,9 @@ class MaskSet:
 class StreamMasker:
     """Masks text that arrives in chunks (a streamed answer) exactly as masking it whole would.
 
-    It holds back only the tail that could still be the start of a form (``longest - 1`` characters):
-    everything before that is decided and emitted, masked."""
+    It holds back only the tail that could still be the start of a form: from the first position at which
+    what has arrived is the beginning of one (never more than ``longest - 1`` characters). Everything
+    before that is decided and emitted, masked: a match that starts there can no longer grow."""
 
     def __init__(self, masks: MaskSet) -> None:
         self._masks = masks
@@ -135,8 +158,9 @@ class StreamMasker:
         if pattern is None:
             self._pending = ""
             return text
-        # A match starting before ``decided`` can see its longest possible form in full.
-        decided = max(0, len(text) - self._masks.longest + 1)
+        # A match starting before ``decided`` can see its longest possible form in full; from there on, up to
+        # where the rest could still begin a form, none can grow either.
+        decided = self._masks.could_begin(text, max(0, len(text) - self._masks.longest + 1))
         out: list[str] = []
         pos = 0
         for match in pattern.finditer(text):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from core.agents import Agent
+from core.answer_stream import AnswerStream, Emit
 from core.clock import Clock
 from core.errors import StepLimitReached
 from core.model import TurnInfo
@@ -74,6 +75,7 @@ class AgentRunner:
         steer: Steer | None = None,
         transcript: Sequence[Any] | None = None,
         save_answer: bool = True,
+        on_text: Emit | None = None,
     ) -> str:
         """Answer the turn; every message is saved as soon as it exists (the final answer too, unless
         ``save_answer`` is False). Returns the final text.
@@ -83,12 +85,13 @@ class AgentRunner:
 
         ``steer`` is asked after each batch of tool calls, before the next model call, for messages
         that arrived meanwhile (already saved to the transcript); ``images`` go with the turn's input.
+        ``on_text`` gets the answer's text as the model writes it, masked (if the provider streams).
         """
         # Another process may have stored a secret since the last turn: the masks are brought up to date
         # while the model is first asked, and before anything is redacted.
         checking = asyncio.ensure_future(self.redactor.check()) if self.redactor is not None else None
         try:
-            return await self._run(turn, agent, images, steer, transcript, checking, save_answer)
+            return await self._run(turn, agent, images, steer, transcript, checking, save_answer, on_text)
         except BaseException:
             # Never cut short: what the turn's failure says is redacted next, with masks that must be current.
             if checking is not None:
@@ -99,7 +102,7 @@ class AgentRunner:
 
     async def _run(self, turn: TurnInfo, agent: Agent, images: tuple[str, ...], steer: Steer | None,
                    transcript: Sequence[Any] | None, checking: asyncio.Future[None] | None,
-                   save_answer: bool) -> str:
+                   save_answer: bool, on_text: Emit | None) -> str:
         session_id = turn.session.id
         allowed = self.tools.allowed(agent.tools)
         specs = [t.spec() for t in allowed]
@@ -113,12 +116,21 @@ class AgentRunner:
         if images and history and history[-1].role == "user":
             history[-1] = replace(history[-1], images=images)
 
+        # Nothing of the live text leaves before the masks are current (the check started above).
+        live = None if on_text is None else AnswerStream(on_text, self.redactor, checking)
         for _step in range(self.limits.max_steps):
             request = CompletionRequest(instructions=agent.instructions, messages=merge_user_runs(history),
                                         tools=specs)
-            reply = await complete_with_retries(self.provider, request, self.retry)
-            if checking is not None:
-                await checking
+            try:
+                reply = await complete_with_retries(self.provider, request, self.retry, on_text=live)
+                if checking is not None:
+                    await checking
+            except BaseException:
+                if live is not None:
+                    live.close()
+                raise
+            if live is not None:
+                live.finish()
             # The model may repeat a secret it saw: masked before it is stored, posted or shown. A
             # call whose arguments hold one never runs (see _call_tool): it would put the secret on
             # an approval card, in a grant or in a command line.

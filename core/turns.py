@@ -20,7 +20,15 @@ from core import logcontext
 from core.agents import AgentDirectory
 from core.delivery import EMPTY_ANSWER
 from core.errors import ProviderError, StepLimitReached
-from core.events import EventBus, InputsTaken, TurnCancelled, TurnFailed, TurnFinished, TurnStarted
+from core.events import (
+    AnswerDelta,
+    EventBus,
+    InputsTaken,
+    TurnCancelled,
+    TurnFailed,
+    TurnFinished,
+    TurnStarted,
+)
 from core.leasing import SessionLeases
 from core.model import Outcome, QueueMode, TurnInfo, TurnStatus
 from core.parking import HOLD, Hold
@@ -286,7 +294,9 @@ class TurnDrivers:
         context.run(HOLD.set, driver.hold)
         driver.turn = asyncio.create_task(
             self.runner.run(turn, agent, images=images, steer=lambda: self._steer(turn, slot),
-                            transcript=taken.transcript, save_answer=False), name=f"turn:{turn.id}",
+                            transcript=taken.transcript, save_answer=False,
+                            on_text=lambda text, again: self.bus.emit(AnswerDelta(turn.session, turn, text, again))),
+            name=f"turn:{turn.id}",
             context=context,
         )
         if driver.cancel_turn_id == turn.id:

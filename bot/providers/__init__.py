@@ -20,6 +20,7 @@ def build_provider(settings: Settings) -> Provider:
             api_key=settings.llm_api_key,
             model=settings.llm_model or "",
             timeout_s=settings.llm_timeout_s,
+            stream=settings.llm_stream,
         )
     raise BotError(
         f"LLM_PROVIDER={settings.provider} is not available in this version; "

@@ -16,6 +16,14 @@ from aiohttp import web
 class Reply:
     text: str = ""
     tool_calls: list[tuple[str, dict[str, Any] | str]] = field(default_factory=list)
+    # Streamed (the request asked ``stream``): the text goes out in these pieces (default: word by word);
+    # after ``hold_after`` pieces the stream waits until ``resume`` is set (a model still writing).
+    pieces: list[str] | None = None
+    hold_after: int | None = None
+    resume: asyncio.Event = field(default_factory=asyncio.Event)
+    held: asyncio.Event = field(default_factory=asyncio.Event)
+    cut_after: int | None = None  # the connection drops after this many pieces (a stream that breaks)
+    every_s: float = 0.0  # a pause before each piece after the first (a model writing at its pace)
 
 
 @dataclass
@@ -64,7 +72,7 @@ class FakeLLM:
         msgs = [m for m in self.requests[request_index]["messages"] if m["role"] == "user"]
         return str(msgs[-1]["content"]) if msgs else ""
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.arrivals.append(time.perf_counter())
         self.requests.append(body)
@@ -79,7 +87,47 @@ class FakeLLM:
             headers = {"retry-after": str(step.retry_after)} if step.retry_after is not None else {}
             error = {"error": {"message": step.message, "type": "error", "code": step.code}}
             return web.json_response(error, status=step.status, headers=headers)
+        if body.get("stream"):
+            return await self._stream(request, body, step)
         return web.json_response(self._completion(body, step))
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], reply: Reply) -> web.StreamResponse:
+        """The reply as server-sent chunks, the way OpenAI streams a chat completion."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        ident, model = f"chatcmpl-{next(self._ids)}", body.get("model", "fake")
+
+        async def send(delta: dict[str, Any], finish: str | None = None) -> None:
+            chunk = {"id": ident, "object": "chat.completion.chunk", "created": 0, "model": model,
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+        await send({"role": "assistant", "content": ""})
+        pieces = reply.pieces if reply.pieces is not None else _words(reply.text)
+        for index, piece in enumerate(pieces):
+            if reply.cut_after is not None and index == reply.cut_after:
+                assert request.transport is not None
+                request.transport.close()
+                return response
+            if reply.hold_after is not None and index == reply.hold_after:
+                reply.held.set()
+                await reply.resume.wait()
+            if reply.every_s and index:
+                await asyncio.sleep(reply.every_s)
+            await send({"content": piece})
+        for n, (name, args) in enumerate(reply.tool_calls):
+            text = args if isinstance(args, str) else json.dumps(args)
+            await send({"tool_calls": [{"index": n, "id": f"call_{next(self._ids)}", "type": "function",
+                                        "function": {"name": name, "arguments": ""}}]})
+            for half in (text[: len(text) // 2], text[len(text) // 2:]):
+                await send({"tool_calls": [{"index": n, "function": {"arguments": half}}]})
+        await send({}, "tool_calls" if reply.tool_calls else "stop")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    def streamed(self, request_index: int = -1) -> bool:
+        return bool(self.requests[request_index].get("stream"))
 
     @staticmethod
     def _echo(body: dict[str, Any]) -> str:
@@ -101,3 +149,11 @@ class FakeLLM:
                          "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
         }
+
+
+def _words(text: str) -> list[str]:
+    """``text`` in pieces a model might send: each word with the space before it."""
+    pieces: list[str] = []
+    for word in text.split(" "):
+        pieces.append(f" {word}" if pieces else word)
+    return pieces

@@ -461,12 +461,16 @@ def test_stream_equals_masking_the_whole_text(cuts: list[int], noise: str) -> No
     assert all(HEADER_VALUE not in part for part in emitted)
 
 
-def test_stream_holds_back_no_more_than_the_longest_mask_needs() -> None:
+def test_stream_holds_back_only_what_could_still_begin_a_secret() -> None:
     masks = _masker()
     stream = masks.stream()
-    shown = stream.feed("x" * 1000)
-    assert len(shown) == 1000 - (masks.longest - 1)  # only a possible secret's start is held
-    assert stream.feed("") == "" and stream.flush() == "x" * (masks.longest - 1)
+    assert stream.feed("x" * 1000) == "x" * 1000  # nothing in it can begin a secret: nothing waits
+    assert stream.feed(" then " + STORED[:6]) == " then "  # the beginning of one waits for what follows
+    assert stream.feed(STORED[6:-1]) == ""
+    assert stream.feed("!") == STORED[:-1] + "!"  # it was not the secret after all
+    stream = masks.stream()
+    assert stream.feed("x" + STORED[:-1]) == "x" and len(STORED) - 1 <= masks.longest - 1  # bounded
+    assert stream.flush() == STORED[:-1]
 
 
 async def test_redactor_stream_uses_the_current_masks(gateway: GatewayClient) -> None:
