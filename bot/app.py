@@ -274,6 +274,8 @@ def build_application(
                 command=settings.slack_command,
                 rate_limit_retries=settings.slack_max_retries,
                 progress_delay_s=settings.slack_progress_delay_s,
+                streaming=settings.slack_streaming,
+                stream_delay_s=settings.slack_stream_delay_s,
             ),
             gateway,
         )

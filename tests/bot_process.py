@@ -105,6 +105,7 @@ def slack_env(fake_slack: Any, fake_llm: Any, port: int) -> dict[str, str]:
         "LEASE_TTL_S": "2",
         # Progress reactions at once (as in-process tests): tests may take their removal as "the turn is over".
         "SLACK_PROGRESS_DELAY_S": "0",
+        "SLACK_STREAMING": "false",  # answers as one post; streaming has its own tests (test_slack_streaming.py)
     }
 
 

@@ -132,6 +132,9 @@ def make_settings(tmp_path: Path, fake_slack: FakeSlack, fake_llm: FakeLLM,
             # Progress reactions at once, so tests that look at them need not wait; the delay (the
             # default) has its own tests in test_slack_conversation.py.
             "slack_progress_delay_s": 0,
+            # Answers as one post, so tests that read the answer need not know whether a turn outlasted the
+            # stream's delay; streaming has its own tests (test_slack_streaming.py). The model still streams.
+            "slack_streaming": False,
         }
         values.update(overrides)
         return load_settings(env_file=None, **values)

@@ -31,6 +31,7 @@ from channels.slack.credentials import SlackCredentials
 from channels.slack.payloads import PERSON_SUBTYPES, channel_id, is_id, is_ts, shape_problem, user_id
 from channels.slack.port import SlackPort
 from channels.slack.render import SlackRenderer
+from channels.slack.streams import SlackStreams
 from core.errors import InvalidInput
 from core.gateway import Gateway
 from core.model import Inbound, MessageRef
@@ -47,6 +48,8 @@ class SlackConfig:
     command: str = "/bot"
     rate_limit_retries: int = 3
     progress_delay_s: float = 0.0  # a turn shows its progress reaction once it has run this long
+    streaming: bool = False  # answers stream into the thread while the model writes (SLACK_STREAMING)
+    stream_delay_s: float = 0.3  # ...once it has written for this long (SLACK_STREAM_DELAY_S)
 
 
 class SlackChannel:
@@ -68,7 +71,8 @@ class SlackChannel:
         )
         self._verifier = SignatureVerifier(config.signing_secret) if config.signing_secret else None
         self._socket: Any = None
-        self.port = SlackPort(self.client)  # what core calls (answers, destinations, groups)
+        streams = SlackStreams(self.client, start_delay_s=config.stream_delay_s) if config.streaming else None
+        self.port = SlackPort(self.client, streams)  # what core calls (answers, destinations, groups)
         self.started = False
         self.app.event("app_mention")(self._on_app_mention)
         self.app.event("message")(self._on_message)
@@ -79,7 +83,7 @@ class SlackChannel:
         self.app.action(re.compile(".*"))(self._on_unknown_action)  # registered last: anything not matched above
         self.app.error(self._on_error)
         self.renderer = SlackRenderer(self.client, self.port, approvals_ui, credentials_ui,
-                                      progress_delay_s=config.progress_delay_s)
+                                      progress_delay_s=config.progress_delay_s, streams=streams)
         gateway.subscribe(self.renderer.render, channel=self.name)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -105,6 +109,8 @@ class SlackChannel:
 
     async def stop(self) -> None:
         self.started = False
+        if self.port.streams is not None:
+            await self.port.streams.close()
         if self._socket is not None:
             await self._socket.close_async()
         session, self.client.session = self.client.session, None

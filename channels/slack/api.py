@@ -15,6 +15,16 @@ SLACK_API_ERRORS = Counter("bot_slack_api_errors", "Slack Web API calls that fai
                            ["method", "error"])
 
 
+# Slack errors that say "not now" rather than "never" (HTTP 5xx and 429 count as well).
+RETRYABLE_ERRORS = frozenset({"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"})
+
+
+def transient(exc: SlackApiError, code: str) -> bool:
+    """Whether Slack may take the same call later (``code``: ``error_code(exc)``, already counted)."""
+    status = getattr(exc.response, "status_code", 200)
+    return code in RETRYABLE_ERRORS or status >= 500 or status == 429
+
+
 def error_code(exc: SlackApiError) -> str:
     """Slack's error code ("not_in_channel"…), or the HTTP status when the answer was not JSON.
     Every failed call passes through here once, so it is also where failures are counted."""

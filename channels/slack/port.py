@@ -12,8 +12,9 @@ import aiohttp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.slack.api import error_code
+from channels.slack.api import error_code, transient
 from channels.slack.formatting import split_message, to_mrkdwn
+from channels.slack.streams import LiveStream, SlackStreams
 from core.errors import InvalidInput
 from core.model import SessionInfo
 from core.ports import DeliveryFailed, DeliveryId, Receipt
@@ -23,8 +24,6 @@ log = logging.getLogger(__name__)
 
 DELIVERY_EVENT = "bot_delivery"  # the message metadata type that marks an answer's chunks
 GROUP_CACHE_S = 60.0  # approvers are checked on every click: a group's members are looked up once a minute
-# Slack errors that say "not now" rather than "never" (HTTP 5xx and 429 count as well).
-_RETRYABLE = {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
 _LOOKUP_PAGES = 10  # how many messages a retry reads looking for an earlier attempt's chunks (200 a page)
 # A retry reads only messages posted since the answer was written, less this: Slack refuses request signatures
 # 5 minutes off, so a working bot's clock is within that of Slack's.
@@ -34,8 +33,10 @@ _CLOCK_MARGIN_S = 300.0
 class SlackPort:
     name = "slack"
 
-    def __init__(self, client: AsyncWebClient) -> None:
+    def __init__(self, client: AsyncWebClient, streams: SlackStreams | None = None) -> None:
         self.client = client
+        self.streams = streams  # answers shown while they are written (channels.slack.streams)
+        self._unfinished: dict[int, LiveStream] = {}  # turn id → its stream, not yet ended: the retry's
         self._groups: dict[str, tuple[float, set[str]]] = {}
         self._channel_ids: dict[str, str] = {}
         self._identity: tuple[str, str] | None = None  # (bot_id, bot user id) from auth.test
@@ -47,9 +48,11 @@ class SlackPort:
     async def deliver(self, session: SessionInfo, text: str, *, delivery_id: DeliveryId,
                       resume: bool = False) -> Receipt:
         """Post the answer (split under Slack's limits); each chunk carries the delivery id, the session and
-        its index as message metadata, so a retry (``resume``) posts only the chunks that did not land."""
+        its index as message metadata, so a retry (``resume``) posts only the chunks that did not land. A
+        turn that streamed its answer ends that stream as the first chunk (this process's streams only)."""
         channel, thread_ts = _place(session)
-        chunks = split_message(to_mrkdwn(text))
+        chunks = split_message(text)  # Markdown: a stream shows it as it is, a post converts it to mrkdwn
+        stream = self._stream_of(delivery_id.turn_id)
         landed = self._seen.pop(delivery_id, None) if resume else {}
         if landed is None:
             landed = (await self._landed(channel, thread_ts, session, delivery_id))[0]
@@ -59,10 +62,38 @@ class SlackPort:
             metadata = {"event_type": DELIVERY_EVENT,
                         "event_payload": {"delivery_id": delivery_id.turn_id, "install": delivery_id.install,
                                           "session": session.id, "chunk": index, "chunks": len(chunks)}}
-            response = await self._call("chat_postMessage", channel=channel, thread_ts=thread_ts, text=chunk,
-                                        metadata=metadata)
+            if index == 0 and stream is not None:
+                ts = await self._finish_stream(delivery_id.turn_id, stream, chunk, metadata)
+                if ts is not None:
+                    landed[index] = ts
+                    continue
+            response = await self._call("chat_postMessage", channel=channel, thread_ts=thread_ts,
+                                        text=to_mrkdwn(chunk), metadata=metadata)
             landed[index] = str(response.get("ts"))
         return Receipt(landed[0])
+
+    def _stream_of(self, turn_id: int) -> LiveStream | None:
+        """The turn's stream, if its answer showed while it was written: one an earlier attempt could not
+        end yet, or else the one the streams hand over (on whichever attempt comes first)."""
+        if self.streams is None:
+            return None
+        return self._unfinished.pop(turn_id, None) or self.streams.take(turn_id)
+
+    async def _finish_stream(self, turn_id: int, stream: LiveStream, head: str, metadata: dict[str, Any]) -> str | None:
+        assert self.streams is not None
+        # Kept until it is ended: an attempt cut off here (an error, or the delivery's deadline) leaves it to
+        # the retry, which ends this same message rather than post another.
+        self._unfinished[turn_id] = stream
+        if len(self._unfinished) > 1024:
+            del self._unfinished[next(iter(self._unfinished))]
+        try:
+            ts = await self.streams.finish(stream, head, metadata)
+        except SlackApiError as exc:
+            raise _failed(exc) from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise DeliveryFailed(f"cannot reach Slack ({type(exc).__name__})", retryable=True) from None
+        self._unfinished.pop(turn_id, None)
+        return ts
 
     async def find_delivered(self, session: SessionInfo, delivery_id: DeliveryId) -> Receipt | None:
         """The receipt of an earlier attempt whose every chunk landed (its response may have been lost)."""
@@ -146,11 +177,7 @@ class SlackPort:
         try:
             return await getattr(self.client, method)(**params)
         except SlackApiError as exc:
-            code = error_code(exc)
-            status = getattr(exc.response, "status_code", 200)
-            retry_after = _seconds((getattr(exc.response, "headers", None) or {}).get("Retry-After"))
-            retryable = code in _RETRYABLE or status >= 500 or status == 429
-            raise DeliveryFailed(code, retryable=retryable, retry_after_s=retry_after) from None
+            raise _failed(exc) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise DeliveryFailed(f"cannot reach Slack ({type(exc).__name__})", retryable=True) from None
 
@@ -218,6 +245,13 @@ class SlackPort:
         if name not in self._channel_ids:
             raise ToolError(f"there is no channel {channel} that the bot can see")
         return self._channel_ids[name]
+
+
+def _failed(exc: SlackApiError) -> DeliveryFailed:
+    """Slack's refusal as a delivery failure: retryable unless Slack said "never"."""
+    code = error_code(exc)
+    retry_after = _seconds((getattr(exc.response, "headers", None) or {}).get("Retry-After"))
+    return DeliveryFailed(code, retryable=transient(exc, code), retry_after_s=retry_after)
 
 
 def _place(session: SessionInfo) -> tuple[str, str | None]:

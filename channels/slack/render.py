@@ -20,7 +20,9 @@ from channels.slack.api import error_code
 from channels.slack.approvals import SlackApprovals
 from channels.slack.credentials import SlackCredentials
 from channels.slack.port import SlackPort
+from channels.slack.streams import SlackStreams
 from core.events import (
+    AnswerDelta,
     ApprovalRequested,
     ApprovalResolved,
     CredentialRequested,
@@ -55,9 +57,11 @@ class _Progress:
 
 class SlackRenderer:
     def __init__(self, client: AsyncWebClient, port: SlackPort, approvals: SlackApprovals,
-                 credentials: SlackCredentials, *, progress_delay_s: float = 0.0) -> None:
+                 credentials: SlackCredentials, *, progress_delay_s: float = 0.0,
+                 streams: SlackStreams | None = None) -> None:
         self.client = client
         self.port = port
+        self.streams = streams  # the answer shown while it is written (None: only once it is delivered)
         self.approvals = approvals
         self.credentials = credentials
         self.progress_delay_s = progress_delay_s
@@ -79,9 +83,16 @@ class SlackRenderer:
             await self._react("reactions_add", event.ref, QUEUED_REACTION)
         elif isinstance(event, InputsTaken):
             await self._taken(event)
-        elif isinstance(event, TurnFinished | TurnCancelled):
+        elif isinstance(event, AnswerDelta):
+            if self.streams is not None:
+                self.streams.add(event.session, event.turn.id, event.turn.sender, event.text, restart=event.restart)
+        elif isinstance(event, TurnFinished):
+            await self._clear(event.turn)
+        elif isinstance(event, TurnCancelled):
+            await self._end_stream(event.turn, "(stopped)")
             await self._clear(event.turn)
         elif isinstance(event, TurnFailed):
+            await self._end_stream(event.turn, "(stopped: see below)")
             await self.port.post(channel, thread_ts, f":warning: {event.message}")
             await self._clear(event.turn)
         elif isinstance(event, Notice):
@@ -94,6 +105,10 @@ class SlackRenderer:
             await self.credentials.announce(event.request)
         elif isinstance(event, CredentialResolved):
             await self.credentials.resolve(event.request)
+
+    async def _end_stream(self, turn: TurnInfo, note: str) -> None:
+        if self.streams is not None:
+            await self.streams.abandon(turn.id, note)
 
     async def _taken(self, event: InputsTaken) -> None:
         for item in event.refs:

@@ -121,6 +121,15 @@ class FakeSlack:
             return True
         return time.monotonic() < self._outage_until
 
+    def _message(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        return next((m for m in self.messages if m["ts"] == params.get("ts") and m["channel"] == params.get("channel")),
+                    None)
+
+    def shown(self, ts: str) -> str:
+        """What a message (a post, or a streamed one) shows now."""
+        message = next(m for m in self.messages if m["ts"] == ts)
+        return str(message.get("markdown_text") or message.get("text") or "")
+
     def of(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
 
@@ -214,6 +223,34 @@ class FakeSlack:
         if method in ("reactions.add", "reactions.remove", "chat.postEphemeral", "views.open"):
             return {"ok": True}
         if method == "chat.update":
+            message = self._message(params)
+            if message is not None:
+                for key in ("text", "markdown_text", "metadata"):
+                    if params.get(key) is not None:
+                        message[key] = params[key]
+            return {"ok": True, "channel": params.get("channel"), "ts": params.get("ts")}
+        if method == "chat.delete":
+            message = self._message(params)
+            if message is None:
+                return {"ok": False, "error": "message_not_found"}
+            self.messages.remove(message)
+            return {"ok": True, "channel": params.get("channel"), "ts": params.get("ts")}
+        if method == "chat.startStream":
+            self._ts += 1
+            ts = f"{int(time.time())}.{500000 + self._ts:06d}"
+            self.messages.append({"type": "message", "ts": ts, "text": "", "user": BOT_USER_ID, "bot_id": "BBOT",
+                                  "markdown_text": params.get("markdown_text") or "", "streaming": True,
+                                  "channel": params.get("channel"), "thread_ts": params.get("thread_ts")})
+            return {"ok": True, "channel": params.get("channel"), "ts": ts}
+        if method in ("chat.appendStream", "chat.stopStream"):
+            message = self._message(params)
+            if message is None or not message.get("streaming"):
+                return {"ok": False, "error": "message_not_in_streaming_state"}
+            message["markdown_text"] += params.get("markdown_text") or ""
+            if method == "chat.stopStream":
+                message["streaming"] = False
+                if params.get("metadata"):
+                    message["metadata"] = params["metadata"]
             return {"ok": True, "channel": params.get("channel"), "ts": params.get("ts")}
         if method == "files.getUploadURLExternal":
             file_id = f"F{len(self._files) + 1:06d}"
