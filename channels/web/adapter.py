@@ -20,6 +20,7 @@ from channels.web.auth import WebAuth
 from channels.web.port import WebPort
 from core.errors import Conflict, CoreError, InvalidInput, NotAllowed, NotFound
 from core.events import (
+    AnswerDelta,
     ApprovalRequested,
     ApprovalResolved,
     CredentialRequested,
@@ -257,6 +258,8 @@ class WebChannel:
             item.update(turn_id=event.turn.id, by=event.by)
         elif isinstance(event, TurnStarted):
             item.update(turn_id=event.turn.id)
+        elif isinstance(event, AnswerDelta):
+            item.update(turn_id=event.turn.id, text=event.text, restart=event.restart)
         elif isinstance(event, InputsTaken):
             item.update(turn_id=event.turn_id, count=len(event.refs), steered=event.steered)
         elif isinstance(event, InputQueued):

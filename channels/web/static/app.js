@@ -2,7 +2,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { cid: null, stream: null, working: false, pending: [], notices: [] };
+const state = { cid: null, stream: null, working: false, pending: [], notices: [], live: null };
 
 function randomHex(bytes) {
   const a = new Uint8Array(bytes);
@@ -224,6 +224,17 @@ function renderTranscript(messages, approvals = [], credentials = []) {
   for (const text of state.notices) {
     box.appendChild(messageElement("notice", renderMarkdown(text)));
   }
+  showLive();
+}
+
+// The answer as the model writes it (answer.delta events): one message, replaced by the stored answer
+// when the turn ends.
+function showLive() {
+  const box = $("transcript");
+  box.querySelector(".msg.live")?.remove();
+  if (state.live && state.live.text) {
+    box.appendChild(messageElement("assistant", renderMarkdown(state.live.text), "writing…", "live"));
+  }
   box.scrollTop = box.scrollHeight;
 }
 
@@ -300,7 +311,13 @@ function listen() {
   stream.onmessage = async (event) => {
     const item = JSON.parse(event.data);
     if (item.type === "turn.started") setWorking(true);
+    if (item.type === "answer.delta") {
+      if (!state.live || state.live.turn !== item.turn_id) state.live = { turn: item.turn_id, text: "" };
+      state.live.text += (item.restart && state.live.text ? "\n\n" : "") + item.text;
+      showLive();
+    }
     if (item.type === "turn.finished" || item.type === "turn.failed" || item.type === "turn.cancelled") {
+      state.live = null;
       setWorking(false, item.type === "turn.cancelled" ? "Stopped" : "");
       await loadConversation();
       await loadList();
