@@ -31,6 +31,7 @@ class AnswerStream:
         self._checked = masks_checked  # the redactor's check of its masks, under way when the turn starts
         self._waiting = False  # a callback waits for that check, to send what arrived meanwhile
         self._closed = False
+        self._sent_any = False  # some text of the turn went out
         self._batch_s = batch_s
         self._raw: list[str] = []  # not yet masked (the masks may not be current yet)
         self._out: list[str] = []  # masked, waiting for the batch to go
@@ -71,12 +72,17 @@ class AnswerStream:
         if self._raw:
             self._release()
 
-    def finish(self) -> None:
-        """The model call ended (the masks were checked by now): everything held goes, masked."""
+    def finish(self, *, final: bool = False) -> None:
+        """The model call ended (the masks were checked by now): everything held goes, masked. ``final``:
+        its text is the answer; if nothing of the turn was sent yet, nothing is (the answer comes whole,
+        delivered at once: showing it live too would only cost calls)."""
         self._mask()
         if self._masker is not None:
             self._out.append(self._masker.flush())
         self._cancel_timer()
+        if final and not self._sent_any:
+            self._out.clear()
+            return
         self._send()
 
     def close(self) -> None:
@@ -102,6 +108,7 @@ class AnswerStream:
         if text:
             self._emit(text, self._restart)
             self._restart = False
+            self._sent_any = True
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

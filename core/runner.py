@@ -76,6 +76,7 @@ class AgentRunner:
         transcript: Sequence[Any] | None = None,
         save_answer: bool = True,
         on_text: Emit | None = None,
+        on_tool: Callable[[str], None] | None = None,
     ) -> str:
         """Answer the turn; every message is saved as soon as it exists (the final answer too, unless
         ``save_answer`` is False). Returns the final text.
@@ -85,13 +86,14 @@ class AgentRunner:
 
         ``steer`` is asked after each batch of tool calls, before the next model call, for messages
         that arrived meanwhile (already saved to the transcript); ``images`` go with the turn's input.
-        ``on_text`` gets the answer's text as the model writes it, masked (if the provider streams).
+        ``on_text`` gets the answer's text as the model writes it, masked (if the provider streams);
+        ``on_tool`` the name of each tool as it starts to run.
         """
         # Another process may have stored a secret since the last turn: the masks are brought up to date
         # while the model is first asked, and before anything is redacted.
         checking = asyncio.ensure_future(self.redactor.check()) if self.redactor is not None else None
         try:
-            return await self._run(turn, agent, images, steer, transcript, checking, save_answer, on_text)
+            return await self._run(turn, agent, images, steer, transcript, checking, save_answer, on_text, on_tool)
         except BaseException:
             # Never cut short: what the turn's failure says is redacted next, with masks that must be current.
             if checking is not None:
@@ -102,7 +104,7 @@ class AgentRunner:
 
     async def _run(self, turn: TurnInfo, agent: Agent, images: tuple[str, ...], steer: Steer | None,
                    transcript: Sequence[Any] | None, checking: asyncio.Future[None] | None,
-                   save_answer: bool, on_text: Emit | None) -> str:
+                   save_answer: bool, on_text: Emit | None, on_tool: Callable[[str], None] | None) -> str:
         session_id = turn.session.id
         allowed = self.tools.allowed(agent.tools)
         specs = [t.spec() for t in allowed]
@@ -130,7 +132,7 @@ class AgentRunner:
                     live.close()
                 raise
             if live is not None:
-                live.finish()
+                live.finish(final=not reply.tool_calls)
             # The model may repeat a secret it saw: masked before it is stored, posted or shown. A
             # call whose arguments hold one never runs (see _call_tool): it would put the secret on
             # an approval card, in a grant or in a command line.
@@ -156,7 +158,7 @@ class AgentRunner:
                 return content
             for call in reply.tool_calls:
                 result = (SECRET_IN_ARGUMENTS.format(tool=call.name) if call.id in holds_secret
-                          else await self._call_tool(call, allowed_names, ctx))
+                          else await self._call_tool(call, allowed_names, ctx, on_tool))
                 await self.store.add_message(
                     session_id, role="tool", content=result, turn_id=turn.id,
                     now=self.clock.now(), tool_call_id=call.id,
@@ -169,7 +171,8 @@ class AgentRunner:
             "Ask me to continue, or raise MAX_STEPS."
         )
 
-    async def _call_tool(self, call: ToolCall, allowed: set[str], ctx: ToolContext) -> str:
+    async def _call_tool(self, call: ToolCall, allowed: set[str], ctx: ToolContext,
+                         on_tool: Callable[[str], None] | None = None) -> str:
         tool = self.tools.get(call.name)
         if tool is None or call.name not in allowed:
             return f"error: there is no tool named {call.name!r} available to you"
@@ -183,6 +186,8 @@ class AgentRunner:
                 if not decision.allowed:
                     return await self.redact(decision.result)
                 await self.gate.started(decision)  # the decision is on record before the tool runs
+            if on_tool is not None:
+                on_tool(tool.name)
             return await self._execute(tool, ctx, args)
         except ToolError as exc:  # e.g. a schema error quoting the model's arguments
             return await self.redact(f"error: {exc}")

@@ -75,3 +75,20 @@ async def test_each_model_call_restarts_and_a_retry_drops_what_was_held() -> Non
     stream(" step two")
     stream.finish()
     assert sent[-1] == (" step two", True)
+
+
+async def test_an_answer_that_comes_whole_before_anything_was_sent_is_not_shown_live() -> None:
+    sent: list[str] = []
+    stream = AnswerStream(lambda text, _restart: sent.append(text), None, None, batch_s=10)
+    stream.restart()
+    stream("the whole answer at once")
+    stream.finish(final=True)
+    assert sent == []  # delivered at once anyway: no live copy
+    stream = AnswerStream(lambda text, _restart: sent.append(text), None, None, batch_s=10)
+    stream.restart()
+    stream("let me look")
+    stream.finish()  # a step with tool calls: its text shows
+    stream.restart()
+    stream("found it")
+    stream.finish(final=True)
+    assert sent == ["let me look", "found it"]

@@ -135,7 +135,8 @@ async def test_an_answer_longer_than_a_stream_continues_in_a_follow_up(streaming
                                                                         fake_llm: FakeLLM) -> None:
     paragraphs = [f"paragraph {n} " + "y" * 480 for n in range(12)]  # ~5,900 characters
     text = "\n\n".join(paragraphs)
-    fake_llm.then(Reply(text=text, pieces=[p + "\n\n" if i < 11 else p for i, p in enumerate(paragraphs)]))
+    fake_llm.then(Reply(text=text, pieces=[p + "\n\n" if i < 11 else p for i, p in enumerate(paragraphs)],
+                        every_s=0.05))
     event = mention("a long one")
     await streaming.send_event(event)
     await fake_slack.wait_for("chat.postMessage")
@@ -198,7 +199,7 @@ async def test_the_web_chat_streams_the_answer_over_its_event_stream(gateway: Ga
                                                                      fake_llm: FakeLLM) -> None:
     from tests.test_web_chat import CID, _post, _watch
 
-    fake_llm.then(Reply(text="streamed to the browser", pieces=["streamed", " to the", " browser"]))
+    fake_llm.then(Reply(text="streamed to the browser", pieces=["streamed", " to the", " browser"], every_s=0.15))
     seen: list[dict[str, Any]] = []
     watcher = await _watch(gateway, CID, "turn.finished", seen)
     await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "hi", "client_id": "s1"})
@@ -207,6 +208,16 @@ async def test_the_web_chat_streams_the_answer_over_its_event_stream(gateway: Ga
     assert "".join(e["text"] for e in deltas) == "streamed to the browser"
     assert deltas[0]["restart"] is True and all(e["restart"] is False for e in deltas[1:])
     assert seen[-1]["text"] == "streamed to the browser"
+
+
+async def test_a_quick_answer_is_not_streamed_at_all(gateway: GatewayClient, fake_llm: FakeLLM) -> None:
+    from tests.test_web_chat import CID, _post, _watch
+
+    seen: list[dict[str, Any]] = []
+    watcher = await _watch(gateway, CID, "turn.finished", seen)
+    await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "quick", "client_id": "q1"})
+    await asyncio.wait_for(watcher, 10)
+    assert [e for e in seen if e["type"] == "answer.delta"] == []  # it comes whole, with turn.finished
 
 
 async def test_an_append_that_failed_leaves_the_end_to_replace_the_whole_text(

@@ -8,7 +8,7 @@ from typing import Any
 
 import openai
 from openai import AsyncOpenAI, AsyncStream
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion
 
 from bot.providers.openai_stream import StreamedCompletion
 from core.errors import ProviderError
@@ -59,7 +59,8 @@ class OpenAICompatibleProvider:
         try:
             stream = await self.client.post("/chat/completions", body=kwargs | {"stream": True},
                                             cast_to=ChatCompletion, stream=True,
-                                            stream_cls=AsyncStream[ChatCompletionChunk])
+                                            # Plain JSON chunks: no model object built for each token.
+                                            stream_cls=AsyncStream[dict[str, Any]])
             async with stream:
                 if "text/event-stream" not in stream.response.headers.get("content-type", ""):
                     return _completion(ChatCompletion.model_validate(json.loads(await stream.response.aread())))

@@ -24,28 +24,31 @@ class StreamedCompletion:
         self._at: dict[int, int] = {}  # a piece's index → its call in _calls
 
     def add(self, chunk: Any) -> str:
-        """Take one chunk (the SDK's ChatCompletionChunk); returns its text, repaired (may be empty)."""
-        choices = getattr(chunk, "choices", None) or []
-        if not choices:
+        """Take one chunk (a ``chat.completion.chunk`` as JSON); returns its text, repaired (may be empty)."""
+        choices = _field(chunk, "choices") or []
+        if not isinstance(choices, list) or not choices:
             return ""  # e.g. the usage chunk at the end
         choice = choices[0]
-        if getattr(choice, "finish_reason", None):
+        if _field(choice, "finish_reason"):
             self.finished = True
-        delta = getattr(choice, "delta", None)
+        delta = _field(choice, "delta")
         if delta is None:
             return ""
-        for piece in getattr(delta, "tool_calls", None) or []:
-            function = getattr(piece, "function", None)
-            self._call_piece(getattr(piece, "index", None), getattr(piece, "id", None),
-                             getattr(function, "name", None), getattr(function, "arguments", None))
-        content = getattr(delta, "content", None)
+        for piece in _field(delta, "tool_calls") or []:
+            function = _field(piece, "function")
+            self._call_piece(_field(piece, "index"), _field(piece, "id"), _field(function, "name"),
+                             _field(function, "arguments"))
+        content = _field(delta, "content")
         if not isinstance(content, str) or not content:
             return ""
         text = clean_text(content)
         self.text.append(text)
         return text
 
-    def _call_piece(self, index: int | None, ident: str | None, name: str | None, arguments: str | None) -> None:
+    def _call_piece(self, index: Any, ident: Any, name: Any, arguments: Any) -> None:
+        index = index if isinstance(index, int) else None
+        ident = ident if isinstance(ident, str) else None
+        name = name if isinstance(name, str) else None
         at = self._at.get(index) if index is not None else (len(self._calls) - 1 if self._calls else None)
         if at is None or (ident and self._calls[at]["id"] and ident != self._calls[at]["id"]):
             self._calls.append({"id": "", "name": "", "arguments": ""})
@@ -66,3 +69,8 @@ class StreamedCompletion:
         return tuple(ToolCall(id=clean_text(c["id"]) or f"call_{n}", name=clean_text(c["name"]),
                               arguments=c["arguments"] or "{}")
                      for n, c in enumerate(self._calls, 1))
+
+
+def _field(obj: Any, key: str) -> Any:
+    """``obj[key]`` of a JSON object, or None (anything else, or missing)."""
+    return obj.get(key) if isinstance(obj, dict) else None
