@@ -15,6 +15,7 @@ BOT_SCOPES = [
     "mpim:history",  # message.mpim
     "chat:write",  # replies in threads
     "reactions:write",  # the progress and queued signs on messages
+    "assistant:write",  # a working turn's thread status line ("is thinking…")
     "commands",  # the /bot slash command
     "channels:read",  # message_send: find a public channel by #name
     "groups:read",  # message_send: find a private channel the bot is in by #name

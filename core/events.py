@@ -83,6 +83,14 @@ class AnswerDelta(TurnEvent):
 
 
 @dataclass(frozen=True)
+class ToolStarted(TurnEvent):
+    """A tool call of the turn runs now (approved, if it had to be): for a thread's status line."""
+
+    name: ClassVar[str] = "tool.started"
+    tool: str
+
+
+@dataclass(frozen=True)
 class TurnFailed(TurnEvent):
     name: ClassVar[str] = "turn.failed"
     kind: str

@@ -24,6 +24,7 @@ from core.events import (
     AnswerDelta,
     EventBus,
     InputsTaken,
+    ToolStarted,
     TurnCancelled,
     TurnFailed,
     TurnFinished,
@@ -295,7 +296,8 @@ class TurnDrivers:
         driver.turn = asyncio.create_task(
             self.runner.run(turn, agent, images=images, steer=lambda: self._steer(turn, slot),
                             transcript=taken.transcript, save_answer=False,
-                            on_text=lambda text, again: self.bus.emit(AnswerDelta(turn.session, turn, text, again))),
+                            on_text=lambda text, again: self.bus.emit(AnswerDelta(turn.session, turn, text, again)),
+                            on_tool=lambda tool: self.bus.emit(ToolStarted(turn.session, turn, tool))),
             name=f"turn:{turn.id}",
             context=context,
         )

@@ -1,10 +1,12 @@
-"""Slack rendering of core events: progress reactions, notices, failures, approval and credential cards, DMs.
+"""Slack rendering of core events: progress signs, notices, failures, approval and credential cards, DMs.
 
 Answers are not posted here: core delivers them through the port (``channels.slack.port``).
 
-The progress reaction shows once a turn has run for ``progress_delay_s``: a turn answered sooner needs
-no sign (its answer is one), and it saves the two reaction calls (Slack's Tier 3, ~50 a minute) that
-busy workspaces would otherwise spend on every quick answer.
+The progress sign shows once a turn has run for ``progress_delay_s``: a turn answered sooner needs no
+sign (its answer is one), and it saves the two calls (Slack's Tier 3, ~50 a minute) that busy
+workspaces would otherwise spend on every quick answer. The sign is the thread's status line
+(``channels.slack.status``: "is thinking…", then what the turn is doing), or, where Slack refuses
+that, an :eyes: reaction on each message the turn took.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+import aiohttp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -20,6 +23,7 @@ from channels.slack.api import error_code
 from channels.slack.approvals import SlackApprovals
 from channels.slack.credentials import SlackCredentials
 from channels.slack.port import SlackPort
+from channels.slack.status import THINKING, ThreadStatus
 from channels.slack.streams import SlackStreams
 from core.events import (
     AnswerDelta,
@@ -32,6 +36,7 @@ from core.events import (
     InputQueued,
     InputsTaken,
     Notice,
+    ToolStarted,
     TurnCancelled,
     TurnFailed,
     TurnFinished,
@@ -53,6 +58,8 @@ class _Progress:
     shown: bool = False
     showing: asyncio.Task[None] | None = None  # the delayed reactions, while on their way
     leftover: bool = False  # resumed after a restart: the process before may have shown the sign
+    place: tuple[str, str] | None = None  # the thread (channel, thread ts) whose status line can show it
+    status: bool = False  # shown as the thread's status line, not as reactions
 
 
 class SlackRenderer:
@@ -65,6 +72,7 @@ class SlackRenderer:
         self.approvals = approvals
         self.credentials = credentials
         self.progress_delay_s = progress_delay_s
+        self.status = ThreadStatus(client)
         # Which messages show the "queued" sign, and each running turn's progress sign (rendering
         # details, so memory is enough: after a restart a leftover sign is only cosmetic).
         self._queued_signs: set[MessageRef] = set()
@@ -97,12 +105,16 @@ class SlackRenderer:
             await self._clear(event.turn)
         elif isinstance(event, Notice):
             await self.port.post_notice(event.session, event.text)
+        elif isinstance(event, ToolStarted):
+            await self._status(event.turn.id, f"is running {event.tool}…")
         elif isinstance(event, ApprovalRequested):
             await self.approvals.announce(event.request)
+            await self._status(event.request.turn_id, "is waiting for approval…")
         elif isinstance(event, ApprovalResolved):
             await self.approvals.resolve(event.request)
         elif isinstance(event, CredentialRequested):
             await self.credentials.announce(event.request)
+            await self._status(event.request.turn_id, "is waiting for a credential…")
         elif isinstance(event, CredentialResolved):
             await self.credentials.resolve(event.request)
 
@@ -117,12 +129,18 @@ class SlackRenderer:
                 await self._react("reactions_remove", item, QUEUED_REACTION)
         progress = self._progress.setdefault(event.turn_id, _Progress())
         progress.leftover = progress.leftover or event.resumed
+        ref = event.session.reply_ref
+        if progress.place is None and ref.get("channel") and ref.get("thread_ts"):
+            progress.place = (str(ref["channel"]), str(ref["thread_ts"]))
         new = [item for item in event.refs if item not in progress.refs]
         progress.refs.update(dict.fromkeys(new))
-        if progress.shown or self.progress_delay_s <= 0:
+        if progress.shown:
+            if not progress.status:  # the status line covers the whole thread; reactions mark each message
+                for item in new:
+                    await self._react("reactions_add", item, PROGRESS_REACTION)
+        elif self.progress_delay_s <= 0:
             progress.shown = True
-            for item in new:
-                await self._react("reactions_add", item, PROGRESS_REACTION)
+            await self._sign(progress, new)
         elif progress.timer is None:
             progress.timer = asyncio.get_running_loop().call_later(
                 self.progress_delay_s, self._show_later, event.turn_id)
@@ -132,14 +150,27 @@ class SlackRenderer:
         if progress is None or progress.shown:
             return
         progress.shown, progress.timer = True, None
-        progress.showing = asyncio.create_task(self._show(list(progress.refs)))
+        progress.showing = asyncio.create_task(self._show(progress, list(progress.refs)))
 
-    async def _show(self, refs: list[MessageRef]) -> None:
+    async def _show(self, progress: _Progress, refs: list[MessageRef]) -> None:
         try:
-            for item in refs:
-                await self._react("reactions_add", item, PROGRESS_REACTION)
+            await self._sign(progress, refs)
         except Exception as exc:  # Slack unreachable: a missing sign is only cosmetic
-            log.warning("progress reaction failed: %s", type(exc).__name__)
+            log.warning("progress sign failed: %s", type(exc).__name__)
+
+    async def _sign(self, progress: _Progress, refs: list[MessageRef]) -> None:
+        """The thread's status line if Slack shows one here, else the :eyes: reaction on each message."""
+        if progress.place is not None and await self.status.show(*progress.place, THINKING):
+            progress.status = True
+            return
+        for item in refs:
+            await self._react("reactions_add", item, PROGRESS_REACTION)
+
+    async def _status(self, turn_id: int | None, text: str) -> None:
+        """A new status line for a turn that shows one (what it is doing now)."""
+        progress = self._progress.get(turn_id) if turn_id is not None else None
+        if progress is not None and progress.status and progress.place is not None:
+            await self.status.show(*progress.place, text)
 
     async def _clear(self, turn: TurnInfo) -> None:
         progress = self._progress.pop(turn.id, None)
@@ -149,6 +180,10 @@ class SlackRenderer:
                 return
         if progress is not None and progress.showing is not None:
             await progress.showing  # an add still on its way lands before its removal
+        if progress is not None and progress.status and progress.place is not None:
+            await self.status.show(*progress.place, "")
+            if not progress.leftover:
+                return
         # A turn this process never saw start (it ran before a restart) may still wear its sign.
         for item in progress.refs if progress is not None else turn.inputs:
             await self._react("reactions_remove", item, PROGRESS_REACTION)
@@ -169,3 +204,5 @@ class SlackRenderer:
             code = error_code(exc)
             if code not in ("already_reacted", "no_reaction"):
                 log.warning("%s failed: %s", method, code)
+        except (aiohttp.ClientError, TimeoutError, OSError, RuntimeError) as exc:  # RuntimeError: shutting down
+            log.warning("%s failed: %s", method, type(exc).__name__)  # a sign is only cosmetic

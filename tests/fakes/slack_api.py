@@ -63,6 +63,8 @@ class FakeSlack:
     page_limit: int | None = None
     # chat.postMessage answers only after this long (a slow Slack); the post lands even if the caller gave up.
     post_delay_s: float = 0.0
+    # assistant.threads.setStatus works (a workspace with the agent features), or is refused as by one without.
+    status_supported: bool = False
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -229,6 +231,8 @@ class FakeSlack:
                     if params.get(key) is not None:
                         message[key] = params[key]
             return {"ok": True, "channel": params.get("channel"), "ts": params.get("ts")}
+        if method == "assistant.threads.setStatus":
+            return {"ok": True} if self.status_supported else {"ok": False, "error": "missing_scope"}
         if method == "chat.delete":
             message = self._message(params)
             if message is None:
