@@ -123,7 +123,8 @@ class ConversationStore:
                     attempts=1, next_attempt_at=outbox.until, claimed_by=outbox.holder, created_at=now))
             return turn_info(s, turn_id, turn.input_message_id, session)
 
-        return await self.db.run_write(work)
+        # The answer's post waits on it: ahead of the writes nobody waits on (receipts, transcript).
+        return await self.db.run_write(work, urgent=True)
 
     async def final_answer(self, turn_id: int) -> str | None:
         """The turn's saved final answer (an assistant message without tool calls), if it got that far."""

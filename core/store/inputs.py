@@ -100,7 +100,8 @@ class InputStore:
                 taken = replace(taken, transcript=tuple(transcript(s, session_id, history)))
             return taken
 
-        return await self.db.run_write(work)
+        # A turn waits on it to ask the model: ahead of the writes nobody waits on (receipts, transcript).
+        return await self.db.run_write(work, urgent=True)
 
     async def take_steered(self, turn_id: int, default_mode: str, budget: Budget, now: datetime) -> Taken | None:
         """Hand what waits to the running turn at its tool step (steer mode only); None when nothing does."""
