@@ -15,16 +15,19 @@ _PERSON = re.compile(r"^(requester|web|[UWS][A-Z0-9]+)$")
 
 
 def load_agents(path: Path, *, default_instructions: str | None) -> list[Agent]:
-    """Read ``[[agents]]`` tables (name, instructions, tools, approvers); the first is the default."""
+    """Read ``[[agents]]`` tables (name, instructions, tools, approvers); the first is the default. Without
+    any, one default agent (the file may hold only other tables)."""
     if not path.exists():
         return [Agent(instructions=default_instructions or DEFAULT_INSTRUCTIONS)]
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"{path}: {exc}") from None
-    entries = data.get("agents")
+    if "agents" not in data:  # a file with other tables only ([slack]…): the one default agent
+        return [Agent(instructions=default_instructions or DEFAULT_INSTRUCTIONS)]
+    entries = data["agents"]
     if not isinstance(entries, list) or not entries:
-        raise SettingsError(f"{path}: expected at least one [[agents]] table")
+        raise SettingsError(f"{path}: [[agents]] must hold at least one agent table")
     agents: list[Agent] = []
     for index, entry in enumerate(entries):
         agents.append(_agent(path, index, entry, default_instructions))

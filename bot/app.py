@@ -20,6 +20,7 @@ from bot.providers import build_provider
 from bot.sandbox import probe as probe_sandbox
 from bot.sandbox_peers import SandboxPeers
 from bot.settings import Settings
+from bot.slack_config import load_suggested_prompts
 from bot.tools import build_registry
 from bot.tools.message import message_send_tool
 from bot.tools.schedules import schedule_tools
@@ -275,6 +276,7 @@ def build_application(
                 rate_limit_retries=settings.slack_max_retries,
                 progress_delay_s=settings.slack_progress_delay_s,
                 streaming=settings.slack_streaming,
+                suggested_prompts=load_suggested_prompts(settings.bot_config),
                 stream_delay_s=settings.slack_stream_delay_s,
             ),
             gateway,

@@ -121,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
                          ("cancel", "for good")):
         _command(sverbs, verb, f"{verb} a schedule: {effect}", "The running bot follows within seconds.").add_argument(
             "id", type=_id, help="the schedule's id (from `bot schedules list`)")
+    feedback = _command(sub, "feedback", "what people said of the answers (the buttons under each answer)")
+    fverbs = feedback.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
+    flist = _command(fverbs, "list", "the newest verdicts: when, positive or negative, which turn, who, where",
+                     "The first line totals every person's latest verdict.")
+    flist.add_argument("--limit", type=_id, default=50, help="how many to list (default: %(default)s)")
     webp = _command(sub, "web", "web chat logins")
     wverbs = webp.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
     _command(wverbs, "logout-all", "end every web chat login (audited); browsers get the login page again")
@@ -204,6 +209,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return asyncio.run(approvals_command(args))
     if args.command == "web":
         return asyncio.run(_web_logout_all())
+    if args.command == "feedback":
+        from bot.operator import feedback_command
+
+        return asyncio.run(feedback_command(args))
     if args.command == "schedules":
         from bot.operator import schedules_command
 

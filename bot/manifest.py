@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
+from channels.slack.blocks import STOP_SHORTCUT
+
 Mode = Literal["socket", "http"]
 
 BOT_SCOPES = [
@@ -22,8 +24,14 @@ BOT_SCOPES = [
     "usergroups:read",  # BOT_APPROVERS may name user groups (S…): read their members
     "im:write",  # tell a schedule's creator by DM when it keeps failing
     "files:write",  # attach an approval request's arguments in full when they do not fit on the card
+    "users:read",  # names in the status line ("is waiting for approval from @alice…")
 ]
-BOT_EVENTS = ["app_mention", "message.channels", "message.groups", "message.im", "message.mpim"]
+BOT_EVENTS = [
+    "app_mention", "message.channels", "message.groups", "message.im", "message.mpim",
+    "assistant_thread_started",  # a new chat in the assistant pane: suggested prompts
+    "assistant_thread_context_changed",  # which channel the person is looking at, for the agent
+    "agent_session_stopped",  # Slack's own stop button on a working answer: stop that thread's turn
+]
 
 
 def build_manifest(mode: Mode, *, name: str = "Chat-ops bot", command: str = "/bot",
@@ -33,7 +41,7 @@ def build_manifest(mode: Mode, *, name: str = "Chat-ops bot", command: str = "/b
                              "usage_hint": "help | status | stop | queue <mode> | approvals | schedule | schedules",
                              "should_escape": False}
     events: dict[str, Any] = {"bot_events": BOT_EVENTS}
-    # Buttons (Approve / Deny / Always allow) and the Deny reason modal.
+    # Buttons (Approve / Deny / Always allow, Stop, feedback), the Deny reason modal, the message shortcut.
     interactivity: dict[str, Any] = {"is_enabled": True}
     if not socket:
         slash["url"] = request_url
@@ -45,6 +53,10 @@ def build_manifest(mode: Mode, *, name: str = "Chat-ops bot", command: str = "/b
             "bot_user": {"display_name": name, "always_online": True},
             "app_home": {"messages_tab_enabled": True, "messages_tab_read_only_enabled": False},
             "slash_commands": [slash],
+            # The assistant pane: chats with the bot in their own threads (channels.slack.assistant).
+            "assistant_view": {"assistant_description": "Ask the chat-ops agent; risky steps wait for approval"},
+            "shortcuts": [{"name": "Stop this turn", "type": "message", "callback_id": STOP_SHORTCUT,
+                           "description": "Stop the bot's work in this message's thread"}],
         },
         "oauth_config": {"scopes": {"bot": BOT_SCOPES}},
         "settings": {

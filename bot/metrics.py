@@ -23,6 +23,7 @@ from core.events import (
     TurnFinished,
     TurnStarted,
 )
+from core.feedback import FeedbackGiven
 from core.store import Database
 from core.store.stats import snapshot
 
@@ -32,6 +33,7 @@ TURN_SECONDS = Histogram("bot_turn_duration_seconds", "From a turn's start to it
                          buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900))
 APPROVALS = Counter("bot_approvals", "Approval requests, by event and outcome", ["event"])
 CREDENTIAL_REQUESTS = Counter("bot_credential_requests", "Credential requests made")
+FEEDBACK_CLICKS = Counter("bot_feedback_clicks", "Feedback buttons clicked under answers (this process)", ["verdict"])
 GAUGES = {name: Gauge(f"bot_{name}", help_text) for name, help_text in (
     ("queue_depth", "Messages waiting for a turn"),
     ("turns_running", "Turns running (all replicas)"),
@@ -42,6 +44,8 @@ GAUGES = {name: Gauge(f"bot_{name}", help_text) for name, help_text in (
     ("firings_failed", "Schedule firings that failed"),
     ("deliveries_pending", "Answers waiting for their channel to take them (retried with backoff)"),
     ("deliveries_given_up", "Answers never delivered: retried for DELIVERY_MAX_AGE_S, or refused for good"),
+    ("feedback_positive", "Verdicts on answers that are positive (each person's latest, all replicas)"),
+    ("feedback_negative", "Verdicts on answers that are negative (each person's latest, all replicas)"),
 )}
 
 
@@ -68,6 +72,8 @@ class Metrics:
             APPROVALS.labels(event=event.request.status).inc()
         elif isinstance(event, CredentialRequested):
             CREDENTIAL_REQUESTS.inc()
+        elif isinstance(event, FeedbackGiven):
+            FEEDBACK_CLICKS.labels(verdict="positive" if event.positive else "negative").inc()
 
     async def handle(self, request: web.Request) -> web.Response:
         if not (self.token and bearer_matches(request, self.token)) and local_problem(request) is not None:

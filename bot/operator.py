@@ -183,3 +183,19 @@ async def schedules_command(args: argparse.Namespace) -> int:
         # Refusals (no such schedule, not in a state for this) reach bot.cli, which picks the exit code.
         print(await service.change(args.id, args.verb, by=operator_name(), operator=True))
         return 0
+
+
+async def feedback_command(args: argparse.Namespace) -> int:
+    """``bot feedback list``: the newest verdicts on answers, with their totals (every replica's)."""
+    from core.store.feedback import FeedbackStore
+
+    async with _core() as core:
+        store = FeedbackStore(core.credentials.store.db)
+        counts = await store.counts()
+        rows = await store.recent(limit=args.limit)
+        print(f"feedback: {counts[True]} positive, {counts[False]} negative")
+        for r in rows:
+            verdict = "positive" if r.positive else "negative"
+            print(f"{r.updated_at:%Y-%m-%d %H:%M:%S}Z\t{verdict}\tturn {r.turn_id}\tby {visible(r.user)}"
+                  f"\t{visible(r.session_id)}")
+        return 0

@@ -60,6 +60,12 @@ class ApprovalPolicy:
                 return True
         return False
 
+    def deciders(self, requester: str | None, agent_approvers: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """Who is asked to decide (user and group ids, ``requester`` resolved; admins may too but are not
+        named): what a channel shows as "waiting for approval from …"."""
+        named = (requester if a == REQUESTER else a for a in (agent_approvers or self.approvers))
+        return tuple(dict.fromkeys(a for a in named if a))
+
     def is_admin(self, user: str) -> bool:
         return user in self.admins
 
@@ -132,7 +138,8 @@ class ApprovalBroker:
             parked_at=now, expires_at=now + self.timeout,
         ))
         log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
-        self.bus.emit(ApprovalRequested(request.session, request))
+        deciders = self.policy.deciders(requester, self.agents.get(agent).approvers)
+        self.bus.emit(ApprovalRequested(request.session, request, deciders))
         return request
 
     async def granted(self, *, agent: str, tool: str, place: str | None, args: dict[str, Any]) -> bool:

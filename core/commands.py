@@ -34,6 +34,7 @@ class Command:
     reply_ref: dict[str, Any] = field(default_factory=dict)  # a top-level message in that place
     trigger: str | None = None  # the platform's id for this use (a fresh one when None)
     name: str = "/bot"  # how people type it, for the texts that quote it
+    session: str | None = None  # the conversation it was typed in, when the platform says so (a thread)
 
 
 @dataclass(frozen=True)
@@ -83,15 +84,16 @@ class Commands:
                 f"Default queue mode: {status.queue_mode}.")
 
     async def _stop(self, command: Command, marks: Marks) -> str:
-        # A command does not say which thread it came from: stop this place's latest busy one.
+        # Exact: the thread it was typed in, else the place's one busy thread (never a guess among several).
         try:
-            report = await self.dispatcher.stop_latest(command.place, by=command.user)
+            if command.session is not None:
+                return (await self.dispatcher.stop_session(command.session, by=command.user)).describe(None)
+            report = await self.dispatcher.stop_place(command.place, by=command.user)
         except InvalidInput as exc:
             return marks.text(str(exc))
         if report is None:
             return "Nothing to stop in this channel."
-        return (f"{report.describe(None)} (the most recent busy thread here; to stop another, "
-                "reply `stop` to me in that thread)")
+        return f"{report.describe(None)} (the one busy thread here)"
 
     async def _queue(self, command: Command, mode: str, marks: Marks) -> str:
         try:
@@ -184,7 +186,8 @@ def help_text(name: str) -> str:
         "In a thread: `@bot stop` stops my work there; `@bot queue steer|collect|followup` sets how "
         "messages sent while I work are handled. Stopping and the queue mode are for whoever asked, "
         "approvers and admins.\n"
-        f"`{c} status` — am I up and how busy\n`{c} stop` — stop the latest busy thread in this channel\n"
+        f"`{c} status` — am I up and how busy\n`{c} stop` — stop my work here (the one busy thread; with "
+        "several, the Stop button or the message shortcut \"Stop this turn\" in that thread)\n"
         f"`{c} queue steer|collect|followup` — the queue mode for this channel\n"
         f"`{c} schedule every 1h #ops <prompt>` — run a prompt on a schedule (also `cron \"0 9 * * 1-5\"`, "
         f"`at 2026-12-01T09:00`); `{c} schedules` — this channel's schedules (all of them for admins): "

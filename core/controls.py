@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from core.agents import AgentDirectory
 from core.approvals import ApprovalPolicy
 from core.clock import Clock
-from core.errors import InvalidInput, NotAllowed
+from core.errors import Conflict, InvalidInput, NotAllowed
 from core.model import QUEUE_MODES, SessionInfo
 from core.store import ControlStore, ConversationStore, InputStore
 
@@ -93,10 +93,22 @@ class Controls:
             raise NotAllowed(QUEUE_REFUSED)
         await self.control.set_place_queue_mode(place, mode, self.clock.now())
 
-    async def stop_latest(self, place: str, *, by: str) -> StopReport | None:
-        session_id = await self.inputs.latest_live_session(place)
-        if session_id is None:
+    async def stop_place(self, place: str, *, by: str) -> StopReport | None:
+        """``/bot stop`` in a place (which does not say which thread): its one busy conversation. None when
+        nothing is busy there; with several, nothing is guessed: Conflict, naming the exact ways."""
+        busy = await self.inputs.live_sessions(place, limit=2)
+        if not busy:
             return None
+        if len(busy) > 1:
+            raise Conflict(SEVERAL_BUSY)
+        return await self.stop_session(busy[0], by=by)
+
+    async def stop_session(self, session_id: str, *, by: str, turn_id: int | None = None) -> StopReport:
+        """Stop one conversation's running turn (and what waits behind it), for someone who may. With
+        ``turn_id`` (a Stop button under that turn's work), only while that very turn runs: a click that
+        comes after it ended stops nothing, not the turn that came next."""
+        if turn_id is not None and await self.conversations.running_turn(session_id) != turn_id:
+            return StopReport(running=False, waiting=0)
         if not await self.may_control(by, session_id):
             raise NotAllowed(STOP_REFUSED)
         return await self.cancel(session_id, by=by)
@@ -116,5 +128,8 @@ class Controls:
 
 STOP_REFUSED = ("You can't stop this: only whoever asked for it, an approver or an admin can. "
                 "Nothing was stopped.")
+SEVERAL_BUSY = ("Several threads here are busy, and I won't guess which one you mean: click Stop on the working "
+                "message, use the message shortcut \"Stop this turn\" on a message in that thread, or reply `stop` "
+                "to me there.")
 QUEUE_REFUSED = ("You can't change the queue mode here: only whoever asked for the work in progress, an approver "
                  "or an admin can. Nothing was changed.")

@@ -169,7 +169,7 @@ class Dispatcher:
         text = message.text.strip()
         command = is_command(text) if message.addressed else False
         kind = InputKind.CONTROL if command else InputKind.MESSAGE if message.addressed else InputKind.CONTEXT
-        if kind == InputKind.CONTEXT and not self.config.record_thread_context:
+        if kind == InputKind.CONTEXT and not self.config.record_thread_context and not message.opens_session:
             # Kept nowhere, not even its dedupe keys: the same message arriving later as a mention is
             # then answered (once, by the keys that mention stores).
             return Accepted(AcceptOutcome.IGNORED)
@@ -220,10 +220,15 @@ class Dispatcher:
         work in progress there. Refused with NotAllowed (or InvalidInput: no such mode)."""
         await self.controls.set_place_queue_mode(place, mode, by=by)
 
-    async def stop_latest(self, place: str, *, by: str) -> StopReport | None:
-        """``/bot stop``: stop the place's most recently busy conversation (None: nothing is busy). Refused
-        with NotAllowed unless ``by`` may control it."""
-        return await self.controls.stop_latest(place, by=by)
+    async def stop_place(self, place: str, *, by: str) -> StopReport | None:
+        """``/bot stop``: stop the place's one busy conversation (None: nothing is busy). Refused with
+        NotAllowed unless ``by`` may control it, and with Conflict when several are busy (no guessing)."""
+        return await self.controls.stop_place(place, by=by)
+
+    async def stop_session(self, session_id: str, *, by: str, turn_id: int | None = None) -> StopReport:
+        """A Stop control in one conversation (NotAllowed unless ``by`` may control it); with ``turn_id``,
+        only while that turn runs."""
+        return await self.controls.stop_session(session_id, by=by, turn_id=turn_id)
 
     # -- outcomes and cancellation --------------------------------------------------------------
 

@@ -118,6 +118,7 @@ class ApprovalRequested(Event):
 
     name: ClassVar[str] = "approval.requested"
     request: ApprovalInfo
+    deciders: tuple[str, ...] = ()  # who is asked (user and group ids; admins may decide too)
 
 
 @dataclass(frozen=True)

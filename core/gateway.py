@@ -19,15 +19,17 @@ from core.credentials import CredentialService, ProvideResult
 from core.dispatcher import Dispatcher
 from core.errors import InvalidInput, NotFound
 from core.events import Handler
+from core.feedback import FeedbackBook, FeedbackResult
 from core.model import ApprovalInfo, CredentialRequestInfo, Inbound, SessionInfo, SessionSummary, TranscriptEntry
 from core.replies import PLAIN, Marks
 from core.schedules import ScheduleService
 from core.store import Accepted, AcceptOutcome
+from core.store.feedback import FeedbackEntry, FeedbackStore
 from core.views import GrantView, ScheduleView
 
 # What adapters may name without importing the services that produce them.
-__all__ = ["AcceptOutcome", "Accepted", "Command", "DecideResult", "Gateway", "Marks", "ProvideResult", "Status",
-           "StopReport"]
+__all__ = ["AcceptOutcome", "Accepted", "Command", "DecideResult", "FeedbackResult", "Gateway", "Marks",
+           "ProvideResult", "Status", "StopReport"]
 
 VERDICTS = ("approve", "deny", "always")
 REASON_MAX = 500  # characters of a deny reason (the model reads it)
@@ -42,6 +44,8 @@ class Gateway:
         self._credentials = credentials
         self._schedules = schedules
         self._commands = Commands(dispatcher, approvals, schedules)
+        self._feedback = FeedbackBook(FeedbackStore(self._conversations.db), self._conversations, dispatcher.bus,
+                                      dispatcher.clock)
 
     # -- events and time ------------------------------------------------------------------------
 
@@ -63,6 +67,11 @@ class Gateway:
     async def stop(self, session_id: str, by: str) -> StopReport:
         """Stop a conversation's running turn and drop what waits behind it (a channel's stop button)."""
         return await self._dispatcher.cancel(session_id, by=by)
+
+    async def stop_thread(self, session_id: str, by: str, *, turn_id: int | None = None) -> StopReport:
+        """A person's Stop in one conversation (a button, a shortcut, the platform's own stop control):
+        NotAllowed unless they may control it; with ``turn_id``, only while that very turn runs."""
+        return await self._dispatcher.stop_session(session_id, by=by, turn_id=turn_id)
 
     async def command(self, command: Command, marks: Marks = PLAIN) -> str:
         """The ``/bot`` command: the reply, its dynamic parts marked up by ``marks``."""
@@ -159,6 +168,16 @@ class Gateway:
 
     async def working(self, session_id: str) -> bool:
         return await self._conversations.has_live_work(session_id)
+
+    # -- feedback -------------------------------------------------------------------------------
+
+    async def feedback(self, turn_id: object, verdict: object, by: str, *, channel: str,
+                       posted_in: str) -> FeedbackResult:
+        """A person's verdict on an answer (``positive`` | ``negative``), clicked where it was posted."""
+        return await self._feedback.give(turn_id, verdict, by, channel=channel, posted_in=posted_in)
+
+    async def recent_feedback(self, *, limit: int = 50) -> list[FeedbackEntry]:
+        return await self._feedback.recent(limit=limit)
 
     # -- schedules ------------------------------------------------------------------------------
 

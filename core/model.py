@@ -113,6 +113,9 @@ class Inbound:
     agent: str | None = None
     images: tuple[str, ...] = ()  # image URLs or data: URIs
     place: str | None = None  # where the conversation lives, e.g. "slack:T1:C1" (per-place settings)
+    # Context that opens its own conversation (what a person looks at as they open a chat with the bot):
+    # kept before anything is asked, and whether or not other thread chatter is recorded.
+    opens_session: bool = False
     # Reserved for core (a scheduled firing's destination); refused from channels.
     preapproved: tuple[tuple[str, str], ...] = ()
 

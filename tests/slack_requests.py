@@ -65,15 +65,33 @@ def dumps(body: dict[str, Any]) -> str:
 
 
 def block_action(action_id: str, value: str, *, user: str = "U1", channel: str = "C1",
-                 message_ts: str = "1.0") -> str:
-    """A signed-ready interactivity body: a button click."""
+                 message_ts: str = "1.0", thread_ts: str | None = None) -> str:
+    """A signed-ready interactivity body: a button click (on a message in thread ``thread_ts``)."""
+    container: dict[str, Any] = {"type": "message", "message_ts": message_ts, "channel_id": channel}
+    message: dict[str, Any] = {"ts": message_ts, "text": ""}
+    if thread_ts:
+        container["thread_ts"] = message["thread_ts"] = thread_ts
     payload = {
         "type": "block_actions", "team": {"id": TEAM_ID}, "user": {"id": user}, "api_app_id": "A1",
         "token": "legacy", "trigger_id": f"trigger-{next(_counter)}",
-        "channel": {"id": channel}, "container": {"type": "message", "message_ts": message_ts},
-        "message": {"ts": message_ts, "text": ""},
+        "channel": {"id": channel}, "container": container,
+        "message": message,
         "actions": [{"action_id": action_id, "block_id": "b", "value": value, "type": "button",
                      "action_ts": "1.1"}],
+    }
+    return urlencode({"payload": json.dumps(payload)})
+
+
+def message_shortcut(callback_id: str, *, message_ts: str, thread_ts: str | None = None, user: str = "U1",
+                     channel: str = "C1") -> str:
+    """A signed-ready interactivity body: a message shortcut used on a message."""
+    message: dict[str, Any] = {"type": "message", "ts": message_ts, "text": "", "user": "U1"}
+    if thread_ts:
+        message["thread_ts"] = thread_ts
+    payload = {
+        "type": "message_action", "callback_id": callback_id, "team": {"id": TEAM_ID}, "user": {"id": user},
+        "channel": {"id": channel}, "message": message, "message_ts": message_ts, "api_app_id": "A1",
+        "token": "legacy", "trigger_id": f"trigger-{next(_counter)}", "response_url": "http://127.0.0.1:9/r",
     }
     return urlencode({"payload": json.dumps(payload)})
 

@@ -66,7 +66,7 @@ def test_violation_detector_can_fail() -> None:
 # The services behind the Gateway: a channel reaches them only through core.gateway (and reads values:
 # core.model, core.views, core.events, core.errors, core.ports, core.text, core.display, core.replies).
 CORE_SERVICES = ("core.dispatcher", "core.approvals", "core.credentials", "core.schedules", "core.turns",
-                 "core.controls", "core.runner", "core.commands", "core.delivery", "core.leasing")
+                 "core.controls", "core.runner", "core.commands", "core.delivery", "core.leasing", "core.feedback")
 
 
 def test_channels_call_core_only_through_the_gateway() -> None:
@@ -98,9 +98,12 @@ def test_manifest_events_and_modes(mode: str) -> None:
     manifest = build_manifest(mode)  # type: ignore[arg-type]
     settings = manifest["settings"]
     events = settings["event_subscriptions"]["bot_events"]
-    assert "app_mention" in events
-    assert all(e == "app_mention" or e.startswith("message.") for e in events)
-    assert set(events) == {"app_mention", "message.channels", "message.groups", "message.im", "message.mpim"}
+    assert set(events) == {"app_mention", "message.channels", "message.groups", "message.im", "message.mpim",
+                           "assistant_thread_started", "assistant_thread_context_changed", "agent_session_stopped"}
+    features = manifest["features"]
+    assert features["assistant_view"]["assistant_description"]
+    assert features["shortcuts"] == [{"name": "Stop this turn", "type": "message", "callback_id": "stop_turn",
+                                      "description": "Stop the bot's work in this message's thread"}]
     assert settings["socket_mode_enabled"] is (mode == "socket")
     has_url = "request_url" in settings["event_subscriptions"]
     assert has_url is (mode == "http")
@@ -109,7 +112,9 @@ def test_manifest_events_and_modes(mode: str) -> None:
 
 def test_scopes_cover_events() -> None:
     needs = {"app_mention": "app_mentions:read", "message.channels": "channels:history",
-             "message.groups": "groups:history", "message.im": "im:history", "message.mpim": "mpim:history"}
+             "message.groups": "groups:history", "message.im": "im:history", "message.mpim": "mpim:history",
+             "assistant_thread_started": "assistant:write", "assistant_thread_context_changed": "assistant:write",
+             "agent_session_stopped": "assistant:write"}
     assert {needs[e] for e in BOT_EVENTS} <= set(BOT_SCOPES)
     assert "chat:write" in BOT_SCOPES
 

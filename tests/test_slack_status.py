@@ -3,8 +3,13 @@ what the turn does and is cleared at its end; a workspace that refuses it gets t
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
+from channels.slack import render
 from tests.conftest import GatewayClient
-from tests.fakes.llm import FakeLLM, Reply
+from tests.fakes.llm import FakeLLM, Gate, Reply
 from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import mention
 
@@ -50,3 +55,37 @@ async def test_a_workspace_that_refuses_the_status_line_gets_reactions_and_is_no
     assert len(fake_slack.of("assistant.threads.setStatus")) == 1  # refused once, remembered
     assert [c.params["timestamp"] for c in fake_slack.of("reactions.add")] == [first["ts"], second["ts"]]
     assert len(fake_slack.of("reactions.remove")) == 2
+
+
+async def test_the_approval_status_names_who_is_asked_in_plain_text(
+        gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
+    fake_slack.status_supported = True
+    fake_slack.names = {"U1": "alice", "U2": "<!channel> \u202eevil\u200b"}
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "uptime"})]))
+    await gateway.send_event(mention("check uptime"))  # approvers: the requester (U1)
+    await fake_slack.wait_for("assistant.threads.setStatus", 2)
+    assert _statuses(fake_slack)[-1] == "is waiting for approval from @alice…"
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "uptime"})]))
+    await gateway.send_event(mention("check it again", user="U2"))
+    await fake_slack.wait_for("assistant.threads.setStatus", 4)
+    assert _statuses(fake_slack)[-1] == "is waiting for approval from @!channel evil…"  # nothing to mention or hide
+
+
+
+async def test_a_long_turn_says_its_status_again_before_slack_drops_it(
+        gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(render, "STATUS_REFRESH_S", 0.05)  # Slack drops a status after 2 minutes
+    fake_slack.status_supported = True
+    gate = Gate(Reply("done at last"))
+    fake_llm.then(gate)
+    await gateway.send_event(mention("a long one"))
+    await asyncio.wait_for(gate.reached.wait(), 5)
+    await fake_slack.wait_for("assistant.threads.setStatus", 4)
+    assert set(_statuses(fake_slack)) == {"is thinking…"}
+    gate.opened.set()
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert _statuses(fake_slack)[-1] == ""
+    cleared = len(fake_slack.of("assistant.threads.setStatus"))
+    await asyncio.sleep(0.2)
+    assert len(fake_slack.of("assistant.threads.setStatus")) == cleared  # nothing said after the end

@@ -55,7 +55,7 @@ async def test_an_answer_streams_while_the_model_writes_and_ends_as_one_message(
     await streaming.idle()
 
     [message] = _answer_messages(fake_slack, event["ts"])
-    assert message["markdown_text"] == reply.text and not message["streaming"]
+    assert fake_slack.shown(message["ts"]) == reply.text and not message["streaming"]
     payload = message["metadata"]["event_payload"]
     assert (payload["chunk"], payload["chunks"]) == (0, 1)
     assert fake_slack.posts() == []  # the answer is the stream: no second message
@@ -75,7 +75,7 @@ async def test_appends_are_paced_not_one_per_token(streaming: GatewayClient, fak
     assert methods[0] == "chat.startStream" and methods[-1] == "chat.stopStream"
     assert 1 <= methods.count("chat.appendStream") <= 3, methods  # one a second at most, not one per piece
     [message] = _answer_messages(fake_slack, event["ts"])
-    assert message["markdown_text"] == reply.text
+    assert fake_slack.shown(message["ts"]) == reply.text
 
 
 async def test_a_secret_split_across_pieces_never_leaves(streaming: GatewayClient, fake_slack: FakeSlack,
@@ -96,7 +96,7 @@ async def test_a_secret_split_across_pieces_never_leaves(streaming: GatewayClien
     for fragment in ("sk-", "test-key", "key-ab", "abcdef"):
         assert fragment not in sent
     [message] = _answer_messages(fake_slack, event["ts"])
-    assert message["markdown_text"].startswith(preface) and "and that is all." in message["markdown_text"]
+    assert fake_slack.shown(message["ts"]).startswith(preface) and "and that is all." in fake_slack.shown(message["ts"])
 
 
 async def test_a_workspace_that_refuses_streaming_gets_one_message_updated(
@@ -126,7 +126,7 @@ async def test_text_before_a_tool_call_is_replaced_by_the_answer(streaming: Gate
     await fake_slack.wait_for("chat.stopStream")
     await streaming.idle()
     [message] = _answer_messages(fake_slack, event["ts"])
-    assert message["markdown_text"] == "It is noon." and message["metadata"]
+    assert fake_slack.shown(message["ts"]) == "It is noon." and message["metadata"]
     assert fake_slack.posts() == []
 
 
@@ -145,8 +145,8 @@ async def test_an_answer_longer_than_a_stream_continues_in_a_follow_up(streaming
     assert len(messages) == 2
     chunks = [m["metadata"]["event_payload"] for m in messages]
     assert [(c["chunk"], c["chunks"]) for c in chunks] == [(0, 2), (1, 2)]
-    assert len(messages[0]["markdown_text"]) <= STREAM_LIMIT
-    shown = messages[0]["markdown_text"] + "\n\n" + messages[1]["text"]
+    assert len(fake_slack.shown(messages[0]["ts"])) <= STREAM_LIMIT
+    shown = fake_slack.shown(messages[0]["ts"]) + "\n\n" + messages[1]["text"]
     assert shown == text
 
 
@@ -191,7 +191,7 @@ async def test_a_stream_whose_end_fails_is_finished_by_the_retry_not_posted_agai
     await fake_slack.wait_for("chat.stopStream")  # the retry's (the refused one is not recorded)
     await gateway.idle()
     [message] = _answer_messages(fake_slack, event["ts"])
-    assert message["markdown_text"] == INTRO + "two three" and message["metadata"]
+    assert fake_slack.shown(message["ts"]) == INTRO + "two three" and message["metadata"]
     assert fake_slack.posts() == []
 
 
@@ -238,9 +238,9 @@ async def test_an_append_that_failed_leaves_the_end_to_replace_the_whole_text(
     reply.resume.set()
     updates = await fake_slack.wait_for("chat.update")
     await streaming.idle()
-    assert updates[-1].params["markdown_text"] == reply.text and updates[-1].params["metadata"]
+    assert fake_slack.shown(updates[-1].params["ts"]) == reply.text and updates[-1].params["metadata"]
     [message] = _answer_messages(fake_slack, event["ts"])
-    assert message["markdown_text"] == reply.text
+    assert fake_slack.shown(message["ts"]) == reply.text
 
 
 async def test_a_stream_slack_ended_on_its_own_is_replaced_not_given_up(
@@ -256,7 +256,7 @@ async def test_a_stream_slack_ended_on_its_own_is_replaced_not_given_up(
     await fake_slack.wait_for("chat.update")
     await streaming.idle()
     [message] = _answer_messages(fake_slack, event["ts"])
-    assert message["markdown_text"] == reply.text and message["metadata"]
+    assert fake_slack.shown(message["ts"]) == reply.text and message["metadata"]
     assert fake_slack.posts() == []
 
 

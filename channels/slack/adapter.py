@@ -26,11 +26,22 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.errors import MalformedPayload
 from channels.slack.api import PrivateReplies
 from channels.slack.approvals import SlackApprovals
+from channels.slack.assistant import SlackAssistant
 from channels.slack.commands import SlackCommands
 from channels.slack.credentials import SlackCredentials
-from channels.slack.payloads import PERSON_SUBTYPES, channel_id, is_id, is_ts, shape_problem, user_id
+from channels.slack.feedback import SlackFeedback
+from channels.slack.payloads import (
+    PERSON_SUBTYPES,
+    channel_id,
+    is_id,
+    is_ts,
+    shape_problem,
+    thread_session,
+    user_id,
+)
 from channels.slack.port import SlackPort
 from channels.slack.render import SlackRenderer
+from channels.slack.stopping import SlackStopping
 from channels.slack.streams import SlackStreams
 from core.errors import InvalidInput
 from core.gateway import Gateway
@@ -50,6 +61,7 @@ class SlackConfig:
     progress_delay_s: float = 0.0  # a turn shows its progress reaction once it has run this long
     streaming: bool = False  # answers stream into the thread while the model writes (SLACK_STREAMING)
     stream_delay_s: float = 0.3  # ...once it has written for this long (SLACK_STREAM_DELAY_S)
+    suggested_prompts: tuple[tuple[str, str], ...] = ()  # (title, message): a new assistant pane chat offers them
 
 
 class SlackChannel:
@@ -80,6 +92,9 @@ class SlackChannel:
         self._private = PrivateReplies(self.client)
         approvals_ui = SlackApprovals(self.app, self.client, gateway)
         credentials_ui = SlackCredentials(self.app, self.client, gateway)
+        SlackFeedback(self.app, self._private, gateway, self.name)
+        SlackStopping(self.app, self._private, gateway)
+        SlackAssistant(self.app, self.client, gateway, self.name, config.suggested_prompts)
         self.app.action(re.compile(".*"))(self._on_unknown_action)  # registered last: anything not matched above
         self.app.error(self._on_error)
         self.renderer = SlackRenderer(self.client, self.port, approvals_ui, credentials_ui,
@@ -198,7 +213,7 @@ class SlackChannel:
             raise MalformedPayload("event.text is not a string")
         event_id = body.get("event_id")
         message = Inbound(
-            session_id=f"slack:{team}:{channel}:{thread_ts}",
+            session_id=thread_session(team, channel, thread_ts),
             channel=self.name,
             sender=str(user),
             text=_strip_mention(text, bot_user),

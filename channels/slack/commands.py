@@ -12,7 +12,7 @@ from slack_bolt.async_app import AsyncApp
 
 from channels.errors import MalformedPayload
 from channels.slack.formatting import SLACK_MARKS
-from channels.slack.payloads import is_id
+from channels.slack.payloads import is_id, is_ts, thread_session
 from core.gateway import Command, Gateway
 
 
@@ -29,9 +29,11 @@ class SlackCommands:
         if not is_id(team) or not is_id(channel) or not is_id(user) or not isinstance(text, str):
             raise MalformedPayload("team_id, channel_id or user_id is not a Slack id")  # before any ack
         trigger = command.get("trigger_id")  # shape-checked before bolt: [A-Za-z0-9._-]
+        thread_ts = command.get("thread_ts")  # typed in a thread (where Slack says so): that thread exactly
         reply = await self.gateway.command(Command(
             text=text, user=user, channel=self.channel, place=f"slack:{team}:{channel}",
             reply_ref={"channel": channel},  # what the command starts is posted here, at the top level
             trigger=trigger if isinstance(trigger, str) and trigger else None, name=self.command,
+            session=thread_session(team, channel, thread_ts) if is_ts(thread_ts) else None,
         ), SLACK_MARKS)
         await ack(text=reply)

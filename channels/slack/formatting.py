@@ -78,6 +78,12 @@ def _cut_point(text: str, limit: int) -> int:
     return limit
 
 
+def defused(text: str) -> str:
+    """Model text as Markdown for Slack (a ``markdown`` block, a stream's ``markdown_text``), with no ``<``
+    left to open a mention or a link (``<!channel>``, ``<@U…>``): a zero-width space follows each."""
+    return text.replace("<", "<\u200b")
+
+
 def escape(text: str) -> str:
     """Text that Slack must show as typed: no link, mention or markup of its own (``&``, ``<``, ``>``)."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -56,6 +56,32 @@ def channel_id(body: dict[str, Any]) -> str:
     return value if is_id(value) else ""
 
 
+def team_id(body: dict[str, Any]) -> str:
+    """The workspace an interaction or event came from ("" if absent or not an id)."""
+    team = body.get("team")
+    value = team.get("id") if isinstance(team, dict) else body.get("team_id")
+    return value if is_id(value) else ""
+
+
+def thread_session(team: str, channel: str, thread_ts: str) -> str:
+    """The session id of a Slack thread: one conversation per thread (what the adapter's intake uses)."""
+    return f"slack:{team}:{channel}:{thread_ts}"
+
+
+def clicked_thread(body: dict[str, Any]) -> str | None:
+    """The session of the thread a clicked (or shortcut) message is in, or None when it is not a person's
+    interaction in a channel's thread or top-level message."""
+    team, channel = team_id(body), channel_id(body)
+    message, container = body.get("message"), body.get("container")
+    message = message if isinstance(message, dict) else {}
+    container = container if isinstance(container, dict) else {}
+    thread_ts = message.get("thread_ts") or container.get("thread_ts") or message.get("ts") \
+        or container.get("message_ts")
+    if not (team and channel and is_ts(thread_ts)):
+        return None
+    return thread_session(team, channel, thread_ts)
+
+
 def input_value(view: dict[str, Any], block: str, element: str) -> str:
     """What was typed into one plain-text input of a submitted view ("" when empty or absent)."""
     state = view.get("state")
@@ -129,7 +155,7 @@ def _block_actions(body: dict[str, Any]) -> str | None:
             problem = _fields(action, "actions[]", required=("action_id",), action_id=_string, block_id=_string,
                               value=_string, type=_string, action_ts=_string)
     container = body.get("container") or {}
-    return problem or _fields(container, "container", channel_id=_id, message_ts=_ts, view_id=_string)
+    return problem or _fields(container, "container", channel_id=_id, message_ts=_ts, thread_ts=_ts, view_id=_string)
 
 
 def _view_payload(body: dict[str, Any]) -> str | None:
@@ -162,7 +188,9 @@ def _block_suggestion(body: dict[str, Any]) -> str | None:
 
 
 def _shortcut(body: dict[str, Any]) -> str | None:
-    return _acting_user(body) or _fields(body, "", required=("callback_id",), callback_id=_string)
+    problem = _acting_user(body) or _fields(body, "", required=("callback_id",), callback_id=_string)
+    message = body.get("message")
+    return problem or (_fields(message, "message", ts=_ts, thread_ts=_ts) if isinstance(message, dict) else None)
 
 
 def _command(body: dict[str, Any]) -> str | None:

@@ -13,6 +13,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import error_code, transient
+from channels.slack.blocks import answer_blocks
 from channels.slack.formatting import split_message, to_mrkdwn
 from channels.slack.streams import LiveStream, SlackStreams
 from core.errors import InvalidInput
@@ -62,13 +63,16 @@ class SlackPort:
             metadata = {"event_type": DELIVERY_EVENT,
                         "event_payload": {"delivery_id": delivery_id.turn_id, "install": delivery_id.install,
                                           "session": session.id, "chunk": index, "chunks": len(chunks)}}
+            # The answer's last part carries the feedback buttons.
+            feedback_for = delivery_id.turn_id if index == len(chunks) - 1 else None
             if index == 0 and stream is not None:
-                ts = await self._finish_stream(delivery_id.turn_id, stream, chunk, metadata)
+                ts = await self._finish_stream(delivery_id.turn_id, stream, chunk, metadata, feedback_for)
                 if ts is not None:
                     landed[index] = ts
                     continue
             response = await self._call("chat_postMessage", channel=channel, thread_ts=thread_ts,
-                                        text=to_mrkdwn(chunk), metadata=metadata)
+                                        text=to_mrkdwn(chunk), blocks=answer_blocks(chunk, feedback_for=feedback_for),
+                                        metadata=metadata)
             landed[index] = str(response.get("ts"))
         return Receipt(landed[0])
 
@@ -79,7 +83,8 @@ class SlackPort:
             return None
         return self._unfinished.pop(turn_id, None) or self.streams.take(turn_id)
 
-    async def _finish_stream(self, turn_id: int, stream: LiveStream, head: str, metadata: dict[str, Any]) -> str | None:
+    async def _finish_stream(self, turn_id: int, stream: LiveStream, head: str, metadata: dict[str, Any],
+                             feedback_for: int | None) -> str | None:
         assert self.streams is not None
         # Kept until it is ended: an attempt cut off here (an error, or the delivery's deadline) leaves it to
         # the retry, which ends this same message rather than post another.
@@ -87,7 +92,7 @@ class SlackPort:
         if len(self._unfinished) > 1024:
             del self._unfinished[next(iter(self._unfinished))]
         try:
-            ts = await self.streams.finish(stream, head, metadata)
+            ts = await self.streams.finish(stream, head, metadata, feedback_for=feedback_for)
         except SlackApiError as exc:
             raise _failed(exc) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:

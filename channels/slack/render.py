@@ -22,6 +22,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.slack.api import error_code
 from channels.slack.approvals import SlackApprovals
 from channels.slack.credentials import SlackCredentials
+from channels.slack.people import SlackPeople
 from channels.slack.port import SlackPort
 from channels.slack.status import THINKING, ThreadStatus
 from channels.slack.streams import SlackStreams
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 
 PROGRESS_REACTION = "eyes"  # a turn is working on this message
 QUEUED_REACTION = "hourglass_flowing_sand"  # this message waits behind the running turn
+STATUS_REFRESH_S = 100.0  # Slack clears a status line after 2 minutes without a message in the thread
 
 
 @dataclass
@@ -60,6 +62,8 @@ class _Progress:
     leftover: bool = False  # resumed after a restart: the process before may have shown the sign
     place: tuple[str, str] | None = None  # the thread (channel, thread ts) whose status line can show it
     status: bool = False  # shown as the thread's status line, not as reactions
+    status_text: str = ""  # what the status line says now (said again before Slack's 2-minute timeout)
+    refresh: asyncio.TimerHandle | None = None
 
 
 class SlackRenderer:
@@ -73,6 +77,8 @@ class SlackRenderer:
         self.credentials = credentials
         self.progress_delay_s = progress_delay_s
         self.status = ThreadStatus(client)
+        self.people = SlackPeople(client)
+        self._refreshing: set[asyncio.Task[bool]] = set()
         # Which messages show the "queued" sign, and each running turn's progress sign (rendering
         # details, so memory is enough: after a restart a leftover sign is only cosmetic).
         self._queued_signs: set[MessageRef] = set()
@@ -109,7 +115,8 @@ class SlackRenderer:
             await self._status(event.turn.id, f"is running {event.tool}…")
         elif isinstance(event, ApprovalRequested):
             await self.approvals.announce(event.request)
-            await self._status(event.request.turn_id, "is waiting for approval…")
+            if self._shows_status(event.request.turn_id):
+                await self._status(event.request.turn_id, await self._waiting_for(event.deciders))
         elif isinstance(event, ApprovalResolved):
             await self.approvals.resolve(event.request)
         elif isinstance(event, CredentialRequested):
@@ -161,19 +168,47 @@ class SlackRenderer:
     async def _sign(self, progress: _Progress, refs: list[MessageRef]) -> None:
         """The thread's status line if Slack shows one here, else the :eyes: reaction on each message."""
         if progress.place is not None and await self.status.show(*progress.place, THINKING):
-            progress.status = True
+            progress.status, progress.status_text = True, THINKING
+            self._keep_status(progress)
             return
         for item in refs:
             await self._react("reactions_add", item, PROGRESS_REACTION)
+
+    def _shows_status(self, turn_id: int | None) -> bool:
+        progress = self._progress.get(turn_id) if turn_id is not None else None
+        return progress is not None and progress.status
 
     async def _status(self, turn_id: int | None, text: str) -> None:
         """A new status line for a turn that shows one (what it is doing now)."""
         progress = self._progress.get(turn_id) if turn_id is not None else None
         if progress is not None and progress.status and progress.place is not None:
+            progress.status_text = text
             await self.status.show(*progress.place, text)
+
+    def _keep_status(self, progress: _Progress) -> None:
+        """Slack drops a status line after two minutes without a message: a long turn says it again."""
+        def again() -> None:
+            if progress.refresh is None or progress.place is None:
+                return  # the turn ended meanwhile
+            task = asyncio.create_task(self.status.show(*progress.place, progress.status_text))
+            self._refreshing.add(task)
+            task.add_done_callback(self._refreshing.discard)
+            progress.refresh = asyncio.get_running_loop().call_later(STATUS_REFRESH_S, again)
+
+        progress.refresh = asyncio.get_running_loop().call_later(STATUS_REFRESH_S, again)
+
+    async def _waiting_for(self, deciders: tuple[str, ...]) -> str:
+        """ "is waiting for approval from @alice…", when the few people asked have names to show."""
+        names = [await self.people.name(d) for d in deciders[:3]] if 0 < len(deciders) <= 3 else []
+        if not names or None in names:
+            return "is waiting for approval…"
+        return f"is waiting for approval from {' or '.join(f'@{n}' for n in names)}…"
 
     async def _clear(self, turn: TurnInfo) -> None:
         progress = self._progress.pop(turn.id, None)
+        if progress is not None and progress.refresh is not None:
+            progress.refresh.cancel()
+            progress.refresh = None
         if progress is not None and progress.timer is not None:  # ended before its sign was due
             progress.timer.cancel()
             if not progress.leftover:

@@ -30,7 +30,8 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import error_code, transient
-from channels.slack.formatting import MESSAGE_LIMIT, to_mrkdwn
+from channels.slack.blocks import answer_blocks, feedback_block, stop_block
+from channels.slack.formatting import MESSAGE_LIMIT, defused, to_mrkdwn
 from core.model import SessionInfo
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ _TRANSPORT = (aiohttp.ClientError, TimeoutError, OSError)
 
 @dataclass
 class LiveStream:
+    turn_id: int
     channel: str
     thread_ts: str
     team: str | None  # whom the stream is for (Slack wants both when it streams into a channel)
@@ -105,7 +107,8 @@ class SlackStreams:
             if not ref.get("channel") or not ref.get("thread_ts"):
                 return  # a top-level post (a schedule's): nothing to stream into
             team = session.id.split(":")[1] if session.id.count(":") >= 3 else None
-            stream = self._streams[turn_id] = LiveStream(str(ref["channel"]), str(ref["thread_ts"]), team, sender)
+            stream = self._streams[turn_id] = LiveStream(turn_id, str(ref["channel"]), str(ref["thread_ts"]), team,
+                                                          sender)
         if restart and (stream.shown or stream.pending):
             text = "\n\n" + text.lstrip("\n")
         stream.pending += text
@@ -146,7 +149,7 @@ class SlackStreams:
         first, stream.pending = _fit(stream, stream.pending)
         try:
             response = await self.client.chat_startStream(channel=stream.channel, thread_ts=stream.thread_ts,
-                                                         markdown_text=_defused(first),
+                                                         markdown_text=defused(first),
                                                          recipient_team_id=stream.team, recipient_user_id=stream.user)
             stream.mode = "stream"
         except SlackApiError as exc:
@@ -154,7 +157,7 @@ class SlackStreams:
                      error_code(exc))
             try:
                 response = await self.client.chat_postMessage(channel=stream.channel, thread_ts=stream.thread_ts,
-                                                              text=to_mrkdwn(first))
+                                                              text=to_mrkdwn(first), blocks=_working(stream, first))
                 stream.mode = "update"
             except (SlackApiError, *_TRANSPORT) as again:
                 log.warning("could not show the answer as it is written: %s", type(again).__name__)
@@ -171,10 +174,10 @@ class SlackStreams:
         assert stream.ts is not None
         try:
             if stream.mode == "stream":
-                await self.client.chat_appendStream(channel=stream.channel, ts=stream.ts, markdown_text=_defused(more))
+                await self.client.chat_appendStream(channel=stream.channel, ts=stream.ts, markdown_text=defused(more))
             else:
-                await self.client.chat_update(channel=stream.channel, ts=stream.ts,
-                                              text=to_mrkdwn(stream.shown + more))
+                await self.client.chat_update(channel=stream.channel, ts=stream.ts, text=to_mrkdwn(stream.shown + more),
+                                              blocks=_working(stream, stream.shown + more))
         except (SlackApiError, *_TRANSPORT) as exc:
             # It may have landed (an answer lost on the way): what Slack shows is unknown now, so nothing more
             # is appended, and the end replaces the whole text.
@@ -198,10 +201,12 @@ class SlackStreams:
             stream.done = True
         return stream
 
-    async def finish(self, stream: LiveStream, head: str, metadata: dict[str, Any]) -> str | None:
-        """End the stream as the answer's first part ``head``, marked with ``metadata``: its ts, or None when
-        there is no stream message to end (the caller posts ``head`` itself). Raises SlackApiError or a
-        transport error when Slack may take it later (delivery retries, with the same stream)."""
+    async def finish(self, stream: LiveStream, head: str, metadata: dict[str, Any], *,
+                     feedback_for: int | None = None) -> str | None:
+        """End the stream as the answer's first part ``head``, marked with ``metadata`` (and the feedback
+        buttons for turn ``feedback_for``): its ts, or None when there is no stream message to end (the
+        caller posts ``head`` itself). Raises SlackApiError or a transport error when Slack may take it later
+        (delivery retries, with the same stream)."""
         async with stream.lock:
             if stream.ts is None or stream.mode not in ("stream", "update"):
                 return None
@@ -210,9 +215,9 @@ class SlackStreams:
                 return None
             if stream.mode == "stream" and not stream.stalled and head.startswith(stream.shown):
                 try:
-                    await self.client.chat_stopStream(channel=stream.channel, ts=stream.ts,
-                                                      markdown_text=_defused(head[len(stream.shown):]) or None,
-                                                      metadata=metadata)
+                    await self.client.chat_stopStream(
+                        channel=stream.channel, ts=stream.ts, markdown_text=defused(head[len(stream.shown):]) or None,
+                        blocks=[feedback_block(feedback_for)] if feedback_for is not None else None, metadata=metadata)
                     return stream.ts
                 except SlackApiError as exc:
                     if transient(exc, error_code(exc)):
@@ -222,12 +227,8 @@ class SlackStreams:
                 with contextlib.suppress(SlackApiError, *_TRANSPORT):  # the update below says it all anyway
                     await self.client.chat_stopStream(channel=stream.channel, ts=stream.ts)
             try:
-                if stream.mode == "stream":
-                    await self.client.chat_update(channel=stream.channel, ts=stream.ts, markdown_text=_defused(head),
-                                                  metadata=metadata)
-                else:
-                    await self.client.chat_update(channel=stream.channel, ts=stream.ts, text=to_mrkdwn(head),
-                                                  metadata=metadata)
+                await self.client.chat_update(channel=stream.channel, ts=stream.ts, text=to_mrkdwn(head),
+                                              blocks=answer_blocks(head, feedback_for=feedback_for), metadata=metadata)
                 return stream.ts
             except SlackApiError as exc:
                 if transient(exc, error_code(exc)):
@@ -256,8 +257,9 @@ class SlackStreams:
                     await self.client.chat_stopStream(channel=stream.channel, ts=stream.ts,
                                                       markdown_text=f"\n\n_{note}_")
                 elif stream.mode == "update":
-                    await self.client.chat_update(channel=stream.channel, ts=stream.ts,
-                                                  text=to_mrkdwn(f"{stream.shown}\n\n_{note}_"))
+                    text = f"{stream.shown}\n\n_{note}_"
+                    await self.client.chat_update(channel=stream.channel, ts=stream.ts, text=to_mrkdwn(text),
+                                                  blocks=answer_blocks(text))
 
     async def close(self) -> None:
         """Shutting down: no more calls (a stream cut off here stays as it was; the answer is posted after
@@ -271,13 +273,12 @@ class SlackStreams:
             await asyncio.wait(pumps)
 
 
+def _working(stream: LiveStream, text: str) -> list[dict[str, Any]]:
+    """The fallback's live message: the answer so far, and a Stop button for the turn writing it."""
+    return [*answer_blocks(text), stop_block(stream.turn_id)]
+
+
 def _fit(stream: LiveStream, text: str) -> tuple[str, str]:
     """What of ``text`` the stream's message can still take (it holds the first part only), and the rest."""
     room = max(STREAM_LIMIT - len(stream.shown), 0)
     return text[:room], text[room:]
-
-
-def _defused(text: str) -> str:
-    """Model text as Markdown for Slack, with no ``<`` left to open a mention or a link (``<!channel>``,
-    ``<@U…>``): a zero-width space follows each."""
-    return text.replace("<", "<\u200b")

@@ -206,6 +206,11 @@ class InputStore:
 
     async def latest_live_session(self, place: str) -> str | None:
         """The most recently active conversation at a place that is working or has messages waiting."""
+        live = await self.live_sessions(place, limit=1)
+        return live[0] if live else None
+
+    async def live_sessions(self, place: str, *, limit: int) -> list[str]:
+        """Conversations at a place that are working or have messages waiting, the most recently active first."""
         async with self.db.read() as s:
             busy = select(TurnRow.session_id).where(TurnRow.status == TurnStatus.RUNNING)
             waiting = select(InputRow.session_id).where(InputRow.status == InputStatus.WAITING,
@@ -215,9 +220,9 @@ class InputStore:
                 .where(SessionRow.place == place,
                        col(SessionRow.id).in_(busy) | col(SessionRow.id).in_(waiting))
                 .order_by(col(SessionRow.updated_at).desc())
-                .limit(1)
+                .limit(limit)
             )
-            return row.first()
+            return list(row.all())
 
     async def requester(self, session_id: str) -> str | None:
         """Whose request the conversation is about: who asked for its live (or else its latest) turn;

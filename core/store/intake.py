@@ -177,7 +177,7 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
             return Accepted(AcceptOutcome.DUPLICATE)
     new_session = found is None
     if found is None:
-        if kind == InputKind.CONTEXT:
+        if kind == InputKind.CONTEXT and not msg.opens_session:
             return Accepted(AcceptOutcome.IGNORED)
         values = dict(
             id=msg.session_id, channel=msg.channel, agent=msg.agent or arrival.agent, status=SessionStatus.IDLE,

@@ -20,6 +20,7 @@ from core.store.tables import (
     ApprovalRow,
     CredentialRequestRow,
     DeliveryRow,
+    FeedbackRow,
     FiringRow,
     InputRow,
     ScheduleRow,
@@ -50,4 +51,7 @@ async def snapshot(db: Database) -> dict[str, float]:
         for status in (FiringStatus.POSTED, FiringStatus.FAILED):
             figures[f"firings_{status}"] = await count(select(func.count()).select_from(FiringRow).where(
                 FiringRow.status == status))
+        for name, positive in (("feedback_positive", True), ("feedback_negative", False)):
+            figures[name] = await count(select(func.count()).select_from(FeedbackRow).where(
+                FeedbackRow.positive == positive))
         return figures

@@ -357,3 +357,19 @@ class DeliveryRow(SQLModel, table=True):
     told: bool = Field(default=False)  # a given-up answer: the thread was told it was lost
     # Given up: how often telling the thread was tried (claimed_by / next_attempt_at then hold the try's claim).
     notice_tries: int = Field(default=0)
+
+
+class FeedbackRow(SQLModel, table=True):
+    """A person's verdict on an answer (the feedback buttons under it): one per person and turn, the latest wins."""
+
+    __tablename__ = "feedback"
+    __table_args__ = (UniqueConstraint("turn_id", "user", name="uq_feedback_turn_user"),
+                      Index("ix_feedback_updated", "updated_at"))
+
+    id: int | None = Field(default=None, primary_key=True)
+    turn_id: int = Field(foreign_key="turns.id")
+    session_id: str = Field(foreign_key="sessions.id", max_length=255)
+    user: str = Field(max_length=255)
+    positive: bool
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()

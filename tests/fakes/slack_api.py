@@ -65,6 +65,8 @@ class FakeSlack:
     post_delay_s: float = 0.0
     # assistant.threads.setStatus works (a workspace with the agent features), or is refused as by one without.
     status_supported: bool = False
+    # users.info: display names by user id (an unknown id is user_not_found).
+    names: dict[str, str] = field(default_factory=dict)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -128,8 +130,11 @@ class FakeSlack:
                     None)
 
     def shown(self, ts: str) -> str:
-        """What a message (a post, or a streamed one) shows now."""
+        """What a message (a post, or a streamed one) shows now: its markdown blocks' text, if it has them."""
         message = next(m for m in self.messages if m["ts"] == ts)
+        markdown = [b["text"] for b in message.get("blocks") or [] if b.get("type") == "markdown"]
+        if markdown:
+            return "\n".join(markdown).replace("<\u200b", "<")
         return str(message.get("markdown_text") or message.get("text") or "")
 
     def of(self, method: str) -> list[Call]:
@@ -194,6 +199,9 @@ class FakeSlack:
                     "team_id": TEAM_ID, "user_id": BOT_USER_ID, "bot_id": "BBOT"}
         if method == "apps.connections.open":
             return {"ok": True, "url": f"ws://{self._host}/link"}
+        problem = _blocks_problem(params.get("blocks"))
+        if problem is not None:
+            return {"ok": False, "error": "invalid_blocks", "errors": [problem]}
         if method == "chat.postMessage":
             self._ts += 1
             # Slack's ts is the time of posting (answers are looked for from when they were written on).
@@ -201,6 +209,8 @@ class FakeSlack:
             message = {"type": "message", "ts": ts, "text": params.get("text"), "user": BOT_USER_ID, "bot_id": "BBOT"}
             if params.get("metadata"):
                 message["metadata"] = params["metadata"]
+            if params.get("blocks"):
+                message["blocks"] = _decoded(params["blocks"])
             self.messages.append(message | {"channel": params.get("channel"), "thread_ts": params.get("thread_ts")})
             return {"ok": True, "channel": params.get("channel"), "ts": ts, "message": message}
         if method in ("conversations.replies", "conversations.history"):
@@ -222,7 +232,8 @@ class FakeSlack:
                 {k: v for k, v in m.items() if k not in ("channel", "thread_ts") and (metadata or k != "metadata")}
                 | ({"thread_ts": m["thread_ts"]} if m["thread_ts"] else {}) for m in found],
                 "response_metadata": {"next_cursor": cursor}}
-        if method in ("reactions.add", "reactions.remove", "chat.postEphemeral", "views.open"):
+        if method in ("reactions.add", "reactions.remove", "chat.postEphemeral", "views.open",
+                      "assistant.threads.setSuggestedPrompts", "assistant.threads.setTitle"):
             return {"ok": True}
         if method == "chat.update":
             message = self._message(params)
@@ -230,7 +241,16 @@ class FakeSlack:
                 for key in ("text", "markdown_text", "metadata"):
                     if params.get(key) is not None:
                         message[key] = params[key]
+                if params.get("blocks") is not None:  # the blocks replace what was shown
+                    message["blocks"] = _decoded(params["blocks"])
+                    message.pop("markdown_text", None)
             return {"ok": True, "channel": params.get("channel"), "ts": params.get("ts")}
+        if method == "users.info":
+            user = str(params.get("user"))
+            if user not in self.names:
+                return {"ok": False, "error": "user_not_found"}
+            profile = {"display_name": self.names[user]}
+            return {"ok": True, "user": {"id": user, "name": user.lower(), "profile": profile}}
         if method == "assistant.threads.setStatus":
             return {"ok": True} if self.status_supported else {"ok": False, "error": "missing_scope"}
         if method == "chat.delete":
@@ -255,6 +275,8 @@ class FakeSlack:
                 message["streaming"] = False
                 if params.get("metadata"):
                     message["metadata"] = params["metadata"]
+                if params.get("blocks"):  # shown under the streamed text
+                    message["footer_blocks"] = _decoded(params["blocks"])
             return {"ok": True, "channel": params.get("channel"), "ts": params.get("ts")}
         if method == "files.getUploadURLExternal":
             file_id = f"F{len(self._files) + 1:06d}"
@@ -286,3 +308,35 @@ class FakeSlack:
             return {"ok": True, "channels": [{"id": i, "name": n} for n, i in self.channels.items()],
                     "response_metadata": {"next_cursor": ""}}
         return {"ok": False, "error": "unknown_method", "detail": json.dumps(params)[:200]}
+
+
+_BLOCK_TYPES = {"markdown", "context_actions", "actions", "section", "context", "divider", "header", "rich_text"}
+
+
+def _decoded(blocks: Any) -> list[dict[str, Any]]:
+    """Blocks as sent: a list (JSON body) or a JSON string (a form)."""
+    return json.loads(blocks) if isinstance(blocks, str) else list(blocks)
+
+
+def _blocks_problem(blocks: Any) -> str | None:
+    """What Slack would refuse in ``blocks`` (the limits our answers come near)."""
+    if blocks is None:
+        return None
+    items = _decoded(blocks)
+    if len(items) > 50:
+        return "no more than 50 items allowed"
+    markdown = 0
+    for block in items:
+        if not isinstance(block, dict) or block.get("type") not in _BLOCK_TYPES:
+            return f"unknown block type {block.get('type') if isinstance(block, dict) else block!r}"
+        if block["type"] == "markdown":
+            markdown += len(str(block.get("text") or ""))
+            if not block.get("text"):
+                return "markdown block without text"
+        if block["type"] == "context_actions":
+            for element in block.get("elements") or []:
+                if element.get("type") not in ("feedback_buttons", "icon_button"):
+                    return "context_actions holds only feedback_buttons or icon_button"
+    if markdown > 12_000:
+        return "markdown blocks exceed 12,000 characters in one message"
+    return None

@@ -468,7 +468,7 @@ async def test_a_failure_while_answering_a_command_or_a_click_is_a_200_with_an_a
     async def broken(*_args: Any, **_kwargs: Any) -> Any:
         raise RuntimeError("the database is gone")
 
-    gateway.app.dispatcher.stop_latest = broken  # type: ignore[method-assign]
+    gateway.app.dispatcher.stop_place = broken  # type: ignore[method-assign]
     gateway.app.approvals.decide = broken  # type: ignore[method-assign]
     resp = await gateway.post_raw(*_signed_command("stop"))
     assert resp.status == 200
