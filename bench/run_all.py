@@ -26,6 +26,8 @@ RUNS = [
     # about 5 run at once (within MAX_CONCURRENT_TURNS).
     ("first visible sign, 10/s", ["bench.intake_load", "--rate", "10", "--seconds", "10", "--signs",
                                   "--model-delay", "0.5"]),
+    # Answers streamed into Slack while a model writes 1,000 characters over 2 s: first text, calls per answer.
+    ("streamed answers", ["bench.streaming", "--answers", "10"]),
     # A second line: acks while a slow model keeps every turn parked (nothing else writes meanwhile).
     ("ack latency, 100/s, parked model", ["bench.ack_latency", "--rate", "100", "--seconds", "5", "--model-delay",
                                           "10"]),

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -105,10 +106,22 @@ async def _answers(port: int, slack: FakeSlack, llm: WritingLLM,
                 continue
             calls = [c for c in slack.calls if _in(c.params, slack, thread)]
             first = next(c.at for c in calls if c.method in FIRST_TEXT)
+            if n == 0:
+                _trace(calls, llm.first_token[n])
             delays.append(first - llm.first_token[n])
             answer_calls.append(sum(c.method in ANSWER_METHODS for c in calls))
             sign_calls.append(sum(c.method in SIGN_METHODS for c in calls))
     return delays, answer_calls, sign_calls
+
+
+def _trace(calls: list[Any], first_token: float) -> None:
+    """One answer's Slack calls, in order, timed from the model's first token."""
+    print("one answer's Slack calls (ms after the model's first token):")
+    for call in calls:
+        text = call.params.get("markdown_text") or call.params.get("text") or call.params.get("status") or ""
+        extra = " +metadata" if call.params.get("metadata") else ""
+        extra += " +blocks" if call.params.get("blocks") else ""
+        print(f"  {(call.at - first_token) * 1000:8.0f}  {call.method:<30} {len(str(text)):5d} chars{extra}")
 
 
 def _in(params: dict[str, object], slack: FakeSlack, thread: str) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 from bot.errors import SettingsError
 from core.agents import DEFAULT_INSTRUCTIONS, Agent
 
+KNOWN_TABLES = frozenset({"agents", "slack"})
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 _PERSON = re.compile(r"^(requester|web|[UWS][A-Z0-9]+)$")
 
@@ -23,6 +24,9 @@ def load_agents(path: Path, *, default_instructions: str | None) -> list[Agent]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"{path}: {exc}") from None
+    unknown = set(data) - KNOWN_TABLES
+    if unknown:  # a misspelt table (``[[agent]]``) must not quietly drop an agent's limits
+        raise SettingsError(f"{path}: unknown tables {sorted(unknown)} (known: {sorted(KNOWN_TABLES)})")
     if "agents" not in data:  # a file with other tables only ([slack]…): the one default agent
         return [Agent(instructions=default_instructions or DEFAULT_INSTRUCTIONS)]
     entries = data["agents"]

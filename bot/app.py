@@ -27,6 +27,7 @@ from bot.tools.schedules import schedule_tools
 from channels.web.credential_link import CredentialLinkPage
 from core.agents import AgentDirectory
 from core.approvals import ApprovalBroker, ApprovalPolicy
+from core.attachments import AttachmentReader
 from core.clock import Clock, SystemClock
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
@@ -235,6 +236,7 @@ def build_application(
         leases=leases,
         policy=policy,  # who may stop or re-queue someone else's work
         deliveries=deliveries,
+        attachments=AttachmentReader(ports, image_max_bytes=settings.image_max_bytes),  # files shared with messages
     )
     schedule_store = ScheduleStore(db)
     schedule_jobs = ScheduleJobs(

@@ -26,6 +26,7 @@ async def run_doctor() -> int:
         print(f"✗ settings: {exc}\n  fix: correct the variables above in the environment or .env")
         return 1
     checks = [Check("settings", True, f"valid (Slack: {settings.slack_mode or 'off'}, model: {settings.provider})")]
+    checks += _config_file(settings)
     checks += await _database(settings)
     checks += await _deliveries(settings)
     checks += await _keys(settings)
@@ -167,6 +168,21 @@ def _egress(settings: Settings) -> Check:
     hosts = settings.allowed_http_hosts
     return Check("egress", True, f"{rule}" + (f", except {', '.join(hosts)} (HTTP_ALLOW_HOSTS)" if hosts else "")
                  + "; never this bot's own listener")
+
+
+def _config_file(settings: Settings) -> list[Check]:
+    """``bot.toml`` (agents, ``[slack]``): what `bot run` would refuse, said before it is run."""
+    from bot.agents_config import load_agents
+    from bot.slack_config import load_suggested_prompts
+
+    if not settings.bot_config.exists():
+        return []
+    try:
+        agents = load_agents(settings.bot_config, default_instructions=settings.bot_instructions)
+        prompts = load_suggested_prompts(settings.bot_config)
+    except BotError as exc:
+        return [Check("bot.toml", False, str(exc), f"correct {settings.bot_config} (README: Agents)")]
+    return [Check("bot.toml", True, f"{len(agents)} agent(s), {len(prompts)} suggested prompt(s)")]
 
 
 def _approvers(settings: Settings) -> list[Check]:

@@ -25,6 +25,7 @@ BOT_SCOPES = [
     "im:write",  # tell a schedule's creator by DM when it keeps failing
     "files:write",  # attach an approval request's arguments in full when they do not fit on the card
     "users:read",  # names in the status line ("is waiting for approval from @alice…")
+    "files:read",  # files shared with a mention: images and text files go to the model
 ]
 BOT_EVENTS = [
     "app_mention", "message.channels", "message.groups", "message.im", "message.mpim",

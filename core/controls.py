@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from core.agents import AgentDirectory
 from core.approvals import ApprovalPolicy
@@ -103,15 +104,18 @@ class Controls:
             raise Conflict(SEVERAL_BUSY)
         return await self.stop_session(busy[0], by=by)
 
-    async def stop_session(self, session_id: str, *, by: str, turn_id: int | None = None) -> StopReport:
+    async def stop_session(self, session_id: str, *, by: str, turn_id: int | None = None,
+                           started_before: datetime | None = None) -> StopReport:
         """Stop one conversation's running turn (and what waits behind it), for someone who may. With
         ``turn_id`` (a Stop button under that turn's work), only while that very turn runs: a click that
-        comes after it ended stops nothing, not the turn that came next."""
+        comes after it ended stops nothing, not the turn that came next; with ``started_before`` (a platform's
+        stop event, which may come late or twice), only a turn that had started by then. Both are checked
+        again where the turn is cancelled, after the permission check (which may ask the platform)."""
         if turn_id is not None and await self.conversations.running_turn(session_id) != turn_id:
             return StopReport(running=False, waiting=0)
         if not await self.may_control(by, session_id):
             raise NotAllowed(STOP_REFUSED)
-        return await self.cancel(session_id, by=by)
+        return await self.cancel(session_id, by=by, turn_id=turn_id, started_before=started_before)
 
     async def may_control(self, user: str, session_id: str | None) -> bool:
         if not user:

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from core.agents import AgentDirectory
 from core.approvals import ApprovalPolicy
+from core.attachments import AttachmentReader
 from core.clock import Clock
 from core.controls import Controls, StopReport, is_command
 from core.delivery import Deliveries
@@ -30,6 +32,7 @@ from core.failed_turns import INTERRUPTED
 from core.leasing import SessionLeases
 from core.model import (
     RESERVED_SESSION_PREFIXES,
+    VIEW_KEY,
     Inbound,
     InputKind,
     Outcome,
@@ -51,6 +54,7 @@ from core.turns import OutcomeWaiters, Shutdown, TurnDrivers
 log = logging.getLogger(__name__)
 
 MAX_TEXT_CHARS = 40_000
+MAX_ATTACHMENTS = 10  # files shared with one message (Slack: ten at most)
 DELIVERY_RETENTION = timedelta(days=2)  # Slack retries for minutes; keep ids far longer than that
 
 
@@ -82,6 +86,7 @@ class Dispatcher:
         leases: LeaseStore | None = None,
         policy: ApprovalPolicy | None = None,
         deliveries: Deliveries | None = None,
+        attachments: AttachmentReader | None = None,
     ) -> None:
         self.conversations = conversations
         self.inputs = inputs
@@ -102,7 +107,8 @@ class Dispatcher:
         self.waiters = OutcomeWaiters(inputs, config.outcome_poll_s)
         self.turns = TurnDrivers(conversations, inputs, runner, agents, bus, clock, config, self.leasing,
                                  self.waiters, queue_mode=self.queue_mode,
-                                 outbox=deliveries.outbox if deliveries is not None else None)
+                                 outbox=deliveries.outbox if deliveries is not None else None,
+                                 attachments=attachments)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -162,14 +168,20 @@ class Dispatcher:
         if not internal and message.preapproved:
             raise InvalidInput("preapproved calls cannot be set from outside")
         message = replace(message, text=clean_text(message.text))  # stored: no NUL, no lone surrogate
+        if message.view_context:  # marked, so a newer view replaces it while it waits (core/store/intake.py)
+            message = replace(message, addressed=False,
+                              idempotency_key=f"{VIEW_KEY}{message.idempotency_key or secrets.token_hex(8)}")
         if len(message.text) > MAX_TEXT_CHARS:
             raise InvalidInput(f"message is longer than {MAX_TEXT_CHARS} characters")
+        if len(message.attachments) > MAX_ATTACHMENTS or any(
+                len(a.name) > 255 or len(a.mimetype) > 255 or len(a.source) > 2048 for a in message.attachments):
+            raise InvalidInput(f"a message can share at most {MAX_ATTACHMENTS} files, with names of 255 characters")
         if not self._accepting:
             raise Unavailable("the gateway is not accepting messages right now")
         text = message.text.strip()
         command = is_command(text) if message.addressed else False
         kind = InputKind.CONTROL if command else InputKind.MESSAGE if message.addressed else InputKind.CONTEXT
-        if kind == InputKind.CONTEXT and not self.config.record_thread_context and not message.opens_session:
+        if kind == InputKind.CONTEXT and not self.config.record_thread_context:
             # Kept nowhere, not even its dedupe keys: the same message arriving later as a mention is
             # then answered (once, by the keys that mention stores).
             return Accepted(AcceptOutcome.IGNORED)
@@ -225,10 +237,11 @@ class Dispatcher:
         NotAllowed unless ``by`` may control it, and with Conflict when several are busy (no guessing)."""
         return await self.controls.stop_place(place, by=by)
 
-    async def stop_session(self, session_id: str, *, by: str, turn_id: int | None = None) -> StopReport:
+    async def stop_session(self, session_id: str, *, by: str, turn_id: int | None = None,
+                           started_before: datetime | None = None) -> StopReport:
         """A Stop control in one conversation (NotAllowed unless ``by`` may control it); with ``turn_id``,
-        only while that turn runs."""
-        return await self.controls.stop_session(session_id, by=by, turn_id=turn_id)
+        only while that turn runs (with ``started_before``, only a turn that started by then)."""
+        return await self.controls.stop_session(session_id, by=by, turn_id=turn_id, started_before=started_before)
 
     # -- outcomes and cancellation --------------------------------------------------------------
 
@@ -236,8 +249,16 @@ class Dispatcher:
         """Wait until the input is answered, failed, cancelled or refused."""
         return await self.waiters.wait(input_id)
 
-    async def cancel(self, session_id: str, by: str | None, *, announce: bool = True) -> StopReport:
-        """Stop the session's running turn at its next await, and drop the messages waiting behind it."""
+    async def cancel(self, session_id: str, by: str | None, *, announce: bool = True, turn_id: int | None = None,
+                     started_before: datetime | None = None) -> StopReport:
+        """Stop the session's running turn at its next await, and drop the messages waiting behind it. With
+        ``turn_id`` (or ``started_before``), only if the running turn is that one (or started before then): a
+        stop meant for a turn that has ended meanwhile stops nothing, not the turn that came next."""
+        if turn_id is not None or started_before is not None:
+            current = await self.conversations.running_turn_started(session_id)
+            if current is None or (turn_id is not None and current[0] != turn_id) or (
+                    started_before is not None and (current[1] is None or current[1] > started_before)):
+                return StopReport(running=False, waiting=0)
         note = f"stopped by {by}" if by else "stopped"
         waiting = await self.inputs.cancel_waiting(session_id, note)
         self.waiters.wake(waiting)

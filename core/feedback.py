@@ -39,8 +39,8 @@ class FeedbackResult:
         """The short private thank-you for whoever clicked."""
         if self.positive:
             return "Thanks for the feedback: noted that this answer helped."
-        return ("Thanks for the feedback: noted that this answer missed. Say in the thread what was wrong "
-                "and I'll try again.")
+        return ("Thanks for the feedback: noted that this answer missed. To have another go, ask me again "
+                "and say what was wrong.")
 
 
 class FeedbackBook:
@@ -50,10 +50,14 @@ class FeedbackBook:
         self.bus = bus
         self.clock = clock
 
-    async def give(self, turn_id: object, verdict: object, by: str, *, channel: str, posted_in: str) -> FeedbackResult:
+    async def give(self, turn_id: object, verdict: object, by: str, *, channel: str, posted_in: str | None = None,
+                   session_id: str | None = None) -> FeedbackResult:
         """Record ``by``'s verdict (``positive`` | ``negative``) on the turn's answer. ``channel`` and
-        ``posted_in`` (the place's id in that channel's reply reference, e.g. a Slack channel id) say where the
-        click came from: a turn answered anywhere else is NotFound, as is an unknown or unanswered one."""
+        ``posted_in`` (the place's id in that channel's reply reference, e.g. a Slack channel id) or
+        ``session_id`` (the conversation, where the channel knows it) say where the click came from: a turn
+        answered anywhere else is NotFound, as is an unknown or unanswered one."""
+        if posted_in is None and session_id is None:
+            raise InvalidInput("feedback must say where it was given")
         if type(turn_id) is not int or turn_id <= 0:
             raise InvalidInput("the answer's id is not a number")
         if not isinstance(verdict, str) or verdict not in VERDICTS:
@@ -61,7 +65,9 @@ class FeedbackBook:
         if not by:
             raise InvalidInput("feedback needs to say who gave it")
         turn = await self.conversations.turn_info(turn_id)
-        if turn is None or turn.session.channel != channel or turn.session.reply_ref.get("channel") != posted_in:
+        if turn is None or turn.session.channel != channel or (
+                posted_in is not None and turn.session.reply_ref.get("channel") != posted_in) or (
+                session_id is not None and turn.session.id != session_id):
             raise NotFound("no such answer here")
         positive = VERDICTS[verdict]
         changed = await self.store.record(turn_id, turn.session.id, by, positive, self.clock.now())

@@ -9,6 +9,7 @@ Refusals are typed (``core.errors``): a channel picks its answer by the type, ne
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from core.approvals import TOO_LONG_TO_SHOW, ApprovalBroker, DecideResult
@@ -68,10 +69,12 @@ class Gateway:
         """Stop a conversation's running turn and drop what waits behind it (a channel's stop button)."""
         return await self._dispatcher.cancel(session_id, by=by)
 
-    async def stop_thread(self, session_id: str, by: str, *, turn_id: int | None = None) -> StopReport:
+    async def stop_thread(self, session_id: str, by: str, *, turn_id: int | None = None,
+                          started_before: datetime | None = None) -> StopReport:
         """A person's Stop in one conversation (a button, a shortcut, the platform's own stop control):
-        NotAllowed unless they may control it; with ``turn_id``, only while that very turn runs."""
-        return await self._dispatcher.stop_session(session_id, by=by, turn_id=turn_id)
+        NotAllowed unless they may control it; with ``turn_id``, only while that very turn runs; with
+        ``started_before`` (when the platform saw the click), only a turn that had started by then."""
+        return await self._dispatcher.stop_session(session_id, by=by, turn_id=turn_id, started_before=started_before)
 
     async def command(self, command: Command, marks: Marks = PLAIN) -> str:
         """The ``/bot`` command: the reply, its dynamic parts marked up by ``marks``."""
@@ -172,9 +175,11 @@ class Gateway:
     # -- feedback -------------------------------------------------------------------------------
 
     async def feedback(self, turn_id: object, verdict: object, by: str, *, channel: str,
-                       posted_in: str) -> FeedbackResult:
-        """A person's verdict on an answer (``positive`` | ``negative``), clicked where it was posted."""
-        return await self._feedback.give(turn_id, verdict, by, channel=channel, posted_in=posted_in)
+                       posted_in: str | None = None, session_id: str | None = None) -> FeedbackResult:
+        """A person's verdict on an answer (``positive`` | ``negative``), clicked where it was posted (the
+        place's id, or the conversation)."""
+        return await self._feedback.give(turn_id, verdict, by, channel=channel, posted_in=posted_in,
+                                         session_id=session_id)
 
     async def recent_feedback(self, *, limit: int = 50) -> list[FeedbackEntry]:
         return await self._feedback.recent(limit=limit)

@@ -10,6 +10,7 @@ from typing import Any
 
 # Session ids in these namespaces are minted by core only (e.g. scheduled firings).
 RESERVED_SESSION_PREFIXES = ("schedule:",)
+VIEW_KEY = "view:"  # the idempotency keys of view contexts (Inbound.view_context): a newer one replaces them
 
 
 class SessionStatus(enum.StrEnum):
@@ -93,6 +94,17 @@ class MessageRef:
 
 
 @dataclass(frozen=True)
+class Attachment:
+    """A file shared with a message, as the channel names it; read (``ChannelPort.fetch_file``) only when a
+    turn takes the message, never while the platform waits for its acknowledgement."""
+
+    name: str
+    mimetype: str
+    size: int | None  # bytes, as the platform declares it (checked again while reading)
+    source: str  # the channel's own handle to fetch it (Slack: the file's private download URL)
+
+
+@dataclass(frozen=True)
 class Inbound:
     """One message from a person, as a channel adapter hands it to core.
 
@@ -112,10 +124,11 @@ class Inbound:
     delivery_key: str | None = None
     agent: str | None = None
     images: tuple[str, ...] = ()  # image URLs or data: URIs
+    attachments: tuple[Attachment, ...] = ()  # files shared with it, read when a turn takes it
     place: str | None = None  # where the conversation lives, e.g. "slack:T1:C1" (per-place settings)
-    # Context that opens its own conversation (what a person looks at as they open a chat with the bot):
-    # kept before anything is asked, and whether or not other thread chatter is recorded.
-    opens_session: bool = False
+    # What the person is looking at (context, e.g. the channel beside an assistant chat): it may open the
+    # conversation before anything is asked, and a newer one replaces one that still waits.
+    view_context: bool = False
     # Reserved for core (a scheduled firing's destination); refused from channels.
     preapproved: tuple[tuple[str, str], ...] = ()
 
@@ -263,3 +276,4 @@ class TranscriptEntry:
     created_at: datetime
     tool_names: tuple[str, ...] = ()
     queued: bool = False  # an input still waiting for a turn
+    turn_id: int | None = None  # the turn that wrote it (an answer: what feedback names)

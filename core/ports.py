@@ -44,6 +44,18 @@ class DeliveryFailed(CoreError):
         self.retry_after_s = retry_after_s
 
 
+class FetchFailed(CoreError):
+    """A shared file could not be read; the reason is said to the person who shared it."""
+
+
+class FileTooBig(FetchFailed):
+    """A shared file is larger than the limit it was read with (nothing past the limit was read)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"it is over the limit of {limit} bytes")
+        self.limit = limit
+
+
 class ChannelPort(Protocol):
     """The services core needs from one channel. Every method may be called from any task."""
 
@@ -74,6 +86,11 @@ class ChannelPort(Protocol):
     async def post_notice(self, session: SessionInfo, text: str) -> bool:
         """A short notice in the session's place (best effort: failures are logged, not raised).
         True once the platform took it."""
+        ...
+
+    async def fetch_file(self, source: str, max_bytes: int) -> bytes:
+        """The content of a shared file (``Attachment.source``), at most ``max_bytes`` of it. Raises
+        FetchFailed with the reason (too big, not the platform's own file host, refused, unreachable)."""
         ...
 
 

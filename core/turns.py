@@ -17,13 +17,15 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from core import logcontext
-from core.agents import AgentDirectory
+from core.agents import Agent, AgentDirectory
+from core.attachments import AttachmentReader
 from core.delivery import EMPTY_ANSWER
 from core.errors import ProviderError, StepLimitReached
 from core.events import (
     AnswerDelta,
     EventBus,
     InputsTaken,
+    Notice,
     ToolStarted,
     TurnCancelled,
     TurnFailed,
@@ -31,8 +33,9 @@ from core.events import (
     TurnStarted,
 )
 from core.leasing import SessionLeases
-from core.model import Outcome, QueueMode, TurnInfo, TurnStatus
+from core.model import Attachment, Outcome, QueueMode, SessionInfo, TurnInfo, TurnStatus
 from core.parking import HOLD, Hold
+from core.ports import Ports
 from core.providers import ChatMessage
 from core.runner import AgentRunner
 from core.store import ConversationStore, InputStore, Taken
@@ -126,8 +129,10 @@ class TurnDrivers:
         waiters: OutcomeWaiters,
         queue_mode: Callable[[str], Awaitable[str]],
         outbox: Callable[[str, datetime], OutboxClaim | None] | None = None,
+        attachments: AttachmentReader | None = None,
     ) -> None:
         self.outbox = outbox  # a channel's claim on a finished answer's outbox row (core.delivery)
+        self.attachments = attachments or AttachmentReader(Ports())  # without ports: files are named, not read
         self.conversations = conversations
         self.inputs = inputs
         self.runner = runner
@@ -279,7 +284,7 @@ class TurnDrivers:
         return taken
 
     async def _run(self, taken: Taken, *, slot: _Slot) -> None:
-        turn, images = taken.turn, taken.images
+        turn = taken.turn
         agent = self.agents.get(turn.session.agent)
         driver = self._drivers[turn.session.id]
         logcontext.session_id.set(turn.session.id)  # every line logged for this turn carries both
@@ -293,14 +298,7 @@ class TurnDrivers:
         driver.hold = Hold(turn.id, on_park=lambda: self._parking(slot), on_unpark=slot.take)
         context = contextvars.copy_context()  # the turn's task (and what it spawns) sees its hold
         context.run(HOLD.set, driver.hold)
-        driver.turn = asyncio.create_task(
-            self.runner.run(turn, agent, images=images, steer=lambda: self._steer(turn, slot),
-                            transcript=taken.transcript, save_answer=False,
-                            on_text=lambda text, again: self.bus.emit(AnswerDelta(turn.session, turn, text, again)),
-                            on_tool=lambda tool: self.bus.emit(ToolStarted(turn.session, turn, tool))),
-            name=f"turn:{turn.id}",
-            context=context,
-        )
+        driver.turn = asyncio.create_task(self._answer(taken, agent, slot), name=f"turn:{turn.id}", context=context)
         if driver.cancel_turn_id == turn.id:
             driver.hold.stop()
             driver.turn.cancel()
@@ -336,6 +334,31 @@ class TurnDrivers:
             driver.steered = False
         self.ended += 1
 
+    async def _answer(self, taken: Taken, agent: Agent, slot: _Slot) -> str:
+        """The turn's work (one task, so a stop cancels it wherever it is): shared files read, then the model."""
+        turn, images, transcript = taken.turn, taken.images, taken.transcript
+        if taken.attachments:
+            read, _text = await self._read_files(turn.session, turn.id, taken.attachments)
+            images += read
+            transcript = None  # the file texts were added to it: the runner reads it again
+        return await self.runner.run(
+            turn, agent, images=images, steer=lambda: self._steer(turn, slot), transcript=transcript,
+            save_answer=False,
+            on_text=lambda text, again: self.bus.emit(AnswerDelta(turn.session, turn, text, again)),
+            on_tool=lambda tool: self.bus.emit(ToolStarted(turn.session, turn, tool)))
+
+    async def _read_files(self, session: SessionInfo, turn_id: int,
+                          attachments: tuple[Attachment, ...]) -> tuple[tuple[str, ...], str]:
+        """Read what was shared: the images (for this model call) and the texts, which are also added to the
+        transcript (every later call sees them); what could not be read is said in the thread."""
+        read = await self.attachments.read(session, attachments)
+        if read.text:
+            await self.conversations.add_message(session.id, role="user", content=read.text, turn_id=turn_id,
+                                                 now=self.clock.now())
+        if read.problems:
+            self.bus.emit(Notice(session, " ".join(read.problems)))
+        return tuple(read.images), read.text
+
     def _parking(self, slot: _Slot) -> None:
         slot.give_back()
         self._parked.set()  # shutdown sets it aside at once
@@ -353,7 +376,11 @@ class TurnDrivers:
             driver.steered = True
         self.bus.emit(InputsTaken(turn.session, turn.id, taken.refs, steered=True))
         log.info("turn %s took %d waiting message(s) in at a tool step", turn.id, len(taken.refs))
-        return [ChatMessage("user", taken.text, images=taken.images)]
+        images, text = taken.images, taken.text
+        if taken.attachments:
+            read, files_text = await self._read_files(turn.session, turn.id, taken.attachments)
+            images, text = images + read, "\n\n".join(t for t in (text, files_text) if t)
+        return [ChatMessage("user", text, images=images)]
 
     # -- how a turn ended -----------------------------------------------------------------------
 

@@ -51,3 +51,14 @@ async def test_missing_scopes_are_listed(tmp_path: Path, fake_slack: FakeSlack, 
     fake_slack.scopes = ["chat:write", "app_mentions:read"]
     code, out = await run_cli(tmp_path, slack_env(fake_slack, fake_llm, 3000), "doctor")
     assert code == 1 and "missing scopes: " in out and "reactions:write" in out and "bot manifest" in out
+
+
+async def test_a_bad_bot_toml_and_the_new_scopes_are_named(tmp_path: Path, fake_slack: FakeSlack,
+                                                           fake_llm: FakeLLM) -> None:
+    (tmp_path / "bot.toml").write_text('[slack]\nsuggested_prompts = "ask me"\n')
+    fake_slack.scopes = [s for s in fake_slack.scopes if s not in ("files:read", "users:read")]
+    code, out = await run_cli(tmp_path, slack_env(fake_slack, fake_llm, 3000), "doctor")
+    assert code == 1, out
+    assert "✗ bot.toml: " in out and "[slack].suggested_prompts must be a list" in out
+    [slack] = [line for line in out.splitlines() if line.startswith("✗ slack:")]
+    assert "missing scopes: " in slack and "users:read" in slack and "files:read" in slack, out

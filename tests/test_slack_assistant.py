@@ -40,8 +40,9 @@ async def test_a_new_chat_gets_prompts_and_the_agent_knows_the_channel_being_loo
     await fake_slack.wait_for("chat.postMessage")
     await gateway.idle()
     question = fake_llm.requests[0]["messages"][-1]["content"]
-    assert question.count("I am looking at channel") == 2  # once per event, the redelivery not again
-    assert question.index("<#C9>") < question.index("<#C7>") < question.index("what is going on here?")
+    # The newest view replaced the one still waiting (and the redelivered start stored nothing).
+    assert question.count("I am looking at channel") == 1 and "<#C9>" not in question
+    assert question.index("<#C7>") < question.index("what is going on here?")
     [post] = fake_slack.posts()
     assert (post.params["channel"], post.params["thread_ts"]) == ("D1", thread)  # answered in its own thread
 
@@ -72,6 +73,28 @@ def test_a_bad_slack_table_is_refused_with_where(tmp_path: Path, text: str) -> N
     config.write_text(text)
     with pytest.raises(SettingsError, match=r"bot.toml: \[slack\]|bot.toml: .*slack"):
         load_suggested_prompts(config)
+
+
+async def test_no_view_is_recorded_where_the_operator_turned_thread_context_off(
+        make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
+    gateway: GatewayClient = await start_gateway(make_settings(bot_record_thread_context=False))
+    thread = next_ts()
+    await gateway.send_event(_thread_event("assistant_thread_started", thread_ts=thread))
+    await fake_slack.wait_for("assistant.threads.setSuggestedPrompts")  # the prompts still come
+    fake_llm.then(Reply("ok"))
+    await gateway.send_event(message("what now?", channel="D1", channel_type="im", thread_ts=thread))
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert "looking at" not in fake_llm.requests[0]["messages"][-1]["content"]
+
+
+def test_a_misspelt_table_is_refused_not_ignored(tmp_path: Path) -> None:
+    from bot.agents_config import load_agents
+
+    config = tmp_path / "bot.toml"
+    config.write_text('[[agent]]\nname = "ops"\ntools = ["time_now"]\n')  # [[agents]] misspelt
+    with pytest.raises(SettingsError, match=r"unknown tables \['agent'\]"):
+        load_agents(config, default_instructions=None)
 
 
 def test_a_file_with_only_a_slack_table_keeps_the_default_agent(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,7 @@ async def test_an_answer_carries_feedback_buttons_and_a_click_is_recorded_once_p
     turn_id = int(good.split(":")[1])
     assert {e.turn_id for e in entries} == {turn_id} and all(e.session_id.endswith(thread) for e in entries)
     assert "Thanks for the feedback" in fake_slack.ephemerals("U2")[0]
+    assert fake_slack.of("chat.postEphemeral")[0].params["thread_ts"] == thread  # said in the thread
     assert await _metric(gateway, "bot_feedback_positive ") == 2
     assert await _metric(gateway, "bot_feedback_negative ") == 0
     assert await _metric(gateway, 'bot_feedback_clicks_total{verdict="positive"}') == 3
@@ -130,6 +132,26 @@ async def test_feedback_on_a_turn_still_running_is_refused(
     gate.opened.set()
     await gateway.idle()
     assert await gateway.app.gateway.recent_feedback() == []
+
+
+async def test_model_text_cannot_mention_anyone_but_code_stays_as_written(
+        gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
+    fake_llm.then(Reply("Tell <!channel> and <@U2>: run `cat <<EOF > a<b` then see <https://evil.example|docs>"))
+    thread = await _answered(gateway, fake_slack, "how?")
+    answer = _answer(fake_slack, thread)
+    block = answer["blocks"][0]["text"]
+    assert "<!channel>" not in block and "<@U2>" not in block and "<https:" not in block
+    assert "<\u200b!channel>" in block and "`cat <<EOF > a<b`" in block
+    assert "<!channel>" not in answer["text"]  # the notification's text: escaped
+
+
+async def test_an_answer_whose_blocks_slack_refuses_is_posted_as_text(
+        gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
+    fake_slack.fail_next("chat.postMessage", Failure(error="invalid_blocks"))
+    fake_llm.then(Reply("plain all the same"))
+    thread = await _answered(gateway, fake_slack, "hello")
+    answer = _answer(fake_slack, thread)
+    assert answer["text"] == "plain all the same" and "blocks" not in answer
 
 
 async def test_only_the_last_part_of_a_long_answer_carries_the_buttons(
@@ -254,6 +276,24 @@ async def test_slacks_own_stop_button_stops_the_threads_turn(
     assert await gateway.app.dispatcher.conversations.running_turn(session) is None
     assert not any(m.get("metadata") for m in fake_slack.messages)
     assert any("Stopped the running turn" in str(c.params.get("text")) for c in fake_slack.posts())
+
+
+async def test_a_late_redelivered_stop_event_does_not_stop_a_turn_that_started_after_the_click(
+        gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
+    gate = Gate(Reply("answered all the same"))
+    fake_llm.then(gate)
+    event = mention("a long job")
+    await gateway.send_event(event)
+    await asyncio.wait_for(gate.reached.wait(), 5)
+    clicked = f"{time.time() - 120:.6f}"  # Slack's retry of a click two minutes old
+    stopped = {"type": "agent_session_stopped", "channel": "C1", "thread_ts": event["ts"], "user": "U1",
+               "streaming_message_ts": [], "event_ts": clicked}
+    assert (await gateway.send_event(stopped)).status == 200
+    await fake_slack.wait_for("chat.postEphemeral")
+    assert await gateway.app.dispatcher.conversations.running_turn(f"slack:{TEAM_ID}:C1:{event['ts']}")
+    gate.opened.set()
+    await gateway.idle()
+    assert _answer(fake_slack, event["ts"])
 
 
 async def test_the_message_shortcut_stops_the_thread_it_is_used_in(

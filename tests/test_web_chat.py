@@ -100,6 +100,22 @@ async def test_stop_cancels_the_running_turn(gateway: GatewayClient, fake_llm: F
     assert conv["messages"][-1]["content"] == "echo: again"
 
 
+async def test_feedback_on_an_answer_is_recorded_for_this_conversation_only(gateway: GatewayClient) -> None:
+    await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "rate me"})
+    await gateway.idle()
+    _, conv = await _get(gateway, f"/api/conversations/{CID}")
+    [answer] = [m for m in conv["messages"] if m["role"] == "assistant"]
+    turn = answer["turn"]
+    elsewhere = f"/api/conversations/{'f' * 32}/feedback"
+    assert (await _post(gateway, elsewhere, {"turn": turn, "verdict": "positive"}))[0] == 404
+    assert (await _post(gateway, f"/api/conversations/{CID}/feedback", {"turn": turn, "verdict": "meh"}))[0] == 400
+    assert (await _post(gateway, f"/api/conversations/{CID}/feedback", {"turn": "1", "verdict": "positive"}))[0] == 400
+    status, body = await _post(gateway, f"/api/conversations/{CID}/feedback", {"turn": turn, "verdict": "negative"})
+    assert status == 200 and body["positive"] is False and "Thanks for the feedback" in body["text"]
+    [entry] = await gateway.app.gateway.recent_feedback()
+    assert (entry.turn_id, entry.user, entry.positive, entry.session_id) == (turn, "web", False, f"web:{CID}")
+
+
 async def test_a_failed_turn_leaves_a_notice(gateway: GatewayClient, fake_llm: FakeLLM) -> None:
     fake_llm.then(HttpError(401, "bad key"))
     await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "hello"})

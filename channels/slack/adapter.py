@@ -12,6 +12,7 @@ import logging
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -36,10 +37,11 @@ from channels.slack.payloads import (
     is_id,
     is_ts,
     shape_problem,
+    shared_files,
     thread_session,
     user_id,
 )
-from channels.slack.port import SlackPort
+from channels.slack.port import FILE_HOSTS, SlackPort
 from channels.slack.render import SlackRenderer
 from channels.slack.stopping import SlackStopping
 from channels.slack.streams import SlackStreams
@@ -84,7 +86,13 @@ class SlackChannel:
         self._verifier = SignatureVerifier(config.signing_secret) if config.signing_secret else None
         self._socket: Any = None
         streams = SlackStreams(self.client, start_delay_s=config.stream_delay_s) if config.streaming else None
-        self.port = SlackPort(self.client, streams)  # what core calls (answers, destinations, groups)
+        # What core calls (answers, destinations, groups, shared files: only from Slack's file host, or from the
+        # configured API host when it is not Slack's own, a test Slack or a proxy).
+        api_host = urlsplit(config.api_url).netloc.lower()
+        name = api_host.split(":")[0]
+        own = name in ("slack.com", "slack-gov.com") or name.endswith((".slack.com", ".slack-gov.com"))
+        file_hosts = FILE_HOSTS | ({api_host} if api_host and not own else set())
+        self.port = SlackPort(self.client, streams, file_hosts=frozenset(file_hosts))
         self.started = False
         self.app.event("app_mention")(self._on_app_mention)
         self.app.event("message")(self._on_message)
@@ -223,6 +231,7 @@ class SlackChannel:
             idempotency_key=f"{channel}:{ts}",
             delivery_key=f"slack:{event_id}" if isinstance(event_id, str) else None,
             place=f"slack:{team}:{channel}",
+            attachments=shared_files(event.get("files")),
         )
         try:
             await self.gateway.accept(message)

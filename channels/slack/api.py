@@ -43,14 +43,15 @@ class PrivateReplies:
         self.client = client
         self._sending: set[asyncio.Task[None]] = set()
 
-    def tell(self, channel: str, user: str, text: str) -> None:
+    def tell(self, channel: str, user: str, text: str, *, thread_ts: str | None = None) -> None:
+        """``text`` for ``user``'s eyes only, in ``channel`` (in the thread ``thread_ts``, when given)."""
         if channel and user:
-            task = asyncio.create_task(self._post(channel, user, text))
+            task = asyncio.create_task(self._post(channel, user, text, thread_ts))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _post(self, channel: str, user: str, text: str) -> None:
+    async def _post(self, channel: str, user: str, text: str, thread_ts: str | None) -> None:
         try:
-            await self.client.chat_postEphemeral(channel=channel, user=user, text=text)
+            await self.client.chat_postEphemeral(channel=channel, user=user, text=text, thread_ts=thread_ts)
         except SlackApiError as exc:
             log.warning("could not tell %s: %s", user, error_code(exc))

@@ -66,7 +66,7 @@ class SlackAssistant:
             await self.gateway.accept(Inbound(
                 session_id=thread_session(team, channel, thread_ts), channel=self.channel, sender=user,
                 text=f"(Context: I am looking at channel <#{viewed}> (id {viewed}) in Slack.)",
-                addressed=False, opens_session=True,
+                addressed=False, view_context=True,
                 reply_ref={"channel": channel, "thread_ts": thread_ts},
                 idempotency_key=f"context:{viewed}:{event_id}" if isinstance(event_id, str) else None,
                 delivery_key=f"slack:{event_id}" if isinstance(event_id, str) else None,

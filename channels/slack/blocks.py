@@ -15,6 +15,7 @@ FEEDBACK_ACTION = "answer_feedback"
 STOP_ACTION = "turn_stop"
 STOP_SHORTCUT = "stop_turn"  # the message shortcut "Stop this turn" (manifests)
 _GOOD, _BAD = "positive", "negative"
+MAX_ID = 2**31 - 1  # the largest id a table holds (INTEGER on PostgreSQL)
 
 
 def answer_blocks(text: str, *, feedback_for: int | None = None) -> list[dict[str, Any]]:
@@ -48,13 +49,13 @@ def parse_feedback(value: object) -> tuple[str, int] | None:
     if not isinstance(value, str):
         return None
     verdict, _, turn = value.partition(":")
-    if verdict not in (_GOOD, _BAD) or not turn.isascii() or not turn.isdigit() or len(turn) > 18:
-        return None
-    return verdict, int(turn)
+    turn_id = parse_turn(turn)
+    return (verdict, turn_id) if verdict in (_GOOD, _BAD) and turn_id is not None else None
 
 
 def parse_turn(value: object) -> int | None:
     """A Stop button's turn id, or None if the value is not one."""
-    if not isinstance(value, str) or not value.isascii() or not value.isdigit() or len(value) > 18:
+    if not isinstance(value, str) or not value.isascii() or not value.isdigit() or len(value) > 10:
         return None
-    return int(value)
+    turn_id = int(value)
+    return turn_id if 0 < turn_id <= MAX_ID else None

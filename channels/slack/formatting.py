@@ -11,18 +11,21 @@ _LINK = re.compile(r"\[([^\]\n]+)\]\((https?://[^)\s]+)\)")
 _BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*")
 _STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
 _HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$")
+# A ``<`` that Slack could read as the start of a mention, a channel or a link.
+_TOKEN_START = re.compile(r"<(?=\s*[!@#]|\s*[A-Za-z][A-Za-z0-9+.-]*:)")
 
 
 def to_mrkdwn(text: str) -> str:
-    """Convert the common Markdown a model writes into Slack mrkdwn; code stays untouched."""
+    """Convert the common Markdown a model writes into Slack mrkdwn; code stays as written, except that a
+    ``<`` that could open a mention or a link there is defused too (``defused``)."""
     out: list[str] = []
     in_code = False
     for line in text.split("\n"):
         if line.lstrip().startswith("```"):
             in_code = not in_code
-            out.append(line)
+            out.append(defused(line))
             continue
-        out.append(line if in_code else _convert_line(line))
+        out.append(defused(line) if in_code else _convert_line(line))
     return "\n".join(out)
 
 
@@ -34,9 +37,9 @@ def _convert_line(line: str) -> str:
 
 def _convert_inline(line: str) -> str:
     parts = line.split("`")
-    # Even indexes are outside inline code.
-    for i in range(0, len(parts), 2):
-        parts[i] = _convert_prose(parts[i], first=i == 0)
+    # Even indexes are outside inline code; odd ones are code.
+    for i in range(len(parts)):
+        parts[i] = _convert_prose(parts[i], first=i == 0) if i % 2 == 0 else defused(parts[i])
     return "`".join(parts)
 
 
@@ -80,8 +83,10 @@ def _cut_point(text: str, limit: int) -> int:
 
 def defused(text: str) -> str:
     """Model text as Markdown for Slack (a ``markdown`` block, a stream's ``markdown_text``), with no ``<``
-    left to open a mention or a link (``<!channel>``, ``<@U…>``): a zero-width space follows each."""
-    return text.replace("<", "<\u200b")
+    left to open a mention or a link (``<!channel>``, ``<@U…>``, ``<#C…>``, ``<https://…|…>``): a zero-width
+    space follows each such ``<``. Any other ``<`` (``a<b``, ``cat <<EOF``) stays as written, so code copied
+    from an answer works."""
+    return _TOKEN_START.sub("<\u200b", text)
 
 
 def escape(text: str) -> str:

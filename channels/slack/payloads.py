@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
+from core.model import Attachment
+
 SLACK_ID = re.compile(r"[A-Z0-9]{1,32}")  # team, enterprise, channel, user, bot and group ids
 TS = re.compile(r"[0-9]{1,16}\.[0-9]{1,16}")  # a message timestamp, "1712345678.123456"
 _TOKEN = re.compile(r"[A-Za-z0-9._-]{1,128}")  # trigger ids, event ids, action ids from our own blocks
@@ -68,18 +70,59 @@ def thread_session(team: str, channel: str, thread_ts: str) -> str:
     return f"slack:{team}:{channel}:{thread_ts}"
 
 
-def clicked_thread(body: dict[str, Any]) -> str | None:
-    """The session of the thread a clicked (or shortcut) message is in, or None when it is not a person's
-    interaction in a channel's thread or top-level message."""
-    team, channel = team_id(body), channel_id(body)
+def clicked_ts(body: dict[str, Any]) -> str | None:
+    """The thread ts of a clicked (or shortcut) message: its thread's, else its own (a thread's first message)."""
     message, container = body.get("message"), body.get("container")
     message = message if isinstance(message, dict) else {}
     container = container if isinstance(container, dict) else {}
-    thread_ts = message.get("thread_ts") or container.get("thread_ts") or message.get("ts") \
-        or container.get("message_ts")
-    if not (team and channel and is_ts(thread_ts)):
+    for candidate in (message.get("thread_ts"), container.get("thread_ts"), message.get("ts"),
+                      container.get("message_ts")):
+        if is_ts(candidate):
+            return candidate
+    return None
+
+
+def clicked_thread(body: dict[str, Any]) -> str | None:
+    """The session of the thread a clicked (or shortcut) message is in, or None when it is not a person's
+    interaction in a channel's thread or top-level message. The team is the payload's (an org-wide install
+    sends none: then the clicking user's)."""
+    user = body.get("user")
+    team = team_id(body) or (user.get("team_id") if isinstance(user, dict) and is_id(user.get("team_id")) else "")
+    channel, thread_ts = channel_id(body), clicked_ts(body)
+    if not (team and channel and thread_ts):
         return None
     return thread_session(team, channel, thread_ts)
+
+
+MAX_FILES = 10  # Slack shares at most ten files with one message
+
+
+def shared_files(files: Any) -> tuple[Attachment, ...]:
+    """The files shared with a message (``event.files``), as core's attachments: name, type, declared size and
+    the private download URL (fetched later, by the port, only from Slack's file host). Odd entries are named
+    as what they say they are, with nothing to fetch."""
+    if not isinstance(files, list):
+        return ()
+    found = []
+    for item in files[:MAX_FILES]:
+        if not isinstance(item, dict):
+            continue
+        name, mimetype, size = item.get("name") or item.get("title"), item.get("mimetype"), item.get("size")
+        url = item.get("url_private_download") or item.get("url_private")
+        file_id = item.get("id")
+        # Only a file Slack hosts, shared in full, and whose URL is its own: an external (remote) file's URL
+        # is whatever the app that added it said, and a file Slack withholds has none worth asking for.
+        if item.get("is_external") or item.get("mode") not in (None, "hosted", "snippet", "post") \
+                or item.get("file_access") == "check_file_info" or not is_id(file_id) \
+                or not isinstance(url, str) or file_id not in url:
+            url = ""
+        found.append(Attachment(
+            name=name[:255] if isinstance(name, str) and name else "(unnamed file)",
+            mimetype=mimetype[:255] if isinstance(mimetype, str) else "",
+            size=size if type(size) is int and size >= 0 else None,
+            source=url if len(url) <= 2048 else "",
+        ))
+    return tuple(found)
 
 
 def input_value(view: dict[str, Any], block: str, element: str) -> str:

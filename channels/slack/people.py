@@ -21,7 +21,10 @@ log = logging.getLogger(__name__)
 TTL_S = 600.0
 NAME_MAX = 40
 _USER = re.compile(r"[UW][A-Z0-9]{1,31}")
-_UNSHOWN = re.compile(r"[\x00-\x1f\x7f\u200b-\u200f\u202a-\u202e\u2066-\u2069<>&]")
+# Nothing invisible, nothing that reorders text, no markup: control and format characters, bidi marks,
+# zero-width and tag characters, the soft hyphen, and ``<>&@``.
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u206f"
+                      "\ufeff\ufff9-\ufffb\U000e0000-\U000e007f<>&@]")
 
 
 class SlackPeople:

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import aiohttp
+import yarl
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -18,11 +19,15 @@ from channels.slack.formatting import split_message, to_mrkdwn
 from channels.slack.streams import LiveStream, SlackStreams
 from core.errors import InvalidInput
 from core.model import SessionInfo
-from core.ports import DeliveryFailed, DeliveryId, Receipt
+from core.ports import DeliveryFailed, DeliveryId, FetchFailed, FileTooBig, Receipt
 from core.tools import ToolError
 
 log = logging.getLogger(__name__)
 
+FILE_HOSTS = frozenset({"files.slack.com"})  # where shared files live (url_private_download)
+_FILE_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
+# Slack's refusals of a message's blocks (not of the message): the answer goes again as text.
+BLOCKS_REFUSED = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_blocks_too_long", "invalid_arguments"})
 DELIVERY_EVENT = "bot_delivery"  # the message metadata type that marks an answer's chunks
 GROUP_CACHE_S = 60.0  # approvers are checked on every click: a group's members are looked up once a minute
 _LOOKUP_PAGES = 10  # how many messages a retry reads looking for an earlier attempt's chunks (200 a page)
@@ -34,8 +39,10 @@ _CLOCK_MARGIN_S = 300.0
 class SlackPort:
     name = "slack"
 
-    def __init__(self, client: AsyncWebClient, streams: SlackStreams | None = None) -> None:
+    def __init__(self, client: AsyncWebClient, streams: SlackStreams | None = None,
+                 file_hosts: frozenset[str] = FILE_HOSTS) -> None:
         self.client = client
+        self.file_hosts = file_hosts  # where shared files may be fetched from, with the bot token
         self.streams = streams  # answers shown while they are written (channels.slack.streams)
         self._unfinished: dict[int, LiveStream] = {}  # turn id → its stream, not yet ended: the retry's
         self._groups: dict[str, tuple[float, set[str]]] = {}
@@ -70,11 +77,24 @@ class SlackPort:
                 if ts is not None:
                     landed[index] = ts
                     continue
-            response = await self._call("chat_postMessage", channel=channel, thread_ts=thread_ts,
-                                        text=to_mrkdwn(chunk), blocks=answer_blocks(chunk, feedback_for=feedback_for),
-                                        metadata=metadata)
-            landed[index] = str(response.get("ts"))
+            landed[index] = await self._post_part(channel, thread_ts, chunk, metadata, feedback_for)
         return Receipt(landed[0])
+
+    async def _post_part(self, channel: str, thread_ts: str | None, chunk: str, metadata: dict[str, Any],
+                         feedback_for: int | None) -> str:
+        """One part of the answer as blocks; as plain text where Slack refuses the blocks (an old workspace, a
+        block type it does not know): the answer is never lost for its formatting."""
+        text = to_mrkdwn(chunk)
+        try:
+            response = await self._call("chat_postMessage", channel=channel, thread_ts=thread_ts, text=text,
+                                        blocks=answer_blocks(chunk, feedback_for=feedback_for), metadata=metadata)
+        except DeliveryFailed as exc:
+            if exc.error not in BLOCKS_REFUSED:
+                raise
+            log.warning("Slack refused the answer's blocks (%s): posted as text", exc.error)
+            response = await self._call("chat_postMessage", channel=channel, thread_ts=thread_ts, text=text,
+                                        metadata=metadata)
+        return str(response.get("ts"))
 
     def _stream_of(self, turn_id: int) -> LiveStream | None:
         """The turn's stream, if its answer showed while it was written: one an earlier attempt could not
@@ -186,6 +206,44 @@ class SlackPort:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise DeliveryFailed(f"cannot reach Slack ({type(exc).__name__})", retryable=True) from None
 
+    # -- shared files -----------------------------------------------------------------------------
+
+    async def fetch_file(self, source: str, max_bytes: int) -> bytes:
+        """A shared file's bytes, fetched with the bot token (``files:read``) from Slack's own file host only:
+        the token never goes anywhere else, also not through a redirect. Raises FetchFailed (FileTooBig past
+        ``max_bytes``: no more than that is ever read) with the reason."""
+        if not source:
+            raise FetchFailed("Slack did not share its content with the bot")
+        url = source
+        for _hop in range(3):
+            if not _file_url_ok(url, self.file_hosts):
+                raise FetchFailed("it is not on Slack's file host")
+            session = self.client.session
+            if session is None:
+                raise FetchFailed("the bot is not connected to Slack right now")
+            try:
+                # identity: the size limit counts what arrives, and nothing is inflated past it.
+                headers = {"Authorization": f"Bearer {self.client.token}", "Accept-Encoding": "identity"}
+                async with session.get(url, headers=headers, allow_redirects=False, timeout=_FILE_TIMEOUT) as resp:
+                    if resp.status in (301, 302, 303, 307, 308):
+                        url = _redirect(resp)
+                        continue
+                    if resp.status != 200:
+                        raise FetchFailed(f"Slack answered HTTP {resp.status}")
+                    if resp.content_type == "text/html":  # Slack's sign-in page: the app lacks files:read
+                        raise FetchFailed("Slack did not hand it over (the app may lack the files:read scope)")
+                    if resp.content_length is not None and resp.content_length > max_bytes:
+                        raise FileTooBig(max_bytes)
+                    content = bytearray()
+                    async for piece in resp.content.iter_chunked(65_536):
+                        content += piece
+                        if len(content) > max_bytes:
+                            raise FileTooBig(max_bytes)
+                    return bytes(content)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raise FetchFailed(f"Slack could not be reached ({type(exc).__name__})") from None
+        raise FetchFailed("Slack redirected too often")
+
     # -- places and people ----------------------------------------------------------------------
 
     async def resolve_destination(self, destination: str) -> str:
@@ -250,6 +308,35 @@ class SlackPort:
         if name not in self._channel_ids:
             raise ToolError(f"there is no channel {channel} that the bot can see")
         return self._channel_ids[name]
+
+
+def _redirect(resp: aiohttp.ClientResponse) -> str:
+    """Where a redirect points (checked like the first URL before anything is sent there)."""
+    location = resp.headers.get("Location")
+    try:
+        if not location:
+            raise ValueError("no Location")
+        return str(resp.url.join(yarl.URL(location)))
+    except ValueError:
+        raise FetchFailed("Slack redirected it nowhere usable") from None
+
+
+def _file_url_ok(url: str, hosts: frozenset[str]) -> bool:
+    """Whether the bot token may go to ``url``: https on one of Slack's file hosts (or exactly the configured
+    API host, for a test Slack or a proxy in front of it)."""
+    try:
+        parsed = yarl.URL(url)
+    except ValueError:
+        return False
+    if parsed.user or parsed.password or not parsed.host:
+        return False
+    authority = f"{parsed.host}:{parsed.explicit_port}" if parsed.explicit_port else parsed.host
+    if parsed.path.startswith("/api/"):  # the Web API itself (a configured host serves both): never a file
+        return False
+    if parsed.scheme == "https" and parsed.host in hosts and parsed.explicit_port in (None, 443):
+        # Slack's file host serves shared files under /files-pri/ only.
+        return parsed.host != "files.slack.com" or parsed.path.startswith("/files-pri/")
+    return authority in hosts and parsed.scheme in ("http", "https") and ":" in authority
 
 
 def _failed(exc: SlackApiError) -> DeliveryFailed:

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 PROGRESS_REACTION = "eyes"  # a turn is working on this message
 QUEUED_REACTION = "hourglass_flowing_sand"  # this message waits behind the running turn
 STATUS_REFRESH_S = 100.0  # Slack clears a status line after 2 minutes without a message in the thread
+STATUS_REFRESHES = 30  # ...so a long turn says it again, for up to 50 minutes
 
 
 @dataclass
@@ -64,6 +65,8 @@ class _Progress:
     status: bool = False  # shown as the thread's status line, not as reactions
     status_text: str = ""  # what the status line says now (said again before Slack's 2-minute timeout)
     refresh: asyncio.TimerHandle | None = None
+    refreshing: asyncio.Task[bool] | None = None  # a refresh on its way (the clearing waits for it)
+    refreshes: int = 0
 
 
 class SlackRenderer:
@@ -78,7 +81,6 @@ class SlackRenderer:
         self.progress_delay_s = progress_delay_s
         self.status = ThreadStatus(client)
         self.people = SlackPeople(client)
-        self._refreshing: set[asyncio.Task[bool]] = set()
         # Which messages show the "queued" sign, and each running turn's progress sign (rendering
         # details, so memory is enough: after a restart a leftover sign is only cosmetic).
         self._queued_signs: set[MessageRef] = set()
@@ -188,11 +190,13 @@ class SlackRenderer:
     def _keep_status(self, progress: _Progress) -> None:
         """Slack drops a status line after two minutes without a message: a long turn says it again."""
         def again() -> None:
-            if progress.refresh is None or progress.place is None:
-                return  # the turn ended meanwhile
-            task = asyncio.create_task(self.status.show(*progress.place, progress.status_text))
-            self._refreshing.add(task)
-            task.add_done_callback(self._refreshing.discard)
+            # A turn this process lost (another replica took it over, or a crash is being recovered) never
+            # ends here: its status is said again a bounded number of times, never for ever.
+            if progress.refresh is None or progress.place is None or progress.refreshes >= STATUS_REFRESHES:
+                progress.refresh = None
+                return
+            progress.refreshes += 1
+            progress.refreshing = asyncio.create_task(self.status.show(*progress.place, progress.status_text))
             progress.refresh = asyncio.get_running_loop().call_later(STATUS_REFRESH_S, again)
 
         progress.refresh = asyncio.get_running_loop().call_later(STATUS_REFRESH_S, again)
@@ -209,6 +213,8 @@ class SlackRenderer:
         if progress is not None and progress.refresh is not None:
             progress.refresh.cancel()
             progress.refresh = None
+        if progress is not None and progress.refreshing is not None:
+            await asyncio.wait([progress.refreshing])  # a refresh still on its way lands before the clearing
         if progress is not None and progress.timer is not None:  # ended before its sign was due
             progress.timer.cancel()
             if not progress.leftover:

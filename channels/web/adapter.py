@@ -86,6 +86,7 @@ class WebChannel:
             web.get("/api/conversations/{cid}", guard(self._conversation)),
             web.post("/api/conversations/{cid}/messages", guard(self._send)),
             web.post("/api/conversations/{cid}/stop", guard(self._stop)),
+            web.post("/api/conversations/{cid}/feedback", guard(self._feedback)),
             web.get("/api/conversations/{cid}/events", guard(self._events)),
             web.post("/api/approvals/{id}", guard(self._decide)),
             web.post("/api/credentials/{id}", guard(self._provide)),
@@ -143,7 +144,7 @@ class WebChannel:
             "working": working,
             "messages": [
                 {"id": e.id, "role": e.role, "content": e.content, "tools": list(e.tool_names),
-                 "queued": e.queued, "at": e.created_at.isoformat()}
+                 "queued": e.queued, "at": e.created_at.isoformat(), "turn": e.turn_id}
                 for e in entries
             ],
             "approvals": [_approval(a) for a in await self.gateway.recent_approvals(session_id)] if session else [],
@@ -215,6 +216,13 @@ class WebChannel:
         report = await self.gateway.stop(_session_id(request), by=WEB_USER)
         return web.json_response({"stopped": report.running, "waiting_cancelled": report.waiting,
                                   "text": report.describe("web")})
+
+    async def _feedback(self, request: web.Request) -> web.Response:
+        """A verdict on one of this conversation's answers: ``{"turn": id, "verdict": "positive"|"negative"}``."""
+        body = await _json_object(request)
+        result = await self.gateway.feedback(body.get("turn"), body.get("verdict"), by=WEB_USER, channel=self.name,
+                                             session_id=_session_id(request))  # refused: 400 / 404
+        return web.json_response({"positive": result.positive, "text": result.describe()})
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         session_id = _session_id(request)

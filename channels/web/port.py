@@ -7,7 +7,7 @@ from typing import Any
 
 from core.errors import InvalidInput
 from core.model import SessionInfo
-from core.ports import DeliveryId, Receipt
+from core.ports import DeliveryId, FetchFailed, Receipt
 
 
 class WebPort:
@@ -33,3 +33,6 @@ class WebPort:
     async def post_notice(self, session: SessionInfo, text: str) -> bool:
         self._publish(session.id, {"type": "notice", "text": text})
         return True
+
+    async def fetch_file(self, source: str, max_bytes: int) -> bytes:
+        raise FetchFailed("the web chat does not take files")

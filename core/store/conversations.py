@@ -139,11 +139,17 @@ class ConversationStore:
             return row.first()
 
     async def running_turn(self, session_id: str) -> int | None:
+        running = await self.running_turn_started(session_id)
+        return running[0] if running is not None else None
+
+    async def running_turn_started(self, session_id: str) -> tuple[int, datetime | None] | None:
+        """The session's running turn: its id and when it started."""
         async with self.db.read() as s:
-            row = await s.exec(
-                select(TurnRow.id).where(TurnRow.session_id == session_id, TurnRow.status == TurnStatus.RUNNING)
-            )
-            return row.first()
+            row = (await s.exec(
+                select(TurnRow.id, TurnRow.started_at).where(TurnRow.session_id == session_id,
+                                                             TurnRow.status == TurnStatus.RUNNING)
+            )).first()
+            return (int(row[0] or 0), row[1]) if row is not None else None
 
     async def sessions_with_work(self) -> list[str]:
         """Sessions with a turn to continue or a message waiting for an answer."""
@@ -263,7 +269,7 @@ class ConversationStore:
                 assert row.id is not None
                 entries.append(TranscriptEntry(
                     id=row.id, role=row.role, content=row.content, sender=row.sender, created_at=row.created_at,
-                    tool_names=tuple(str(c.get("name")) for c in calls),
+                    tool_names=tuple(str(c.get("name")) for c in calls), turn_id=row.turn_id,
                 ))
             # A failed turn leaves a notice (not a message: the model never sees it).
             entries.sort(key=lambda e: (e.created_at, e.id > 0, abs(e.id)))

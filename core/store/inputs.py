@@ -14,6 +14,7 @@ from sqlmodel import Session, col, select
 
 from core.model import (
     LIVE_TURN_STATUSES,
+    Attachment,
     Inbound,
     InputKind,
     InputStatus,
@@ -49,6 +50,7 @@ class Taken:
     text: str  # merged, in arrival order, joined by a blank line
     images: tuple[str, ...]
     refs: tuple[MessageRef, ...]  # the inputs taken now (not those the turn took before)
+    attachments: tuple[Attachment, ...] = ()  # files shared with them, to be read before the model is asked
     transcript: tuple[Row[Any], ...] | None = None  # asked for with ``history``: the model's view
     more: bool = False  # messages still wait behind this batch (followup, or past the budget)
     resumed: bool = False  # an interrupted turn continued (it takes nothing new)
@@ -283,10 +285,23 @@ def _take(s: Session, turn_id: int, batch: Sequence[Row[Any]], now: datetime) ->
 
 
 def _taken(turn: TurnInfo, batch: Sequence[Row[Any]]) -> Taken:
-    images = [image for i in batch if i.images for image in json.loads(i.images)]
+    images = tuple(image for i in batch if i.images for image in json.loads(i.images))
+    attachments = tuple(a for i in batch if i.attachments for a in _attachments(i.attachments))
     text = "\n\n".join(i.text for i in batch if i.text)
     refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in batch)
-    return Taken(turn, text, tuple(images), refs)
+    return Taken(turn, text, images, refs, attachments=attachments)
+
+
+def _attachments(raw: str) -> list[Attachment]:
+    """The stored attachments, read tolerantly: an entry that is not one (written by another version) is
+    skipped, never a reason to fail the turn that takes it."""
+    found = []
+    for item in json.loads(raw):
+        if isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("source"), str):
+            size = item.get("size")
+            found.append(Attachment(name=item["name"], mimetype=str(item.get("mimetype") or ""),
+                                    size=size if type(size) is int else None, source=item["source"]))
+    return found
 
 
 def _fit(waiting: Sequence[Row[Any]], budget: Budget, *, one_message: bool) -> list[Row[Any]]:

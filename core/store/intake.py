@@ -7,7 +7,7 @@ import asyncio
 import enum
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Generic, TypeVar
@@ -16,7 +16,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlmodel import Session
 
 from core.errors import InvalidInput
-from core.model import Inbound, InputKind, InputStatus, SessionInfo, SessionStatus
+from core.model import VIEW_KEY, Inbound, InputKind, InputStatus, SessionInfo, SessionStatus
 from core.store import statements as st
 from core.store.control import INTAKE_PAUSED
 from core.store.conversations import session_info
@@ -177,7 +177,7 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
             return Accepted(AcceptOutcome.DUPLICATE)
     new_session = found is None
     if found is None:
-        if kind == InputKind.CONTEXT and not msg.opens_session:
+        if kind == InputKind.CONTEXT and not msg.view_context:
             return Accepted(AcceptOutcome.IGNORED)
         values = dict(
             id=msg.session_id, channel=msg.channel, agent=msg.agent or arrival.agent, status=SessionStatus.IDLE,
@@ -194,6 +194,9 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
         if seen_id is not None:
             return Accepted(AcceptOutcome.DUPLICATE, seen_id, info)
     status, outcome, note = InputStatus.WAITING, AcceptOutcome.QUEUED, None
+    if msg.view_context and not new_session:  # only the newest view waits: one line, not a day of them
+        conn.execute(st.REPLACE_VIEWS, {"b_session": msg.session_id, "b_view": f"{VIEW_KEY}%",
+                                        "status": InputStatus.CANCELLED, "note": "replaced by a newer view"})
     if kind == InputKind.CONTEXT:
         outcome = AcceptOutcome.RECORDED
     elif kind == InputKind.CONTROL:
@@ -206,7 +209,8 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
         status, outcome = InputStatus.REFUSED, AcceptOutcome.REFUSED
     inserted = conn.execute(st.INSERT_INPUT, dict(
         session_id=msg.session_id, kind=kind, status=status, text=msg.text,
-        images=json.dumps(list(msg.images)) if msg.images else None, sender=msg.sender,
+        images=json.dumps(list(msg.images)) if msg.images else None,
+        attachments=json.dumps([asdict(a) for a in msg.attachments]) if msg.attachments else None, sender=msg.sender,
         agent=msg.agent, platform_channel=msg.ref.channel, platform_ts=msg.ref.ts,
         idempotency_key=msg.idempotency_key, note=note, created_at=now,
     ))

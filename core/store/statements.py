@@ -60,6 +60,10 @@ TRANSCRIPT = (select(messages).where(messages.c.session_id == bindparam("b_sessi
 UPDATE_SESSION = update(sessions).where(sessions.c.id == bindparam("b_session"))
 UPDATE_TURN = update(turns).where(turns.c.id == bindparam("b_turn"))
 UPDATE_INPUT = update(inputs).where(inputs.c.id == bindparam("b_input"))
+# A view context still waiting (``VIEW_KEY`` keys) is replaced by a newer one.
+REPLACE_VIEWS = update(inputs).where(inputs.c.session_id == bindparam("b_session"),
+                                     inputs.c.status == InputStatus.WAITING, inputs.c.kind == InputKind.CONTEXT,
+                                     inputs.c.idempotency_key.like(bindparam("b_view")))
 UPDATE_HELD_DELIVERY = update(deliveries).where(
     *held(bindparam("b_turn"), bindparam("b_holder"), bindparam("b_attempt")))
 INSERT_SESSION = sessions.insert()

@@ -111,6 +111,8 @@ class InputRow(SQLModel, table=True):
     status: str = Field(max_length=16)  # waiting, taken, cancelled, refused
     text: str = Field(sa_column=Column(Text, nullable=False))
     images: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    # JSON: files shared with it (core.model.Attachment), read when a turn takes it.
+    attachments: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     sender: str | None = Field(default=None, max_length=64)
     agent: str | None = Field(default=None, max_length=64)
     platform_channel: str | None = Field(default=None, max_length=64)

@@ -65,6 +65,12 @@ class FakeSlack:
     post_delay_s: float = 0.0
     # assistant.threads.setStatus works (a workspace with the agent features), or is refused as by one without.
     status_supported: bool = False
+    url: str = ""  # where it is served (set by whoever starts it)
+    # Files people shared (``share``), by id, and each download asked for: (file id, Authorization header).
+    hosted: dict[str, tuple[bytes, str]] = field(default_factory=dict)
+    downloads: list[tuple[str, str]] = field(default_factory=list)
+    files_readable: bool = True  # False: the app lacks files:read (Slack answers with its sign-in page)
+    chunked_files: bool = False  # serve files in pieces, without a Content-Length
     # users.info: display names by user id (an unknown id is user_not_found).
     names: dict[str, str] = field(default_factory=dict)
 
@@ -74,7 +80,37 @@ class FakeSlack:
         app.router.add_get("/api/{method}", self._handle)
         app.router.add_get("/link", self._socket_mode)
         app.router.add_post("/upload/{file_id}", self._upload)
+        app.router.add_get("/files/{file_id}", self._download)
         return app
+
+    def share(self, file_id: str, content: bytes, *, name: str, mimetype: str,
+              size: int | None = None) -> dict[str, Any]:
+        """A file people shared: served at its private URL (with the bot token only); its ``event.files`` entry."""
+        self.hosted[file_id] = (content, mimetype)
+        return {"id": file_id, "name": name, "title": name, "mimetype": mimetype, "filetype": name.rsplit(".")[-1],
+                "size": len(content) if size is None else size, "mode": "hosted",
+                "url_private": f"{self.url}/files/{file_id}", "url_private_download": f"{self.url}/files/{file_id}"}
+
+    async def _download(self, request: web.Request) -> web.StreamResponse:
+        """files.slack.com: the file to a bearer of a bot token, Slack's sign-in page (HTML, 200) to anyone else."""
+        self.downloads.append((request.match_info["file_id"], request.headers.get("Authorization", "")))
+        if not request.headers.get("Authorization", "").startswith("Bearer xoxb-") or not self.files_readable:
+            return web.Response(text="<html>sign in</html>", content_type="text/html")
+        if request.match_info["file_id"] == "FREDIRECT":  # a redirect off Slack's host
+            raise web.HTTPFound("http://evil.invalid/steal")
+        found = self.hosted.get(request.match_info["file_id"])
+        if found is None:
+            return web.Response(status=404, text="file not found")
+        if not self.chunked_files:
+            return web.Response(body=found[0], content_type=found[1])
+        response = web.StreamResponse(headers={"Content-Type": found[1]})  # no length: chunk after chunk
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for start in range(0, len(found[0]), 16_384):
+            await response.write(found[0][start:start + 16_384])
+            await asyncio.sleep(0)
+        await response.write_eof()
+        return response
 
     async def push_socket_event(self, body: dict[str, Any]) -> str:
         """Deliver an Events API payload over the Socket Mode connection; returns its envelope id."""

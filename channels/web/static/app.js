@@ -216,7 +216,9 @@ function renderTranscript(messages, approvals = [], credentials = []) {
     }
     const role = m.role === "user" ? "user" : m.role === "notice" ? "notice" : "assistant";
     const meta = m.queued ? "queued — waits for the current turn" : m.tools.length ? `used ${m.tools.join(", ")}` : "";
-    box.appendChild(messageElement(role, renderMarkdown(m.content || ""), meta, m.queued ? "pending" : ""));
+    const el = messageElement(role, renderMarkdown(m.content || ""), meta, m.queued ? "pending" : "");
+    if (role === "assistant" && m.content && !m.tools.length && m.turn) el.appendChild(feedbackElement(m.turn));
+    box.appendChild(el);
   }
   for (const text of state.pending) {
     box.appendChild(messageElement("user", renderMarkdown(text), "sending…", "pending"));
@@ -225,6 +227,26 @@ function renderTranscript(messages, approvals = [], credentials = []) {
     box.appendChild(messageElement("notice", renderMarkdown(text)));
   }
   showLive();
+}
+
+// Under each answer: was it good? (recorded once per answer; a second click replaces the first)
+function feedbackElement(turn) {
+  const bar = document.createElement("div");
+  bar.className = "feedback";
+  for (const [verdict, label] of [["positive", "👍 Good answer"], ["negative", "👎 Bad answer"]]) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "secondary";
+    button.textContent = label;
+    button.addEventListener("click", async () => {
+      try {
+        const result = await api(`/api/conversations/${state.cid}/feedback`, { body: { turn, verdict } });
+        bar.textContent = result.text;
+      } catch (error) { bar.textContent = error.message; }
+    });
+    bar.appendChild(button);
+  }
+  return bar;
 }
 
 // The answer as the model writes it (answer.delta events): one message, replaced by the stored answer
