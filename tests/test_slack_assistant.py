@@ -45,6 +45,13 @@ async def test_a_new_chat_gets_prompts_and_the_agent_knows_the_channel_being_loo
     assert question.index("<#C7>") < question.index("what is going on here?")
     [post] = fake_slack.posts()
     assert (post.params["channel"], post.params["thread_ts"]) == ("D1", thread)  # answered in its own thread
+    [title] = await fake_slack.wait_for("assistant.threads.setTitle")  # the first question names the chat
+    assert (title.params["thread_ts"], title.params["title"]) == (thread, "what is going on here?")
+    fake_llm.then(Reply("more"))
+    await gateway.send_event(message("and now?", channel="D1", channel_type="im", thread_ts=thread))
+    await fake_slack.wait_for("chat.postMessage", 2)
+    await gateway.idle()
+    assert len(fake_slack.of("assistant.threads.setTitle")) == 1  # named once
 
 
 async def test_prompts_come_from_bot_toml_and_none_are_offered_for_an_empty_list(

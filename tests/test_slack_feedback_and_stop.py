@@ -121,11 +121,7 @@ async def test_feedback_naming_an_answer_from_elsewhere_or_not_an_answer_is_refu
 
 async def test_feedback_on_a_turn_still_running_is_refused(
         gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
-    gate = Gate(Reply("slow"))
-    fake_llm.then(gate)
-    event = mention("take your time")
-    await gateway.send_event(event)
-    await asyncio.wait_for(gate.reached.wait(), 5)
+    event, gate = await _held_turn(gateway, fake_llm, "take your time", "slow")
     turn_id = await gateway.app.dispatcher.conversations.running_turn(f"slack:{TEAM_ID}:C1:{event['ts']}")
     await gateway.interact(block_action(FEEDBACK_ACTION, f"positive:{turn_id}", user="U2", thread_ts=event["ts"]))
     await fake_slack.wait_for("chat.postEphemeral")
@@ -183,6 +179,16 @@ async def test_a_streamed_answer_ends_with_the_buttons_under_it(
 
 
 # -- stop -------------------------------------------------------------------------------------------
+
+
+async def _held_turn(gateway: GatewayClient, fake_llm: FakeLLM, text: str, answer: str) -> tuple[dict[str, Any], Gate]:
+    """A mention whose turn is asking the model, held there until the test opens the gate."""
+    gate = Gate(Reply(answer))
+    fake_llm.then(gate)
+    event = mention(text)
+    await gateway.send_event(event)
+    await asyncio.wait_for(gate.reached.wait(), 5)
+    return event, gate
 
 
 async def _working(gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM,
@@ -261,11 +267,7 @@ async def test_a_late_click_on_an_old_stop_button_does_not_stop_the_next_turn(
 
 async def test_slacks_own_stop_button_stops_the_threads_turn(
         gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
-    gate = Gate(Reply("never shown"))
-    fake_llm.then(gate)
-    event = mention("a long job")
-    await gateway.send_event(event)
-    await asyncio.wait_for(gate.reached.wait(), 5)
+    event, gate = await _held_turn(gateway, fake_llm, "a long job", "never shown")
     session = f"slack:{TEAM_ID}:C1:{event['ts']}"
     stopped = {"type": "agent_session_stopped", "channel": "C1", "thread_ts": event["ts"], "user": "U1",
                "streaming_message_ts": [], "event_ts": next_ts()}
@@ -280,11 +282,7 @@ async def test_slacks_own_stop_button_stops_the_threads_turn(
 
 async def test_a_late_redelivered_stop_event_does_not_stop_a_turn_that_started_after_the_click(
         gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
-    gate = Gate(Reply("answered all the same"))
-    fake_llm.then(gate)
-    event = mention("a long job")
-    await gateway.send_event(event)
-    await asyncio.wait_for(gate.reached.wait(), 5)
+    event, gate = await _held_turn(gateway, fake_llm, "a long job", "answered all the same")
     clicked = f"{time.time() - 120:.6f}"  # Slack's retry of a click two minutes old
     stopped = {"type": "agent_session_stopped", "channel": "C1", "thread_ts": event["ts"], "user": "U1",
                "streaming_message_ts": [], "event_ts": clicked}

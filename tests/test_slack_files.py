@@ -26,6 +26,12 @@ def _user_content(fake_llm: FakeLLM) -> list[dict[str, Any]] | str:
     return content
 
 
+def _user_text(fake_llm: FakeLLM) -> str:
+    """The text parts of the model's last user message."""
+    content = _user_content(fake_llm)
+    return content if isinstance(content, str) else "\n".join(p.get("text", "") for p in content)
+
+
 def _notices(fake_slack: FakeSlack) -> list[str]:
     texts = [str(c.params.get("text")) for c in fake_slack.posts()]
     return [text for text in texts if ":information_source:" in text]
@@ -74,8 +80,7 @@ async def test_what_cannot_be_read_is_said_plainly_and_named_to_the_model(
     assert "`fake.png`: its content is not a png, jpeg, gif or webp image" in notice
     assert "`utf16.txt`: its content is not UTF-8 text" in notice
     assert "report.pdf" not in notice  # not read, and nothing went wrong: the model is told its name
-    content = _user_content(fake_llm)
-    text = content if isinstance(content, str) else "\n".join(p.get("text", "") for p in content)
+    text = _user_text(fake_llm)
     assert "'report.pdf' ('application/pdf') was shared; it is not an image or a text file" in text
     assert "could not be read" in text
     assert {f for f, _ in fake_slack.downloads} == {"F3", "F4"}  # neither the big one nor the PDF was fetched
@@ -134,8 +139,7 @@ async def test_a_file_bigger_than_it_says_is_refused_not_cut_short(
     await gateway.idle()
     [notice] = _notices(fake_slack)
     assert "`big.log`: it is over the 100 KB limit for text files" in notice
-    content = _user_content(fake_llm)
-    text = content if isinstance(content, str) else "\n".join(p.get("text", "") for p in content)
+    text = _user_text(fake_llm)
     assert "xxxxxxxxxx" not in text  # nothing of it reached the model
 
 
@@ -147,8 +151,7 @@ async def test_the_text_of_one_message_s_files_is_capped(
     await gateway.send_event(_with_files("read them", files))
     await fake_slack.wait_for("chat.postMessage", 2)
     await gateway.idle()
-    content = _user_content(fake_llm)
-    text = content if isinstance(content, str) else "\n".join(p.get("text", "") for p in content)
+    text = _user_text(fake_llm)
     assert 40_000 < len(text) < 42_000 and "[…cut here]" in text
     [notice] = _notices(fake_slack)
     assert "I read only the first" in notice and "`part3.log`: the files of one message are read up to" in notice

@@ -46,7 +46,7 @@ from channels.slack.render import SlackRenderer
 from channels.slack.stopping import SlackStopping
 from channels.slack.streams import SlackStreams
 from core.errors import InvalidInput
-from core.gateway import Gateway
+from core.gateway import AcceptOutcome, Gateway
 from core.model import Inbound, MessageRef
 from core.text import clean_tree
 
@@ -102,7 +102,7 @@ class SlackChannel:
         credentials_ui = SlackCredentials(self.app, self.client, gateway)
         SlackFeedback(self.app, self._private, gateway, self.name)
         SlackStopping(self.app, self._private, gateway)
-        SlackAssistant(self.app, self.client, gateway, self.name, config.suggested_prompts)
+        self.assistant = SlackAssistant(self.app, self.client, gateway, self.name, config.suggested_prompts)
         self.app.action(re.compile(".*"))(self._on_unknown_action)  # registered last: anything not matched above
         self.app.error(self._on_error)
         self.renderer = SlackRenderer(self.client, self.port, approvals_ui, credentials_ui,
@@ -234,9 +234,12 @@ class SlackChannel:
             attachments=shared_files(event.get("files")),
         )
         try:
-            await self.gateway.accept(message)
+            accepted = await self.gateway.accept(message)
         except InvalidInput as exc:
             await self.port.post(str(channel), thread_ts, f":no_entry: I can't take this message: {exc}")
+            return
+        if accepted.outcome is AcceptOutcome.QUEUED:
+            self.assistant.asked(str(channel), thread_ts, message.text)  # a new assistant chat's first question
 
     async def _on_unknown_action(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()

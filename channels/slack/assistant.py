@@ -27,6 +27,7 @@ from core.model import Inbound
 log = logging.getLogger(__name__)
 
 PROMPTS_TITLE = "Try one of these:"
+TITLE_MAX = 60  # characters of the first question that title a chat
 
 
 class SlackAssistant:
@@ -37,6 +38,9 @@ class SlackAssistant:
         self.channel = channel  # the channel's name in core ("slack")
         self.prompts = prompts
         self._calls: set[asyncio.Task[None]] = set()
+        # Chats opened since this process started that have no title yet: the first question names them
+        # (a title is cosmetic: one opened before a restart keeps Slack's default).
+        self._untitled: dict[tuple[str, str], None] = {}
         app.event("assistant_thread_started")(self._on_started)
         app.event("assistant_thread_context_changed")(self._on_context_changed)
 
@@ -45,8 +49,19 @@ class SlackAssistant:
         if thread is None:
             return
         await self._record_context(body, thread)
+        self._untitled[(thread["channel_id"], thread["thread_ts"])] = None
+        if len(self._untitled) > 10_000:
+            del self._untitled[next(iter(self._untitled))]
         if self.prompts:  # after the ack: Slack's API never delays it
             self._later(self._suggest(thread["channel_id"], thread["thread_ts"]))
+
+    def asked(self, channel: str, thread_ts: str, text: str) -> None:
+        """A person's message in a chat: the first one in a chat opened here becomes its title."""
+        if (channel, thread_ts) not in self._untitled:
+            return
+        del self._untitled[(channel, thread_ts)]
+        title = " ".join(text.split())[:TITLE_MAX] or "New chat"
+        self._later(self._call("assistant_threads_setTitle", channel_id=channel, thread_ts=thread_ts, title=title))
 
     async def _on_context_changed(self, body: dict[str, Any], event: dict[str, Any]) -> None:
         thread = _thread(body, event)
@@ -77,13 +92,17 @@ class SlackAssistant:
 
     async def _suggest(self, channel: str, thread_ts: str) -> None:
         prompts = [{"title": title, "message": message} for title, message in self.prompts]
+        await self._call("assistant_threads_setSuggestedPrompts", channel_id=channel, thread_ts=thread_ts,
+                         prompts=prompts, title=PROMPTS_TITLE)
+
+    async def _call(self, method: str, **params: Any) -> None:
+        """A best-effort call (prompts, titles are cosmetic): a failure is logged."""
         try:
-            await self.client.assistant_threads_setSuggestedPrompts(channel_id=channel, thread_ts=thread_ts,
-                                                                    prompts=prompts, title=PROMPTS_TITLE)
+            await getattr(self.client, method)(**params)
         except SlackApiError as exc:
-            log.warning("assistant.threads.setSuggestedPrompts failed: %s", error_code(exc))
+            log.warning("%s failed: %s", method, error_code(exc))
         except (aiohttp.ClientError, TimeoutError, OSError, RuntimeError) as exc:  # RuntimeError: shutting down
-            log.warning("assistant.threads.setSuggestedPrompts failed: %s", type(exc).__name__)
+            log.warning("%s failed: %s", method, type(exc).__name__)
 
     def _later(self, call: Any) -> None:
         task = asyncio.create_task(call)
