@@ -280,6 +280,7 @@ def build_application(
                 streaming=settings.slack_streaming,
                 suggested_prompts=load_suggested_prompts(settings.bot_config),
                 stream_delay_s=settings.slack_stream_delay_s,
+                stop_offer_s=settings.slack_stop_offer_s,
             ),
             gateway,
         )

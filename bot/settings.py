@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     # (an answer complete sooner is posted whole); needs LLM_STREAM.
     slack_streaming: bool = True
     slack_stream_delay_s: float = Field(default=0.3, ge=0, le=60)
+    slack_stop_offer_s: float = Field(default=10.0, ge=0, le=3600)  # a longer turn offers its asker a Stop
 
     # Server
     host: str = "127.0.0.1"

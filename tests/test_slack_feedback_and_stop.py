@@ -350,3 +350,24 @@ async def _command(gateway: GatewayClient, text: str) -> str:
     async with gateway.http.post(f"{gateway.base}/slack/events", data=body,
                                  headers=signed_headers(body, content_type=form)) as resp:
         return await resp.text()  # bolt acks a command with its reply as the body
+
+
+async def test_a_long_turn_offers_whoever_asked_a_stop_button(
+        make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
+    gateway: GatewayClient = await start_gateway(make_settings(slack_stop_offer_s=0.1))
+    fake_llm.then(Reply("quick"))
+    await _answered(gateway, fake_slack, "a quick one")
+    await asyncio.sleep(0.2)
+    assert fake_slack.of("chat.postEphemeral") == []  # answered sooner: nothing offered
+    event, gate = await _held_turn(gateway, fake_llm, "a long one", "never shown")
+    [offer] = await fake_slack.wait_for("chat.postEphemeral")
+    assert (offer.params["user"], offer.params["thread_ts"]) == ("U1", event["ts"])  # privately, in the thread
+    blocks = offer.params["blocks"]
+    blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
+    [button] = blocks[-1]["elements"]
+    assert (button["action_id"], button["text"]["text"]) == (STOP_ACTION, "Stop")
+    await gateway.interact(block_action(STOP_ACTION, button["value"], user="U1", thread_ts=event["ts"]))
+    await _until_stopped(gateway, f"slack:{TEAM_ID}:C1:{event['ts']}")
+    gate.opened.set()
+    await gateway.idle()
+    assert not any(m.get("metadata") and m["thread_ts"] == event["ts"] for m in fake_slack.messages)

@@ -63,6 +63,7 @@ class SlackConfig:
     progress_delay_s: float = 0.0  # a turn shows its progress reaction once it has run this long
     streaming: bool = False  # answers stream into the thread while the model writes (SLACK_STREAMING)
     stream_delay_s: float = 0.3  # ...once it has written for this long (SLACK_STREAM_DELAY_S)
+    stop_offer_s: float = 10.0  # a turn working this long offers whoever asked a Stop button (0: never)
     suggested_prompts: tuple[tuple[str, str], ...] = ()  # (title, message): a new assistant pane chat offers them
 
 
@@ -106,7 +107,8 @@ class SlackChannel:
         self.app.action(re.compile(".*"))(self._on_unknown_action)  # registered last: anything not matched above
         self.app.error(self._on_error)
         self.renderer = SlackRenderer(self.client, self.port, approvals_ui, credentials_ui,
-                                      progress_delay_s=config.progress_delay_s, streams=streams)
+                                      progress_delay_s=config.progress_delay_s, streams=streams,
+                                      stop_offer_s=config.stop_offer_s)
         gateway.subscribe(self.renderer.render, channel=self.name)
 
     # -- lifecycle ------------------------------------------------------------------------------

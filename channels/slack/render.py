@@ -21,6 +21,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import error_code
 from channels.slack.approvals import SlackApprovals
+from channels.slack.blocks import stop_block
 from channels.slack.credentials import SlackCredentials
 from channels.slack.people import SlackPeople
 from channels.slack.port import SlackPort
@@ -41,6 +42,7 @@ from core.events import (
     TurnCancelled,
     TurnFailed,
     TurnFinished,
+    TurnStarted,
 )
 from core.model import MessageRef, TurnInfo
 
@@ -67,18 +69,21 @@ class _Progress:
     refresh: asyncio.TimerHandle | None = None
     refreshing: asyncio.Task[bool] | None = None  # a refresh on its way (the clearing waits for it)
     refreshes: int = 0
+    offer: asyncio.TimerHandle | None = None  # the Stop button offered to whoever asked, once due
 
 
 class SlackRenderer:
     def __init__(self, client: AsyncWebClient, port: SlackPort, approvals: SlackApprovals,
                  credentials: SlackCredentials, *, progress_delay_s: float = 0.0,
-                 streams: SlackStreams | None = None) -> None:
+                 streams: SlackStreams | None = None, stop_offer_s: float = 0.0) -> None:
         self.client = client
         self.port = port
         self.streams = streams  # the answer shown while it is written (None: only once it is delivered)
         self.approvals = approvals
         self.credentials = credentials
         self.progress_delay_s = progress_delay_s
+        self.stop_offer_s = stop_offer_s
+        self._offering: set[asyncio.Task[None]] = set()
         self.status = ThreadStatus(client)
         self.people = SlackPeople(client)
         # Which messages show the "queued" sign, and each running turn's progress sign (rendering
@@ -102,6 +107,8 @@ class SlackRenderer:
         elif isinstance(event, AnswerDelta):
             if self.streams is not None:
                 self.streams.add(event.session, event.turn.id, event.turn.sender, event.text, restart=event.restart)
+        elif isinstance(event, TurnStarted):
+            self._offer_stop_later(event.turn)
         elif isinstance(event, TurnFinished):
             await self._clear(event.turn)
         elif isinstance(event, TurnCancelled):
@@ -208,8 +215,40 @@ class SlackRenderer:
             return "is waiting for approval…"
         return f"is waiting for approval from {' or '.join(f'@{n}' for n in names)}…"
 
+    def _offer_stop_later(self, turn: TurnInfo) -> None:
+        """A turn still working after ``stop_offer_s`` offers whoever asked a Stop button, privately in the
+        thread (Slack lets no button ride on a status line or on a message while it streams)."""
+        ref = turn.session.reply_ref
+        if self.stop_offer_s <= 0 or not turn.sender or not ref.get("channel") or not ref.get("thread_ts"):
+            return
+        progress = self._progress.setdefault(turn.id, _Progress())
+
+        def offer() -> None:
+            progress.offer = None
+            if self._progress.get(turn.id) is not progress:
+                return  # ended meanwhile
+            task = asyncio.create_task(self._offer_stop(turn, str(ref["channel"]), str(ref["thread_ts"])))
+            self._offering.add(task)
+            task.add_done_callback(self._offering.discard)
+
+        progress.offer = asyncio.get_running_loop().call_later(self.stop_offer_s, offer)
+
+    async def _offer_stop(self, turn: TurnInfo, channel: str, thread_ts: str) -> None:
+        text = "I'm still working on this. If it's no longer needed, stop it here."
+        try:
+            await self.client.chat_postEphemeral(
+                channel=channel, user=str(turn.sender), thread_ts=thread_ts, text=text,
+                blocks=[{"type": "section", "text": {"type": "mrkdwn", "text": text}}, stop_block(turn.id)])
+        except SlackApiError as exc:
+            log.warning("could not offer a Stop button: %s", error_code(exc))
+        except (aiohttp.ClientError, TimeoutError, OSError, RuntimeError) as exc:  # RuntimeError: shutting down
+            log.warning("could not offer a Stop button: %s", type(exc).__name__)
+
     async def _clear(self, turn: TurnInfo) -> None:
         progress = self._progress.pop(turn.id, None)
+        if progress is not None and progress.offer is not None:
+            progress.offer.cancel()
+            progress.offer = None
         if progress is not None and progress.refresh is not None:
             progress.refresh.cancel()
             progress.refresh = None
