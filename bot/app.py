@@ -149,6 +149,9 @@ class Application:
             await channel.stop()
         shutdown = await self.dispatcher.stop(drain_s=self.settings.shutdown_drain_s)
         await self.deliveries.stop()
+        close = getattr(self.dispatcher.runner.provider, "aclose", None)  # a provider's HTTP session
+        if close is not None:
+            await close()
         kept = await self._still_parked() if recovered else 0
         await self._close_listener()
         await self.db.close()

@@ -47,7 +47,7 @@ async def endpoint() -> AsyncIterator[tuple[Endpoint, OpenAICompatibleProvider]]
     server = await RunningServer(app).start()
     provider = OpenAICompatibleProvider(base_url=f"{server.url}/v1", api_key="k", model="m", timeout_s=5)
     yield fake, provider
-    await provider.client.close()
+    await provider.aclose()
     await server.stop()
 
 

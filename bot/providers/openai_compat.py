@@ -4,85 +4,106 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import openai
-from openai import AsyncOpenAI, AsyncStream
-from openai.types.chat import ChatCompletion
 
 from bot.providers.openai_stream import StreamedCompletion
 from core.errors import ProviderError
 from core.providers import ChatMessage, Completion, CompletionRequest, TextStream, ToolCall
 from core.text import clean_text
 
-try:  # the transport under the client (httpx2 in openai 2.x and later, httpx before)
-    import httpx2 as _transport  # type: ignore[import-not-found, unused-ignore]
-except ImportError:  # pragma: no cover - an older openai
-    import httpx as _transport  # type: ignore[no-redef, unused-ignore]
-
-_BROKEN_OFF = (_transport.HTTPError, _transport.StreamError)  # raised while a streamed answer is read
 log = logging.getLogger(__name__)
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 
 class OpenAICompatibleProvider:
+    """Chat completions over the bot's own aiohttp session: the request body is built once here and the
+    answer read as plain JSON (the OpenAI SDK's request path cost about 1.4 ms of CPU a call, a quarter of a
+    mention's in the gateway's profile). The SDK's error classes are still what ``classify`` maps (``bot
+    doctor`` uses the SDK); the statuses map onto the same kinds here."""
+
     name = "openai"
 
     def __init__(self, *, base_url: str | None, api_key: str | None, model: str, timeout_s: float,
                  stream: bool = True) -> None:
         self.model = model
         self.streams = stream  # answers stream as they are written (LLM_STREAM)
-        # Retries are ours (classified, with Retry-After); the client must not retry on its own.
-        self.client = AsyncOpenAI(
-            base_url=base_url, api_key=api_key or "not-needed", timeout=timeout_s, max_retries=0
-        )
+        base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+        self.url = f"{base.rstrip('/')}/chat/completions"
+        self._headers = {"Authorization": f"Bearer {api_key or 'not-needed'}", "Content-Type": "application/json",
+                         "Accept": "application/json"}
+        # Like the SDK: the timeout is per phase (connect, each read), not for a whole streamed answer.
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_connect=timeout_s,
+                                              sock_read=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # trust_env: HTTPS_PROXY and friends, as the SDK honoured them. Retries are ours (classified).
+            self._session = aiohttp.ClientSession(timeout=self._timeout, trust_env=True,
+                                                  cookie_jar=aiohttp.DummyCookieJar())
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def complete(self, request: CompletionRequest, *, on_text: TextStream | None = None) -> Completion:
         return await self._complete(_body(self.model, request), on_text)
 
-    async def _complete(self, kwargs: dict[str, Any], on_text: TextStream | None) -> Completion:
-        if on_text is not None and self.streams:
-            return await self._streamed(kwargs, on_text)
+    async def _complete(self, body: dict[str, Any], on_text: TextStream | None) -> Completion:
+        streaming = on_text is not None and self.streams
+        payload = json.dumps(body | {"stream": True} if streaming else body)
         try:
-            # The request is built here already: posted as it is, without the SDK walking every message
-            # and tool schema through its parameter types first (most of a call's CPU with many tools).
-            response = await self.client.post("/chat/completions", body=kwargs, cast_to=ChatCompletion)
-        except openai.APIError as exc:
-            raise classify(exc) from exc
-        return _completion(response)
-
-
-    async def _streamed(self, kwargs: dict[str, Any], on_text: TextStream) -> Completion:
-        """The same call with ``stream``: text goes to ``on_text`` as it arrives, and the whole is the same
-        Completion as without (bot.providers.openai_stream). An endpoint that answers with one JSON body
-        anyway is read as such; one that refuses streaming is asked again without, and not again after."""
-        whole = StreamedCompletion()
-        try:
-            stream = await self.client.post("/chat/completions", body=kwargs | {"stream": True},
-                                            cast_to=ChatCompletion, stream=True,
-                                            # Plain JSON chunks: no model object built for each token.
-                                            stream_cls=AsyncStream[dict[str, Any]])
-            async with stream:
-                if "text/event-stream" not in stream.response.headers.get("content-type", ""):
-                    return _completion(ChatCompletion.model_validate(json.loads(await stream.response.aread())))
-                async for chunk in stream:
-                    text = whole.add(chunk)
-                    if text:
-                        on_text(text)
-        except openai.BadRequestError as exc:
-            if _param_of(exc) != "stream":
-                raise classify(exc) from exc
-            log.warning("the model endpoint refuses streaming (%s); answers are asked for whole from now on",
-                        _detail(exc))
-            self.streams = False
-            return await self._complete(kwargs, None)
-        except openai.APIError as exc:
-            raise classify(exc) from exc
-        except _BROKEN_OFF as exc:  # the connection broke mid-answer
+            async with self._http().post(self.url, data=payload.encode(), headers=self._headers) as response:
+                if response.status >= 400:
+                    error = _status_error(response.status, await response.text(), response.headers)
+                    if streaming and response.status == 400 and error.param == "stream":
+                        log.warning("the model endpoint refuses streaming (%s); answers are asked for whole from "
+                                    "now on", error.detail)
+                        self.streams = False
+                        return await self._complete(body, None)
+                    raise error.provider_error
+                if streaming and "text/event-stream" in response.headers.get("Content-Type", ""):
+                    assert on_text is not None
+                    return await _read_stream(response, on_text)
+                return _completion(json.loads(await response.read()))
+        except ProviderError:
+            raise
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, aiohttp.ClientResponseError) as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ServerTimeoutError | aiohttp.InvalidURL):
+                raise ProviderError("network", f"cannot reach the model endpoint: {exc}", retryable=True) from exc
             raise ProviderError("network", f"the model's answer broke off: {type(exc).__name__}",
                                 retryable=True) from exc
-        except (ValueError, TypeError) as exc:  # a JSON body that is not a completion
+        except TimeoutError as exc:
+            raise ProviderError("network", "cannot reach the model endpoint: timed out", retryable=True) from exc
+        except (ValueError, TypeError, AttributeError) as exc:  # a body that is not a completion
             raise ProviderError("model", f"unexpected response from the endpoint: {exc}", retryable=False) from exc
-        return Completion(content="".join(whole.text), tool_calls=whole.tool_calls())
+
+
+async def _read_stream(response: aiohttp.ClientResponse, on_text: TextStream) -> Completion:
+    """Server-sent chunks (``data: {...}`` lines, ``data: [DONE]`` at the end) put together as they come
+    (bot.providers.openai_stream); text goes to ``on_text`` as it arrives."""
+    whole = StreamedCompletion()
+    async for raw in response.content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue  # blank separators, comments (": ping"), event names
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        chunk = json.loads(data)
+        if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):  # an error sent mid-stream
+            raise _status_error(500, json.dumps(chunk), {}).provider_error
+        text = whole.add(chunk)
+        if text:
+            on_text(text)
+    return Completion(content="".join(whole.text), tool_calls=whole.tool_calls())
 
 
 def _body(model: str, request: CompletionRequest) -> dict[str, Any]:
@@ -92,26 +113,75 @@ def _body(model: str, request: CompletionRequest) -> dict[str, Any]:
     return body
 
 
-def _completion(response: ChatCompletion) -> Completion:
-    if not response.choices:
+def _completion(response: Any) -> Completion:
+    """A chat completion as JSON (a dict) put into core's terms."""
+    choices = response.get("choices") if isinstance(response, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise ProviderError("model", "the endpoint returned no choices", retryable=True)
-    message = response.choices[0].message
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise ProviderError("model", "unexpected response from the endpoint: a choice without a message",
+                            retryable=False)
     # Model output is stored and posted: its text is repaired (no NUL, no lone surrogate). The
     # arguments are left as written; a call whose arguments hold either is refused when parsed.
-    calls = tuple(
-        ToolCall(id=_cleaned(c.id), name=_cleaned(fn.name), arguments=fn.arguments or "{}")
-        for c in (message.tool_calls or [])
-        if (fn := getattr(c, "function", None)) is not None
-    )
-    return Completion(content=clean_text(message.content or ""), tool_calls=calls)
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            arguments = function.get("arguments")
+            calls.append(ToolCall(id=_cleaned(call.get("id")), name=_cleaned(function.get("name")),
+                                  arguments=arguments if isinstance(arguments, str) and arguments else "{}"))
+    content = message.get("content")
+    return Completion(content=clean_text(content if isinstance(content, str) else ""), tool_calls=tuple(calls))
 
 
-def _param_of(exc: openai.APIError) -> str | None:
-    """The request parameter an error names (OpenAI: ``{"error": {"param": "stream", ...}}``)."""
-    body = getattr(exc, "body", None)
+@dataclass(frozen=True)
+class _StatusError:
+    provider_error: ProviderError
+    detail: str
+    param: str | None
+
+
+def _status_error(status: int, text: str, headers: Any) -> _StatusError:
+    """An error answer (HTTP ``status``, its body ``text``) as core's error kind (SPEC §6), the same kinds
+    ``classify`` gives the SDK's exceptions."""
+    try:
+        body: Any = json.loads(text)
+    except ValueError:
+        body = None
     inner = body.get("error", body) if isinstance(body, dict) else None
-    param = inner.get("param") if isinstance(inner, dict) else None
-    return param if isinstance(param, str) else None
+    if isinstance(inner, dict) and inner.get("message"):
+        detail = str(inner["message"])[:300]
+    else:
+        detail = (json.dumps(body) if body is not None else text or f"HTTP {status}")[:300]
+    param = inner.get("param") if isinstance(inner, dict) and isinstance(inner.get("param"), str) else None
+    return _StatusError(_kind_of(status, detail, _seconds(headers.get("retry-after"))), detail, param)
+
+
+def _kind_of(status: int | None, detail: str, retry_after: float | None) -> ProviderError:
+    if status in (401, 403):
+        return ProviderError("auth", f"HTTP {status}: {detail}", retryable=False, status=status)
+    if status == 429:
+        return ProviderError("rate_limit", f"HTTP 429: {detail}", retryable=True, retry_after=retry_after,
+                             status=status)
+    if status == 400:
+        text = detail.lower()
+        if ("context" in text and ("length" in text or "window" in text)) or "too many tokens" in text:
+            return ProviderError("context_overflow", f"HTTP 400: {detail}", retryable=False, status=status)
+        return ProviderError("model", f"HTTP 400: {detail}", retryable=False, status=status)
+    if status == 404:
+        return ProviderError("model", f"HTTP 404 (unknown model or wrong LLM_BASE_URL?): {detail}",
+                             retryable=False, status=status)
+    if status is not None and status >= 500:
+        return ProviderError("model", f"HTTP {status}: {detail}", retryable=True, status=status)
+    return ProviderError("unknown", f"HTTP {status}: {detail}", retryable=False, status=status)
+
+
+def _seconds(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _cleaned(value: Any) -> Any:
@@ -146,29 +216,16 @@ def _message(m: ChatMessage) -> dict[str, Any]:
 
 
 def classify(exc: openai.APIError) -> ProviderError:
-    """Map the client's exceptions onto core's error kinds (SPEC §6)."""
+    """Map the OpenAI SDK's exceptions (``bot doctor`` asks through the SDK) onto core's error kinds (SPEC §6)."""
     if isinstance(exc, openai.APIConnectionError):  # includes timeouts
         return ProviderError("network", f"cannot reach the model endpoint: {exc}", retryable=True)
-    status = getattr(exc, "status_code", None)
-    detail = _detail(exc)
-    if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
-        return ProviderError("auth", f"HTTP {status}: {detail}", retryable=False, status=status)
-    if isinstance(exc, openai.RateLimitError):
-        return ProviderError("rate_limit", f"HTTP 429: {detail}", retryable=True,
-                             retry_after=_retry_after(exc), status=status)
-    if isinstance(exc, openai.BadRequestError):
-        text = detail.lower()
-        if ("context" in text and ("length" in text or "window" in text)) or "too many tokens" in text:
-            return ProviderError("context_overflow", f"HTTP 400: {detail}", retryable=False, status=status)
-        return ProviderError("model", f"HTTP 400: {detail}", retryable=False, status=status)
-    if isinstance(exc, openai.NotFoundError):
-        return ProviderError("model", f"HTTP 404 (unknown model or wrong LLM_BASE_URL?): {detail}",
-                             retryable=False, status=status)
-    if isinstance(exc, openai.InternalServerError) or (status is not None and status >= 500):
-        return ProviderError("model", f"HTTP {status}: {detail}", retryable=True, status=status)
     if isinstance(exc, openai.APIResponseValidationError):
-        return ProviderError("model", f"unexpected response from the endpoint: {detail}", retryable=False)
-    return ProviderError("unknown", f"{type(exc).__name__}: {detail}", retryable=False, status=status)
+        return ProviderError("model", f"unexpected response from the endpoint: {_detail(exc)}", retryable=False)
+    status = getattr(exc, "status_code", None)
+    retry_after = _retry_after(exc) if isinstance(exc, openai.APIStatusError) else None
+    if status is None and isinstance(exc, openai.InternalServerError):
+        status = 500
+    return _kind_of(status, _detail(exc), retry_after)
 
 
 def _detail(exc: openai.APIError) -> str:
