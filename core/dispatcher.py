@@ -38,6 +38,7 @@ from core.model import (
     Outcome,
     QueueMode,
 )
+from core.outcomes import OutcomeWaiters
 from core.runner import AgentRunner
 from core.store import (
     Accepted,
@@ -49,7 +50,7 @@ from core.store import (
     LeaseStore,
 )
 from core.text import clean_text
-from core.turns import OutcomeWaiters, Shutdown, TurnDrivers
+from core.turns import Shutdown, TurnDrivers
 
 log = logging.getLogger(__name__)
 

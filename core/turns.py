@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -33,13 +33,13 @@ from core.events import (
     TurnStarted,
 )
 from core.leasing import SessionLeases
-from core.model import Attachment, Outcome, QueueMode, SessionInfo, TurnInfo, TurnStatus
+from core.model import Attachment, QueueMode, SessionInfo, TurnInfo, TurnStatus
+from core.outcomes import OutcomeWaiters
 from core.parking import HOLD, Hold
 from core.ports import Ports
 from core.providers import ChatMessage
 from core.runner import AgentRunner
 from core.store import ConversationStore, InputStore, Taken
-from core.waiting import Waiters
 
 if TYPE_CHECKING:
     from core.clock import Clock
@@ -90,29 +90,6 @@ class Shutdown:
     drained: int  # turns that ended while shutting down
     set_aside: int  # turns parked on a person: their requests stay pending, the next start continues them
     interrupted: int  # turns still running when the drain window closed: continued at the next start
-
-
-class OutcomeWaiters:
-    """Callers waiting for an input's outcome (answered, failed, cancelled or refused), read from the
-    database: woken at once when this process records it, by a re-read every ``poll_s`` when another
-    process (a replica) does."""
-
-    def __init__(self, inputs: InputStore, poll_s: float) -> None:
-        self.inputs = inputs
-        self._waiters: Waiters[Outcome] = Waiters(poll_s)
-
-    async def wait(self, input_id: int) -> Outcome:
-        outcome = await self._waiters.wait(input_id, lambda: self.inputs.outcome(input_id))
-        assert outcome is not None  # no timeout: only a value ends the wait
-        return outcome
-
-    def wake(self, input_ids: Iterable[int]) -> None:
-        """Their outcomes were recorded (or may have been): their waiters read them now."""
-        for input_id in input_ids:
-            self._waiters.wake(input_id)
-
-    def any_for(self, input_ids: Iterable[int]) -> bool:
-        return any(self._waiters.waiting(i) for i in input_ids)
 
 
 class TurnDrivers:

@@ -296,13 +296,8 @@ async def test_a_late_redelivered_stop_event_does_not_stop_a_turn_that_started_a
 
 async def test_the_message_shortcut_stops_the_thread_it_is_used_in(
         gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
-    gates = [Gate(Reply("first")), Gate(Reply("second"))]
-    events = []
-    for gate in gates:
-        fake_llm.then(gate)
-        events.append(mention("work"))
-        await gateway.send_event(events[-1])
-        await asyncio.wait_for(gate.reached.wait(), 5)
+    held = [await _held_turn(gateway, fake_llm, "work", answer) for answer in ("first", "second")]
+    events, gates = [event for event, _ in held], [gate for _, gate in held]
     # Used on a reply inside the second thread: that thread stops, the first goes on.
     await gateway.interact(message_shortcut(STOP_SHORTCUT, message_ts=next_ts(), thread_ts=events[1]["ts"]))
     conversations = gateway.app.dispatcher.conversations
@@ -316,13 +311,8 @@ async def test_the_message_shortcut_stops_the_thread_it_is_used_in(
 
 async def test_bot_stop_stops_the_one_busy_thread_and_never_guesses_among_several(
         gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
-    gates = [Gate(Reply("first")), Gate(Reply("second"))]
-    events = []
-    for gate in gates:
-        fake_llm.then(gate)
-        events.append(mention("work"))
-        await gateway.send_event(events[-1])
-        await asyncio.wait_for(gate.reached.wait(), 5)
+    held = [await _held_turn(gateway, fake_llm, "work", answer) for answer in ("first", "second")]
+    events, gates = [event for event, _ in held], [gate for _, gate in held]
     reply = await _command(gateway, "stop")
     assert "won't guess" in reply
     conversations = gateway.app.dispatcher.conversations

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
+import aiohttp
 from prometheus_client import Counter
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -36,22 +39,44 @@ def error_code(exc: SlackApiError) -> str:
     return code
 
 
+# Transport failures of a Web API call (RuntimeError: the session closed while shutting down).
+TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError, RuntimeError)
+
+
+async def best_effort(client: AsyncWebClient, method: str, **params: Any) -> bool:
+    """A call whose failure only costs a nicety (a prompt, a title, a private word): logged, never raised."""
+    try:
+        await getattr(client, method)(**params)
+    except SlackApiError as exc:
+        log.warning("%s failed: %s", method, error_code(exc))
+        return False
+    except TRANSPORT_ERRORS as exc:
+        log.warning("%s failed: %s", method, type(exc).__name__)
+        return False
+    return True
+
+
+class Later:
+    """Calls made after the ack (Slack's API must never delay acknowledging), kept until they end."""
+
+    def __init__(self) -> None:
+        self._running: set[asyncio.Task[Any]] = set()
+
+    def run(self, call: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(call)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+
 class PrivateReplies:
-    """Answers a clicker privately, after the ack: Slack's API must never delay acknowledging."""
+    """Answers a clicker privately, after the ack."""
 
     def __init__(self, client: AsyncWebClient) -> None:
         self.client = client
-        self._sending: set[asyncio.Task[None]] = set()
+        self._later = Later()
 
     def tell(self, channel: str, user: str, text: str, *, thread_ts: str | None = None) -> None:
         """``text`` for ``user``'s eyes only, in ``channel`` (in the thread ``thread_ts``, when given)."""
         if channel and user:
-            task = asyncio.create_task(self._post(channel, user, text, thread_ts))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
-
-    async def _post(self, channel: str, user: str, text: str, thread_ts: str | None) -> None:
-        try:
-            await self.client.chat_postEphemeral(channel=channel, user=user, text=text, thread_ts=thread_ts)
-        except SlackApiError as exc:
-            log.warning("could not tell %s: %s", user, error_code(exc))
+            self._later.run(best_effort(self.client, "chat_postEphemeral", channel=channel, user=user, text=text,
+                                        thread_ts=thread_ts))

@@ -9,16 +9,13 @@ message metadata (more Web API calls per message), where here the database keeps
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
-import aiohttp
 from slack_bolt.async_app import AsyncApp
-from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.slack.api import error_code
+from channels.slack.api import Later, best_effort
 from channels.slack.payloads import is_id, is_ts, team_id, thread_session
 from core.errors import InvalidInput
 from core.gateway import Gateway
@@ -37,7 +34,7 @@ class SlackAssistant:
         self.gateway = gateway
         self.channel = channel  # the channel's name in core ("slack")
         self.prompts = prompts
-        self._calls: set[asyncio.Task[None]] = set()
+        self._later = Later()
         # Chats opened since this process started that have no title yet: the first question names them
         # (a title is cosmetic: one opened before a restart keeps Slack's default).
         self._untitled: dict[tuple[str, str], None] = {}
@@ -53,7 +50,7 @@ class SlackAssistant:
         if len(self._untitled) > 10_000:
             del self._untitled[next(iter(self._untitled))]
         if self.prompts:  # after the ack: Slack's API never delays it
-            self._later(self._suggest(thread["channel_id"], thread["thread_ts"]))
+            self._later.run(self._suggest(thread["channel_id"], thread["thread_ts"]))
 
     def asked(self, channel: str, thread_ts: str, text: str) -> None:
         """A person's message in a chat: the first one in a chat opened here becomes its title."""
@@ -61,7 +58,8 @@ class SlackAssistant:
             return
         del self._untitled[(channel, thread_ts)]
         title = " ".join(text.split())[:TITLE_MAX] or "New chat"
-        self._later(self._call("assistant_threads_setTitle", channel_id=channel, thread_ts=thread_ts, title=title))
+        self._later.run(best_effort(self.client, "assistant_threads_setTitle", channel_id=channel, thread_ts=thread_ts,
+                                    title=title))
 
     async def _on_context_changed(self, body: dict[str, Any], event: dict[str, Any]) -> None:
         thread = _thread(body, event)
@@ -92,22 +90,8 @@ class SlackAssistant:
 
     async def _suggest(self, channel: str, thread_ts: str) -> None:
         prompts = [{"title": title, "message": message} for title, message in self.prompts]
-        await self._call("assistant_threads_setSuggestedPrompts", channel_id=channel, thread_ts=thread_ts,
-                         prompts=prompts, title=PROMPTS_TITLE)
-
-    async def _call(self, method: str, **params: Any) -> None:
-        """A best-effort call (prompts, titles are cosmetic): a failure is logged."""
-        try:
-            await getattr(self.client, method)(**params)
-        except SlackApiError as exc:
-            log.warning("%s failed: %s", method, error_code(exc))
-        except (aiohttp.ClientError, TimeoutError, OSError, RuntimeError) as exc:  # RuntimeError: shutting down
-            log.warning("%s failed: %s", method, type(exc).__name__)
-
-    def _later(self, call: Any) -> None:
-        task = asyncio.create_task(call)
-        self._calls.add(task)
-        task.add_done_callback(self._calls.discard)
+        await best_effort(self.client, "assistant_threads_setSuggestedPrompts", channel_id=channel,
+                          thread_ts=thread_ts, prompts=prompts, title=PROMPTS_TITLE)
 
 
 def _thread(body: dict[str, Any], event: dict[str, Any]) -> dict[str, Any] | None:
