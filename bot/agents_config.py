@@ -22,7 +22,7 @@ def load_agents(path: Path, *, default_instructions: str | None) -> list[Agent]:
         return [Agent(instructions=default_instructions or DEFAULT_INSTRUCTIONS)]
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"{path}: {exc}") from None
     unknown = set(data) - KNOWN_TABLES
     if unknown:  # a misspelt table (``[[agent]]``) must not quietly drop an agent's limits

@@ -25,7 +25,7 @@ def load_suggested_prompts(path: Path) -> tuple[tuple[str, str], ...]:
         return DEFAULT_PROMPTS
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"{path}: {exc}") from None
     table = data.get("slack", {})
     if not isinstance(table, dict):

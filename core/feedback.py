@@ -17,6 +17,7 @@ from core.store.conversations import ConversationStore
 from core.store.feedback import FeedbackEntry, FeedbackStore
 
 VERDICTS = {"positive": True, "negative": False}
+MAX_ID = 2**31 - 1  # the largest id the tables hold (INTEGER on PostgreSQL)
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class FeedbackBook:
         answered anywhere else is NotFound, as is an unknown or unanswered one."""
         if posted_in is None and session_id is None:
             raise InvalidInput("feedback must say where it was given")
-        if type(turn_id) is not int or turn_id <= 0:
+        if type(turn_id) is not int or not 0 < turn_id <= MAX_ID:
             raise InvalidInput("the answer's id is not a number")
         if not isinstance(verdict, str) or verdict not in VERDICTS:
             raise InvalidInput("feedback must be positive or negative")

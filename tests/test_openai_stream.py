@@ -4,6 +4,7 @@ an endpoint that refuses streaming asked again without it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,6 +30,8 @@ class Endpoint:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.bodies.append(await request.json())
         step = self.script.pop(0)
+        if callable(step):
+            return await step(request)
         if isinstance(step, tuple):
             return web.json_response(step[1], status=step[0])
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -138,3 +141,54 @@ async def test_another_bad_request_is_still_a_model_error(endpoint: Any) -> None
     with pytest.raises(ProviderError) as failure:
         await provider.complete(REQUEST, on_text=Texts())
     assert failure.value.kind == "model" and not failure.value.retryable
+
+
+async def _raw(status: int, body: bytes, headers: dict[str, str] | None = None) -> Any:
+    async def answer(_request: web.Request) -> web.Response:
+        return web.Response(status=status, body=body, headers=headers or {"Content-Type": "application/json"})
+    return answer
+
+
+@pytest.mark.parametrize(("status", "body", "headers", "kind", "retryable"), [
+    (307, b"", {"Location": "http://127.0.0.1:9/elsewhere"}, "unknown", False),  # no redirect is followed
+    (200, b"<html>sign in</html>", {"Content-Type": "text/html"}, "model", False),
+    (200, b"[" * 100_000 + b"]" * 100_000, None, "model", False),  # too deep to parse
+    (503, b"\xff\xfe not utf-8", {"Content-Type": "text/plain"}, "model", True),
+    (429, b"{}", {"Retry-After": "nan"}, "rate_limit", True),
+])
+async def test_a_broken_or_hostile_endpoint_is_classified_not_crashed(
+        endpoint: Any, status: int, body: bytes, headers: dict[str, str] | None, kind: str, retryable: bool) -> None:
+    fake, provider = endpoint
+    fake.script.append(await _raw(status, body, headers))
+    with pytest.raises(ProviderError) as failure:
+        await provider.complete(REQUEST)
+    assert (failure.value.kind, failure.value.retryable) == (kind, retryable)
+    assert failure.value.retry_after is None  # "nan" is no delay
+
+
+async def test_an_answer_larger_than_the_limit_is_refused_not_kept(endpoint: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from bot.providers import openai_compat
+
+    monkeypatch.setattr(openai_compat, "MAX_BODY_BYTES", 1_000)
+    fake, provider = endpoint
+    fake.script.append(await _raw(200, b'{"choices": [{"message": {"content": "' + b"x" * 5_000 + b'"}}]}'))
+    fake.script.append([_chunk({"content": "y" * 600}), _chunk({"content": "y" * 600}, "stop")])
+    with pytest.raises(ProviderError, match="over 0 MB"):
+        await provider.complete(REQUEST)
+    with pytest.raises(ProviderError, match="over 0 MB"):
+        await provider.complete(REQUEST, on_text=lambda _text: None)
+
+
+async def test_an_endpoint_that_never_answers_times_out_as_a_network_error(endpoint: Any) -> None:
+    fake, provider = endpoint
+
+    async def silent(_request: web.Request) -> web.Response:
+        await asyncio.sleep(2)  # far past the deadline below
+        return web.Response()
+
+    fake.script.append(silent)
+    provider._timeout_s = 0.2  # the deadline for sending and the answer's head (LLM_TIMEOUT_S)
+    with pytest.raises(ProviderError) as failure:
+        await provider.complete(REQUEST)
+    assert (failure.value.kind, failure.value.retryable) == ("network", True)

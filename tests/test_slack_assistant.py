@@ -95,6 +95,16 @@ async def test_no_view_is_recorded_where_the_operator_turned_thread_context_off(
     assert "looking at" not in fake_llm.requests[0]["messages"][-1]["content"]
 
 
+def test_a_config_file_that_is_not_utf8_is_refused_with_where(tmp_path: Path) -> None:
+    from bot.agents_config import load_agents
+
+    config = tmp_path / "bot.toml"
+    config.write_bytes(b"[slack]\nsuggested_prompts = []\n# \xff\xfe\n")
+    for load in (load_suggested_prompts, lambda path: load_agents(path, default_instructions=None)):
+        with pytest.raises(SettingsError, match=r"bot\.toml"):
+            load(config)
+
+
 def test_a_misspelt_table_is_refused_not_ignored(tmp_path: Path) -> None:
     from bot.agents_config import load_agents
 

@@ -207,6 +207,15 @@ async def test_model_failures_end_with_a_message_naming_the_problem(
     assert len(fake_slack.of("reactions.remove")) == 1
 
 
+async def test_an_endpoint_error_cannot_ping_the_channel(gateway: GatewayClient, fake_slack: FakeSlack,
+                                                         fake_llm: FakeLLM) -> None:
+    fake_llm.then(HttpError(401, "bad key <!channel> see <https://evil.example|here>"))
+    await gateway.send_event(mention("hi"))
+    [post] = await fake_slack.wait_for("chat.postMessage")
+    assert "<!channel>" not in post.params["text"] and "&lt;!channel&gt;" in post.params["text"]
+    await gateway.idle()
+
+
 async def test_unreachable_model_endpoint_is_reported(
     make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, unused_port: int
 ) -> None:

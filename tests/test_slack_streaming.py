@@ -29,6 +29,16 @@ async def streaming(make_settings: Any, start_gateway: Any) -> GatewayClient:
     return client
 
 
+async def _writing(streaming: GatewayClient, fake_llm: FakeLLM, text: str, rest: str) -> tuple[dict[str, Any], Reply]:
+    """A mention whose answer (INTRO, then ``rest``) has its first piece written and waits for the rest."""
+    reply = Reply(text=INTRO + rest, pieces=[INTRO, rest], hold_after=1)
+    fake_llm.then(reply)
+    event = mention(text)
+    await streaming.send_event(event)
+    await asyncio.wait_for(reply.held.wait(), 5)
+    return event, reply
+
+
 def _answer_calls(slack: FakeSlack) -> list[tuple[str, dict[str, Any]]]:
     return [(c.method, c.params) for c in slack.calls if c.method in STREAM_METHODS]
 
@@ -102,11 +112,7 @@ async def test_a_secret_split_across_pieces_never_leaves(streaming: GatewayClien
 async def test_a_workspace_that_refuses_streaming_gets_one_message_updated(
         streaming: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
     fake_slack.fail_next("chat.startStream", Failure(error="not_allowed_token_type"))
-    reply = Reply(text=INTRO + "then the rest", pieces=[INTRO, "then the rest"], hold_after=1)
-    fake_llm.then(reply)
-    event = mention("hello")
-    await streaming.send_event(event)
-    await asyncio.wait_for(reply.held.wait(), 5)
+    event, reply = await _writing(streaming, fake_llm, "hello", "then the rest")
     placeholder = await fake_slack.wait_for("chat.postMessage")
     assert INTRO.startswith(placeholder[0].params["text"]) and not placeholder[0].params.get("metadata")
     reply.resume.set()
@@ -246,11 +252,7 @@ async def test_an_append_that_failed_leaves_the_end_to_replace_the_whole_text(
 async def test_a_stream_slack_ended_on_its_own_is_replaced_not_given_up(
         streaming: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
     fake_slack.fail_next("chat.stopStream", Failure(error="message_not_in_streaming_state"))
-    reply = Reply(text=INTRO + "the end.", pieces=[INTRO, "the end."], hold_after=1)
-    fake_llm.then(reply)
-    event = mention("slack ended it")
-    await streaming.send_event(event)
-    await asyncio.wait_for(reply.held.wait(), 5)
+    event, reply = await _writing(streaming, fake_llm, "slack ended it", "the end.")
     await fake_slack.wait_for("chat.startStream")
     reply.resume.set()
     await fake_slack.wait_for("chat.update")
@@ -265,11 +267,7 @@ async def test_a_stream_too_old_to_be_found_again_is_deleted_and_the_answer_post
     from channels.slack import streams
 
     monkeypatch.setattr(streams, "STALE_S", 0.0)  # as if the model had been writing for minutes
-    reply = Reply(text=INTRO + "the end.", pieces=[INTRO, "the end."], hold_after=1)
-    fake_llm.then(reply)
-    event = mention("an old stream")
-    await streaming.send_event(event)
-    await asyncio.wait_for(reply.held.wait(), 5)
+    event, reply = await _writing(streaming, fake_llm, "an old stream", "the end.")
     await fake_slack.wait_for("chat.startStream")
     reply.resume.set()
     posts = await fake_slack.wait_for("chat.postMessage")
@@ -297,11 +295,7 @@ async def test_model_text_cannot_mention_the_channel(streaming: GatewayClient, f
 
 async def test_a_stopped_turn_says_so_on_its_stream(streaming: GatewayClient, fake_slack: FakeSlack,
                                                     fake_llm: FakeLLM) -> None:
-    reply = Reply(text=INTRO + "never written", pieces=[INTRO, "never written"], hold_after=1)
-    fake_llm.then(reply)
-    event = mention("stop me")
-    await streaming.send_event(event)
-    await asyncio.wait_for(reply.held.wait(), 5)
+    _event, reply = await _writing(streaming, fake_llm, "stop me", "never written")
     await fake_slack.wait_for("chat.startStream")
     resp = await streaming.interact(command_body("stop"))  # the channel's running turn
     assert resp.status == 200
@@ -309,3 +303,19 @@ async def test_a_stopped_turn_says_so_on_its_stream(streaming: GatewayClient, fa
     reply.resume.set()
     await streaming.idle()
     assert "(stopped)" in stops[0].params["markdown_text"] and not stops[0].params.get("metadata")
+
+
+async def test_a_mention_split_across_two_appends_never_forms(streaming: GatewayClient, fake_slack: FakeSlack,
+                                                              fake_llm: FakeLLM) -> None:
+    pieces = [INTRO + "tell <", "!channel> and <", "https://evil.example|x>"]  # each piece ends in "<"
+    reply = Reply(text="".join(pieces), pieces=pieces, hold_after=1)
+    fake_llm.then(reply)
+    await streaming.send_event(mention("split it"))
+    await asyncio.wait_for(reply.held.wait(), 5)
+    await fake_slack.wait_for("chat.startStream")
+    reply.resume.set()
+    await fake_slack.wait_for("chat.stopStream")
+    await streaming.idle()
+    sent = "".join(str(c.params.get("markdown_text") or "") for c in fake_slack.calls
+                   if c.method in ("chat.startStream", "chat.appendStream", "chat.stopStream"))
+    assert "<!channel>" not in sent and "<https:" not in sent

@@ -110,6 +110,8 @@ async def test_feedback_on_an_answer_is_recorded_for_this_conversation_only(gate
     assert (await _post(gateway, elsewhere, {"turn": turn, "verdict": "positive"}))[0] == 404
     assert (await _post(gateway, f"/api/conversations/{CID}/feedback", {"turn": turn, "verdict": "meh"}))[0] == 400
     assert (await _post(gateway, f"/api/conversations/{CID}/feedback", {"turn": "1", "verdict": "positive"}))[0] == 400
+    too_big = {"turn": 10**30, "verdict": "positive"}  # past any id the tables hold: refused, not a 500
+    assert (await _post(gateway, f"/api/conversations/{CID}/feedback", too_big))[0] == 400
     status, body = await _post(gateway, f"/api/conversations/{CID}/feedback", {"turn": turn, "verdict": "negative"})
     assert status == 200 and body["positive"] is False and "Thanks for the feedback" in body["text"]
     [entry] = await gateway.app.gateway.recent_feedback()

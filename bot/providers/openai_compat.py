@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +20,7 @@ from core.text import clean_text
 
 log = logging.getLogger(__name__)
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+MAX_BODY_BYTES = 32_000_000  # a model's answer larger than this is refused, not kept in memory
 
 
 class OpenAICompatibleProvider:
@@ -34,8 +37,10 @@ class OpenAICompatibleProvider:
         self.streams = stream  # answers stream as they are written (LLM_STREAM)
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         self.url = f"{base.rstrip('/')}/chat/completions"
+        # identity: the size limit counts what arrives (nothing is inflated past it).
         self._headers = {"Authorization": f"Bearer {api_key or 'not-needed'}", "Content-Type": "application/json",
-                         "Accept": "application/json"}
+                         "Accept": "application/json", "Accept-Encoding": "identity"}
+        self._timeout_s = timeout_s
         # Like the SDK: the timeout is per phase (connect, each read), not for a whole streamed answer.
         self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_connect=timeout_s,
                                               sock_read=timeout_s)
@@ -60,9 +65,15 @@ class OpenAICompatibleProvider:
         streaming = on_text is not None and self.streams
         payload = json.dumps(body | {"stream": True} if streaming else body)
         try:
-            async with self._http().post(self.url, data=payload.encode(), headers=self._headers) as response:
-                if response.status >= 400:
-                    error = _status_error(response.status, await response.text(), response.headers)
+            # Sending the request and getting the answer's head: one deadline (a peer that never reads a
+            # large body would otherwise hold the turn for ever); then each read has its own.
+            async with asyncio.timeout(self._timeout_s):
+                response = await self._http().post(self.url, data=payload.encode(), headers=self._headers,
+                                                   allow_redirects=False)
+            async with response:
+                if response.status >= 300:
+                    error = _status_error(response.status, (await _body_of(response)).decode("utf-8", "replace"),
+                                          response.headers)
                     if streaming and response.status == 400 and error.param == "stream":
                         log.warning("the model endpoint refuses streaming (%s); answers are asked for whole from "
                                     "now on", error.detail)
@@ -72,25 +83,42 @@ class OpenAICompatibleProvider:
                 if streaming and "text/event-stream" in response.headers.get("Content-Type", ""):
                     assert on_text is not None
                     return await _read_stream(response, on_text)
-                return _completion(json.loads(await response.read()))
+                return _completion(json.loads(await _body_of(response)))
         except ProviderError:
             raise
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, aiohttp.ClientResponseError) as exc:
-            if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ServerTimeoutError | aiohttp.InvalidURL):
-                raise ProviderError("network", f"cannot reach the model endpoint: {exc}", retryable=True) from exc
+        except (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError, TimeoutError) as exc:
+            raise ProviderError("network", f"cannot reach the model endpoint: {type(exc).__name__}",
+                                retryable=True) from exc
+        except aiohttp.ClientError as exc:
             raise ProviderError("network", f"the model's answer broke off: {type(exc).__name__}",
                                 retryable=True) from exc
-        except TimeoutError as exc:
-            raise ProviderError("network", "cannot reach the model endpoint: timed out", retryable=True) from exc
-        except (ValueError, TypeError, AttributeError) as exc:  # a body that is not a completion
-            raise ProviderError("model", f"unexpected response from the endpoint: {exc}", retryable=False) from exc
+        except Exception as exc:  # a body that is not a completion (not JSON, too deep, a line too long…)
+            # Only the type: the text may quote model output, which is never logged unredacted.
+            raise ProviderError("model", f"unexpected response from the endpoint ({type(exc).__name__})",
+                                retryable=False) from None
+
+
+async def _body_of(response: aiohttp.ClientResponse) -> bytes:
+    """A whole (non-streamed) body, read up to ``MAX_BODY_BYTES``."""
+    body = bytearray()
+    async for piece in response.content.iter_chunked(65_536):
+        body += piece
+        if len(body) > MAX_BODY_BYTES:
+            raise ProviderError("model", f"the endpoint's answer is over {MAX_BODY_BYTES // 1_000_000} MB",
+                                retryable=False)
+    return bytes(body)
 
 
 async def _read_stream(response: aiohttp.ClientResponse, on_text: TextStream) -> Completion:
     """Server-sent chunks (``data: {...}`` lines, ``data: [DONE]`` at the end) put together as they come
     (bot.providers.openai_stream); text goes to ``on_text`` as it arrives."""
     whole = StreamedCompletion()
+    received = 0
     async for raw in response.content:
+        received += len(raw)
+        if received > MAX_BODY_BYTES:
+            raise ProviderError("model", f"the endpoint's answer is over {MAX_BODY_BYTES // 1_000_000} MB",
+                                retryable=False)
         line = raw.strip()
         if not line.startswith(b"data:"):
             continue  # blank separators, comments (": ping"), event names
@@ -150,12 +178,17 @@ def _status_error(status: int, text: str, headers: Any) -> _StatusError:
     except ValueError:
         body = None
     inner = body.get("error", body) if isinstance(body, dict) else None
-    if isinstance(inner, dict) and inner.get("message"):
-        detail = str(inner["message"])[:300]
-    else:
-        detail = (json.dumps(body) if body is not None else text or f"HTTP {status}")[:300]
+    detail = _detail_of(body, text or f"HTTP {status}")
     param = inner.get("param") if isinstance(inner, dict) and isinstance(inner.get("param"), str) else None
     return _StatusError(_kind_of(status, detail, _seconds(headers.get("retry-after"))), detail, param)
+
+
+def _detail_of(body: Any, fallback: str) -> str:
+    """What an error body says (OpenAI: ``{"error": {"message": …}}``), short; ``fallback`` without a body."""
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    if isinstance(inner, dict) and inner.get("message"):
+        return str(inner["message"])[:300]
+    return (json.dumps(body) if body is not None else fallback)[:300]
 
 
 def _kind_of(status: int | None, detail: str, retry_after: float | None) -> ProviderError:
@@ -178,10 +211,12 @@ def _kind_of(status: int | None, detail: str, retry_after: float | None) -> Prov
 
 
 def _seconds(value: Any) -> float | None:
+    """A Retry-After in seconds, if it is one (finite, not negative; not an HTTP date, "inf" or "nan")."""
     try:
-        return float(value) if value is not None else None
+        seconds = float(value) if value is not None else None
     except ValueError:
         return None
+    return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 else None
 
 
 def _cleaned(value: Any) -> Any:
@@ -222,7 +257,7 @@ def classify(exc: openai.APIError) -> ProviderError:
     if isinstance(exc, openai.APIResponseValidationError):
         return ProviderError("model", f"unexpected response from the endpoint: {_detail(exc)}", retryable=False)
     status = getattr(exc, "status_code", None)
-    retry_after = _retry_after(exc) if isinstance(exc, openai.APIStatusError) else None
+    retry_after = _seconds(exc.response.headers.get("retry-after")) if isinstance(exc, openai.APIStatusError) else None
     if status is None and isinstance(exc, openai.InternalServerError):
         status = 500
     return _kind_of(status, _detail(exc), retry_after)
@@ -230,19 +265,4 @@ def classify(exc: openai.APIError) -> ProviderError:
 
 def _detail(exc: openai.APIError) -> str:
     body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])[:300]
-        return json.dumps(body)[:300]
-    return str(exc.message)[:300]
-
-
-def _retry_after(exc: openai.APIStatusError) -> float | None:
-    value = exc.response.headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
+    return _detail_of(body if isinstance(body, dict) else None, str(exc.message))

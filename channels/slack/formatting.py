@@ -11,8 +11,10 @@ _LINK = re.compile(r"\[([^\]\n]+)\]\((https?://[^)\s]+)\)")
 _BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*")
 _STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
 _HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$")
-# A ``<`` that Slack could read as the start of a mention, a channel or a link.
+# A ``<`` that Slack could read as the start of a mention, a channel or a link; in a piece of a streamed
+# answer, also one at its end that the next piece could finish (``<`` | ``!channel>``).
 _TOKEN_START = re.compile(r"<(?=\s*[!@#]|\s*[A-Za-z][A-Za-z0-9+.-]*:)")
+_PIECE_TOKEN_START = re.compile(r"<(?=\s*[!@#]|\s*[A-Za-z][A-Za-z0-9+.-]*(?::|$)|\s*$)")
 
 
 def to_mrkdwn(text: str) -> str:
@@ -81,12 +83,12 @@ def _cut_point(text: str, limit: int) -> int:
     return limit
 
 
-def defused(text: str) -> str:
+def defused(text: str, *, piece: bool = False) -> str:
     """Model text as Markdown for Slack (a ``markdown`` block, a stream's ``markdown_text``), with no ``<``
     left to open a mention or a link (``<!channel>``, ``<@U…>``, ``<#C…>``, ``<https://…|…>``): a zero-width
     space follows each such ``<``. Any other ``<`` (``a<b``, ``cat <<EOF``) stays as written, so code copied
-    from an answer works."""
-    return _TOKEN_START.sub("<\u200b", text)
+    from an answer works. ``piece``: more text will follow it (a stream's start or append)."""
+    return (_PIECE_TOKEN_START if piece else _TOKEN_START).sub("<\u200b", text)
 
 
 def escape(text: str) -> str:

@@ -19,10 +19,11 @@ import aiohttp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.slack.api import error_code
+from channels.slack.api import Later, best_effort, error_code
 from channels.slack.approvals import SlackApprovals
 from channels.slack.blocks import stop_block
 from channels.slack.credentials import SlackCredentials
+from channels.slack.formatting import escape
 from channels.slack.people import SlackPeople
 from channels.slack.port import SlackPort
 from channels.slack.status import THINKING, ThreadStatus
@@ -83,7 +84,7 @@ class SlackRenderer:
         self.credentials = credentials
         self.progress_delay_s = progress_delay_s
         self.stop_offer_s = stop_offer_s
-        self._offering: set[asyncio.Task[None]] = set()
+        self._later = Later()
         self.status = ThreadStatus(client)
         self.people = SlackPeople(client)
         # Which messages show the "queued" sign, and each running turn's progress sign (rendering
@@ -116,7 +117,7 @@ class SlackRenderer:
             await self._clear(event.turn)
         elif isinstance(event, TurnFailed):
             await self._end_stream(event.turn, "(stopped: see below)")
-            await self.port.post(channel, thread_ts, f":warning: {event.message}")
+            await self.port.post(channel, thread_ts, f":warning: {escape(event.message)}")  # it may quote an endpoint
             await self._clear(event.turn)
         elif isinstance(event, Notice):
             await self.port.post_notice(event.session, event.text)
@@ -227,22 +228,15 @@ class SlackRenderer:
             progress.offer = None
             if self._progress.get(turn.id) is not progress:
                 return  # ended meanwhile
-            task = asyncio.create_task(self._offer_stop(turn, str(ref["channel"]), str(ref["thread_ts"])))
-            self._offering.add(task)
-            task.add_done_callback(self._offering.discard)
+            self._later.run(self._offer_stop(turn, str(ref["channel"]), str(ref["thread_ts"])))
 
         progress.offer = asyncio.get_running_loop().call_later(self.stop_offer_s, offer)
 
     async def _offer_stop(self, turn: TurnInfo, channel: str, thread_ts: str) -> None:
         text = "I'm still working on this. If it's no longer needed, stop it here."
-        try:
-            await self.client.chat_postEphemeral(
-                channel=channel, user=str(turn.sender), thread_ts=thread_ts, text=text,
-                blocks=[{"type": "section", "text": {"type": "mrkdwn", "text": text}}, stop_block(turn.id)])
-        except SlackApiError as exc:
-            log.warning("could not offer a Stop button: %s", error_code(exc))
-        except (aiohttp.ClientError, TimeoutError, OSError, RuntimeError) as exc:  # RuntimeError: shutting down
-            log.warning("could not offer a Stop button: %s", type(exc).__name__)
+        await best_effort(self.client, "chat_postEphemeral", channel=channel, user=str(turn.sender),
+                          thread_ts=thread_ts, text=text,
+                          blocks=[{"type": "section", "text": {"type": "mrkdwn", "text": text}}, stop_block(turn.id)])
 
     async def _clear(self, turn: TurnInfo) -> None:
         progress = self._progress.pop(turn.id, None)

@@ -111,7 +111,8 @@ class SlackStreams:
                                                           sender)
         if restart and (stream.shown or stream.pending):
             text = "\n\n" + text.lstrip("\n")
-        stream.pending += text
+        # Only the first part shows while it is written: what goes past it waits for the end, not in memory.
+        stream.pending = (stream.pending + text)[:max(STREAM_LIMIT - len(stream.shown), 0) + 1]
         if stream.pump is None and stream.mode in ("new", "stream", "update") and not stream.stalled \
                 and len(stream.shown) < STREAM_LIMIT:
             stream.pump = asyncio.create_task(self._pump(stream), name=f"stream:{turn_id}")
@@ -149,7 +150,7 @@ class SlackStreams:
         first, stream.pending = _fit(stream, stream.pending)
         try:
             response = await self.client.chat_startStream(channel=stream.channel, thread_ts=stream.thread_ts,
-                                                         markdown_text=defused(first),
+                                                         markdown_text=defused(first, piece=True),
                                                          recipient_team_id=stream.team, recipient_user_id=stream.user)
             stream.mode = "stream"
         except SlackApiError as exc:
@@ -174,7 +175,8 @@ class SlackStreams:
         assert stream.ts is not None
         try:
             if stream.mode == "stream":
-                await self.client.chat_appendStream(channel=stream.channel, ts=stream.ts, markdown_text=defused(more))
+                await self.client.chat_appendStream(channel=stream.channel, ts=stream.ts,
+                                                    markdown_text=defused(more, piece=True))
             else:
                 await self.client.chat_update(channel=stream.channel, ts=stream.ts, text=to_mrkdwn(stream.shown + more),
                                               blocks=_working(stream, stream.shown + more))
