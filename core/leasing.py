@@ -14,9 +14,14 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from core.clock import Clock
 from core.store import LeaseStore
+from core.store.leases import LeaseClaim
+
+if TYPE_CHECKING:
+    from sqlmodel import Session
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +62,12 @@ class SessionLeases:
         live = await self.store.live_holders([lease_name(s) for s in sessions], self.clock.now())
         return [s for s in sessions if lease_name(s) not in live]
 
-    async def take(self, session_id: str) -> bool:
+    def taker(self, session_id: str) -> Callable[[Session], bool]:
+        """Takes the session's lease inside the transaction that starts its turn (``InputStore.take_batch``)."""
         assert self.store is not None
-        return await self.store.acquire(lease_name(session_id), self.holder, timedelta(seconds=self.ttl_s),
-                                        self.clock.now())
+        store, claim = self.store, LeaseClaim(lease_name(session_id), self.holder, timedelta(seconds=self.ttl_s))
+        now = self.clock.now()  # read here, on the loop: the transaction may run on the database's thread
+        return lambda s: store.acquire_in(s, claim, now)
 
     async def release(self, session_id: str) -> None:
         assert self.store is not None
@@ -78,6 +85,9 @@ class SessionLeases:
                 on_lost()
                 return
 
+    def hold(self, session_id: str, on_lost: Callable[[], None]) -> LeaseHold:
+        return LeaseHold(self, session_id, on_lost)
+
     def start_sweeper(self, recover: Callable[[], Awaitable[None]]) -> None:
         """Every ``ttl_s``, run ``recover`` (the turns of replicas whose leases ran out)."""
         self._sweeper = asyncio.create_task(self._sweep(recover), name="turns:sweep")
@@ -93,3 +103,77 @@ class SessionLeases:
                 await recover()
             except Exception:
                 log.exception("recovering abandoned turns failed")
+
+
+class LeaseHold:
+    """One turn driver's hold on its session's lease. Taken in the transaction that starts a turn
+    (``taker``), given back in the one that ends it when nothing waits (``releaser``): a turn costs the
+    lease no transaction of its own. Without leases (one process) it is never held and does nothing."""
+
+    def __init__(self, leases: SessionLeases, session_id: str, on_lost: Callable[[], None]) -> None:
+        self._leases = leases
+        self._session_id = session_id
+        self._on_lost = on_lost
+        self._heartbeat: asyncio.Task[None] | None = None
+        self.held = False
+        self._given_back: bool | None = None  # what the last turn's end did, once it committed
+        self._pending: list[bool] | None = None  # what the running turn's end did, until it commits
+
+    def taker(self) -> Callable[[Session], bool] | None:
+        """For the transaction that starts the next turn: None when held already (or no leases)."""
+        return self._leases.taker(self._session_id) if self._leases.enabled and not self.held else None
+
+    def took(self) -> None:
+        self.held = True
+        self._given_back = None
+        self._heartbeat = asyncio.create_task(self._leases.heartbeat(self._session_id, self._on_lost))
+
+    def releaser(self) -> Callable[[Session], None] | None:
+        """For the transaction that ends the turn: gives the lease back unless a message waits. What it did
+        counts only once that transaction committed (``ended``)."""
+        store = self._leases.store
+        if not self.held or store is None:
+            return None
+        name, holder = lease_name(self._session_id), self._leases.holder
+        outcome: list[bool] = []
+        self._pending = outcome
+
+        def release(s: Session) -> None:
+            outcome.append(store.release_if_idle_in(s, name, holder, self._session_id))
+
+        return release
+
+    def ended(self) -> None:
+        """The turn's end committed: if it gave the lease back, it is not held any more."""
+        pending, self._pending = self._pending, None
+        if pending:
+            self._given_back = pending[-1]
+            if pending[-1]:
+                self._let_go()
+
+    async def release_if_idle(self) -> bool:
+        """After a turn: give the lease back unless a message waits (another replica's arrivals wake no
+        driver here). True when it is not held any more. Costs nothing when the turn's end already tried."""
+        if not self.held:
+            return True
+        tried, self._given_back = self._given_back, None
+        if tried is False:  # the turn's end found a message waiting, just now
+            return False
+        assert self._leases.store is not None
+        if await self._leases.store.release_if_idle(lease_name(self._session_id), self._leases.holder,
+                                                    self._session_id):
+            self._let_go()
+            return True
+        return False
+
+    def _let_go(self) -> None:
+        self.held = False
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+
+    async def close(self) -> None:
+        held = self.held
+        self._let_go()
+        if held:
+            await asyncio.shield(self._leases.release(self._session_id))

@@ -137,3 +137,22 @@ class Waiters:
 
     def _left(self, request: Parked) -> float:
         return (request.expires_at - self.clock.now()).total_seconds()
+
+
+class TurnSlot:
+    """A turn's share of MAX_CONCURRENT_TURNS. Given back while the turn is parked on a person (so
+    parked turns cannot keep everyone else from an answer), taken again before it runs on."""
+
+    def __init__(self, slots: asyncio.Semaphore) -> None:
+        self._slots = slots
+        self.held = False
+
+    async def take(self) -> None:
+        if not self.held:
+            await self._slots.acquire()  # cancelled while waiting: the semaphore keeps nothing
+            self.held = True
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            self._slots.release()

@@ -253,15 +253,20 @@ class Redactor:
         self._rebuild()
         self._tell([value])
 
-    async def check(self) -> None:
-        """Reload the stored secrets if their fingerprint changed."""
+    async def check(self, fingerprint: object = None) -> None:
+        """Reload the stored secrets if their fingerprint changed. ``fingerprint``: read by the caller just
+        now (with a turn's start), so it is not read again here."""
         asked = time.monotonic()
+        if fingerprint is not None and fingerprint == self._seen:
+            self._checked = asked
+            return
         async with self._lock:
             if self._checked >= asked:  # someone else checked while this one waited
                 return
             self._checked = time.monotonic()
             generation = self._generation
-            fingerprint = await self._fingerprint()
+            if fingerprint is None:
+                fingerprint = await self._fingerprint()
             if fingerprint == self._seen:
                 return
             stored = await self._load()

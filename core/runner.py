@@ -77,6 +77,7 @@ class AgentRunner:
         save_answer: bool = True,
         on_text: Emit | None = None,
         on_tool: Callable[[str], None] | None = None,
+        secrets: object = None,
     ) -> str:
         """Answer the turn; every message is saved as soon as it exists (the final answer too, unless
         ``save_answer`` is False). Returns the final text.
@@ -91,7 +92,8 @@ class AgentRunner:
         """
         # Another process may have stored a secret since the last turn: the masks are brought up to date
         # while the model is first asked, and before anything is redacted.
-        checking = asyncio.ensure_future(self.redactor.check()) if self.redactor is not None else None
+        # ``secrets``: their fingerprint, read where the turn was taken (then this costs no query).
+        checking = asyncio.ensure_future(self.redactor.check(secrets)) if self.redactor is not None else None
         try:
             return await self._run(turn, agent, images, steer, transcript, checking, save_answer, on_text, on_tool)
         except BaseException:

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core import logcontext
 from core.agents import Agent, AgentDirectory
@@ -32,16 +32,18 @@ from core.events import (
     TurnFinished,
     TurnStarted,
 )
-from core.leasing import SessionLeases
+from core.leasing import LeaseHold, SessionLeases
 from core.model import Attachment, QueueMode, SessionInfo, TurnInfo, TurnStatus
 from core.outcomes import OutcomeWaiters
-from core.parking import HOLD, Hold
+from core.parking import HOLD, Hold, TurnSlot
 from core.ports import Ports
 from core.providers import ChatMessage
 from core.runner import AgentRunner
-from core.store import ConversationStore, InputStore, Taken
+from core.store import ConversationStore, HeldElsewhere, InputStore, Taken
 
 if TYPE_CHECKING:
+    from sqlmodel import Session
+
     from core.clock import Clock
     from core.dispatcher import DispatchConfig
     from core.store.deliveries import OutboxClaim
@@ -60,29 +62,12 @@ class _Driver:
     steered: bool = False  # the running turn took inputs at a tool step
     hold: Hold | None = None  # the running turn's share in parking: is it waiting on a person?
     set_aside: bool = False  # shutdown found its turn parked and ended it without settling anything
+    more: bool = False  # the last batch left messages waiting (followup, or past the merge budget)
+    lease: LeaseHold | None = None  # with several replicas: its hold on the session's lease
 
     def stop_turn(self) -> None:
         if self.turn is not None:
             self.turn.cancel()
-
-
-class _Slot:
-    """A turn's share of MAX_CONCURRENT_TURNS. Given back while the turn is parked on a person (so
-    parked turns cannot keep everyone else from an answer), taken again before it runs on."""
-
-    def __init__(self, slots: asyncio.Semaphore) -> None:
-        self._slots = slots
-        self.held = False
-
-    async def take(self) -> None:
-        if not self.held:
-            await self._slots.acquire()  # cancelled while waiting: the semaphore keeps nothing
-            self.held = True
-
-    def give_back(self) -> None:
-        if self.held:
-            self.held = False
-            self._slots.release()
 
 
 @dataclass(frozen=True)
@@ -192,36 +177,41 @@ class TurnDrivers:
 
     async def _drive(self, session_id: str) -> None:
         first = True
-        more = False  # the last batch left messages waiting (followup, or past the merge budget)
-        holding = False
-        heartbeat: asyncio.Task[None] | None = None
+        lease = self.leasing.hold(session_id, self._drivers[session_id].stop_turn)  # several replicas
         try:
             while True:
                 driver = self._drivers[session_id]
+                driver.lease = lease
                 woken, driver.wake = driver.wake, False
+                if lease.held and not (woken or driver.more) and await lease.release_if_idle():
+                    if not driver.wake:  # nothing waits: another replica's arrivals wake no driver here
+                        return
+                    continue
                 # After a turn, look again only if something waits (one read), after its quiet window. In one
                 # process every arrival wakes the session's driver: not woken and nothing left behind by the
                 # last batch, nothing waits.
-                if first or ((woken or more or self.leasing.enabled) and await self._quiet_window(session_id)):
-                    if self.leasing.enabled and not holding:
-                        holding = await self.leasing.take(session_id)
-                        if not holding:  # another replica runs this session: it will take what waits,
-                            if await self.inputs.last_arrival(session_id) is None:  # or we try again
-                                return
-                            await asyncio.sleep(self.config.lease_retry_s)
-                            continue
-                        heartbeat = asyncio.create_task(self.leasing.heartbeat(session_id, driver.stop_turn))
-                    slot = _Slot(self._slots)
+                started: Taken | HeldElsewhere | None = None
+                if first or ((woken or driver.more or self.leasing.enabled) and await self._quiet_window(session_id)):
+                    slot = TurnSlot(self._slots)
                     await slot.take()
                     try:
-                        started = await self._next(session_id, resume=first)
-                        more = started is not None and started.more
+                        # The lease is taken in the transaction that starts the turn (one commit for both).
+                        taker = lease.taker()
+                        started = await self._next(session_id, resume=first, lease=taker)
+                        if isinstance(started, HeldElsewhere):
+                            # Another replica runs this session: it takes what waits, or we try again later.
+                            if not started.waiting:
+                                return
+                            slot.give_back()
+                            await asyncio.sleep(self.config.lease_retry_s)
+                            continue  # still the first look, if it was: it may resume an interrupted turn
+                        if taker is not None:
+                            lease.took()
+                        driver.more = started is not None and started.more
                         if started is not None:
                             await self._run(started, slot=slot)
                     finally:
                         slot.give_back()  # unless the turn ended parked: it has none then
-                else:
-                    started = None
                 first = False
                 if started is None and not driver.wake:
                     return
@@ -229,10 +219,7 @@ class TurnDrivers:
             log.exception("turn driver for %s stopped", session_id)
         finally:
             self._drivers.pop(session_id, None)
-            if heartbeat is not None:
-                heartbeat.cancel()
-            if holding and self.leasing.enabled:
-                await asyncio.shield(self.leasing.release(session_id))
+            await lease.close()
 
     async def _quiet_window(self, session_id: str) -> bool:
         """Let a burst finish arriving, so it becomes one merged turn (SPEC §5 debounce).
@@ -251,16 +238,14 @@ class TurnDrivers:
                 return True
             await asyncio.sleep(left)
 
-    async def _next(self, session_id: str, *, resume: bool) -> Taken | None:
+    async def _next(self, session_id: str, *, resume: bool,
+                    lease: Callable[[Session], bool] | None) -> Taken | HeldElsewhere | None:
         # Only a driver's first look can find an interrupted turn: they exist only from before start().
-        taken = await self.inputs.take_batch(session_id, self.config.queue_mode, self.config.budget,
-                                             self.clock.now(), resume=resume,
-                                             history=self.runner.limits.history_messages)
-        if taken is None:
-            return None
-        return taken
+        return await self.inputs.take_batch(session_id, self.config.queue_mode, self.config.budget,
+                                            self.clock.now(), resume=resume,
+                                            history=self.runner.limits.history_messages, lease=lease)
 
-    async def _run(self, taken: Taken, *, slot: _Slot) -> None:
+    async def _run(self, taken: Taken, *, slot: TurnSlot) -> None:
         turn = taken.turn
         agent = self.agents.get(turn.session.agent)
         driver = self._drivers[turn.session.id]
@@ -311,7 +296,7 @@ class TurnDrivers:
             driver.steered = False
         self.ended += 1
 
-    async def _answer(self, taken: Taken, agent: Agent, slot: _Slot) -> str:
+    async def _answer(self, taken: Taken, agent: Agent, slot: TurnSlot) -> str:
         """The turn's work (one task, so a stop cancels it wherever it is): shared files read, then the model."""
         turn, images, transcript = taken.turn, taken.images, taken.transcript
         if taken.attachments:
@@ -320,7 +305,7 @@ class TurnDrivers:
             transcript = None  # the file texts were added to it: the runner reads it again
         return await self.runner.run(
             turn, agent, images=images, steer=lambda: self._steer(turn, slot), transcript=transcript,
-            save_answer=False,
+            save_answer=False, secrets=taken.secrets,
             on_text=lambda text, again: self.bus.emit(AnswerDelta(turn.session, turn, text, again)),
             on_tool=lambda tool: self.bus.emit(ToolStarted(turn.session, turn, tool)))
 
@@ -336,11 +321,11 @@ class TurnDrivers:
             self.bus.emit(Notice(session, " ".join(read.problems)))
         return tuple(read.images), read.text
 
-    def _parking(self, slot: _Slot) -> None:
+    def _parking(self, slot: TurnSlot) -> None:
         slot.give_back()
         self._parked.set()  # shutdown sets it aside at once
 
-    async def _steer(self, turn: TurnInfo, slot: _Slot) -> list[ChatMessage]:
+    async def _steer(self, turn: TurnInfo, slot: TurnSlot) -> list[ChatMessage]:
         # Asked before every model call after tool calls: no model call without a slot, even when a tool's
         # own timeout cut short the re-taking of the slot it gave back while parked.
         await slot.take()
@@ -361,12 +346,23 @@ class TurnDrivers:
 
     # -- how a turn ended -----------------------------------------------------------------------
 
+    async def _end(self, turn: TurnInfo, **how: Any) -> TurnInfo:
+        """Record the turn's end (``ConversationStore.finish_turn``). With several replicas, when its batch
+        left nothing behind and nothing woke its driver, the session's lease goes back in the same commit,
+        unless a message waits."""
+        driver = self._drivers.get(turn.session.id)
+        lease = driver.lease if driver is not None and not (driver.more or driver.wake) else None
+        final = await self.conversations.finish_turn(turn.id, **how, then=lease.releaser() if lease else None)
+        if lease is not None:
+            lease.ended()
+        return final
+
     async def _finish(self, turn: TurnInfo, answer: str, *, saved: bool = False) -> None:
         """The answer (unless ``saved`` already), the turn's end and its outbox row: one commit."""
         now = self.clock.now()
         outbox = self.outbox(turn.session.channel, now) if self.outbox is not None else None
-        final = await self.conversations.finish_turn(turn.id, status=TurnStatus.FINISHED, answer=answer,
-                                                     error=None, now=now, outbox=outbox, answer_message=not saved)
+        final = await self._end(turn, status=TurnStatus.FINISHED, answer=answer, error=None, now=now, outbox=outbox,
+                                answer_message=not saved)
         log.info("turn %s finished (session %s)", turn.id, turn.session.id)
         self.bus.emit(TurnFinished(final.session, final, answer or EMPTY_ANSWER, outbox=outbox))
 
@@ -380,16 +376,15 @@ class TurnDrivers:
         # Said in the transcript, so the model knows that request was dropped, not still pending.
         await self.conversations.add_message(turn.session.id, role="assistant", content=f"(stopped by {by})",
                                              turn_id=turn.id, now=self.clock.now())
-        final = await self.conversations.finish_turn(turn.id, status=TurnStatus.CANCELLED, answer=None,
-                                                     error=f"stopped by {by}", now=self.clock.now())
+        final = await self._end(turn, status=TurnStatus.CANCELLED, answer=None, error=f"stopped by {by}",
+                                now=self.clock.now())
         log.info("turn %s stopped by %s", turn.id, by)
         self.bus.emit(TurnCancelled(final.session, final, by))
 
     async def _fail(self, turn: TurnInfo, kind: str, message: str) -> None:
         message = await self.runner.redact(message)  # e.g. a provider error quoting the API key
         log.warning("turn %s failed (%s): %s", turn.id, kind, message)
-        final = await self.conversations.finish_turn(turn.id, status=TurnStatus.FAILED, answer=None,
-                                                     error=message, now=self.clock.now())
+        final = await self._end(turn, status=TurnStatus.FAILED, answer=None, error=message, now=self.clock.now())
         self.bus.emit(TurnFailed(final.session, final, kind, message))
 
 

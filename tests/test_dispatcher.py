@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,32 @@ async def test_an_outcome_recorded_by_another_replica_wakes_the_waiter(dispatche
     async with asyncio.timeout(5):
         outcome = await waiter
     assert (outcome.status, outcome.text) == ("cancelled", "stopped by U2 elsewhere")
+
+
+async def test_with_leases_a_turn_holds_its_session_and_gives_it_back_when_nothing_waits(
+    tmp_path: Path, model: HeldProvider
+) -> None:
+    """Several replicas: the lease is taken with the turn's start and given back with its end, unless a
+    message another replica accepted meanwhile waits (that wakes no driver here): then it is kept, and that
+    message is this driver's next turn."""
+    async with build_core(tmp_path / "bot.db", model, leases=True, queue_mode="followup",
+                          outcome_poll_s=0.05) as core:
+        assert core.leases is not None
+        name, dispatcher = "session:s:1", core.dispatcher
+        first = await dispatcher.accept(msg("first", "a"))
+        _request, held = await model.next_call()
+        assert await core.leases.live_holders([name], SystemClock().now()) == {name}
+        other = InputStore(core.db)  # the other replica's store
+        second = await other.accept(msg("second", "b"), kind="message", agent="default", refuse=None,
+                                    max_waiting=20, now=SystemClock().now())
+        held.set_result(Completion("one"))
+        request = await model.answer("two")
+        assert request.messages[-1].content == "second"
+        assert first.input_id and second.input_id
+        assert (await dispatcher.outcome(second.input_id)).text == "two"
+        async with asyncio.timeout(5):
+            while dispatcher.turns.count:
+                await asyncio.sleep(0.01)
+        assert await core.leases.live_holders([name], SystemClock().now()) == set()
+        # A third replica may take the session now, at once.
+        assert await core.leases.acquire(name, "elsewhere", timedelta(seconds=30), SystemClock().now())

@@ -40,13 +40,16 @@ from core.store import (
     ConversationStore,
     CredentialStore,
     Database,
+    HeldElsewhere,
     InputStore,
     LeaseStore,
     Taken,
     WebSessionStore,
+    database,
 )
 from core.store.database import async_url
 from core.store.deliveries import DeliveryStore, OutboxClaim
+from core.store.leases import LeaseClaim
 from core.store.schedules import ScheduleStore
 from core.store.tables import (
     ApprovalRow,
@@ -631,6 +634,50 @@ async def test_lease_acquire_renew_steal_after_expiry_release(db: Database) -> N
     assert await leases.acquire("session:a", "p3", TTL, T0 + timedelta(seconds=80))  # free again
     assert not await leases.renew("session:none", "p3", TTL, T0)
     assert await leases.live_holders([], T0) == set()
+
+
+async def test_a_turn_starts_under_its_lease_in_one_transaction(db: Database, inputs: InputStore) -> None:
+    """take_batch takes the session's lease first, in the same commit: held by another holder, nothing is
+    taken (and it says whether messages wait); release_if_idle gives it back only when none waits."""
+    leases = LeaseStore(db)
+    name, mine, theirs = f"session:{SID}", LeaseClaim(f"session:{SID}", "p1", TTL), "p2"
+    await burst(inputs, "one")
+    assert await leases.acquire(name, theirs, TTL, T0)
+    held = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0, lease=lambda s: leases.acquire_in(s, mine, T0))
+    assert held == HeldElsewhere(waiting=True)
+    assert await inputs.last_arrival(SID) is not None  # nothing was taken
+    expired = T0 + TTL + timedelta(seconds=1)
+    taken = await inputs.take_batch(SID, FOLLOWUP, ROOMY, expired,
+                                    lease=lambda s: leases.acquire_in(s, mine, expired))
+    assert isinstance(taken, Taken) and taken.text == "one"
+    assert not await leases.acquire(name, theirs, TTL, expired)  # p1's now
+    await burst(inputs, "two", start=5)
+    assert not await leases.release_if_idle(name, "p1", SID)  # "two" waits: kept
+    assert await leases.live_holders([name], expired) == {name}
+    taken = await inputs.take_batch(SID, FOLLOWUP, ROOMY, expired)
+    assert isinstance(taken, Taken) and taken.text == "two"
+    assert await leases.release_if_idle(name, "p1", SID)
+    assert await leases.live_holders([name], expired) == set()
+    assert await leases.release_if_idle(name, "p1", SID)  # not held: nothing to give back
+    assert await inputs.take_batch(SID, FOLLOWUP, ROOMY, expired,
+                                   lease=lambda s: leases.acquire_in(s, mine, expired)) is None
+
+
+async def test_an_idle_connection_the_server_dropped_is_replaced_before_use(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL: a pooled connection is pinged only after sitting idle (PING_IDLE_S); one the server
+    dropped meanwhile (a restart, a proxy's idle cut) is replaced, and the work runs."""
+    if db.is_sqlite:
+        pytest.skip("SQLite has no server connections")
+    pid = await db.run_read(lambda s: s.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar())
+    killer = Database(db.url)
+    try:
+        await killer.run_read(lambda s: s.connection().exec_driver_sql(f"SELECT pg_terminate_backend({pid})"))
+    finally:
+        await killer.close()
+    monkeypatch.setattr(database, "PING_IDLE_S", 0.0)
+    again = await db.run_read(lambda s: s.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar())
+    assert again != pid
 
 
 async def test_lease_is_won_by_exactly_one_of_many_at_once(db: Database) -> None:

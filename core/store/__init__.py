@@ -5,7 +5,7 @@ from core.store.control import ControlStore
 from core.store.conversations import ConversationStore
 from core.store.credentials import CredentialStore
 from core.store.database import Database
-from core.store.inputs import Budget, InputStore, Taken
+from core.store.inputs import Budget, HeldElsewhere, InputStore, Taken
 from core.store.intake import Accepted, AcceptOutcome
 from core.store.leases import LeaseStore
 from core.store.web_sessions import WebSessionStore
@@ -19,6 +19,7 @@ __all__ = [
     "ConversationStore",
     "CredentialStore",
     "Database",
+    "HeldElsewhere",
     "InputStore",
     "LeaseStore",
     "Taken",

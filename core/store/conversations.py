@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -100,11 +100,13 @@ class ConversationStore:
     async def finish_turn(
         self, turn_id: int, *, status: str, answer: str | None, error: str | None, now: datetime,
         outbox: OutboxClaim | None = None, answer_message: bool = False,
+        then: Callable[[Session], object] | None = None,
     ) -> TurnInfo:
         """Record how the turn ended; returns it with every input it took (for the events). With ``outbox``
         (the session's channel delivers answers), a finished turn's answer goes into the outbox in the same
         commit: an answer that exists is never left undelivered by a crash. With ``answer_message`` the
-        answer also goes into the transcript, in the same commit (the runner left it to the turn's end)."""
+        answer also goes into the transcript, in the same commit (the runner left it to the turn's end).
+        ``then`` runs last in the same transaction (the session's lease given back)."""
         def work(s: Session) -> TurnInfo:
             conn = s.connection()
             turn = conn.execute(st.TURN_HEAD, {"b_turn": turn_id}).one()
@@ -121,7 +123,10 @@ class ConversationStore:
                 conn.execute(st.INSERT_DELIVERY, dict(
                     turn_id=turn_id, session_id=session.id, channel=session.channel, status=DeliveryStatus.PENDING,
                     attempts=1, next_attempt_at=outbox.until, claimed_by=outbox.holder, created_at=now))
-            return turn_info(s, turn_id, turn.input_message_id, session)
+            info = turn_info(s, turn_id, turn.input_message_id, session)
+            if then is not None:
+                then(s)
+            return info
 
         # The answer's post waits on it: ahead of the writes nobody waits on (receipts, transcript).
         return await self.db.run_write(work, urgent=True)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import delete, func, or_, update
+from sqlalchemy import delete, or_, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -16,6 +16,7 @@ from core.model import CredentialRequestInfo, CredentialStatus, SessionStatus
 from core.store.approvals import audit_row
 from core.store.conversations import session_info
 from core.store.database import Database
+from core.store.statements import secrets_fingerprint
 from core.store.tables import (
     CredentialLinkRow,
     CredentialRequestRow,
@@ -86,10 +87,7 @@ class CredentialStore:
     async def fingerprint(self) -> tuple[object, ...]:
         """Changes whenever a secret is stored, replaced, re-sealed or deleted (one small query): the
         mask cache of every process compares it to know when to reload."""
-        async with self.db.read() as s:
-            row = (await s.exec(select(func.count(), func.max(SecretRow.id),
-                                       func.max(SecretRow.updated_at)))).one()
-            return tuple(row)
+        return await self.db.run_read(secrets_fingerprint)
 
     async def grants_of(self, secret_id: int) -> list[str]:
         async with self.db.read() as s:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,8 +14,9 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, InvalidatePoolError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.util import greenlet_spawn
 from sqlmodel import Session
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -33,6 +35,7 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 _NO_LOCK = contextlib.nullcontext()
 SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
+PING_IDLE_S = 2.0  # a pooled PostgreSQL connection idle this long is pinged before it is used
 T = TypeVar("T")
 
 
@@ -80,7 +83,6 @@ class Database:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
             kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
         else:
-            kwargs["pool_pre_ping"] = True
             # Kept open for the busy case (turns, intake's group writers, reads, leases): past the pool's
             # size each checkout opens a new connection (TLS attempt, auth) and closes it after use.
             kwargs["pool_size"] = pool_size
@@ -90,6 +92,8 @@ class Database:
         on_file = self.is_sqlite and make_url(self.url).database not in (None, "", ":memory:")
         if self.is_sqlite:
             _tune_sqlite(self.engine, self.sqlite_synchronous, own_checkpoints=on_file)
+        else:
+            _ping_when_idle(self.engine)
         if on_file:
             # The hot path's writes (intake, turns, deliveries) run on a thread of their own (see
             # core.store.sqlite_writer), queued behind the same write turn as the async writers; the
@@ -116,8 +120,7 @@ class Database:
 
     async def run_read(self, work: Callable[[Session], T]) -> T:
         """Run ``work`` (synchronous statements) on a read connection: for code shared with ``run_write``."""
-        async with self.read() as s:
-            return await s.run_sync(work)  # type: ignore[arg-type]  # sqlmodel's Session
+        return await greenlet_spawn(self._read_through, work)
 
     async def run_write(self, work: Callable[[Session], T], *, urgent: bool = False) -> T:
         """Run ``work`` (synchronous ORM or Core statements) in one write transaction, committed when it
@@ -127,11 +130,22 @@ class Database:
         on SQLite it goes before queued turn writes."""
         if self._fast is not None:
             return await self._fast.run(work, urgent=urgent)
-        async with self._write_lock(), AsyncSession(self._write_engine, expire_on_commit=False) as s:
-            async with s.begin():
-                result = await s.run_sync(work)  # type: ignore[arg-type]  # sqlmodel's Session
+        async with self._write_lock():
+            # The whole transaction (checkout, BEGIN, statements, COMMIT, checkin) in one greenlet: the async
+            # session's layers would switch into one per step.
+            result = await greenlet_spawn(self._write_through, work)
         self._wrote()
         return result
+
+    def _write_through(self, work: Callable[[Session], T]) -> T:
+        with self._write_engine.sync_engine.begin() as conn, Session(bind=conn, expire_on_commit=False) as session:
+            result = work(session)
+            session.flush()  # what the work added through the ORM is written before the commit
+            return result
+
+    def _read_through(self, work: Callable[[Session], T]) -> T:
+        with self.engine.sync_engine.connect() as conn, Session(bind=conn, expire_on_commit=False) as session:
+            return work(session)
 
     def _wrote(self) -> None:
         if self._checkpointer is not None:
@@ -228,6 +242,27 @@ def _tune_sqlite(engine: AsyncEngine | Engine, synchronous: str, *, own_checkpoi
     def _on_begin(conn: Connection) -> None:
         mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
         conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _ping_when_idle(engine: AsyncEngine) -> None:
+    """A connection that sat in the pool past ``PING_IDLE_S`` is pinged before use, and the pool renewed if
+    it fails (the server restarted, or something between cut it). One used a moment ago is not: a ping per
+    transaction was a round trip and a twentieth of the CPU of a busy replica."""
+
+    @event.listens_for(engine.sync_engine, "checkin")
+    def _returned(_dbapi_connection: Any, record: Any) -> None:
+        record.info["returned"] = time.monotonic()
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        returned = record.info.get("returned")
+        if returned is None or time.monotonic() - returned < PING_IDLE_S:
+            return  # new, or used just now
+        try:
+            engine.sync_engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            # The pool replaces this connection and every one older (up to three attempts).
+            raise InvalidatePoolError(f"an idle database connection failed its ping: {exc}") from exc
 
 
 def _upgrade_to_head(conn: Connection) -> None:

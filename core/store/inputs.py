@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -30,7 +30,7 @@ from core.store import statements as st
 from core.store.control import queue_mode_of
 from core.store.conversations import resume_interrupted, session_info, transcript, turn_info, turn_outcome
 from core.store.database import Database
-from core.store.intake import Accepted, Arrival, Intake
+from core.store.intake import Accepted, Arrival, Intake, waiting_messages
 from core.store.tables import InputRow, MessageRow, ProcessedEventRow, SessionRow, TurnRow
 
 
@@ -52,8 +52,17 @@ class Taken:
     refs: tuple[MessageRef, ...]  # the inputs taken now (not those the turn took before)
     attachments: tuple[Attachment, ...] = ()  # files shared with them, to be read before the model is asked
     transcript: tuple[Row[Any], ...] | None = None  # asked for with ``history``: the model's view
+    secrets: tuple[object, ...] | None = None  # with ``history``: the stored secrets' fingerprint then
     more: bool = False  # messages still wait behind this batch (followup, or past the budget)
     resumed: bool = False  # an interrupted turn continued (it takes nothing new)
+
+
+@dataclass(frozen=True)
+class HeldElsewhere:
+    """``take_batch`` found the session's lease held by another replica: it runs the session's turns.
+    ``waiting``: messages of the session wait (that replica takes them, or this one once it is free)."""
+
+    waiting: bool
 
 
 _inputs = InputRow.__table__  # type: ignore[attr-defined]
@@ -86,20 +95,27 @@ class InputStore:
     # -- turns taking inputs --------------------------------------------------------------------
 
     async def take_batch(self, session_id: str, default_mode: str, budget: Budget, now: datetime, *,
-                         resume: bool = False, history: int = 0) -> Taken | None:
+                         resume: bool = False, history: int = 0,
+                         lease: Callable[[Session], bool] | None = None) -> Taken | HeldElsewhere | None:
         """Start a turn with the oldest waiting inputs: one message (followup) or as many as the budget
         holds (steer, collect), with the context recorded before it. None when no message waits.
         With ``resume``, a turn a dead process left interrupted comes first (continued, taking nothing).
         With ``history``, the newest that many messages of the transcript come along (read in the same
-        transaction: the model's view of the conversation, the batch included)."""
+        transaction: the model's view of the conversation, the batch included), and the stored secrets'
+        fingerprint (the masks' check needs no query of its own).
+        With ``lease`` (taking the session's lease, False when another replica holds it), the lease is taken
+        first in the same transaction: one commit starts the turn under it."""
 
-        def work(s: Session) -> Taken | None:
+        def work(s: Session) -> Taken | HeldElsewhere | None:
+            if lease is not None and not lease(s):
+                return HeldElsewhere(waiting_messages(s, session_id) > 0)
             resumed = resume_interrupted(s, session_id, now) if resume else None
             # After a resumed turn, look again: messages may have waited behind it since before the restart.
             taken = Taken(resumed, "", (), (), more=True, resumed=True) if resumed is not None else take_batch(
                 s, session_id, default_mode, budget, now)
             if taken is not None and history:
-                taken = replace(taken, transcript=tuple(transcript(s, session_id, history)))
+                taken = replace(taken, transcript=tuple(transcript(s, session_id, history)),
+                                secrets=st.secrets_fingerprint(s))
             return taken
 
         # A turn waits on it to ask the model: ahead of the writes nobody waits on (receipts, transcript).
@@ -125,14 +141,9 @@ class InputStore:
         return await self.db.run_write(work)
 
     async def last_arrival(self, session_id: str) -> datetime | None:
-        async with self.db.read() as s:
-            row = await s.exec(
-                select(func.max(InputRow.created_at)).where(
-                    InputRow.session_id == session_id, InputRow.status == InputStatus.WAITING
-                )
-            )
-            value = row.first()
-            return value if isinstance(value, datetime) else None
+        value = await self.db.run_read(
+            lambda s: s.connection().execute(st.LAST_ARRIVAL, {"b_session": session_id}).scalar())
+        return value if isinstance(value, datetime) else None
 
     # -- cancellation ---------------------------------------------------------------------------
 

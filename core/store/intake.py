@@ -203,7 +203,7 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
         status, outcome = InputStatus.TAKEN, AcceptOutcome.COMMAND
     elif arrival.refuse is not None:
         status, outcome, note = InputStatus.REFUSED, AcceptOutcome.REFUSED, arrival.refuse
-    elif not new_session and _waiting_count(s, msg.session_id) >= arrival.max_waiting:
+    elif not new_session and waiting_messages(s, msg.session_id) >= arrival.max_waiting:
         note = (f"I'm busy: {arrival.max_waiting} messages in this conversation are already waiting for me. "
                 "Send this again once I've answered them.")
         status, outcome = InputStatus.REFUSED, AcceptOutcome.REFUSED
@@ -220,5 +220,5 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
     return Accepted(outcome, input_id, info, note)
 
 
-def _waiting_count(s: Session, session_id: str) -> int:
+def waiting_messages(s: Session, session_id: str) -> int:
     return int(s.connection().execute(st.WAITING_MESSAGES, {"b_session": session_id}).scalar_one())

@@ -1,48 +1,96 @@
 """Lease rows with an expiry and a heartbeat (SPEC §11): no connection is pinned, and a dead holder's
-lease simply runs out and is taken over."""
+lease simply runs out and is taken over.
+
+A session's lease is taken in the transaction that starts its turn, and given back in one that also
+checks nothing waits (``take_batch``, ``release_if_idle``): a turn costs no transactions of its own for
+the lease. The statements are built once (see core.store.statements)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import delete, update
-from sqlmodel import col, select
+from sqlalchemy import bindparam, delete, exists, select, update
+from sqlmodel import Session
 
+from core.model import InputKind, InputStatus
 from core.store.database import Database
-from core.store.tables import LeaseRow
+from core.store.tables import InputRow, LeaseRow
+
+leases = LeaseRow.__table__  # type: ignore[attr-defined]
+_inputs = InputRow.__table__  # type: ignore[attr-defined]
+
+_OURS = (leases.c.name == bindparam("b_name"), leases.c.holder == bindparam("b_holder"))
+RENEW = update(leases).where(*_OURS)
+RELEASE = delete(leases).where(*_OURS)
+# Given back only when no message of the session waits: one another replica accepted (which wakes no
+# driver here) is then taken by the next turn of this holder, never left behind a lease nobody uses.
+RELEASE_IF_IDLE = delete(leases).where(*_OURS, ~exists().where(
+    _inputs.c.session_id == bindparam("b_session"), _inputs.c.status == InputStatus.WAITING,
+    _inputs.c.kind == InputKind.MESSAGE))
+HELD = select(leases.c.name).where(*_OURS)
+LIVE = select(leases.c.name).where(leases.c.name.in_(bindparam("b_names", expanding=True)),
+                                   leases.c.expires_at >= bindparam("b_now"))
+
+
+@dataclass(frozen=True)
+class LeaseClaim:
+    """Who asks for a lease, and for how long from the moment it is taken."""
+
+    name: str
+    holder: str
+    ttl: timedelta
 
 
 class LeaseStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        # Taken if free, expired, or already ours (then extended); built once, in the database's dialect.
+        insert = db.insert(leases)
+        self._acquire = insert.on_conflict_do_update(
+            index_elements=["name"],
+            set_={"holder": insert.excluded.holder, "expires_at": insert.excluded.expires_at},
+            where=(leases.c.expires_at < bindparam("b_now")) | (leases.c.holder == insert.excluded.holder))
+
+    def acquire_in(self, s: Session, claim: LeaseClaim, now: datetime) -> bool:
+        """Take the lease inside a caller's transaction (e.g. the one that starts a turn)."""
+        result: Any = s.connection().execute(self._acquire, {
+            "name": claim.name, "holder": claim.holder, "expires_at": now + claim.ttl, "b_now": now})
+        return bool(result.rowcount)
 
     async def acquire(self, name: str, holder: str, ttl: timedelta, now: datetime) -> bool:
-        """Take the lease if it is free, expired, or already ours (then it is extended)."""
-        stmt = self.db.insert(LeaseRow).values(name=name, holder=holder, expires_at=now + ttl)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["name"],
-            set_={"holder": holder, "expires_at": now + ttl},
-            where=(col(LeaseRow.expires_at) < now) | (col(LeaseRow.holder) == holder),
-        )
-        async with self.db.write() as s:
-            result = await s.exec(stmt)
-            return bool(result.rowcount)
+        claim = LeaseClaim(name, holder, ttl)
+        return await self.db.run_write(lambda s: self.acquire_in(s, claim, now))
 
     async def renew(self, name: str, holder: str, ttl: timedelta, now: datetime) -> bool:
-        async with self.db.write() as s:
-            result = await s.exec(update(LeaseRow).where(col(LeaseRow.name) == name, col(LeaseRow.holder) == holder)
-                                  .values(expires_at=now + ttl))
-            return bool(result.rowcount)
+        params = {"b_name": name, "b_holder": holder, "expires_at": now + ttl}
+        return await self.db.run_write(lambda s: bool(_rowcount(s, RENEW, params)))
 
     async def release(self, name: str, holder: str) -> None:
-        async with self.db.write() as s:
-            await s.exec(delete(LeaseRow).where(col(LeaseRow.name) == name, col(LeaseRow.holder) == holder))
+        await self.db.run_write(lambda s: _rowcount(s, RELEASE, {"b_name": name, "b_holder": holder}))
+
+    def release_if_idle_in(self, s: Session, name: str, holder: str, session_id: str) -> bool:
+        """Give the session's lease back, inside a caller's transaction (the one that ends a turn), unless
+        one of its messages waits. True when the holder no longer holds it (given back, or not its own)."""
+        params = {"b_name": name, "b_holder": holder, "b_session": session_id}
+        if _rowcount(s, RELEASE_IF_IDLE, params):
+            return True
+        # Not deleted: a message waits, or the lease is not ours (then there is nothing to give back).
+        return s.connection().execute(HELD, params).first() is None
+
+    async def release_if_idle(self, name: str, holder: str, session_id: str) -> bool:
+        return await self.db.run_write(lambda s: self.release_if_idle_in(s, name, holder, session_id))
 
     async def live_holders(self, names: list[str], now: datetime) -> set[str]:
         """Which of these leases are held (unexpired) by anyone."""
         if not names:
             return set()
-        async with self.db.read() as s:
-            rows = await s.exec(select(LeaseRow.name).where(col(LeaseRow.name).in_(names),
-                                                           col(LeaseRow.expires_at) >= now))
-            return set(rows.all())
+        rows = await self.db.run_read(
+            lambda s: s.connection().execute(LIVE, {"b_names": names, "b_now": now}).scalars().all())
+        return set(rows)
+
+
+def _rowcount(s: Session, statement: Any, params: dict[str, Any]) -> int:
+    result: Any = s.connection().execute(statement, params)
+    return int(result.rowcount or 0)

@@ -15,7 +15,16 @@ from typing import Any
 from sqlalchemy import bindparam, func, select, update
 
 from core.model import DeliveryStatus, InputKind, InputStatus, TurnStatus
-from core.store.tables import ControlRow, DeliveryRow, InputRow, MessageRow, ProcessedEventRow, SessionRow, TurnRow
+from core.store.tables import (
+    ControlRow,
+    DeliveryRow,
+    InputRow,
+    MessageRow,
+    ProcessedEventRow,
+    SecretRow,
+    SessionRow,
+    TurnRow,
+)
 
 sessions = SessionRow.__table__  # type: ignore[attr-defined]
 turns = TurnRow.__table__  # type: ignore[attr-defined]
@@ -24,6 +33,7 @@ messages = MessageRow.__table__  # type: ignore[attr-defined]
 deliveries = DeliveryRow.__table__  # type: ignore[attr-defined]
 control = ControlRow.__table__  # type: ignore[attr-defined]
 processed = ProcessedEventRow.__table__  # type: ignore[attr-defined]
+secrets = SecretRow.__table__  # type: ignore[attr-defined]
 
 WAITING_READ = 500  # waiting inputs read at once (a batch never holds more)
 
@@ -48,11 +58,16 @@ WAITING = (select(inputs).where(inputs.c.session_id == bindparam("b_session"), i
 WAITING_MESSAGES = (select(func.count()).select_from(inputs)
                     .where(inputs.c.session_id == bindparam("b_session"), inputs.c.status == InputStatus.WAITING,
                            inputs.c.kind == InputKind.MESSAGE))
+LAST_ARRIVAL = select(func.max(inputs.c.created_at)).where(inputs.c.session_id == bindparam("b_session"),
+                                                      inputs.c.status == InputStatus.WAITING)
 INPUT_BY_KEY = select(inputs.c.id).where(inputs.c.session_id == bindparam("b_session"),
                                          inputs.c.idempotency_key == bindparam("b_key"))
 INTERRUPTED_TURN = (select(turns.c.id, turns.c.input_message_id)
                     .where(turns.c.session_id == bindparam("b_session"), turns.c.status == TurnStatus.QUEUED)
                     .order_by(turns.c.id).limit(1))
+# Changes whenever a secret is stored, replaced, re-sealed or deleted: read with each turn's start, so the
+# masks are known to be current without a query of their own (core.redaction).
+SECRETS_FINGERPRINT = select(func.count(), func.max(secrets.c.id), func.max(secrets.c.updated_at))
 TRANSCRIPT = (select(messages).where(messages.c.session_id == bindparam("b_session"))
               .order_by(messages.c.id.desc()).limit(bindparam("b_limit")))
 
@@ -71,3 +86,8 @@ INSERT_TURN = turns.insert()
 INSERT_INPUT = inputs.insert()
 INSERT_MESSAGE = messages.insert()
 INSERT_DELIVERY = deliveries.insert()
+
+
+def secrets_fingerprint(s: Any) -> tuple[object, ...]:
+    """``SECRETS_FINGERPRINT``'s value, in the caller's transaction (a Session)."""
+    return tuple(s.connection().execute(SECRETS_FINGERPRINT).one())
