@@ -192,3 +192,39 @@ async def test_an_endpoint_that_never_answers_times_out_as_a_network_error(endpo
     with pytest.raises(ProviderError) as failure:
         await provider.complete(REQUEST)
     assert (failure.value.kind, failure.value.retryable) == ("network", True)
+
+
+@pytest.mark.parametrize("bypass", [False, True])
+async def test_the_environment_s_proxy_is_used_unless_no_proxy_names_the_host(
+        monkeypatch: pytest.MonkeyPatch, bypass: bool) -> None:
+    """HTTP(S)_PROXY as the SDK honoured it (read once, not per request); NO_PROXY bypasses it."""
+    seen: list[str] = []
+
+    async def proxy(request: web.Request) -> web.Response:
+        seen.append(str(request.url))  # a forward proxy gets the absolute URL
+        return web.json_response({"choices": [{"message": {"role": "assistant", "content": "via proxy"},
+                                               "finish_reason": "stop"}]})
+
+    async def direct(request: web.Request) -> web.Response:
+        return web.json_response({"choices": [{"message": {"role": "assistant", "content": "direct"},
+                                               "finish_reason": "stop"}]})
+
+    proxy_app, model_app = web.Application(), web.Application()
+    proxy_app.router.add_route("*", "/{tail:.*}", proxy)
+    model_app.router.add_post("/v1/chat/completions", direct)
+    proxy_server, model_server = await RunningServer(proxy_app).start(), await RunningServer(model_app).start()
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY",
+                 "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy_server.url)
+    if bypass:
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    provider = OpenAICompatibleProvider(base_url=f"{model_server.url}/v1", api_key="k", model="m", timeout_s=5)
+    try:
+        answer = await provider.complete(REQUEST)
+    finally:
+        await provider.aclose()
+        await proxy_server.stop()
+        await model_server.stop()
+    assert answer.content == ("direct" if bypass else "via proxy")
+    assert seen == ([] if bypass else [f"{model_server.url}/v1/chat/completions"])

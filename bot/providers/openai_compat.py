@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -12,6 +13,8 @@ from typing import Any
 
 import aiohttp
 import openai
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
 
 from bot.providers.openai_stream import StreamedCompletion
 from core.errors import ProviderError
@@ -45,12 +48,17 @@ class OpenAICompatibleProvider:
         self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_connect=timeout_s,
                                               sock_read=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        # HTTPS_PROXY and friends (NO_PROXY too), as the SDK honoured them: looked up once, not per request
+        # (aiohttp's trust_env reads the environment and ~/.netrc on a thread for every call).
+        self._proxy: URL | None = None
+        self._proxy_auth: aiohttp.BasicAuth | None = None
+        with contextlib.suppress(LookupError):  # none set for this URL (or NO_PROXY names its host)
+            self._proxy, self._proxy_auth = get_env_proxy_for_url(URL(self.url))
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            # trust_env: HTTPS_PROXY and friends, as the SDK honoured them. Retries are ours (classified).
-            self._session = aiohttp.ClientSession(timeout=self._timeout, trust_env=True,
-                                                  cookie_jar=aiohttp.DummyCookieJar())
+            # Retries are ours (classified).
+            self._session = aiohttp.ClientSession(timeout=self._timeout, cookie_jar=aiohttp.DummyCookieJar())
         return self._session
 
     async def aclose(self) -> None:
@@ -69,7 +77,8 @@ class OpenAICompatibleProvider:
             # large body would otherwise hold the turn for ever); then each read has its own.
             async with asyncio.timeout(self._timeout_s):
                 response = await self._http().post(self.url, data=payload.encode(), headers=self._headers,
-                                                   allow_redirects=False)
+                                                   allow_redirects=False, proxy=self._proxy,
+                                                   proxy_auth=self._proxy_auth)
             async with response:
                 if response.status >= 300:
                     error = _status_error(response.status, (await _body_of(response)).decode("utf-8", "replace"),
