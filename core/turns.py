@@ -176,17 +176,21 @@ class TurnDrivers:
     # -- driving --------------------------------------------------------------------------------
 
     async def _drive(self, session_id: str) -> None:
-        first = True
+        first, retry = True, False
         lease = self.leasing.hold(session_id, self._drivers[session_id].stop_turn)  # several replicas
         try:
             while True:
                 driver = self._drivers[session_id]
                 driver.lease = lease
                 woken, driver.wake = driver.wake, False
-                if lease.held and not (woken or driver.more) and await lease.release_if_idle():
-                    if not driver.wake:  # nothing waits: another replica's arrivals wake no driver here
-                        return
-                    continue
+                if self.leasing.enabled and not (first or retry or woken or driver.more):
+                    # After a turn (another replica's arrivals wake no driver here): the lease went back with
+                    # its end, or goes back now, unless a message waits.
+                    if not lease.held or await lease.release_if_idle():
+                        if not driver.wake:
+                            return
+                        continue
+                retry = False
                 # After a turn, look again only if something waits (one read), after its quiet window. In one
                 # process every arrival wakes the session's driver: not woken and nothing left behind by the
                 # last batch, nothing waits.
@@ -204,6 +208,7 @@ class TurnDrivers:
                                 return
                             slot.give_back()
                             await asyncio.sleep(self.config.lease_retry_s)
+                            retry = True
                             continue  # still the first look, if it was: it may resume an interrupted turn
                         if taker is not None:
                             lease.took()
