@@ -74,16 +74,27 @@ class SessionLeases:
         await self.store.release(lease_name(session_id), self.holder)
 
     async def heartbeat(self, session_id: str, on_lost: Callable[[], None]) -> None:
-        """Renew the session's lease until cancelled; if another replica took it over, call ``on_lost``."""
+        """Renew the session's lease until cancelled. If another replica took it over, or renewing keeps
+        failing (the database unreachable) until the lease would have run out, call ``on_lost``: past that
+        moment another replica may take the session, and a turn must never run twice."""
         assert self.store is not None
+        loop = asyncio.get_running_loop()
+        renewed = loop.time()
         while True:
             await asyncio.sleep(self.ttl_s / 3)
-            if not await self.store.renew(lease_name(session_id), self.holder, timedelta(seconds=self.ttl_s),
-                                          self.clock.now()):
-                # Another replica took the session over (we stalled past the lease): stop, never run twice.
+            try:
+                held = await self.store.renew(lease_name(session_id), self.holder, timedelta(seconds=self.ttl_s),
+                                              self.clock.now())
+            except Exception as exc:  # e.g. the database restarting: try again, until the lease is gone
+                if loop.time() - renewed < self.ttl_s * 2 / 3:
+                    log.warning("could not renew the lease on %s (%s); trying again", session_id, type(exc).__name__)
+                    continue
+                held = False
+            if not held:
                 log.error("lost the lease on %s; stopping its turn here", session_id)
                 on_lost()
                 return
+            renewed = loop.time()
 
     def hold(self, session_id: str, on_lost: Callable[[], None]) -> LeaseHold:
         return LeaseHold(self, session_id, on_lost)
@@ -120,13 +131,25 @@ class LeaseHold:
         self._pending: list[bool] | None = None  # what the running turn's end did, until it commits
 
     def taker(self) -> Callable[[Session], bool] | None:
-        """For the transaction that starts the next turn: None when held already (or no leases)."""
-        return self._leases.taker(self._session_id) if self._leases.enabled and not self.held else None
+        """For the transaction that starts the next turn (None without leases). Also when held: it extends
+        a lease still ours and finds one another replica took meanwhile (we stalled past it), so no turn
+        ever starts on a lease this process only believes it holds."""
+        return self._leases.taker(self._session_id) if self._leases.enabled else None
 
     def took(self) -> None:
         self.held = True
         self._given_back = None
-        self._heartbeat = asyncio.create_task(self._leases.heartbeat(self._session_id, self._on_lost))
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.create_task(self._leases.heartbeat(self._session_id, self._lost))
+
+    def lost(self) -> None:
+        """Another replica holds it now (a turn's start found so): nothing to renew or give back."""
+        self._let_go()
+
+    def _lost(self) -> None:
+        self.held = False  # the heartbeat ends by itself
+        self._heartbeat = None
+        self._on_lost()
 
     def releaser(self) -> Callable[[Session], None] | None:
         """For the transaction that ends the turn: gives the lease back unless a message waits. What it did

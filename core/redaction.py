@@ -258,8 +258,7 @@ class Redactor:
         now (with a turn's start), so it is not read again here."""
         asked = time.monotonic()
         if fingerprint is not None and fingerprint == self._seen:
-            self._checked = asked
-            return
+            return  # current as of the caller's read (not counted as a check of ours: the periodic one stays due)
         async with self._lock:
             if self._checked >= asked:  # someone else checked while this one waited
                 return

@@ -42,7 +42,6 @@ from core.runner import AgentRunner
 from core.store import ConversationStore, HeldElsewhere, InputStore, Taken
 
 if TYPE_CHECKING:
-    from sqlmodel import Session
 
     from core.clock import Clock
     from core.dispatcher import DispatchConfig
@@ -192,26 +191,28 @@ class TurnDrivers:
                         continue
                 retry = False
                 # After a turn, look again only if something waits (one read), after its quiet window. In one
-                # process every arrival wakes the session's driver: not woken and nothing left behind by the
-                # last batch, nothing waits.
+                # process every arrival wakes the driver: not woken, nothing left behind, nothing waits.
                 started: Taken | HeldElsewhere | None = None
                 if first or ((woken or driver.more or self.leasing.enabled) and await self._quiet_window(session_id)):
                     slot = TurnSlot(self._slots)
                     await slot.take()
                     try:
                         # The lease is taken in the transaction that starts the turn (one commit for both).
-                        taker = lease.taker()
-                        started = await self._next(session_id, resume=first, lease=taker)
+                        taker = lease.taker()  # (only a first look can find an interrupted turn: from before start())
+                        started = await self.inputs.take_batch(
+                            session_id, self.config.queue_mode, self.config.budget, self.clock.now(), resume=first,
+                            history=self.runner.limits.history_messages, lease=taker)
                         if isinstance(started, HeldElsewhere):
                             # Another replica runs this session: it takes what waits, or we try again later.
-                            if not started.waiting:
+                            lease.lost()
+                            if not started.waiting and not driver.wake:
                                 return
                             slot.give_back()
                             await asyncio.sleep(self.config.lease_retry_s)
                             retry = True
                             continue  # still the first look, if it was: it may resume an interrupted turn
                         if taker is not None:
-                            lease.took()
+                            lease.took()  # (again: extended)
                         driver.more = started is not None and started.more
                         if started is not None:
                             await self._run(started, slot=slot)
@@ -223,8 +224,12 @@ class TurnDrivers:
         except Exception:
             log.exception("turn driver for %s stopped", session_id)
         finally:
-            self._drivers.pop(session_id, None)
+            # Given back while still listed: a kick meanwhile only marks this driver, and a new one (below)
+            # takes the lease after that, never to see it deleted under it.
             await lease.close()
+            gone = self._drivers.pop(session_id, None)
+            if gone is not None and gone.wake and not _current_task_cancelling():
+                self.kick(session_id)
 
     async def _quiet_window(self, session_id: str) -> bool:
         """Let a burst finish arriving, so it becomes one merged turn (SPEC §5 debounce).
@@ -242,13 +247,6 @@ class TurnDrivers:
             if left <= 0:
                 return True
             await asyncio.sleep(left)
-
-    async def _next(self, session_id: str, *, resume: bool,
-                    lease: Callable[[Session], bool] | None) -> Taken | HeldElsewhere | None:
-        # Only a driver's first look can find an interrupted turn: they exist only from before start().
-        return await self.inputs.take_batch(session_id, self.config.queue_mode, self.config.budget,
-                                            self.clock.now(), resume=resume,
-                                            history=self.runner.limits.history_messages, lease=lease)
 
     async def _run(self, taken: Taken, *, slot: TurnSlot) -> None:
         turn = taken.turn
@@ -310,7 +308,7 @@ class TurnDrivers:
             transcript = None  # the file texts were added to it: the runner reads it again
         return await self.runner.run(
             turn, agent, images=images, steer=lambda: self._steer(turn, slot), transcript=transcript,
-            save_answer=False, secrets=taken.secrets,
+            save_answer=False, secrets=None if taken.attachments else taken.secrets,  # files take time: read again
             on_text=lambda text, again: self.bus.emit(AnswerDelta(turn.session, turn, text, again)),
             on_tool=lambda tool: self.bus.emit(ToolStarted(turn.session, turn, tool)))
 

@@ -195,12 +195,12 @@ async def test_an_outcome_recorded_by_another_replica_wakes_the_waiter(dispatche
 
 
 async def test_with_leases_a_turn_holds_its_session_and_gives_it_back_when_nothing_waits(
-    tmp_path: Path, model: HeldProvider
+    tmp_path: Path, model: HeldProvider, database_url: str | None
 ) -> None:
-    """Several replicas: the lease is taken with the turn's start and given back with its end, unless a
-    message another replica accepted meanwhile waits (that wakes no driver here): then it is kept, and that
-    message is this driver's next turn."""
-    async with build_core(tmp_path / "bot.db", model, leases=True, queue_mode="followup",
+    """Several replicas (on PostgreSQL with TEST_DATABASE_URL): the lease is taken with the turn's start and
+    given back with its end, unless a message another replica accepted meanwhile waits (that wakes no driver
+    here): then it is kept, and that message is this driver's next turn."""
+    async with build_core(database_url or tmp_path / "bot.db", model, leases=True, queue_mode="followup",
                           outcome_poll_s=0.05) as core:
         assert core.leases is not None
         name, dispatcher = "session:s:1", core.dispatcher
@@ -221,3 +221,29 @@ async def test_with_leases_a_turn_holds_its_session_and_gives_it_back_when_nothi
         assert await core.leases.live_holders([name], SystemClock().now()) == set()
         # A third replica may take the session now, at once.
         assert await core.leases.acquire(name, "elsewhere", timedelta(seconds=30), SystemClock().now())
+
+
+async def test_a_heartbeat_that_cannot_reach_the_database_gives_the_turn_up_before_its_lease_runs_out(
+    tmp_path: Path
+) -> None:
+    """Renewing fails (the database restarting): retried, but once the lease may have run out the turn is
+    stopped, since another replica may take the session from then on."""
+    from core.leasing import SessionLeases
+    from core.store import Database, LeaseStore
+
+    class Unreachable(LeaseStore):
+        async def renew(self, *_args: Any, **_kwargs: Any) -> bool:
+            raise ConnectionError("the database is restarting")
+
+    db = Database(f"sqlite:///{tmp_path}/x.db")
+    try:
+        leases = SessionLeases(Unreachable(db), SystemClock(), ttl_s=0.9)
+        lost = asyncio.Event()
+        started = asyncio.get_running_loop().time()
+        heartbeat = asyncio.create_task(leases.heartbeat("s:1", lost.set))
+        async with asyncio.timeout(2):
+            await lost.wait()
+        assert 0.6 <= asyncio.get_running_loop().time() - started < 0.9  # before the lease's 0.9 s ran out
+        await heartbeat
+    finally:
+        await db.close()

@@ -125,7 +125,7 @@ class Database:
     async def run_write(self, work: Callable[[Session], T], *, urgent: bool = False) -> T:
         """Run ``work`` (synchronous ORM or Core statements) in one write transaction, committed when it
         returns, rolled back if it raises. On SQLite the whole transaction is one call on the writer
-        thread; on PostgreSQL it runs on the async connection (``run_sync``). ``work`` does nothing but
+        thread; on PostgreSQL it runs in one greenlet on the async driver. ``work`` does nothing but
         database work: it may run on another thread. ``urgent``: someone (an ack) is waiting for it, so
         on SQLite it goes before queued turn writes."""
         if self._fast is not None:
