@@ -16,6 +16,7 @@ from bot.errors import Failed
 from bot.home import secure_home
 from bot.keys import load_keyring
 from bot.metrics import Metrics
+from bot.policies_config import load_policies
 from bot.providers import build_provider
 from bot.sandbox import probe as probe_sandbox
 from bot.sandbox_peers import SandboxPeers
@@ -28,6 +29,7 @@ from channels.web.credential_link import CredentialLinkPage
 from core.agents import AgentDirectory
 from core.approvals import ApprovalBroker, ApprovalPolicy
 from core.attachments import AttachmentReader
+from core.budget import ThreadBudget
 from core.clock import Clock, SystemClock
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
@@ -36,6 +38,7 @@ from core.dispatcher import DispatchConfig, Dispatcher
 from core.events import EventBus
 from core.failed_turns import announce_cancelled_requests
 from core.gateway import Gateway
+from core.policies import PolicyBook
 from core.ports import Ports
 from core.providers import Provider, RetryPolicy
 from core.runner import AgentRunner, RunnerLimits
@@ -51,6 +54,7 @@ from core.store import (
     LeaseStore,
     WebSessionStore,
 )
+from core.store.budgets import BudgetStore
 from core.store.deliveries import DeliveryStore
 from core.store.schedules import ScheduleStore
 from core.store.stats import snapshot
@@ -194,7 +198,8 @@ def build_application(
     ports = Ports()  # what core calls on each channel, registered below with the channels
     policy = ApprovalPolicy(settings.approvers, settings.admins, groups=ports)  # user groups: via the ports
     approvals = ApprovalBroker(ApprovalStore(db), bus, clock, policy, agents,
-                               timeout_s=settings.approval_timeout_s, poll_s=settings.approval_poll_s)
+                               timeout_s=settings.approval_timeout_s, poll_s=settings.approval_poll_s,
+                               policies=PolicyBook(load_policies(settings.bot_config)))
     credentials = CredentialService(
         CredentialStore(db), load_keyring(settings), bus, clock, policy, agents,
         timeout_s=settings.credential_timeout_s, max_bytes=settings.credential_max_bytes,
@@ -216,10 +221,12 @@ def build_application(
         provider or build_provider(settings),
         tools,
         clock,
-        limits=RunnerLimits(max_steps=settings.max_steps, tool_result_max_chars=settings.tool_result_max_chars),
+        limits=RunnerLimits(max_steps=settings.max_steps, tool_result_max_chars=settings.tool_result_max_chars,
+                            context_tokens=settings.llm_context_tokens),
         retry=RetryPolicy(attempts=settings.llm_max_attempts, base_delay_s=settings.llm_retry_base_s),
         gate=approvals,
         redactor=credentials.redactor,
+        budget=ThreadBudget(settings.thread_token_budget, BudgetStore(db), approvals),
     )
     deliveries = Deliveries(DeliveryStore(db), ports, bus, clock, config=DeliveryConfig(
         max_age_s=settings.delivery_max_age_s, retry_base_s=settings.delivery_retry_base_s,

@@ -126,6 +126,22 @@ def build_parser() -> argparse.ArgumentParser:
     flist = _command(fverbs, "list", "the newest verdicts: when, positive or negative, which turn, who, where",
                      "The first line totals every person's latest verdict.")
     flist.add_argument("--limit", type=_id, default=50, help="how many to list (default: %(default)s)")
+    audit = _command(sub, "audit", "the audit trail: approvals, votes, grants, credentials, schedules, overrides")
+    averbs = audit.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
+    export = _command(averbs, "export", "write every audit event since a date to stdout",
+                      "Each row: at, who, what, subject, where, outcome, detail. Never a secret value.")
+    export.add_argument("--since", required=True, help="a date (2026-11-30) or time (2026-11-30T12:00:00Z), UTC")
+    export.add_argument("--until", default=None, help="up to (not including) this date or time (default: now)")
+    export.add_argument("--format", choices=["jsonl", "csv"], default="jsonl", help="(default: %(default)s)")
+    policies = _command(sub, "policies", "approval rules ([[policies]] in bot.toml)")
+    pverbs = policies.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
+    pcheck = _command(pverbs, "check", "say which rule decides a call, and why (a dry run: nothing runs)",
+                      "TEXT is what rules match: shell_run's command, http_request's 'METHOD URL', "
+                      "message_send's '#channel text', another tool's arguments as JSON.")
+    pcheck.add_argument("tool", help="the tool's name, e.g. shell_run")
+    pcheck.add_argument("text", help="the call's text, e.g. 'echo hello'")
+    pcheck.add_argument("--risk", choices=["gated", "safe"], default=None,
+                        help="the tool's built-in risk (default: known for built-in tools, else gated)")
     webp = _command(sub, "web", "web chat logins")
     wverbs = webp.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
     _command(wverbs, "logout-all", "end every web chat login (audited); browsers get the login page again")
@@ -209,6 +225,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         return asyncio.run(approvals_command(args))
     if args.command == "web":
         return asyncio.run(_web_logout_all())
+    if args.command == "audit":
+        from bot.operator import audit_command
+
+        return asyncio.run(audit_command(args))
+    if args.command == "policies":
+        from bot.policy_check import check_command
+
+        return check_command(args.tool, args.text, args.risk)
     if args.command == "feedback":
         from bot.operator import feedback_command
 

@@ -173,16 +173,28 @@ def _egress(settings: Settings) -> Check:
 def _config_file(settings: Settings) -> list[Check]:
     """``bot.toml`` (agents, ``[slack]``): what `bot run` would refuse, said before it is run."""
     from bot.agents_config import load_agents
+    from bot.policies_config import load_policies
     from bot.slack_config import load_suggested_prompts
+    from core.policies import PolicyAction
 
     if not settings.bot_config.exists():
         return []
     try:
         agents = load_agents(settings.bot_config, default_instructions=settings.bot_instructions)
         prompts = load_suggested_prompts(settings.bot_config)
+        policies = load_policies(settings.bot_config)
     except BotError as exc:
-        return [Check("bot.toml", False, str(exc), f"correct {settings.bot_config} (README: Agents)")]
-    return [Check("bot.toml", True, f"{len(agents)} agent(s), {len(prompts)} suggested prompt(s)")]
+        return [Check("bot.toml", False, str(exc),
+                      f"correct {settings.bot_config} (README: Agents, Approval policies)")]
+    checks = [Check("bot.toml", True, f"{len(agents)} agent(s), {len(policies)} approval rule(s), "
+                                      f"{len(prompts)} suggested prompt(s)")]
+    # A rule that lets every call of a tool run unasked: a glob slip (``match`` forgotten) opens the host.
+    wide = [p for p in policies if p.action is PolicyAction.ALLOW and p.match is None and p.tool != "time_now"]
+    if wide:
+        checks.append(Check("approval rules", False, "; ".join(f"{p.describe()} lets every call of {p.tool!r} run "
+                                                               "without asking" for p in wide),
+                            "give each allow rule a `match` (e.g. match = \"echo hello*\"), or remove it"))
+    return checks
 
 
 def _approvers(settings: Settings) -> list[Check]:

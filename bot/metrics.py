@@ -13,8 +13,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, His
 
 from channels.web.auth import bearer_matches, local_problem
 from core.events import (
+    ApprovalReminded,
     ApprovalRequested,
     ApprovalResolved,
+    ApprovalVoted,
     CredentialRequested,
     Event,
     EventBus,
@@ -68,8 +70,10 @@ class Metrics:
                 TURN_SECONDS.observe(time.monotonic() - started)
         elif isinstance(event, ApprovalRequested):
             APPROVALS.labels(event="requested").inc()
-        elif isinstance(event, ApprovalResolved):
+        elif isinstance(event, ApprovalResolved):  # approved, denied, expired (nobody's decision), cancelled
             APPROVALS.labels(event=event.request.status).inc()
+        elif isinstance(event, ApprovalVoted | ApprovalReminded):
+            APPROVALS.labels(event="voted" if isinstance(event, ApprovalVoted) else "reminded").inc()
         elif isinstance(event, CredentialRequested):
             CREDENTIAL_REQUESTS.inc()
         elif isinstance(event, FeedbackGiven):

@@ -13,6 +13,7 @@ from bot.agents_config import load_agents
 from bot.errors import DB_HINT, BotError, Failed, NotFoundError, Refused
 from bot.home import secure_home
 from bot.keys import load_keyring
+from bot.policies_config import load_policies
 from bot.settings import Settings, load_settings
 from core.agents import AgentDirectory
 from core.approvals import ApprovalBroker, ApprovalPolicy
@@ -23,6 +24,7 @@ from core.display import visible
 from core.errors import InvalidInput, StoreError
 from core.events import EventBus
 from core.hosts import parse_hosts
+from core.policies import PolicyBook
 from core.replies import asked_by
 from core.store import ApprovalStore, CredentialStore, Database
 from core.stored_secrets import credential_views
@@ -50,7 +52,8 @@ async def _core() -> AsyncIterator[_Core]:
         bus, clock = EventBus(), SystemClock()
         yield _Core(
             settings,
-            ApprovalBroker(ApprovalStore(db), bus, clock, policy, agents, timeout_s=settings.approval_timeout_s),
+            ApprovalBroker(ApprovalStore(db), bus, clock, policy, agents, timeout_s=settings.approval_timeout_s,
+                           policies=PolicyBook(load_policies(settings.bot_config))),
             CredentialService(CredentialStore(db), load_keyring(settings), bus, clock, policy, agents,
                               timeout_s=settings.credential_timeout_s, max_bytes=settings.credential_max_bytes),
             agents,
@@ -75,6 +78,18 @@ def operator_name() -> str:
         return f"operator:{getpass.getuser()}"
     except (KeyError, OSError):
         return "operator"
+
+
+async def audit_command(args: argparse.Namespace) -> int:
+    """``bot audit export``: the audit trail from --since (to --until) on stdout; the count on stderr."""
+    from bot.audit_export import parse_day, write
+
+    since, until = parse_day(args.since), parse_day(args.until) if args.until else None
+    async with _core() as core:
+        rows = await core.approvals.audit_entries(since, until)
+    count = write(rows, args.format)
+    print(f"{count} audit event(s) since {since.isoformat()}", file=sys.stderr)
+    return 0
 
 
 async def approvals_command(args: argparse.Namespace) -> int:

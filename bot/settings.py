@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     llm_stream: bool = True  # ask the model to stream (answers show while written); off for endpoints that cannot
     llm_max_attempts: int = Field(default=4, ge=1, le=10)
     llm_retry_base_s: float = Field(default=0.5, ge=0)
+    # What one model request may hold: the replayed thread is fitted into it (shortened, summarised).
+    llm_context_tokens: int = Field(default=32_000, ge=4_000, le=10_000_000)
+    # Tokens a thread's model calls may use before its turn waits for Continue (unset: no budget).
+    thread_token_budget: int | None = Field(default=None, ge=1_000, le=1_000_000_000)
 
     # Agent
     bot_instructions: str | None = None

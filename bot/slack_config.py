@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
+from bot.config_file import read_config
 from bot.errors import SettingsError
 
 MAX_PROMPTS = 4  # Slack shows at most four suggested prompts
@@ -21,13 +21,7 @@ DEFAULT_PROMPTS: tuple[tuple[str, str], ...] = (
 def load_suggested_prompts(path: Path) -> tuple[tuple[str, str], ...]:
     """``[slack] suggested_prompts = [{ title = "…", message = "…" }, …]``: (title, message) pairs, at most
     four; the defaults when the file or the key is absent; an empty list offers none."""
-    if not path.exists():
-        return DEFAULT_PROMPTS
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise SettingsError(f"{path}: {exc}") from None
-    table = data.get("slack", {})
+    table = read_config(path).get("slack", {})
     if not isinstance(table, dict):
         raise SettingsError(f"{path}: [slack] must be a table")
     unknown = set(table) - {"suggested_prompts"}

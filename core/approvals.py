@@ -8,100 +8,35 @@ all produce one outcome; every later attempt is told what already happened.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, Protocol
+from datetime import datetime, timedelta
+from typing import Any
 
 from core.agents import AgentDirectory
+from core.approval_policy import REQUESTER, ApprovalPolicy, DecideResult, GroupResolver  # noqa: F401  (re-exported)
 from core.clock import Clock
 from core.errors import NotAllowed, NotFound
-from core.events import ApprovalRequested, ApprovalResolved, EventBus
+from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus
 from core.model import ApprovalInfo, ApprovalStatus
 from core.parking import Waiters
+from core.policies import Policy, PolicyAction, PolicyBook, Ruling
 from core.store import ApprovalStore
 from core.store.tables import ApprovalRow, GrantRow
 from core.tools import DESTINATION_TOOL, GateDecision, Tool, ToolContext, canonical_call
-from core.views import GrantView
+from core.views import AuditEntry, GrantView
 
 log = logging.getLogger(__name__)
 
-REQUESTER = "requester"
 # Why a call is refused when no approver can be shown its arguments in full.
 TOO_LONG_TO_SHOW = "its arguments are too long to show an approver, and attaching them in full failed"
-
-
-class GroupResolver(Protocol):
-    async def members(self, group_id: str) -> set[str]:
-        """User ids in a user group (e.g. a Slack user group ``S…``)."""
-        ...
-
-
-class ApprovalPolicy:
-    """Who may decide: admins always; approvers by user id, by user group, or as the requester."""
-
-    def __init__(self, approvers: tuple[str, ...], admins: tuple[str, ...], groups: GroupResolver | None = None):
-        self.approvers = approvers
-        self.admins = admins
-        self.groups = groups
-
-    async def may_decide(self, user: str, requester: str | None, agent_approvers: tuple[str, ...] = ()) -> bool:
-        """Whether ``user`` may decide for something ``requester`` asked for (approvals and credentials)."""
-        if not user:
-            return False
-        if user in self.admins:
-            return True
-        approvers = agent_approvers or self.approvers
-        if user in approvers or (REQUESTER in approvers and user == requester):
-            return True
-        for group in (a for a in approvers if a.startswith("S")):
-            if self.groups is not None and user in await self.groups.members(group):
-                return True
-        return False
-
-    def deciders(self, requester: str | None, agent_approvers: tuple[str, ...] = ()) -> tuple[str, ...]:
-        """Who is asked to decide (user and group ids, ``requester`` resolved; admins may too but are not
-        named): what a channel shows as "waiting for approval from …"."""
-        named = (requester if a == REQUESTER else a for a in (agent_approvers or self.approvers))
-        return tuple(dict.fromkeys(a for a in named if a))
-
-    def is_admin(self, user: str) -> bool:
-        return user in self.admins
-
-
-@dataclass(frozen=True)
-class DecideResult:
-    """What a click (or an operator) achieved: ``won`` when it settled the request."""
-
-    won: bool
-    request: ApprovalInfo | None
-    refused: str | None = None  # the clicker may not decide: why
-    late: bool = False  # it was still pending, but past its expiry: settled as expired instead
-
-    @property
-    def expired(self) -> bool:
-        """The decision came after the request ran out of time (now, or earlier): nothing was decided."""
-        return not self.won and self.request is not None and self.request.status == ApprovalStatus.EXPIRED
-
-    @property
-    def message(self) -> str:
-        if self.refused is not None:
-            return self.refused
-        if self.request is None:
-            return "That approval request does not exist."
-        if self.won:
-            return self.request.summary() + "."
-        if self.late:
-            return (f"Too late: request {self.request.id} expired at {self.request.expires_at:%Y-%m-%d %H:%M:%S} UTC; "
-                    "nothing was approved or denied, and it did not run.")
-        return f"Already settled: {self.request.summary()}."
 
 
 class ApprovalBroker:
     def __init__(
         self, store: ApprovalStore, bus: EventBus, clock: Clock, policy: ApprovalPolicy, agents: AgentDirectory,
-        *, timeout_s: float, poll_s: float = 2.0,
+        *, timeout_s: float, poll_s: float = 2.0, policies: PolicyBook | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -109,36 +44,57 @@ class ApprovalBroker:
         self.policy = policy
         self.agents = agents
         self.timeout = timedelta(seconds=timeout_s)
+        self.policies = policies or PolicyBook()  # [[policies]]: the first matching rule decides a call
         self._waiters = Waiters(clock, poll_s)
 
     # -- the runner's side (core.tools.ToolGate) ------------------------------------------------
 
     async def authorize(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> GateDecision:
+        ruling = self.policies.rule(tool.name, args, risk=tool.risk, trust=ctx.trust)
+        refused = await self._ruled(ruling, ctx, tool)
+        if refused is not None:
+            return refused
+        if ruling.action is PolicyAction.ALLOW:
+            return GateDecision(True)
         subject = _subject(tool, args)
         if subject is not None and (tool.name, subject) in ctx.preapproved:  # e.g. a firing's own destination
             return GateDecision(True)
-        if await self.granted(agent=ctx.agent, tool=tool.name, place=ctx.place, args=args):
+        # An "Always allow" covers calls no rule decides; a rule's own approvers and quorum are never skipped.
+        if ruling.policy is None and await self.granted(agent=ctx.agent, tool=tool.name, place=ctx.place, args=args):
             return GateDecision(True)
         if not ctx.interactive:
             return GateDecision(False, f"error: `{tool.name}` needs a person's approval and nobody can be asked "
                                        "here, so it did not run; continue without it")
         request = await self.request(session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=ctx.call_id,
                                      tool=tool.name, args=args, agent=ctx.agent, place=ctx.place,
-                                     requester=ctx.sender, risk=tool.risk.value)
+                                     requester=ctx.sender, risk=tool.risk.value, policy=ruling.policy)
         return _decision(await self._wait(request, ctx.turn_id))
 
     async def request(self, *, session_id: str, turn_id: int | None, call_id: str, tool: str, args: dict[str, Any],
-                      agent: str, place: str | None, requester: str | None, risk: str = "gated") -> ApprovalInfo:
+                      agent: str, place: str | None, requester: str | None, risk: str = "gated",
+                      policy: Policy | None = None) -> ApprovalInfo:
         """Park a request (committed) and announce it; settle it later. Used by gated calls and by
-        anything else a person must approve (a schedule's destination)."""
+        anything else a person must approve (a schedule's destination). ``policy``: the rule that asks
+        (its approvers, quorum and timeout; without one, the agent's approvers and APPROVAL_TIMEOUT_S)."""
         now = self.clock.now()
+        timeout = timedelta(seconds=policy.timeout_s) if policy is not None and policy.timeout_s else self.timeout
+        approvers = policy.approvers if policy is not None else ()
+        if policy is not None and policy.escalate_to and not approvers:  # those who join add to these, written out
+            approvers = self.agents.get(agent).approvers or self.policy.approvers
+        remind = policy.remind_after_s if policy is not None and policy.remind_after_s else None
         request = await self.store.park(ApprovalRow(
             session_id=session_id, turn_id=turn_id, tool_call_id=call_id, tool=tool, arguments=json.dumps(args),
             agent=agent, place=place, requester=requester, risk=risk, status=ApprovalStatus.PENDING,
-            parked_at=now, expires_at=now + self.timeout,
+            parked_at=now, expires_at=now + timeout, approvers=json.dumps(list(approvers)) if approvers else None,
+            quorum=policy.quorum if policy is not None else 1,
+            policy=policy.describe() if policy is not None else None,
+            notify=json.dumps(list(policy.notify)) if policy is not None else None,
+            escalate_to=json.dumps(list(policy.escalate_to)) if policy is not None and policy.escalate_to else None,
+            remind_at=now + timedelta(seconds=remind) if remind is not None and remind < timeout.total_seconds()
+            else None,
         ))
         log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
-        deciders = self.policy.deciders(requester, self.agents.get(agent).approvers)
+        deciders = self.policy.deciders(requester, approvers or self.agents.get(agent).approvers)
         self.bus.emit(ApprovalRequested(request.session, request, deciders))
         return request
 
@@ -152,14 +108,42 @@ class ApprovalBroker:
         being cancelled leaves it pending (e.g. a schedule's destination, across a restart)."""
         return await self._wait(request, None)
 
+    async def audit_entries(self, since: datetime, until: datetime | None = None) -> list[AuditEntry]:
+        """The audit trail from ``since`` (up to ``until``), oldest first (``bot audit export``)."""
+        return [AuditEntry(r.at, r.actor, r.action, r.subject, r.detail)
+                for r in await self.store.audit_between(since, until)]
+
+    async def wait_in_turn(self, request: ApprovalInfo, turn_id: int | None) -> ApprovalInfo:
+        """Until it is settled; a stop of the turn ``turn_id`` cancels it (a budget's Continue/Stop)."""
+        return await self._wait(request, turn_id)
+
     async def for_call(self, session_id: str, call_id: str) -> ApprovalInfo | None:
         """The request already made for this call, if any (a restart must not ask twice)."""
         return await self.store.for_call(session_id, call_id)
+
+    async def _ruled(self, ruling: Ruling, ctx: ToolContext, tool: Tool) -> GateDecision | None:
+        """A rule's allow or deny is audited (who asked, which rule, where); a deny is the refusal returned."""
+        if ruling.policy is None or ruling.action is PolicyAction.ASK:
+            return None
+        await self.store.audit(self.clock.now(), ctx.sender or "agent", f"policy.{ruling.action}",
+                               f"tool:{tool.name}", {"rule": ruling.policy.describe(), "session": ctx.session_id,
+                                                     "place": ctx.place, "turn": ctx.turn_id})
+        if ruling.action is PolicyAction.ALLOW:
+            return None
+        log.info("tool %s refused by %s (session %s)", tool.name, ruling.policy.describe(), ctx.session_id)
+        return GateDecision(False, f"error: the approval policy refuses `{tool.name}` here "
+                                   f"({ruling.policy.describe()}), so it did not run; do not retry it; "
+                                   "continue without it")
 
     async def recover(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> GateDecision | None:
         request = await self.store.for_call(ctx.session_id, ctx.call_id)
         if request is None or not _same_call(request, ctx, tool, args):
             return None  # another turn's request (one failed after restarts), or a reused call id: never acted on
+        ruling = self.policies.rule(tool.name, args, risk=tool.risk, trust=ctx.trust)
+        if ruling.action is PolicyAction.DENY and not request.started:  # a rule added since: it wins
+            if not request.settled:
+                await self._settle(request.id, ApprovalStatus.CANCELLED, by=None, reason="refused by a policy rule")
+            return await self._ruled(ruling, ctx, tool)
         if request.status == ApprovalStatus.PENDING:
             request = await self._wait(request, ctx.turn_id)  # its buttons still work after a restart
         return _decision(request)
@@ -177,10 +161,32 @@ class ApprovalBroker:
         async def cancel(request_id: int) -> object:
             return await self._settle(request_id, ApprovalStatus.CANCELLED, by=None, reason="the turn was stopped")
 
-        return await self._waiters.wait(
-            request, turn_id=turn_id, load=self.store.get, expire=expire, cancel=cancel,
-            settled_elsewhere=lambda current: self.bus.emit(ApprovalResolved(current.session, current)),
-        )
+        reminder = asyncio.create_task(self._remind(request)) if request.remind_at and not request.reminded else None
+        try:
+            return await self._waiters.wait(
+                request, turn_id=turn_id, load=self.store.get, expire=expire, cancel=cancel,
+                settled_elsewhere=lambda current: self.bus.emit(ApprovalResolved(current.session, current)),
+            )
+        finally:
+            if reminder is not None:
+                reminder.cancel()
+
+    async def _remind(self, request: ApprovalInfo) -> None:
+        """At the request's ``remind_at``: its approvers are reminded (once, whichever process gets there
+        first), and a rule's ``escalate_to`` join them."""
+        assert request.remind_at is not None
+        await asyncio.sleep(max(0.0, (request.remind_at - self.clock.now()).total_seconds()))
+        try:
+            won, current = await self.store.remind(request.id, self.clock.now())
+        except Exception:  # the reminder is a courtesy: the request still waits and expires
+            log.exception("could not remind the approvers of approval %s", request.id)
+            return
+        if won and current is not None and not current.settled:
+            deciders = self.policy.deciders(current.requester,
+                                            current.approvers or self.agents.get(current.agent).approvers)
+            log.info("approval %s: approvers reminded", request.id)
+            self.bus.emit(ApprovalReminded(current.session, current, deciders,
+                                           current.expires_at - self.clock.now()))
 
     # -- deciders' side -------------------------------------------------------------------------
 
@@ -193,8 +199,12 @@ class ApprovalBroker:
         if not operator and not await self.may_decide(by, request):
             log.info("approval %s: %s may not decide", request_id, by)
             return DecideResult(False, request, refused="You can't approve this: you are not one of its approvers.")
+        if request.quorum > 1 and not operator:  # one vote of several (an operator's word settles it)
+            return await self._vote(request, verdict, by, reason)
         status = ApprovalStatus.DENIED if verdict == "deny" else ApprovalStatus.APPROVED
-        call = grant_call(request.tool, request.arguments) if verdict == "always" else None
+        # A rule's request records no grant: it would let the call skip that rule's approvers from then on.
+        grantable = verdict == "always" and request.grantable
+        call = grant_call(request.tool, request.arguments) if grantable else None
         won, settled = await self._settle(request_id, status, by=by,
                                           reason=(reason or None) if verdict == "deny" else None, grant=call)
         if not won and not settled.settled:  # the settle refused it only because it has run out of time
@@ -202,6 +212,26 @@ class ApprovalBroker:
             log.info("approval %s: %s decided after its expiry; settled as expired", request_id, by)
             return DecideResult(False, settled, late=won_expiry)
         return DecideResult(won, settled)
+
+    async def _vote(self, request: ApprovalInfo, verdict: str, by: str, reason: str | None) -> DecideResult:
+        """Distinct approvers count; one Deny settles it denied. "Always allow" counts as an approval and
+        records no grant: a standing grant would let the call skip its quorum from then on."""
+        counted, won, current = await self.store.vote(request.id, by, "deny" if verdict == "deny" else "approve",
+                                                      reason=(reason or None) if verdict == "deny" else None,
+                                                      now=self.clock.now())
+        if current is None:
+            return DecideResult(False, None)
+        if not counted and not current.settled and current.expires_at <= self.clock.now():
+            won_expiry, current = await self._settle(request.id, ApprovalStatus.EXPIRED, by=None, reason=None)
+            return DecideResult(False, current, late=won_expiry)
+        if won:
+            log.info("approval %s settled: %s", request.id, current.summary())
+            self._waiters.wake(request.id)
+            self.bus.emit(ApprovalResolved(current.session, current))
+        elif counted:
+            log.info("approval %s: %s", request.id, current.progress())
+            self.bus.emit(ApprovalVoted(current.session, current))
+        return DecideResult(won, current, voted=counted and not won)
 
     async def refuse(self, request_id: int, reason: str) -> bool:
         """A channel could not show the request as it must be shown (e.g. its arguments in full):
@@ -244,8 +274,8 @@ class ApprovalBroker:
         return f"Grant {grant_id} revoked: that call needs approval again."
 
     async def may_decide(self, user: str, request: ApprovalInfo) -> bool:
-        agent = self.agents.get(request.agent)
-        return await self.policy.may_decide(user, request.requester, agent.approvers)
+        approvers = request.approvers or self.agents.get(request.agent).approvers
+        return await self.policy.may_decide(user, request.requester, approvers)
 
     async def _settle(self, request_id: int, status: str, *, by: str | None, reason: str | None,
                       grant: str | None = None) -> tuple[bool, ApprovalInfo]:
@@ -307,9 +337,19 @@ def _decision(request: ApprovalInfo) -> GateDecision:
         reason = request.reason or "no reason given"
         return GateDecision(False, f"error: the user denied `{request.tool}`: {reason}; do not retry it; "
                                    "continue without it", request.id)
-    if request.status == ApprovalStatus.EXPIRED:
-        return GateDecision(False, f"error: nobody approved `{request.tool}` in time, so it did not run; "
-                                   "do not retry it; continue without it", request.id)
+    if request.status == ApprovalStatus.EXPIRED:  # nobody's decision: never told as a denial
+        return GateDecision(False, f"expired: nobody decided within {_span(request.expires_at - request.parked_at)}, "
+                                   f"so `{request.tool}` did not run; nobody refused it either: it may be asked for "
+                                   "again later if it is still needed", request.id)
     why = f": {request.reason}" if request.reason else ""
     return GateDecision(False, f"error: the request to run `{request.tool}` was cancelled{why}; it did not run",
                         request.id)
+
+
+def _span(wait: timedelta) -> str:
+    """How long a request waited, as a person says it: "45 seconds", "1 minute", "30 minutes"."""
+    seconds = wait.total_seconds()
+    if seconds < 90:
+        return f"{seconds:.3g} second{'' if seconds == 1 else 's'}"
+    minutes = round(seconds / 60)
+    return f"{minutes} minute{'' if minutes == 1 else 's'}"

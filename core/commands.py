@@ -60,7 +60,7 @@ class Commands:
         words = command.text.split()
         sub = words[0].lower() if words else "help"
         if sub == "status":
-            return await self._status()
+            return await self._status(command.session)
         if sub == "stop":
             return await self._stop(command, marks)
         if sub == "queue" and len(words) == 2:
@@ -76,12 +76,14 @@ class Commands:
         typed_words = f"{command.name} {typed(' '.join(words))}"  # quoted back: no backtick can end the code span
         return f"I don't know {marks.code(typed_words)}.\n{help_text(command.name)}"
 
-    async def _status(self) -> str:
+    async def _status(self, session: str | None) -> str:
         status = await self.status()
         state = "paused by an operator" if status.paused else (
             "taking messages" if status.accepting else "not taking messages")
+        budget = self.dispatcher.runner.budget
+        used = await budget.status(session) if budget is not None and session is not None else None
         return (f"I'm up and {state}; {status.running} conversation(s) working now. "
-                f"Default queue mode: {status.queue_mode}.")
+                f"Default queue mode: {status.queue_mode}." + (f" This thread: {used}." if used else ""))
 
     async def _stop(self, command: Command, marks: Marks) -> str:
         # Exact: the thread it was typed in, else the place's one busy thread (never a guess among several).

@@ -11,6 +11,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
 from core.model import ApprovalInfo, CredentialRequestInfo, MessageRef, SessionInfo, TurnInfo
@@ -119,6 +120,24 @@ class ApprovalRequested(Event):
     name: ClassVar[str] = "approval.requested"
     request: ApprovalInfo
     deciders: tuple[str, ...] = ()  # who is asked (user and group ids; admins may decide too)
+
+
+@dataclass(frozen=True)
+class ApprovalReminded(Event):
+    """A request still waits at its rule's ``remind_after_s``: remind its deciders (escalated ones included)."""
+
+    name: ClassVar[str] = "approval.reminded"
+    request: ApprovalInfo
+    deciders: tuple[str, ...] = ()
+    left: timedelta = timedelta(0)  # until it expires
+
+
+@dataclass(frozen=True)
+class ApprovalVoted(Event):
+    """An approver's vote counted, and the request (needing several) still waits: show its progress."""
+
+    name: ClassVar[str] = "approval.voted"
+    request: ApprovalInfo
 
 
 @dataclass(frozen=True)

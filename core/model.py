@@ -188,15 +188,40 @@ class ApprovalInfo:
     # Whoever else had messages in the turn when the call was asked (steered or context): the call
     # may be their idea. Shown to approvers; they are not requesters (only ``requester`` is).
     other_senders: tuple[str, ...] = ()
+    # From the [[policies]] rule that asked: who may decide (empty: the agent's or BOT_APPROVERS), how many
+    # distinct approvers must agree, the rule, and the approvals given so far (voter ids, in order).
+    approvers: tuple[str, ...] = ()
+    quorum: int = 1
+    policy: str | None = None
+    approved_by: tuple[str, ...] = ()
+    risk: str = "gated"  # BUDGET_RISK: a thread's token budget used up (Continue / Stop), not a tool call
+    notify: tuple[str, ...] = ("thread",)  # where it is shown: the thread, and each approver's DM ("dm")
+    remind_at: datetime | None = None  # when the approvers are reminded (a rule's remind_after_s)
+    reminded: bool = False
 
     @property
     def settled(self) -> bool:
         return self.status != ApprovalStatus.PENDING
 
+    @property
+    def grantable(self) -> bool:
+        """Whether "Always allow" is offered: not for a request a policy rule asked (a standing grant would
+        skip its approvers and quorum from then on)."""
+        return self.policy is None and self.quorum <= 1 and self.risk != BUDGET_RISK
+
+    def progress(self) -> str | None:
+        """"1 of 2 — U1" while a request that needs several approvers waits; None otherwise."""
+        if self.quorum <= 1 or self.settled:
+            return None
+        who = ", ".join(self.approved_by) or "nobody yet"
+        return f"{len(self.approved_by)} of {self.quorum} approvals — {who}"
+
     def summary(self) -> str:
         """One line saying how it was settled, e.g. "Denied by U1: not now"."""
         who = self.decided_by or "someone"
         if self.status == ApprovalStatus.APPROVED:
+            if len(self.approved_by) > 1:
+                who = " and ".join([", ".join(self.approved_by[:-1]), self.approved_by[-1]])
             return f"{'Always allowed' if self.always else 'Approved'} by {who}"
         if self.status == ApprovalStatus.DENIED:
             return f"Denied by {who}" + (f": {self.reason}" if self.reason else "")
@@ -205,6 +230,9 @@ class ApprovalInfo:
         if self.status == ApprovalStatus.CANCELLED:
             return "Cancelled" + (f" ({self.reason})" if self.reason else "")
         return "Waiting for a decision"
+
+
+BUDGET_RISK = "budget"  # what a thread's token-budget park is filed as (its card: Continue and Stop)
 
 
 class CredentialStatus(enum.StrEnum):

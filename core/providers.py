@@ -43,6 +43,7 @@ class CompletionRequest:
 class Completion:
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
+    usage: int | None = None  # the tokens the call used, as the provider counted them (None: not said)
 
 
 class TextStream(Protocol):

@@ -11,8 +11,10 @@ from typing import Any
 
 from core.agents import Agent
 from core.answer_stream import AnswerStream, Emit
+from core.budget import ThreadBudget
 from core.clock import Clock
-from core.errors import StepLimitReached
+from core.context_window import ContextWindow, estimate, request_tokens
+from core.errors import ProviderError, StepLimitReached
 from core.model import TurnInfo
 from core.providers import (
     ChatMessage,
@@ -24,6 +26,7 @@ from core.providers import (
 )
 from core.redaction import Redactor
 from core.store import ConversationStore
+from core.store.summaries import SummaryStore
 from core.text import clean_text
 from core.tools import Risk, Tool, ToolContext, ToolError, ToolGate, ToolRegistry, run_tool
 
@@ -42,6 +45,7 @@ class RunnerLimits:
     max_steps: int = 25
     history_messages: int = 200
     tool_result_max_chars: int = 16_000
+    context_tokens: int = 32_000  # LLM_CONTEXT_TOKENS: what one model request may hold
 
 
 class AgentRunner:
@@ -56,6 +60,7 @@ class AgentRunner:
         retry: RetryPolicy = RetryPolicy(),
         gate: ToolGate | None = None,
         redactor: Redactor | None = None,
+        budget: ThreadBudget | None = None,
     ) -> None:
         self.store = store
         self.provider = provider
@@ -65,6 +70,9 @@ class AgentRunner:
         self.retry = retry
         self.gate = gate
         self.redactor = redactor
+        self.budget = budget  # THREAD_TOKEN_BUDGET: counted per model call, parks the turn when used up
+        self.window = ContextWindow(limits.context_tokens, SummaryStore(store.db) if store is not None else None,
+                                    self._summarise, mask=self.redact)
 
     async def run(
         self,
@@ -120,15 +128,33 @@ class AgentRunner:
         if images and history and history[-1].role == "user":
             history[-1] = replace(history[-1], images=images)
 
+        # This turn's messages (from its first, resumed or not) are never left out to fit the context window.
+        keep_from, tight = _turn_start(rows, turn.id, history), False
         # Nothing of the live text leaves before the masks are current (the check started above).
         live = None if on_text is None else AnswerStream(on_text, self.redactor, checking)
         for _step in range(self.limits.max_steps):
-            request = CompletionRequest(instructions=agent.instructions, messages=merge_user_runs(history),
-                                        tools=specs)
+            if self.budget is not None:  # used up: parked until Continue (or ended by Stop), before any call
+                await self.budget.before_call(ctx)
+            room = self.window.room(agent.instructions, specs, tight=tight)
+            messages = await self.window.fit(session_id, merge_user_runs(history), room, keep_from=keep_from)
+            request = CompletionRequest(instructions=agent.instructions, messages=messages, tools=specs)
             try:
                 reply = await complete_with_retries(self.provider, request, self.retry, on_text=live)
+                if self.budget is not None:
+                    await self.budget.spend(session_id, reply.usage if reply.usage is not None else
+                                            request_tokens(request) + estimate(reply.content))
                 if checking is not None:
                     await checking
+            except ProviderError as exc:
+                if exc.kind == "context_overflow" and not tight:  # its count is not ours: once, tighter
+                    log.warning("the model said the request was too long; fitting it into half the room")
+                    tight = True
+                    if live is not None:
+                        live.restart()
+                    continue
+                if live is not None:
+                    live.close()
+                raise
             except BaseException:
                 if live is not None:
                     live.close()
@@ -181,13 +207,13 @@ class AgentRunner:
         ctx = replace(ctx, call_id=call.id)
         try:
             args = tool.parse_arguments(call.arguments)
-            if tool.risk is Risk.GATED:
-                if self.gate is None:
-                    raise ToolError(f"{tool.name} needs a person's approval, and nobody can approve here")
+            if self.gate is not None:  # every call: approval policies may refuse or ask about safe tools too
                 decision = await self.gate.authorize(ctx, tool, args)
                 if not decision.allowed:
                     return await self.redact(decision.result)
                 await self.gate.started(decision)  # the decision is on record before the tool runs
+            elif tool.risk is Risk.GATED:
+                raise ToolError(f"{tool.name} needs a person's approval, and nobody can approve here")
             if on_tool is not None:
                 on_tool(tool.name)
             return await self._execute(tool, ctx, args)
@@ -217,6 +243,12 @@ class AgentRunner:
     async def redact(self, text: str) -> str:
         """``text`` with every secret the redactor knows masked."""
         return await self.redactor.redact(text) if self.redactor is not None else text
+
+    async def _summarise(self, messages: list[ChatMessage]) -> str:
+        """One model call, no tools: a summary of what the context window left out (masked)."""
+        request = CompletionRequest(instructions="You summarise chat-ops threads briefly and factually.",
+                                    messages=messages)
+        return await self.redact((await complete_with_retries(self.provider, request, self.retry)).content)
 
     async def _close_dangling_calls(
         self, history: list[ChatMessage], allowed: set[str], ctx: ToolContext, checking: asyncio.Future[None] | None
@@ -254,15 +286,27 @@ class AgentRunner:
             except ToolError as exc:
                 return await self.redact(f"error: {exc}")
             return await self.redact(recovered) if recovered is not None else INTERRUPTED_RESULT
-        if tool.risk is not Risk.GATED or self.gate is None:
+        if self.gate is None:
             return INTERRUPTED_RESULT
-        decision = await self.gate.recover(ctx, tool, args)
+        decision = await self.gate.recover(ctx, tool, args)  # a safe tool too: a policy may have asked
         if decision is None or decision.already_started:
             return INTERRUPTED_RESULT
         if not decision.allowed:
             return await self.redact(decision.result)
         await self.gate.started(decision)
         return await self._execute(tool, ctx, args)
+
+
+def _turn_start(rows: Sequence[Any], turn_id: int, history: list[ChatMessage]) -> int:
+    """Where this turn's messages begin in the merged history: after what the rows before its first row
+    (by ``turn_id``) make; a resumed turn's own calls and results are its too."""
+    first = next((i for i, row in enumerate(rows) if getattr(row, "turn_id", None) == turn_id), len(rows))
+    before = len(_to_chat(rows[:first]))
+    start = len(merge_user_runs(history[:before]))
+    # The last message before it and its first are both the user's: merged into one, which is this turn's.
+    if before and before < len(history) and history[before - 1].role == "user" and history[before].role == "user":
+        start -= 1
+    return max(0, start)
 
 
 def merge_user_runs(messages: list[ChatMessage]) -> list[ChatMessage]:

@@ -37,6 +37,7 @@ class ToolContext:
     call_id: str = ""
     interactive: bool = True  # False where nobody can be asked
     preapproved: tuple[tuple[str, str], ...] = ()  # (tool, subject) that need no approval here
+    trust: str | None = None  # the sender's trust level (admin, member, guest, external, bot), when known
 
 
 ToolFunction = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]

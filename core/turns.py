@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from core import logcontext
 from core.agents import Agent, AgentDirectory
 from core.attachments import AttachmentReader
+from core.budget import BudgetExhausted
 from core.delivery import EMPTY_ANSWER
 from core.errors import ProviderError, StepLimitReached
 from core.events import (
@@ -280,8 +281,8 @@ class TurnDrivers:
             await self._cancelled(turn, driver.cancelled_by)
         except ProviderError as exc:
             await self._fail(turn, exc.kind, exc.user_message)
-        except StepLimitReached as exc:
-            await self._fail(turn, "step_limit", str(exc))
+        except (StepLimitReached, BudgetExhausted) as exc:
+            await self._fail(turn, "budget" if isinstance(exc, BudgetExhausted) else "step_limit", str(exc))
         except Exception as exc:
             log.exception("turn %s failed", turn.id)
             await self._fail(

@@ -79,3 +79,14 @@ class CredentialView:
         """Whose it is, e.g. "agent (default)" or "shared (granted to ops, deploy)"."""
         owner = self.agent if self.scope == "agent" else "granted to " + (", ".join(self.granted_to) or "nobody")
         return f"{self.scope} ({owner})"
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One audit line: who did what to which subject, when; ``detail`` is its JSON (never a secret)."""
+
+    at: datetime
+    actor: str
+    action: str
+    subject: str
+    detail: str | None

@@ -66,7 +66,8 @@ def test_violation_detector_can_fail() -> None:
 # The services behind the Gateway: a channel reaches them only through core.gateway (and reads values:
 # core.model, core.views, core.events, core.errors, core.ports, core.text, core.display, core.replies).
 CORE_SERVICES = ("core.dispatcher", "core.approvals", "core.credentials", "core.schedules", "core.turns",
-                 "core.controls", "core.runner", "core.commands", "core.delivery", "core.leasing", "core.feedback")
+                 "core.controls", "core.runner", "core.commands", "core.delivery", "core.leasing", "core.feedback",
+                 "core.budget", "core.policies", "core.context_window")
 
 
 def test_channels_call_core_only_through_the_gateway() -> None:

@@ -663,6 +663,38 @@ async def test_a_turn_starts_under_its_lease_in_one_transaction(db: Database, in
                                    lease=lambda s: leases.acquire_in(s, mine, expired)) is None
 
 
+async def test_the_lease_goes_and_stays_with_the_commits_that_start_and_end_a_turn(
+        db: Database, inputs: InputStore, convs: ConversationStore) -> None:
+    """Taken in take_batch's transaction and given back in finish_turn's (``then``): a transaction that rolls
+    back takes its lease statement with it, either way."""
+    leases = LeaseStore(db)
+    name, mine = f"session:{SID}", LeaseClaim(f"session:{SID}", "p1", TTL)
+    await burst(inputs, "one")
+
+    def take_then_fail(s: Any) -> bool:
+        leases.acquire_in(s, mine, T0)
+        raise RuntimeError("the turn's start failed after the lease statement")
+
+    with pytest.raises(RuntimeError):
+        await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0, lease=take_then_fail)
+    assert await leases.live_holders([name], T0) == set()  # rolled back with it
+    taken = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0, lease=lambda s: leases.acquire_in(s, mine, T0))
+    assert isinstance(taken, Taken) and await leases.live_holders([name], T0) == {name}
+
+    def release_then_fail(s: Any) -> None:
+        assert leases.release_if_idle_in(s, name, "p1", SID)
+        raise RuntimeError("the turn's end failed after the release statement")
+
+    with pytest.raises(RuntimeError):
+        await convs.finish_turn(taken.turn.id, status="finished", answer="a", error=None, now=T0,
+                                then=release_then_fail)
+    assert await leases.live_holders([name], T0) == {name}  # still held: the end did not commit
+    released: list[bool] = []
+    await convs.finish_turn(taken.turn.id, status="finished", answer="a", error=None, now=T0,
+                            then=lambda s: released.append(leases.release_if_idle_in(s, name, "p1", SID)))
+    assert released == [True] and await leases.live_holders([name], T0) == set()
+
+
 async def test_an_idle_connection_the_server_dropped_is_replaced_before_use(
         db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     """PostgreSQL: a pooled connection is pinged only after sitting idle (PING_IDLE_S); one the server
@@ -711,15 +743,15 @@ async def test_schedule_add_get_all_and_status_transitions(db: Database) -> None
     assert got is not None and (got.prompt, got.status, got.firings, got.failures) == (
         "say hi", "pending_destination", 0, 0)
     assert await store.get(10_000) is None
-    assert await store.set_status(first.id, "active", only_from=("pending_destination",), approval_id=7)
-    assert not await store.set_status(first.id, "active", only_from=("pending_destination",))  # once
-    assert not await store.set_status(first.id, "paused", only_from=("pending_destination",))  # not from active
-    assert await store.set_status(second.id, "cancelled")  # without only_from: whatever it was
+    assert await store.set_status(first.id, "active", only_from=("pending_destination",), approval_id=7, now=T0)
+    assert not await store.set_status(first.id, "active", only_from=("pending_destination",), now=T0)  # once
+    assert not await store.set_status(first.id, "paused", only_from=("pending_destination",), now=T0)  # not active
+    assert await store.set_status(second.id, "cancelled", now=T0)  # without only_from: whatever it was
     got = await store.get(first.id)
     assert got is not None and (got.status, got.approval_id) == ("active", 7)
     assert [s.id for s in await store.all()] == [first.id, second.id]
     assert [s.id for s in await store.all(statuses=("active", "paused"))] == [first.id]
-    assert not await store.set_status(10_000, "active")
+    assert not await store.set_status(10_000, "active", now=T0)
 
 
 async def test_start_firing_numbers_firings_and_dedupes_a_slot(db: Database) -> None:
@@ -783,7 +815,7 @@ async def test_retiring_leaves_a_cancelled_schedule_cancelled(db: Database) -> N
     assert schedule.id is not None
     firing = await store.start_firing(schedule.id, T0, min_gap_s=0)
     assert firing is not None and firing.id is not None
-    await store.set_status(schedule.id, "cancelled")
+    await store.set_status(schedule.id, "cancelled", now=T0)
     finished = await store.finish_firing(firing.id, ts="1.1", error=None, now=T0, retire=True)
     assert finished.status == "cancelled"
 
@@ -1265,3 +1297,45 @@ def _head_revision() -> str:
     head = ScriptDirectory.from_config(cfg).get_current_head()
     assert head is not None
     return head
+
+
+async def test_quorum_votes_count_distinct_approvers_and_settle_once(inputs: InputStore, db: Database) -> None:
+    """Many approvers voting at once (on any replica): their votes are counted one after another on the locked
+    row, so the one that reaches the quorum settles it, exactly once; later votes are not counted."""
+    approvals = ApprovalStore(db)
+    await burst(inputs, "run ls")
+    turn = (await take(inputs)).turn.id
+    info = await approvals.park(approval_row(turn_id=turn, quorum=2, approvers=json.dumps(["U1", "U2", "U3"])))
+    assert (info.quorum, info.approvers, info.approved_by) == (2, ("U1", "U2", "U3"), ())
+    now = T0 + timedelta(seconds=1)
+    results = await asyncio.gather(*(approvals.vote(info.id, f"U{i}", "approve", reason=None, now=now)
+                                     for i in range(1, 9)))
+    assert sum(counted for counted, _won, _ in results) == 2 and sum(won for _c, won, _ in results) == 1
+    settled = await approvals.get(info.id)
+    assert settled is not None and settled.status == "approved" and len(settled.approved_by) == 2
+    # A restart between votes loses none: what was counted is in the database.
+    again = ApprovalStore(Database(db.url))
+    try:
+        reread = await again.get(info.id)
+        assert reread is not None and reread.approved_by == settled.approved_by
+    finally:
+        await again.db.close()
+
+
+async def test_a_second_vote_is_one_vote_a_deny_settles_and_a_late_vote_counts_nothing(
+        inputs: InputStore, db: Database) -> None:
+    approvals = ApprovalStore(db)
+    await burst(inputs, "run ls")
+    turn = (await take(inputs)).turn.id
+    first = await approvals.park(approval_row(turn_id=turn, quorum=2, tool_call_id="c1"))
+    now = T0 + timedelta(seconds=1)
+    twice = await asyncio.gather(*(approvals.vote(first.id, "U1", "approve", reason=None, now=now) for _ in range(4)))
+    assert sum(counted for counted, _w, _r in twice) == 1
+    counted, won, denied = await approvals.vote(first.id, "U2", "deny", reason="no", now=now)
+    assert counted and won and denied is not None and (denied.status, denied.reason) == ("denied", "no")
+    second = await approvals.park(approval_row(turn_id=turn, quorum=2, tool_call_id="c2"))
+    late = second.expires_at + timedelta(seconds=1)
+    counted, won, current = await approvals.vote(second.id, "U1", "approve", reason=None, now=late)
+    assert (counted, won) == (False, False) and current is not None and current.status == "pending"
+    audit = [row.action for row in await approvals.audit_log()]
+    assert audit.count("approval.vote.approve") == 1 and "approval.vote.deny" in audit and "approval.denied" in audit

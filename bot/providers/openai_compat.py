@@ -48,6 +48,7 @@ class OpenAICompatibleProvider:
         self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_connect=timeout_s,
                                               sock_read=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._stream_usage = True  # ask a stream for its usage (dropped if the endpoint refuses the option)
         # HTTPS_PROXY and friends (NO_PROXY too), as the SDK honoured them: looked up once, not per request
         # (aiohttp's trust_env reads the environment and ~/.netrc on a thread for every call).
         self._proxy: URL | None = None
@@ -71,7 +72,9 @@ class OpenAICompatibleProvider:
 
     async def _complete(self, body: dict[str, Any], on_text: TextStream | None) -> Completion:
         streaming = on_text is not None and self.streams
-        payload = json.dumps(body | {"stream": True} if streaming else body)
+        # A streamed answer's usage (the thread's token budget) comes only when asked for.
+        extra = {"stream": True, **({"stream_options": {"include_usage": True}} if self._stream_usage else {})}
+        payload = json.dumps(body | extra if streaming else body)
         try:
             # Sending the request and getting the answer's head: one deadline (a peer that never reads a
             # large body would otherwise hold the turn for ever); then each read has its own.
@@ -83,6 +86,12 @@ class OpenAICompatibleProvider:
                 if response.status >= 300:
                     error = _status_error(response.status, (await _body_of(response)).decode("utf-8", "replace"),
                                           response.headers)
+                    if streaming and response.status == 400 and self._stream_usage and (
+                            error.param == "stream_options" or "stream_options" in error.detail):
+                        log.warning("the model endpoint refuses stream_options (%s); streamed answers' tokens are "
+                                    "estimated from now on", error.detail)
+                        self._stream_usage = False
+                        return await self._complete(body, on_text)
                     if streaming and response.status == 400 and error.param == "stream":
                         log.warning("the model endpoint refuses streaming (%s); answers are asked for whole from "
                                     "now on", error.detail)
@@ -123,6 +132,7 @@ async def _read_stream(response: aiohttp.ClientResponse, on_text: TextStream) ->
     (bot.providers.openai_stream); text goes to ``on_text`` as it arrives."""
     whole = StreamedCompletion()
     received = 0
+    usage: int | None = None
     async for raw in response.content:
         received += len(raw)
         if received > MAX_BODY_BYTES:
@@ -137,10 +147,11 @@ async def _read_stream(response: aiohttp.ClientResponse, on_text: TextStream) ->
         chunk = json.loads(data)
         if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):  # an error sent mid-stream
             raise _status_error(500, json.dumps(chunk), {}).provider_error
+        usage = usage_of(chunk) or usage  # the last chunk, when asked for (stream_options)
         text = whole.add(chunk)
         if text:
             on_text(text)
-    return Completion(content="".join(whole.text), tool_calls=whole.tool_calls())
+    return Completion(content="".join(whole.text), tool_calls=whole.tool_calls(), usage=usage)
 
 
 def _body(model: str, request: CompletionRequest) -> dict[str, Any]:
@@ -169,7 +180,16 @@ def _completion(response: Any) -> Completion:
             calls.append(ToolCall(id=_cleaned(call.get("id")), name=_cleaned(function.get("name")),
                                   arguments=arguments if isinstance(arguments, str) and arguments else "{}"))
     content = message.get("content")
-    return Completion(content=clean_text(content if isinstance(content, str) else ""), tool_calls=tuple(calls))
+    return Completion(content=clean_text(content if isinstance(content, str) else ""), tool_calls=tuple(calls),
+                      usage=usage_of(response))
+
+
+def usage_of(response: Any) -> int | None:
+    """``usage.total_tokens`` of a completion (or of a stream's last chunk), if the endpoint says it."""
+    usage = response.get("usage") if isinstance(response, dict) else None
+    total = usage.get("total_tokens") if isinstance(usage, dict) else None
+    # Zero or absurd figures are not believed (an endpoint must not switch a budget off): estimated instead.
+    return total if isinstance(total, int) and not isinstance(total, bool) and 0 < total < 10**7 else None
 
 
 @dataclass(frozen=True)

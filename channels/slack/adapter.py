@@ -99,7 +99,7 @@ class SlackChannel:
         self.app.event("message")(self._on_message)
         self._commands = SlackCommands(self.app, config.command, self.name, gateway)
         self._private = PrivateReplies(self.client)
-        approvals_ui = SlackApprovals(self.app, self.client, gateway)
+        approvals_ui = SlackApprovals(self.app, self.client, gateway, members=self.port.group_members)
         credentials_ui = SlackCredentials(self.app, self.client, gateway)
         SlackFeedback(self.app, self._private, gateway, self.name)
         SlackStopping(self.app, self._private, gateway)

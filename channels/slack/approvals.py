@@ -3,9 +3,11 @@ in-place update once settled. Every rule (who may decide, settle once) is core's
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
-from datetime import datetime
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 from slack_bolt.async_app import AsyncApp
@@ -13,41 +15,47 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import PrivateReplies, error_code
-from channels.slack.formatting import SLACK_MARKS, escape
+from channels.slack.approval_cards import (
+    DENY_VIEW,
+    approval_blocks,
+    deny_modal,
+    fallback_text,
+    fits_on_card,
+    is_person,
+    mention,
+    section,
+    time_left,
+)
+from channels.slack.formatting import escape
 from channels.slack.payloads import channel_id, input_value, user_id
 from core.display import arguments_text
 from core.errors import InvalidInput
 from core.gateway import Gateway
-from core.model import ApprovalInfo, ApprovalStatus
-from core.replies import asked_by
+from core.model import ApprovalInfo
 
 log = logging.getLogger(__name__)
 
-ACTION = re.compile(r"^approval:(approve|deny|always)$")
-DENY_VIEW = "approval_deny"
-# Slack allows 3,000 characters in a section's text and 50 blocks in a message. The arguments are
-# never cut: they take several sections, and past _INLINE_SECTIONS (a wall nobody reads in a
-# channel) they are attached in full as a file in the thread.
-_SECTION_CHARS = 3_000
-_CHUNK_CHARS = _SECTION_CHARS - 2 * len("```\n")
-_INLINE_SECTIONS = 6
-_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+ACTION = re.compile(r"^approval:(approve|deny|always|stop)$")
+_MAX_DM_CARDS = 25  # a group of hundreds is asked in the thread, not by hundreds of DMs
 _TOO_BIG = {"invalid_blocks", "msg_too_long", "too_many_blocks", "msg_blocks_too_long"}
-_OUTCOME_ICON = {ApprovalStatus.APPROVED: ":white_check_mark:", ApprovalStatus.DENIED: ":x:",
-                 ApprovalStatus.EXPIRED: ":hourglass:", ApprovalStatus.CANCELLED: ":no_entry_sign:"}
 
 
 class SlackApprovals:
-    def __init__(self, app: AsyncApp, client: AsyncWebClient, gateway: Gateway) -> None:
+    def __init__(self, app: AsyncApp, client: AsyncWebClient, gateway: Gateway,
+                 members: Callable[[str], Awaitable[set[str]]] | None = None) -> None:
         self.client = client
         self.gateway = gateway
+        self.members = members  # a user group's members (SlackPort.group_members): DM cards go to each
+        self._cut = False  # the last DM round reached only the first _MAX_DM_CARDS people
         self._private = PrivateReplies(client)
         app.action(ACTION)(self._on_click)
         app.view(DENY_VIEW)(self._on_deny_submitted)
 
     # -- rendering ------------------------------------------------------------------------------
 
-    async def announce(self, request: ApprovalInfo) -> None:
+    async def announce(self, request: ApprovalInfo, deciders: tuple[str, ...] = ()) -> None:
+        """The card in the thread and, with a rule's ``notify = ["dm"]``, in each decider's DM; where each
+        copy is goes on record, so a decision anywhere updates them all."""
         ref = request.session.reply_ref
         attached = None
         if not request.settled and not fits_on_card(request):
@@ -56,27 +64,92 @@ class SlackApprovals:
             if attached is None:
                 await self.gateway.approval_unshowable(request.id)
                 return
-        for attempt in range(2):
-            try:
-                posted = await self.client.chat_postMessage(
-                    channel=ref["channel"], thread_ts=ref.get("thread_ts"), text=_fallback(request),
-                    blocks=approval_blocks(request, attached=attached),
-                )
-                break
-            except SlackApiError as exc:
-                log.error("could not post approval %s: %s", request.id, error_code(exc))
-                if attempt or attached is not None or request.settled or error_code(exc) not in _TOO_BIG:
-                    return  # e.g. Slack is down: it stays pending, and expires if nobody can decide
-            # Slack would not take the arguments on the card after all: attach them, or refuse the call.
-            attached = await self._attach(request)
-            if attached is None:
-                await self.gateway.approval_unshowable(request.id)
-                return
-        await self.gateway.approval_shown(request.id, {"channel": posted["channel"], "ts": posted["ts"]})
+        where: dict[str, Any] = {}
+        if "dm" in request.notify:
+            where["copies"] = await self._dm_cards(request, deciders)
+        # The thread too, unless only DMs were asked for and every one landed: never shown nowhere.
+        if "thread" in request.notify or not where.get("copies") or self._cut:
+            for attempt in range(2):
+                try:
+                    posted = await self.client.chat_postMessage(
+                        channel=ref["channel"], thread_ts=ref.get("thread_ts"), text=fallback_text(request),
+                        blocks=approval_blocks(request, attached=attached),
+                    )
+                    where |= {"channel": posted["channel"], "ts": posted["ts"]}
+                    break
+                except SlackApiError as exc:
+                    log.error("could not post approval %s: %s", request.id, error_code(exc))
+                    if attempt or attached is not None or request.settled or error_code(exc) not in _TOO_BIG:
+                        break  # e.g. Slack is down: it stays pending, and expires if nobody can decide
+                # Slack would not take the arguments on the card after all: attach them, or refuse the call.
+                attached = await self._attach(request)
+                if attached is None:
+                    await self.gateway.approval_unshowable(request.id)
+                    break
+        if where:
+            await self.gateway.approval_shown(request.id, where)
 
-    async def _attach(self, request: ApprovalInfo) -> str | None:
-        """Post the arguments in full as a file in the request's thread; its name, or None if that failed."""
+    async def remind(self, request: ApprovalInfo, deciders: tuple[str, ...], left: timedelta) -> None:
+        """A reminder in the thread that mentions whoever may decide (escalated ones included), and with DM
+        cards a new card in each one's DM (kept on record with the others)."""
+        current = await self.gateway.approval(request.id)
+        if current is None or current.settled:  # decided meanwhile: nothing to remind anyone of
+            return
         ref = request.session.reply_ref
+        people = " ".join(mention(d) for d in deciders if is_person(d)) or "approvers"
+        text = (f":bell: Reminder: {people} — `{escape(request.tool)}` is still waiting for a decision; "
+                f"about {time_left(left)} left before it expires.")
+        try:
+            await self.client.chat_postMessage(channel=ref["channel"], thread_ts=ref.get("thread_ts"), text=text)
+        except SlackApiError as exc:
+            log.warning("could not remind about approval %s: %s", request.id, error_code(exc))
+        if "dm" in request.notify:
+            copies = await self._dm_cards(current, deciders, reminder=True)
+            latest = await self.gateway.approval(request.id) or current
+            where = dict(latest.announcement or {})
+            where["copies"] = [*where.get("copies", []), *copies]
+            await self.gateway.approval_shown(request.id, where)
+            settled = await self.gateway.approval(request.id)
+            if settled is not None and settled.settled:  # decided while these went out: no buttons left on them
+                await self.resolve(settled)
+
+    async def _dm_cards(self, request: ApprovalInfo, deciders: tuple[str, ...], *,
+                        reminder: bool = False) -> list[dict[str, str]]:
+        """The card in each decider's DM (people named first, then user groups' members; at most
+        _MAX_DM_CARDS): where each landed. Arguments too long for a card go to each DM as a file first."""
+        named = [d for d in deciders if d[:1] in ("U", "W") and is_person(d)]
+        people = list(named)
+        for group in (d for d in deciders if d.startswith("S") and is_person(d)):
+            if self.members is not None:
+                people += sorted(await self.members(group))
+        people = list(dict.fromkeys(people))
+        self._cut = len(people) > _MAX_DM_CARDS
+        if self._cut:
+            log.warning("approval %s: %d approvers, cards by DM to the first %d (the thread has it too)",
+                        request.id, len(people), _MAX_DM_CARDS)
+        copies = []
+        for user in people[:_MAX_DM_CARDS]:
+            try:
+                channel = (await self.client.conversations_open(users=user))["channel"]["id"]
+                attached = None
+                if not fits_on_card(request):  # they must be able to read every argument where they decide
+                    attached = await self._attach(request, channel=channel)
+                    if attached is None:
+                        continue
+                blocks = approval_blocks(request, attached=attached)
+                if reminder:
+                    blocks = [section(":bell: Reminder: this still waits for your decision."), *blocks]
+                posted = await self.client.chat_postMessage(channel=channel, text=fallback_text(request), blocks=blocks)
+                copies.append({"channel": posted["channel"], "ts": posted["ts"]})
+            except Exception as exc:  # one DM failing (closed DMs, the network) leaves the others
+                log.warning("could not send approval %s to %s by DM: %s", request.id, user,
+                            error_code(exc) if isinstance(exc, SlackApiError) else type(exc).__name__)
+        return copies
+
+    async def _attach(self, request: ApprovalInfo, *, channel: str | None = None) -> str | None:
+        """Post the arguments in full as a file in the request's thread (or in ``channel``, a DM); its name, or
+        None if that failed."""
+        ref = request.session.reply_ref if channel is None else {"channel": channel}
         filename = f"approval-{request.id}-arguments.txt"
         content = (f"Approval request {request.id}: {request.agent} wants to run {request.tool}.\n"
                    "Every argument in full. Whitespace and invisible characters are shown as marks like "
@@ -92,18 +165,31 @@ class SlackApprovals:
         return filename
 
     async def resolve(self, request: ApprovalInfo) -> None:
-        """Update the request's message in place: no buttons, who decided what."""
-        where = request.announcement or (await self.gateway.approval(request.id) or request).announcement
-        try:
-            if where:
-                await self.client.chat_update(channel=where["channel"], ts=where["ts"], text=_fallback(request),
-                                              blocks=approval_blocks(request))
-            else:  # never announced (Slack was down): say how it ended instead
-                ref = request.session.reply_ref
+        """Update the request's message in place, and every DM copy: no buttons, who decided what; or,
+        while it waits on more votes, the votes so far (read again: a settled card never gets its buttons back
+        from a late vote)."""
+        if not request.settled or not request.announcement:
+            request = await self.gateway.approval(request.id) or request
+        where = request.announcement or {}
+        places = ([{"channel": where["channel"], "ts": where["ts"]}] if "channel" in where else []) + list(
+            where.get("copies") or [])
+        if not places:  # never announced (Slack was down): say how it ended instead
+            ref = request.session.reply_ref
+            try:
                 await self.client.chat_postMessage(channel=ref["channel"], thread_ts=ref.get("thread_ts"),
-                                                   text=_fallback(request), blocks=approval_blocks(request))
-        except SlackApiError as exc:
-            log.error("could not update approval %s: %s", request.id, error_code(exc))
+                                                   text=fallback_text(request), blocks=approval_blocks(request))
+            except SlackApiError as exc:
+                log.error("could not update approval %s: %s", request.id, error_code(exc))
+            return
+        await asyncio.gather(*(self._update(request, place) for place in places))
+
+    async def _update(self, request: ApprovalInfo, place: dict[str, Any]) -> None:
+        try:
+            await self.client.chat_update(channel=place["channel"], ts=place["ts"], text=fallback_text(request),
+                                          blocks=approval_blocks(request))
+        except (SlackApiError, KeyError) as exc:
+            log.error("could not update approval %s: %s", request.id,
+                      error_code(exc) if isinstance(exc, SlackApiError) else "no such message")
 
     # -- interactions ---------------------------------------------------------------------------
 
@@ -116,6 +202,11 @@ class SlackApprovals:
         request_id = _request_id(action.get("value"))
         if verdict is None or request_id is None:
             self._private.tell(channel, user, "That button does not belong to an approval request I know.")
+            return
+        if verdict.group(1) == "stop":  # a budget's Stop: no reason asked
+            result = await self.gateway.decide(request_id, "deny", by=user)
+            if not result.won:
+                self._private.tell(channel, user, result.message)
             return
         if verdict.group(1) == "deny":
             prompt = await self.gateway.deny_prompt(request_id, by=user)
@@ -146,120 +237,10 @@ class SlackApprovals:
         except InvalidInput as exc:  # e.g. a reason longer than the modal allows: nothing was decided
             log.warning("deny of approval %s refused: %s", request_id, exc)
             return
-        if not result.won and result.request is not None and result.request.announcement:
-            self._private.tell(result.request.announcement["channel"], user, result.message)
+        told = (result.request.announcement or {}).get("channel") if result.request is not None else None
+        if not result.won and told:
+            self._private.tell(told, user, result.message)
 
-
-
-def approval_blocks(request: ApprovalInfo, *, attached: str | None = None) -> list[dict[str, Any]]:
-    """The card: every argument in full (over several sections, or in the attached file ``attached``)."""
-    asked = asked_by(request, SLACK_MARKS)
-    shown = arguments_text(request.arguments)
-    chunks = _chunks(shown)
-    header = f":lock: *{escape(request.agent)}* wants to run `{escape(request.tool)}`"
-    if attached is None and len(chunks) <= _INLINE_SECTIONS:
-        if len(chunks) > 1:
-            header += f" — its arguments in full, in {len(chunks)} parts:"
-        body = [_section(f"```\n{chunk}\n```") for chunk in chunks]
-    else:
-        body = [_section(_too_long_note(request, len(shown), attached))]
-    blocks: list[dict[str, Any]] = [_section(header), *body]
-    if "⟦" in shown:
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
-            "Marks like ⟦3 spaces⟧, ⟦TAB⟧ or ⟦U+202E⟧ stand for whitespace and invisible characters "
-            "in the arguments.")}]})
-    if request.status == ApprovalStatus.PENDING:
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
-            f"{asked} · expires {_date(request.expires_at)}")}]})
-        value = str(request.id)  # only the id: the request itself is in the database
-        blocks.append({"type": "actions", "block_id": f"approval:{request.id}", "elements": [
-            {"type": "button", "action_id": "approval:approve", "text": {"type": "plain_text", "text": "Approve"},
-             "style": "primary", "value": value},
-            {"type": "button", "action_id": "approval:deny", "text": {"type": "plain_text", "text": "Deny"},
-             "style": "danger", "value": value},
-            {"type": "button", "action_id": "approval:always",
-             "text": {"type": "plain_text", "text": "Always allow"}, "value": value},
-        ]})
-    else:
-        icon = _OUTCOME_ICON.get(request.status, "")
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
-            f"{icon} {_who(escape(request.summary()), request.decided_by)} · {asked}")}]})
-    return blocks
-
-
-def deny_modal(request: ApprovalInfo) -> dict[str, Any]:
-    return {
-        "type": "modal", "callback_id": DENY_VIEW, "private_metadata": str(request.id),
-        "title": {"type": "plain_text", "text": "Deny"},
-        "submit": {"type": "plain_text", "text": "Deny"},
-        "close": {"type": "plain_text", "text": "Cancel"},
-        "blocks": [
-            {"type": "section", "text": {"type": "mrkdwn", "text": f"Deny `{request.tool}`? The agent is told, "
-                                                                   "and carries on without it."}},
-            {"type": "input", "block_id": "reason", "optional": True,
-             "label": {"type": "plain_text", "text": "Reason (the agent sees it)"},
-             "element": {"type": "plain_text_input", "action_id": "text", "multiline": True, "max_length": 500}},
-        ],
-    }
-
-
-def _fallback(request: ApprovalInfo) -> str:
-    if request.status == ApprovalStatus.PENDING:
-        return f"{request.agent} wants to run {request.tool}: Approve, Deny or Always allow"
-    return f"{request.tool}: {_who(request.summary(), request.decided_by)}"
-
-
-def _who(summary: str, user: str | None) -> str:
-    """Mention the decider when it is a Slack user id."""
-    if user and user[:1] in ("U", "W") and user[1:].isalnum():
-        return summary.replace(f"by {user}", f"by <@{user}>")
-    return summary
-
-
-def fits_on_card(request: ApprovalInfo) -> bool:
-    """Whether the arguments, in full, fit on the card itself (else they must be attached)."""
-    return len(_chunks(arguments_text(request.arguments))) <= _INLINE_SECTIONS
-
-
-def _chunks(text: str) -> list[str]:
-    """``text`` escaped for mrkdwn, in pieces that each fit a section with its code fences: never cut
-    inside an escape, and at a line break when one is near (that break is the box's edge)."""
-    chunks: list[str] = []
-    current: list[str] = []
-    size = 0
-    for token in (_ESCAPES.get(ch, ch) for ch in text):
-        if size + _width(token) > _CHUNK_CHARS:
-            cut = next((i for i in range(len(current) - 1, len(current) // 2, -1) if current[i] == "\n"), None)
-            chunks.append("".join(current[:cut]))
-            current = current[cut + 1:] if cut is not None else []
-            size = sum(_width(t) for t in current)
-        current.append(token)
-        size += _width(token)
-    chunks.append("".join(current))
-    return chunks
-
-
-def _width(token: str) -> int:
-    """Characters as Slack may count them (UTF-16 units: an emoji can count twice)."""
-    return sum(2 if ord(ch) > 0xFFFF else 1 for ch in token)
-
-
-def _too_long_note(request: ApprovalInfo, length: int, attached: str | None) -> str:
-    too_long = f":paperclip: The arguments ({length:,} characters) are too long for this card."
-    if request.status == ApprovalStatus.PENDING:
-        name = f" (`{attached}`)" if attached else ""
-        return f"{too_long} They are attached in full as a file in this thread{name}: read it before you decide."
-    if request.announcement:
-        return f"{too_long} They are attached in full as a file in this thread."
-    return too_long
-
-
-def _section(text: str) -> dict[str, Any]:
-    return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
-
-
-def _date(when: datetime) -> str:
-    return f"<!date^{int(when.timestamp())}^{{date_short_pretty}} {{time}}|{when:%Y-%m-%d %H:%M} UTC>"
 
 
 def _request_id(value: Any) -> int | None:

@@ -30,8 +30,10 @@ from channels.slack.status import THINKING, ThreadStatus
 from channels.slack.streams import SlackStreams
 from core.events import (
     AnswerDelta,
+    ApprovalReminded,
     ApprovalRequested,
     ApprovalResolved,
+    ApprovalVoted,
     CredentialRequested,
     CredentialResolved,
     DirectNotice,
@@ -124,11 +126,13 @@ class SlackRenderer:
         elif isinstance(event, ToolStarted):
             await self._status(event.turn.id, f"is running {event.tool}…")
         elif isinstance(event, ApprovalRequested):
-            await self.approvals.announce(event.request)
+            await self.approvals.announce(event.request, event.deciders)
             if self._shows_status(event.request.turn_id):
                 await self._status(event.request.turn_id, await self._waiting_for(event.deciders))
-        elif isinstance(event, ApprovalResolved):
+        elif isinstance(event, ApprovalResolved | ApprovalVoted):  # in place: the outcome, or the votes so far
             await self.approvals.resolve(event.request)
+        elif isinstance(event, ApprovalReminded):
+            await self.approvals.remind(event.request, event.deciders, event.left)
         elif isinstance(event, CredentialRequested):
             await self.credentials.announce(event.request)
             await self._status(event.request.turn_id, "is waiting for a credential…")

@@ -21,8 +21,10 @@ from channels.web.port import WebPort
 from core.errors import Conflict, CoreError, InvalidInput, NotAllowed, NotFound
 from core.events import (
     AnswerDelta,
+    ApprovalReminded,
     ApprovalRequested,
     ApprovalResolved,
+    ApprovalVoted,
     CredentialRequested,
     CredentialResolved,
     Event,
@@ -274,7 +276,7 @@ class WebChannel:
             item.update(input_id=event.input_id)
         elif isinstance(event, Notice):
             item.update(text=event.text)
-        elif isinstance(event, ApprovalRequested | ApprovalResolved):
+        elif isinstance(event, ApprovalRequested | ApprovalResolved | ApprovalVoted | ApprovalReminded):
             item.update(approval=_approval(event.request))
         elif isinstance(event, CredentialRequested | CredentialResolved):
             item.update(credential=_credential(event.request))
@@ -289,7 +291,9 @@ class WebChannel:
 
 def _approval(a: ApprovalInfo) -> dict[str, Any]:
     return {"id": a.id, "tool": a.tool, "arguments": a.arguments, "status": a.status, "summary": a.summary(),
-            "expires_at": a.expires_at.isoformat(), "requester": a.requester, "at": a.parked_at.isoformat()}
+            "expires_at": a.expires_at.isoformat(), "requester": a.requester, "at": a.parked_at.isoformat(),
+            "quorum": a.quorum, "progress": a.progress(), "grantable": a.grantable, "risk": a.risk,
+            "reminded": a.reminded}
 
 
 def _credential(c: CredentialRequestInfo) -> dict[str, Any]:

@@ -93,7 +93,7 @@ class ScheduleService:
             approval = await self.approvals.for_call(schedule.origin_session or "", f"schedule:{schedule.id}")
             if approval is not None:
                 await self.store.set_status(schedule.id, ScheduleStatus.PENDING_DESTINATION, approval_id=approval.id,
-                                            only_from=(ScheduleStatus.PENDING_DESTINATION,))
+                                            only_from=(ScheduleStatus.PENDING_DESTINATION,), now=self.clock.now())
         if approval is None:
             args = destination_args(schedule)
             # "Always allow" on an earlier destination approval: this agent may post there again.
@@ -105,7 +105,8 @@ class ScheduleService:
                     tool=DESTINATION_TOOL, args=args, agent=schedule.agent, place=destination_place(schedule),
                     requester=schedule.creator,
                 )
-                await self.store.set_status(schedule.id, ScheduleStatus.PENDING_DESTINATION, approval_id=approval.id)
+                await self.store.set_status(schedule.id, ScheduleStatus.PENDING_DESTINATION, approval_id=approval.id,
+                                            now=self.clock.now())
         if approval is not None and not approval.settled:
             approval = await self.approvals.wait(approval)
         origin = await self.conversations.get_session(schedule.origin_session or "")
@@ -115,15 +116,15 @@ class ScheduleService:
                     f"posting to {schedule.destination}"
                     + (" (always allowed there)." if granted else "."))
         else:
-            await self.store.set_status(schedule.id, ScheduleStatus.CANCELLED,
+            await self.store.set_status(schedule.id, ScheduleStatus.CANCELLED, now=self.clock.now(),
                                         only_from=(ScheduleStatus.PENDING_DESTINATION,))
             text = f"Schedule {schedule.id} was not started: posting to {schedule.destination} was not approved."
         if origin is not None:
             self.bus.emit(Notice(origin, text))
 
-    async def _activate(self, schedule: ScheduleRow) -> None:
+    async def _activate(self, schedule: ScheduleRow, by: str = "system") -> None:
         assert schedule.id is not None
-        if not await self.store.set_status(schedule.id, ScheduleStatus.ACTIVE,
+        if not await self.store.set_status(schedule.id, ScheduleStatus.ACTIVE, now=self.clock.now(), by=by,
                                            only_from=(ScheduleStatus.PENDING_DESTINATION, ScheduleStatus.PAUSED)):
             return
         if self.jobs is not None:  # else the running gateway's scheduler adds the job when it syncs
@@ -165,7 +166,8 @@ class ScheduleService:
                 raise NotFound(f"there is no schedule {schedule_id}")
             raise NotAllowed(f"only its creator or an admin can {action} schedule {schedule_id}")
         if action == "pause":
-            if not await self.store.set_status(schedule_id, ScheduleStatus.PAUSED, only_from=(ScheduleStatus.ACTIVE,)):
+            if not await self.store.set_status(schedule_id, ScheduleStatus.PAUSED, only_from=(ScheduleStatus.ACTIVE,),
+                                               now=self.clock.now(), by=by):
                 raise Conflict(f"schedule {schedule_id} is {schedule.status}, not active")
             if self.jobs is not None:
                 await self.jobs.pause(schedule_id)
@@ -173,11 +175,12 @@ class ScheduleService:
         if action == "resume":
             if schedule.status != ScheduleStatus.PAUSED:
                 raise Conflict(f"schedule {schedule_id} is {schedule.status}, not paused")
-            await self._activate(schedule)
+            await self._activate(schedule, by)
             return f"Schedule {schedule_id} resumed."
         if action == "cancel":
             live = (ScheduleStatus.ACTIVE, ScheduleStatus.PAUSED, ScheduleStatus.PENDING_DESTINATION)
-            if not await self.store.set_status(schedule_id, ScheduleStatus.CANCELLED, only_from=live):
+            if not await self.store.set_status(schedule_id, ScheduleStatus.CANCELLED, only_from=live,
+                                               now=self.clock.now(), by=by):
                 raise Conflict(f"schedule {schedule_id} is already {schedule.status}")
             if self.jobs is not None:
                 await self.jobs.remove(schedule_id)

@@ -13,7 +13,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from core.model import ApprovalInfo, ApprovalStatus, InputStatus, SessionStatus
 from core.store.conversations import session_info
 from core.store.database import Database
-from core.store.tables import ApprovalRow, AuditRow, GrantRow, InputRow, SessionRow
+from core.store.tables import ApprovalRow, ApprovalVoteRow, AuditRow, GrantRow, InputRow, SessionRow
 
 
 class ApprovalStore:
@@ -46,31 +46,40 @@ class ApprovalStore:
         expires. Returns (won, the request as it now stands). An approval with ``grant_call`` (the
         exact call, from "Always allow") records its grant, and every outcome its audit line, in the
         same commit."""
-        always = grant_call is not None and status == ApprovalStatus.APPROVED
         async with self.db.write() as s:
-            query = update(ApprovalRow).where(col(ApprovalRow.id) == request_id,
-                                              col(ApprovalRow.status) == ApprovalStatus.PENDING)
-            if status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):  # expiry and cancel settle regardless
-                query = query.where(col(ApprovalRow.expires_at) > now)
-            result = await s.exec(
-                query.values(status=status, decided_by=by, decided_at=now, reason=reason, always=always)
-            )
-            won = bool(result.rowcount)
+            won, row = await _settle_in(s, request_id, status, by=by, reason=reason, now=now, grant_call=grant_call)
+            return won, (await _info(s, row) if row is not None else None)
+
+    async def vote(self, request_id: int, voter: str, verdict: str, *, reason: str | None,
+                   now: datetime) -> tuple[bool, bool, ApprovalInfo | None]:
+        """One approver's vote on a request that needs several (its ``quorum``): (counted, won, the request
+        as it now stands). A person's second vote changes nothing; one deny settles it denied; the vote that
+        reaches the quorum settles it approved. The request's row is locked first, so concurrent votes (on
+        any replica) are counted one after another and it is settled exactly once."""
+        async with self.db.write() as s:
+            locked = await s.exec(update(ApprovalRow).where(
+                col(ApprovalRow.id) == request_id, col(ApprovalRow.status) == ApprovalStatus.PENDING,
+                col(ApprovalRow.expires_at) > now).values(quorum=col(ApprovalRow.quorum)))
+            if not locked.rowcount:  # settled already, or out of time (the caller settles it as expired)
+                row = await s.get(ApprovalRow, request_id)
+                return False, False, (await _info(s, row) if row is not None else None)
+            seen = (await s.exec(select(ApprovalVoteRow.id).where(ApprovalVoteRow.approval_id == request_id,
+                                                                   ApprovalVoteRow.voter == voter))).first()
             row = await s.get(ApprovalRow, request_id)
-            if row is None:
-                return False, None
+            assert row is not None
+            if seen is not None:
+                return False, False, await _info(s, row)
+            s.add(ApprovalVoteRow(approval_id=request_id, voter=voter, verdict=verdict, voted_at=now))
+            s.add(audit_row(now, voter, f"approval.vote.{verdict}", f"approval:{request_id}",
+                            {"tool": row.tool, "session": row.session_id, "place": row.place, "reason": reason}))
+            await s.flush()
+            won = False
+            if verdict == "deny":
+                won, _ = await _settle_in(s, request_id, ApprovalStatus.DENIED, by=voter, reason=reason, now=now)
+            elif len(await _approvals_of(s, request_id)) >= row.quorum:
+                won, _ = await _settle_in(s, request_id, ApprovalStatus.APPROVED, by=voter, reason=None, now=now)
             await s.refresh(row)
-            if won:
-                await s.exec(update(SessionRow)
-                             .where(col(SessionRow.id) == row.session_id,
-                                    col(SessionRow.status) == SessionStatus.PENDING_APPROVAL)
-                             .values(status=SessionStatus.RUNNING))
-                if always:  # never a pattern: the one call that was approved, at its place
-                    s.add(GrantRow(agent=row.agent, tool=row.tool, place=row.place, call_text=grant_call,
-                                   created_by=by or "operator", created_at=now))
-                s.add(audit_row(now, by or "system", f"approval.{status}", f"approval:{row.id}",
-                             {"tool": row.tool, "session": row.session_id, "reason": reason, "always": always}))
-            return won, await _info(s, row)
+            return True, won, await _info(s, row)
 
     async def get(self, request_id: int) -> ApprovalInfo | None:
         async with self.db.read() as s:
@@ -83,6 +92,30 @@ class ApprovalStore:
                                                           ApprovalRow.tool_call_id == tool_call_id)
                                 .order_by(col(ApprovalRow.id).desc()))).first()
             return await _info(s, row) if row is not None else None
+
+    async def remind(self, request_id: int, now: datetime) -> tuple[bool, ApprovalInfo | None]:
+        """Mark the request reminded, once (whichever process gets there first), and let its ``escalate_to``
+        join its approvers from now on; audited. (won, the request as it now stands)."""
+        async with self.db.write() as s:
+            result = await s.exec(update(ApprovalRow).where(
+                col(ApprovalRow.id) == request_id, col(ApprovalRow.status) == ApprovalStatus.PENDING,
+                col(ApprovalRow.expires_at) > now, col(ApprovalRow.reminded_at).is_(None)).values(reminded_at=now))
+            row = await s.get(ApprovalRow, request_id)
+            if row is None:
+                return False, None
+            won = bool(result.rowcount)
+            if won:
+                await s.refresh(row)
+                joined = json.loads(row.escalate_to) if row.escalate_to else []
+                if joined:
+                    approvers = json.loads(row.approvers) if row.approvers else []
+                    row.approvers = json.dumps(list(dict.fromkeys([*approvers, *joined])))
+                    s.add(row)
+                s.add(audit_row(now, "system", "approval.reminded", f"approval:{row.id}",
+                                {"tool": row.tool, "session": row.session_id, "place": row.place,
+                                 "escalated_to": joined or None}))
+                await s.flush()
+            return won, await _info(s, row)
 
     async def mark_started(self, request_id: int, now: datetime) -> None:
         async with self.db.write() as s:
@@ -144,10 +177,57 @@ class ApprovalStore:
                 s.add(audit_row(now, by, "grant.revoked", f"grant:{grant_id}", None))
             return bool(result.rowcount)
 
+    async def audit(self, at: datetime, actor: str, action: str, subject: str, detail: dict[str, Any]) -> None:
+        async with self.db.write() as s:
+            s.add(audit_row(at, actor, action, subject, detail))
+
+    async def audit_between(self, since: datetime, until: datetime | None = None) -> list[AuditRow]:
+        """Every audit line from ``since`` (up to ``until``), oldest first: what ``bot audit export`` writes."""
+        async with self.db.read() as s:
+            query = select(AuditRow).where(col(AuditRow.at) >= since)
+            if until is not None:
+                query = query.where(col(AuditRow.at) < until)
+            return list((await s.exec(query.order_by(col(AuditRow.at), col(AuditRow.id)))).all())
+
     async def audit_log(self, limit: int = 100) -> list[AuditRow]:
         async with self.db.read() as s:
             rows = (await s.exec(select(AuditRow).order_by(col(AuditRow.id).desc()).limit(limit))).all()
             return list(reversed(rows))
+
+
+async def _settle_in(s: AsyncSession, request_id: int, status: str, *, by: str | None, reason: str | None,
+                     now: datetime, grant_call: str | None = None) -> tuple[bool, ApprovalRow | None]:
+    always = grant_call is not None and status == ApprovalStatus.APPROVED
+    query = update(ApprovalRow).where(col(ApprovalRow.id) == request_id,
+                                      col(ApprovalRow.status) == ApprovalStatus.PENDING)
+    if status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):  # expiry and cancel settle regardless
+        query = query.where(col(ApprovalRow.expires_at) > now)
+    result = await s.exec(query.values(status=status, decided_by=by, decided_at=now, reason=reason, always=always))
+    won = bool(result.rowcount)
+    row = await s.get(ApprovalRow, request_id)
+    if row is None:
+        return False, None
+    await s.refresh(row)
+    if won:
+        await s.exec(update(SessionRow)
+                     .where(col(SessionRow.id) == row.session_id,
+                            col(SessionRow.status) == SessionStatus.PENDING_APPROVAL)
+                     .values(status=SessionStatus.RUNNING))
+        if always:  # never a pattern: the one call that was approved, at its place
+            s.add(GrantRow(agent=row.agent, tool=row.tool, place=row.place, call_text=grant_call,
+                           created_by=by or "operator", created_at=now))
+        # Expired and denied stay apart here (and in the metrics): an expiry is nobody's decision.
+        s.add(audit_row(now, by or "system", f"approval.{status}", f"approval:{row.id}",
+                        {"tool": row.tool, "session": row.session_id, "place": row.place, "reason": reason,
+                         "always": always, "policy": row.policy}))
+    return won, row
+
+
+async def _approvals_of(s: AsyncSession, request_id: int) -> list[str]:
+    rows = await s.exec(select(ApprovalVoteRow.voter).where(ApprovalVoteRow.approval_id == request_id,
+                                                            ApprovalVoteRow.verdict == "approve")
+                        .order_by(col(ApprovalVoteRow.id)))
+    return list(rows.all())
 
 
 def audit_row(at: datetime, actor: str, action: str, subject: str, detail: dict[str, Any] | None) -> AuditRow:
@@ -165,4 +245,8 @@ async def _info(s: AsyncSession, row: ApprovalRow) -> ApprovalInfo:
         announcement=json.loads(row.announcement) if row.announcement else None,
         started=row.started_at is not None, turn_id=row.turn_id,
         other_senders=tuple(json.loads(row.other_senders)) if row.other_senders else (),
+        approvers=tuple(json.loads(row.approvers)) if row.approvers else (), quorum=row.quorum, policy=row.policy,
+        approved_by=tuple(await _approvals_of(s, row.id)) if row.quorum > 1 else (), risk=row.risk,
+        notify=tuple(json.loads(row.notify)) if row.notify else ("thread",), remind_at=row.remind_at,
+        reminded=row.reminded_at is not None,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 from sqlalchemy import update
@@ -9,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
 from core.model import FiringStatus, ScheduleStatus
+from core.store.approvals import audit_row
 from core.store.database import Database
 from core.store.tables import FiringRow, InputRow, ScheduleRow, TurnRow
 from core.text import clean_text
@@ -22,6 +24,9 @@ class ScheduleStore:
         async with self.db.write() as s:
             s.add(row)
             await s.flush()
+            s.add(audit_row(row.created_at, row.creator or "system", "schedule.created", f"schedule:{row.id}",
+                            {"place": row.origin_session, "destination": row.destination, "agent": row.agent,
+                             "trigger": json.loads(row.trigger)}))
             return row
 
     async def get(self, schedule_id: int) -> ScheduleRow | None:
@@ -35,8 +40,9 @@ class ScheduleStore:
                 query = query.where(col(ScheduleRow.status).in_(statuses))
             return list((await s.exec(query.order_by(col(ScheduleRow.id)))).all())
 
-    async def set_status(self, schedule_id: int, status: str, *, only_from: tuple[str, ...] | None = None,
-                         approval_id: int | None = None) -> bool:
+    async def set_status(self, schedule_id: int, status: str, *, now: datetime, by: str = "system",
+                         only_from: tuple[str, ...] | None = None, approval_id: int | None = None) -> bool:
+        """Change the schedule's status (only from ``only_from``); a change is audited, as ``by``'s."""
         async with self.db.write() as s:
             query = update(ScheduleRow).where(col(ScheduleRow.id) == schedule_id)
             if only_from is not None:
@@ -44,7 +50,11 @@ class ScheduleStore:
             values: dict[str, object] = {"status": status}
             if approval_id is not None:
                 values["approval_id"] = approval_id
-            return bool((await s.exec(query.values(**values))).rowcount)
+            changed = bool((await s.exec(query.values(**values))).rowcount)
+            if changed:
+                s.add(audit_row(now, by, f"schedule.{status}", f"schedule:{schedule_id}",
+                                {"approval": approval_id} if approval_id is not None else None))
+            return changed
 
     async def start_firing(self, schedule_id: int, now: datetime, min_gap_s: float) -> FiringRow | None:
         """Record the next firing, unless one started within ``min_gap_s`` (a re-fire after a crash)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Column, DateTime, Index, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy import BigInteger, Column, DateTime, Index, Integer, Text, TypeDecorator, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -46,6 +46,10 @@ class SessionRow(SQLModel, table=True):
     queue_mode: str | None = Field(default=None, max_length=16)
     # Calls that need no approval in this session, JSON [[tool, subject], ...] (a firing's destination).
     preapproved: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    summary: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # of what the window left out
+    summary_key: str | None = Field(default=None, max_length=64)  # which messages: "count:digest"
+    tokens_used: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))  # budget
+    token_allowance: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
 
@@ -171,6 +175,25 @@ class ApprovalRow(SQLModel, table=True):
     always: bool = Field(default=False)  # approved with "Always allow": a grant was recorded
     announcement: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # where it was posted
     started_at: datetime | None = _ts(nullable=True)  # the approved call began to run
+    approvers: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # a rule's (JSON), else None
+    quorum: int = Field(default=1, sa_column=Column(Integer, nullable=False, server_default="1"))  # distinct votes
+    policy: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # the rule that asked
+    notify: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # JSON: thread, dm
+    escalate_to: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # JSON: who joins
+    remind_at: datetime | None = _ts(nullable=True)  # approvers are reminded then (and escalate_to join)
+    reminded_at: datetime | None = _ts(nullable=True)  # ...once: set by whoever reminded them
+
+
+class ApprovalVoteRow(SQLModel, table=True):
+    """One approver's vote on a request that needs several (quorum): one per person, audited."""
+    __tablename__ = "approval_votes"
+    __table_args__ = (UniqueConstraint("approval_id", "voter", name="uq_approval_votes_voter"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    approval_id: int = Field(foreign_key="approvals.id")
+    voter: str = Field(max_length=64)
+    verdict: str = Field(max_length=16)  # approve, deny
+    voted_at: datetime = _ts()
 
 
 class GrantRow(SQLModel, table=True):

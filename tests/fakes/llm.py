@@ -11,6 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
+SUMMARY = "Earlier: they checked the service and found the disk full."
+
 
 @dataclass
 class Reply:
@@ -53,6 +55,7 @@ class FakeLLM:
     delay_s: float = 0.0  # every answer waits this long (benchmarks: a slow model)
     arrivals: list[float] = field(default_factory=list)  # time.perf_counter() of each request
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    summaries: int = 0  # context-window summary calls answered (with SUMMARY)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -76,6 +79,9 @@ class FakeLLM:
         body = await request.json()
         self.arrivals.append(time.perf_counter())
         self.requests.append(body)
+        if self._is_summary(body):  # a context-window summary: answered here, never from the script
+            self.summaries += 1
+            return web.json_response(self._completion(body, Reply(SUMMARY)))
         step: Step = self.script.pop(0) if self.script else Reply(text=self._echo(body))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
@@ -122,9 +128,18 @@ class FakeLLM:
             for half in (text[: len(text) // 2], text[len(text) // 2:]):
                 await send({"tool_calls": [{"index": n, "function": {"arguments": half}}]})
         await send({}, "tool_calls" if reply.tool_calls else "stop")
+        if (body.get("stream_options") or {}).get("include_usage"):  # OpenAI: a last chunk, no choices
+            usage = {"id": ident, "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [],
+                     "usage": _usage(body, reply)}
+            await response.write(f"data: {json.dumps(usage)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    @staticmethod
+    def _is_summary(body: dict[str, Any]) -> bool:
+        first = (body.get("messages") or [{}])[0]
+        return first.get("role") == "system" and str(first.get("content", "")).startswith("You summarise")
 
     def streamed(self, request_index: int = -1) -> bool:
         return bool(self.requests[request_index].get("stream"))
@@ -147,8 +162,15 @@ class FakeLLM:
             "model": body.get("model", "fake"),
             "choices": [{"index": 0, "message": message,
                          "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            "usage": _usage(body, reply),
         }
+
+
+def _usage(body: dict[str, Any], reply: Reply) -> dict[str, int]:
+    """Tokens as a model would count them, near enough: a token per 4 characters of what went in and out."""
+    prompt = len(json.dumps(body.get("messages", []))) // 4 + 1
+    completion = (len(reply.text) + len(json.dumps(reply.tool_calls))) // 4 + 1
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _words(text: str) -> list[str]:

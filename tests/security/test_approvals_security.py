@@ -188,7 +188,7 @@ async def test_a_click_after_expiry_is_told_so_and_nothing_runs(
     assert told and "expired" in told[0].lower()
     request = await gateway.app.approvals.get(request_id)
     assert request is not None and request.status == ApprovalStatus.EXPIRED
-    assert "nobody approved `shell_run` in time" in fake_llm.requests[-1]["messages"][-1]["content"]
+    assert "expired: nobody decided within" in fake_llm.requests[-1]["messages"][-1]["content"]
     assert not (tmp_path / "home" / "work" / "clicked-too-late").exists()
     assert await gateway.app.approvals.grants() == []
     # The web chat's way in (the broker) refuses just the same.
@@ -225,7 +225,7 @@ async def test_the_cli_cannot_approve_after_expiry_even_while_the_bot_is_down(
         async with asyncio.timeout(20):
             while "it had expired" not in [c.params.get("text") for c in fake_slack.posts()]:
                 await fake_slack.wait_for("chat.postMessage", len(fake_slack.posts()) + 1)
-        assert "nobody approved `shell_run` in time" in fake_llm.requests[-1]["messages"][-1]["content"]
+        assert "expired: nobody decided within" in fake_llm.requests[-1]["messages"][-1]["content"]
         assert not marker.exists()
     finally:
         assert await bot.terminate() == 0

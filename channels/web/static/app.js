@@ -121,7 +121,7 @@ function approvalElement(a) {
     el.appendChild(meta);
     return el;
   }
-  meta.textContent = `expires ${new Date(a.expires_at).toLocaleTimeString()}`;
+  meta.textContent = `${a.reminded ? "Reminder: still waiting · " : ""}${a.progress ? a.progress + " · " : ""}expires ${new Date(a.expires_at).toLocaleTimeString()}`;
   const actions = document.createElement("div");
   actions.className = "approval-actions";
   const reason = document.createElement("input");
@@ -137,12 +137,17 @@ function approvalElement(a) {
     }
     await loadConversation();
   };
-  for (const [label, verdict, cls] of [["Approve", "approve", ""], ["Deny", "deny", "danger"], ["Always allow", "always", "secondary"]]) {
+  const budget = a.risk === "budget";  // a thread's token budget used up: Continue or Stop
+  if (budget) el.querySelector("p").innerHTML = `<strong>Token budget used:</strong> ${escapeHtml(String(a.arguments.used))} of ${escapeHtml(String(a.arguments.budget))} tokens. Continue with ${escapeHtml(String(a.arguments.more))} more, or stop this turn.`;
+  const choices = budget ? [["Continue", "approve", ""], ["Stop", "stop", "danger"]] : [["Approve", "approve", ""], ["Deny", "deny", "danger"]];
+  if (a.grantable) choices.push(["Always allow", "always", "secondary"]);  // not for a rule's request
+  for (const [label, verdict, cls] of choices) {
     const button = document.createElement("button");
     button.type = "button";
     button.textContent = label;
     if (cls) button.className = cls;
     button.addEventListener("click", () => {
+      if (verdict === "stop") { decide("deny"); return; }
       if (verdict === "deny" && reason.hidden) { reason.hidden = false; reason.focus(); button.textContent = "Deny now"; return; }
       decide(verdict);
     });

@@ -1,0 +1,96 @@
+"""``[[policies]]`` in ``bot.toml`` (SPEC §16): approval rules, checked strictly at start."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from bot.agents_config import PERSON
+from bot.config_file import read_config, strings
+from bot.errors import SettingsError
+from core.policies import NOTIFY_CHOICES, TRUST_LEVELS, Policy, PolicyAction
+
+_KEYS = {"tool", "match", "action", "approvers", "quorum", "notify", "remind_after_s", "escalate_to", "timeout_s",
+         "trust"}
+_ASKING_KEYS = {"approvers", "quorum", "notify", "remind_after_s", "escalate_to", "timeout_s"}
+MAX_QUORUM = 20
+MAX_WAIT_S = 7 * 24 * 3600  # a week: longer is surely a slip (a value in ms)
+
+
+def load_policies(path: Path) -> list[Policy]:
+    data = read_config(path)
+    if "policies" not in data:
+        return []
+    entries = data["policies"]
+    if not isinstance(entries, list):
+        raise SettingsError(f"{path}: [[policies]] must be an array of tables")
+    return [_policy(f"{path}: policies[{index}]", index + 1, entry) for index, entry in enumerate(entries)]
+
+
+def _policy(where: str, number: int, entry: Any) -> Policy:
+    if not isinstance(entry, dict):
+        raise SettingsError(f"{where} must be a table")
+    unknown = set(entry) - _KEYS
+    if unknown:
+        raise SettingsError(f"{where}: unknown keys {sorted(unknown)} (known: {sorted(_KEYS)})")
+    tool = entry.get("tool")
+    if not isinstance(tool, str) or not tool.strip():
+        raise SettingsError(f"{where}.tool must be a tool name or a glob such as 'shell_*'")
+    match = entry.get("match")
+    if match is not None and (not isinstance(match, str) or not match):
+        raise SettingsError(f"{where}.match must be a non-empty glob over the call's text")
+    try:
+        action = PolicyAction(entry.get("action", "ask"))
+    except ValueError:
+        raise SettingsError(f"{where}.action must be one of ask, allow, deny") from None
+    asking = sorted(set(entry) & _ASKING_KEYS)
+    if action is not PolicyAction.ASK and asking:
+        raise SettingsError(f"{where}: {', '.join(asking)} only apply to rules that ask (action = 'ask')")
+    approvers = tuple(_people(where, "approvers", entry.get("approvers", [])))
+    escalate_to = tuple(_people(where, "escalate_to", entry.get("escalate_to", [])))
+    quorum = entry.get("quorum", 1)
+    if type(quorum) is not int or not 1 <= quorum <= MAX_QUORUM:
+        raise SettingsError(f"{where}.quorum must be a whole number from 1 to {MAX_QUORUM}")
+    # Admins may vote too, but a quorum should not need them: each named entry is one person (a group: many).
+    if quorum > 1 and approvers and not any(a.startswith("S") for a in approvers) and quorum > len(set(approvers)):
+        raise SettingsError(f"{where}.quorum is {quorum}, but only {len(set(approvers))} approvers are named: "
+                            "it could never be reached")
+    notify = tuple(strings(where, "notify", entry.get("notify", ["thread"])))
+    if not notify or any(n not in NOTIFY_CHOICES for n in notify):
+        raise SettingsError(f"{where}.notify must list {' and/or '.join(NOTIFY_CHOICES)}")
+    # Read and checked, but not acted on yet: refused, so no rule relies on a sender level that is never known.
+    if "trust" in entry:
+        raise SettingsError(f"{where}: trust not supported by this version yet (senders' trust levels are not "
+                            "known yet); remove it")
+    trust = tuple(strings(where, "trust", entry.get("trust", [])))
+    if any(t not in TRUST_LEVELS for t in trust):
+        raise SettingsError(f"{where}.trust must list levels among {', '.join(TRUST_LEVELS)}")
+    remind_after_s = _seconds(where, "remind_after_s", entry.get("remind_after_s"))
+    timeout_s = _seconds(where, "timeout_s", entry.get("timeout_s"))
+    if remind_after_s is not None and timeout_s is not None and remind_after_s >= timeout_s:
+        raise SettingsError(f"{where}.remind_after_s ({remind_after_s:g}) must be below timeout_s ({timeout_s:g}): "
+                            "the request would expire first")
+    if escalate_to and remind_after_s is None:
+        raise SettingsError(f"{where}.escalate_to needs remind_after_s: they join the approvers at the reminder")
+    return Policy(tool=tool.strip(), number=number, match=match, action=action, approvers=approvers,
+                  quorum=quorum, notify=tuple(dict.fromkeys(notify)), escalate_to=escalate_to,
+                  remind_after_s=remind_after_s,
+                  timeout_s=timeout_s, trust=trust)
+
+
+def _people(where: str, key: str, value: Any) -> list[str]:
+    people = strings(where, key, value)
+    for person in people:
+        if not PERSON.fullmatch(person):
+            raise SettingsError(f"{where}.{key}: {person!r} is not a user id, group id, 'requester' or 'web'")
+    return people
+
+
+def _seconds(where: str, key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or not 0 < value <= MAX_WAIT_S:
+        raise SettingsError(f"{where}.{key} must be a number of seconds above 0 and at most {MAX_WAIT_S}")
+    return float(value)

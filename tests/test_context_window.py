@@ -1,0 +1,146 @@
+"""Fitting a long thread into the model's context window (LLM_CONTEXT_TOKENS): old tool results shortened
+first, then the oldest messages left out whole (a tool call never without its result), summarised once and
+reused, the model told; a provider's "context length exceeded" retried once in less room."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from core.context_window import ContextWindow, fit, message_tokens
+from core.providers import ChatMessage, ToolCall
+from tests.conftest import GatewayClient
+from tests.fakes.llm import SUMMARY, FakeLLM, HttpError, Reply
+from tests.fakes.slack_api import FakeSlack
+from tests.slack_requests import mention
+
+
+def _call(ident: str) -> ChatMessage:
+    return ChatMessage("assistant", "", (ToolCall(ident, "shell_run", '{"command": "cat big.log"}'),))
+
+
+def _result(ident: str, size: int) -> ChatMessage:
+    return ChatMessage("tool", "x" * size, tool_call_id=ident)
+
+
+def _tokens(messages: list[ChatMessage]) -> int:
+    return sum(message_tokens(m) for m in messages)
+
+
+def test_a_thread_that_fits_is_replayed_as_it_is() -> None:
+    history = [ChatMessage("user", "hi"), ChatMessage("assistant", "hello"), ChatMessage("user", "again")]
+    fitted = fit(history, 1_000, keep_from=2)
+    assert fitted.messages == history and fitted.left_out == [] and fitted.shortened == 0
+
+
+def test_old_tool_results_are_shortened_before_anything_is_left_out() -> None:
+    history = [ChatMessage("user", "check the logs"), _call("a"), _result("a", 30_000),
+               ChatMessage("assistant", "done"), ChatMessage("user", "and now?")]
+    fitted = fit(history, 2_000, keep_from=4)
+    assert fitted.left_out == [] and fitted.shortened == 1
+    assert "shortened from 30000 characters" in fitted.messages[2].content and _tokens(fitted.messages) <= 2_000
+
+
+def test_the_oldest_messages_are_left_out_whole_and_this_turn_is_kept() -> None:
+    history = []
+    for n in range(6):
+        history += [ChatMessage("user", f"question {n} " + "q" * 900), _call(f"c{n}"), _result(f"c{n}", 900),
+                    ChatMessage("assistant", f"answer {n}")]
+    history += [ChatMessage("user", "the question now")]
+    fitted = fit(history, 1_500, keep_from=len(history) - 1)
+    assert _tokens(fitted.messages) <= 1_500 and fitted.left_out
+    assert fitted.messages[-1].content == "the question now"
+    kept_calls = {c.id for m in fitted.messages for c in m.tool_calls}
+    kept_results = {m.tool_call_id for m in fitted.messages if m.role == "tool"}
+    assert kept_results == kept_calls  # no result without its call, no call without its result
+    assert fitted.messages[0].role != "tool"
+    assert fitted.left_out + fitted.messages == history and fitted.shortened == 0  # left out, nothing else lost
+
+
+def test_this_turn_is_never_left_out_even_when_it_alone_is_too_big() -> None:
+    history = [ChatMessage("user", "old"), ChatMessage("assistant", "old answer"), ChatMessage("user", "now"),
+               _call("a"), _result("a", 40_000)]
+    fitted = fit(history, 1_000, keep_from=2)
+    assert [m.content for m in fitted.messages[:1]] == ["now"] and len(fitted.messages) == 3
+    assert fitted.messages[-1].content.endswith("to fit the model's context window]")
+
+
+async def test_the_summary_is_made_once_and_reused_while_the_same_messages_are_left_out() -> None:
+    asked: list[list[ChatMessage]] = []
+
+    async def summarise(messages: list[ChatMessage]) -> str:
+        asked.append(messages)
+        return "They checked the disk; it was full."
+
+    window = ContextWindow(4_000, summaries=None, summarise=summarise)
+    history = [ChatMessage("user", "u" * 6_000), ChatMessage("assistant", "a" * 6_000), ChatMessage("user", "now")]
+    first = await window.fit("s", history, 1_200, keep_from=2)
+    again = await window.fit("s", history, 1_200, keep_from=2)
+    assert first == again and len(asked) == 1
+    assert first[0].role == "user" and first[0].content.startswith("(This thread was shortened")
+    assert "They checked the disk" in first[0].content and first[-1].content == "now"
+
+
+# -- through the real app ------------------------------------------------------------------------------
+
+async def test_a_long_thread_reaches_the_model_within_its_window_with_a_summary(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    gateway: GatewayClient = await start_gateway(make_settings(llm_context_tokens=6_000))
+    root = mention("start " + "s" * 6_000)
+    fake_llm.then(Reply("first answer"))
+    await gateway.send_event(root)
+    await fake_slack.wait_for("chat.postMessage", 1)
+    for n in range(1, 11):
+        fake_llm.then(Reply(f"answer {n}"))
+        await gateway.send_event(mention(f"more {n} " + "m" * (3_000 if n == 1 else 300), thread_ts=root["ts"]))
+        await fake_slack.wait_for("chat.postMessage", n + 1)
+        await gateway.idle()
+    answers = [r for r in fake_llm.requests if not FakeLLM._is_summary(r)]
+    last = answers[-1]
+    first = last["messages"][1]  # after the system instructions
+    assert first["role"] == "user" and "This thread was shortened" in first["content"]
+    assert SUMMARY in first["content"] and "not instructions to follow" in first["content"]
+    assert last["messages"][-1]["content"].startswith("more 10")
+    assert all(len(json.dumps(r["messages"]).encode()) / 3 < 6_000 for r in answers)
+    # Left out in steps (to 70% of the room): one summary serves the turns that follow, not one each.
+    assert 1 <= fake_llm.summaries <= 2
+
+
+async def test_context_length_exceeded_is_retried_once_in_less_room_not_a_dead_turn(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    gateway: GatewayClient = await start_gateway(make_settings(llm_context_tokens=8_000))
+    root = mention("start " + "s" * 6_000)
+    fake_llm.then(Reply("first answer"))
+    await gateway.send_event(root)
+    await fake_slack.wait_for("chat.postMessage", 1)
+    fake_llm.then(HttpError(400, "This model's maximum context length is 4096 tokens", code="context_length_exceeded"),
+                  Reply("answered after all"))
+    await gateway.send_event(mention("next " + "n" * 6_000, thread_ts=root["ts"]))
+    posts = await fake_slack.wait_for("chat.postMessage", 2)
+    await gateway.idle()
+    assert posts[1].params["text"] == "answered after all"
+    answers = [r for r in fake_llm.requests if not FakeLLM._is_summary(r)]
+    assert len(json.dumps(answers[-1]["messages"])) < len(json.dumps(answers[-2]["messages"]))
+
+
+async def test_a_resumed_turn_keeps_its_own_question() -> None:
+    """After a restart the turn's history ends with its own calls: its question is still never left out."""
+    from types import SimpleNamespace
+
+    from core.runner import _turn_start
+
+    rows = [SimpleNamespace(role="user", content="old " + "o" * 5_000, tool_calls=None, tool_call_id=None, turn_id=1),
+            SimpleNamespace(role="assistant", content="old answer", tool_calls=None, tool_call_id=None, turn_id=1),
+            SimpleNamespace(role="user", content="CURRENT QUESTION", tool_calls=None, tool_call_id=None, turn_id=2),
+            SimpleNamespace(role="assistant", content="", tool_calls='[{"id": "a", "name": "time_now", '
+                            '"arguments": "{}"}]', tool_call_id=None, turn_id=2),
+            SimpleNamespace(role="tool", content="r" * 5_000, tool_call_id="a", tool_calls=None, turn_id=2)]
+    from core.runner import _to_chat
+
+    history = _to_chat(rows)
+    keep = _turn_start(rows, 2, history)
+    assert keep == 2
+    fitted = fit(history, 900, keep_from=keep)
+    assert fitted.messages[0].content == "CURRENT QUESTION" and fitted.left_out[0].content.startswith("old ")

@@ -1,0 +1,336 @@
+"""Approval policies (SPEC §16 ``[[policies]]``): the rule matrix, shell command lines read as a shell
+reads them, the file's validation, and the dry run (`bot policies check`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.cli import main
+from bot.errors import SettingsError
+from bot.policies_config import load_policies
+from core.policies import Policy, PolicyAction, PolicyBook
+from core.shell_syntax import command_variants, simple_command
+from core.tools import Risk
+
+ALLOW, DENY, ASK = PolicyAction.ALLOW, PolicyAction.DENY, PolicyAction.ASK
+
+
+def book(*rules: Policy) -> PolicyBook:
+    return PolicyBook([Policy(**{**r.__dict__, "number": n}) for n, r in enumerate(rules, 1)])
+
+
+def shell(policies: PolicyBook, command: str, trust: str | None = None) -> PolicyAction:
+    return policies.rule("shell_run", {"command": command}, risk=Risk.GATED, trust=trust).action
+
+
+# -- the shell's grammar, the tricky inputs -------------------------------------------------------------
+
+@pytest.mark.parametrize("line", [
+    "echo allowed-1", "echo 'a;b|c&d'", 'echo "a;b"', r"echo a\;b", r"echo a\|b", "ls -la /tmp",
+    "echo '$(rm x)'", "echo '`rm x`'", "grep -r 'a && b' .",
+])
+def test_plain_commands(line: str) -> None:
+    assert simple_command(line)
+
+
+@pytest.mark.parametrize("line", [
+    "echo allowed-2; rm x", "a && b", "a || b", "a | b", "a & b", "a &", "echo `rm x`", "echo $(rm x)",
+    'echo "$(rm x)"', 'echo "`rm x`"', "echo > /etc/passwd", "cat < /etc/shadow", "cat <<EOF\nrm -rf /\nEOF",
+    "echo a\nrm x", "echo a\rrm x", "echo a\\\nrm x", "rm${IFS}-rf${IFS}/", "echo $HOME", 'echo "$HOME"',
+    "(rm x)", "{ rm x; }", "echo 'unterminated", 'echo "unterminated', "echo trailing\\", "",
+    "   ", "echo <(rm x)", "x=1 && y", "echo a;", "echo ${PATH}",
+])
+def test_compound_or_expanding_lines_are_not_plain(line: str) -> None:
+    assert not simple_command(line)
+
+
+@pytest.mark.parametrize(("line", "inside"), [
+    ("echo ok; rm -rf /", "rm -rf /"),
+    ("echo ok && sudo -u root /bin/rm -rf /", "rm -rf /"),
+    ('echo "$(rm -rf /)"', "rm -rf /"),
+    ("echo `rm -rf /`", "rm -rf /"),
+    ("r''m -rf /", "rm -rf /"),
+    ('"rm" -rf /', "rm -rf /"),
+    (r"\rm -rf /", "rm -rf /"),
+    ("rm${IFS}-rf${IFS}/", "rm -rf /"),
+    ("rm$IFS-rf$IFS/", "rm -rf /"),
+    ("FOO=1 rm -rf /", "rm -rf /"),
+    ("find . | xargs -0 rm -rf", "rm -rf"),
+    ("cat <<EOF\nrm -rf /\nEOF", "rm -rf /"),
+    ("timeout 5 rm -rf /", "rm -rf /"),
+    ("env -i rm -rf /", "rm -rf /"),
+])
+def test_every_simple_command_inside_a_line_is_seen(line: str, inside: str) -> None:
+    assert inside in command_variants(line)
+
+
+# -- the rule matrix ------------------------------------------------------------------------------------
+
+def test_allow_runs_only_a_plain_command_its_glob_matches() -> None:
+    policies = book(Policy(tool="shell_run", match="echo allowed-*", action=ALLOW))
+    assert shell(policies, "echo allowed-1") is ALLOW
+    assert shell(policies, "echo allowed-2; rm x") is ASK  # falls through to the built-in risk
+    assert shell(policies, "echo allowed-3 && rm x") is ASK
+    assert shell(policies, "echo allowed-$(rm x)") is ASK
+    assert shell(policies, "echo allowed-4 > /etc/x") is ASK
+    assert shell(policies, "echo allowed-5\nrm x") is ASK
+    assert shell(policies, "echo other") is ASK
+    ruling = policies.rule("shell_run", {"command": "echo allowed-2; rm x"}, risk=Risk.GATED)
+    assert "not one plain command" in ruling.why and ruling.policy is None
+
+
+def test_deny_is_checked_against_every_simple_command() -> None:
+    policies = book(Policy(tool="shell_run", match="rm *", action=DENY),
+                    Policy(tool="shell_run", match="*", action=ALLOW))
+    assert shell(policies, "rm -rf /") is DENY
+    assert shell(policies, "echo hi; rm -rf /") is DENY
+    assert shell(policies, "echo $(rm -rf /)") is DENY
+    assert shell(policies, "sudo /bin/rm -rf /") is DENY
+    assert shell(policies, "echo hi") is ALLOW
+    assert shell(policies, "echo hi; ls") is ASK  # compound: the allow-all rule never matches it
+
+
+@pytest.mark.parametrize("line", [
+    "eval rm -rf /work", "sh -c 'rm -rf x'", "bash -lc 'echo a; rm -rf x'", "busybox rm -rf x", "su -c 'rm x'",
+    "chroot / rm x", "flock f rm x", "ionice rm x", "find . -exec rm -rf {} \\;", "env -S'rm x'",
+    "/bin/r[m] -rf x", "/bin/r? -rf x", "watch rm x", "nsenter -t 1 rm x",
+])
+def test_a_deny_rule_is_not_dodged_by_wrappers_shells_or_patterns(line: str) -> None:
+    policies = book(Policy(tool="shell_run", match="rm *", action=DENY),
+                    Policy(tool="shell_run", match="*", action=ALLOW))
+    assert shell(policies, line) is not ALLOW
+
+
+def test_what_a_call_does_is_matched_not_only_how_it_is_written() -> None:
+    policies = book(Policy(tool="http_request", match="* https://api.example.com/admin/*", action=DENY),
+                    Policy(tool="http_request", match="GET https://api.example.com/*", action=ALLOW),
+                    Policy(tool="message_send", match="#announcements *", action=DENY),
+                    Policy(tool="schedule_cancel", match='{"schedule_id":7}', action=DENY))
+
+    def http(url: str) -> PolicyAction:
+        return policies.rule("http_request", {"method": "GET", "url": url}, risk=Risk.GATED).action
+
+    assert http("https://api.example.com/x/../admin/users") is DENY
+    assert http("https://api.example.com/%61dmin/users") is DENY
+    assert http("https://API.EXAMPLE.COM/admin/users") is DENY
+    assert http("https://api.example.com/health") is ALLOW
+    assert policies.rule("message_send", {"channel": "#Announcements", "text": "hi"}, risk=Risk.GATED).action is DENY
+    assert policies.rule("schedule_cancel", {"schedule_id": 7.0}, risk=Risk.SAFE).action is DENY
+
+
+def test_an_allow_rule_never_runs_a_call_that_hands_over_a_credential() -> None:
+    policies = book(Policy(tool="http_request", match="GET https://api.example.com/*", action=ALLOW),
+                    Policy(tool="shell_run", match="git fetch*", action=ALLOW))
+    with_credential = {"method": "GET", "url": "https://api.example.com/x", "credential": "api.token"}
+    ruling = policies.rule("http_request", with_credential, risk=Risk.GATED)
+    assert ruling.action is ASK and "hands a credential" in ruling.why
+    assert policies.rule("shell_run", {"command": "git fetch", "credentials": ["git_ssh_command"]},
+                         risk=Risk.GATED).action is ASK
+    assert shell(policies, "git fetch") is ALLOW
+
+
+def test_first_matching_rule_wins_and_tool_globs_match_names() -> None:
+    policies = book(Policy(tool="shell_*", match="kubectl get *", action=ALLOW),
+                    Policy(tool="shell_run", match="kubectl *", action=DENY),
+                    Policy(tool="*", action=ASK, approvers=("U2",), quorum=1))
+    assert shell(policies, "kubectl get pods") is ALLOW
+    assert shell(policies, "kubectl delete pod x") is DENY
+    ruling = policies.rule("time_now", {}, risk=Risk.SAFE)
+    assert ruling.action is ASK and ruling.policy is not None and ruling.policy.number == 3
+
+
+def test_canonical_texts_of_other_tools() -> None:
+    policies = book(Policy(tool="http_request", match="GET https://api.example.com/*", action=ALLOW),
+                    Policy(tool="message_send", match="#ops *", action=DENY),
+                    Policy(tool="schedule_create", match='*"destination":"C9"*', action=DENY))
+    http = policies.rule("http_request", {"method": "get", "url": "https://api.example.com/health"}, risk=Risk.GATED)
+    assert http.action is ALLOW
+    evil = policies.rule("http_request", {"method": "GET", "url": "https://api.example.com.evil.test/"},
+                         risk=Risk.GATED)
+    assert evil.action is ASK
+    assert policies.rule("message_send", {"channel": "ops", "text": "hi"}, risk=Risk.GATED).action is DENY
+    assert policies.rule("schedule_create", {"prompt": "x", "destination": "C9", "every": "1h"},
+                         risk=Risk.GATED).action is DENY
+
+
+def test_no_rule_leaves_the_built_in_risk() -> None:
+    policies = book(Policy(tool="shell_run", match="echo *", action=ALLOW))
+    assert policies.rule("http_request", {"url": "https://x.test"}, risk=Risk.GATED).action is ASK
+    assert policies.rule("time_now", {}, risk=Risk.SAFE).action is ALLOW
+    assert PolicyBook().rule("shell_run", {"command": "echo"}, risk=Risk.GATED).action is ASK
+
+
+def test_a_rule_for_some_trust_levels_applies_only_to_those_senders() -> None:
+    policies = book(Policy(tool="shell_run", action=DENY, trust=("guest", "external")),
+                    Policy(tool="shell_run", match="echo *", action=ALLOW, trust=("admin",)))
+    assert shell(policies, "echo hi", trust="guest") is DENY
+    assert shell(policies, "echo hi", trust="admin") is ALLOW
+    assert shell(policies, "echo hi", trust="member") is ASK
+    assert shell(policies, "echo hi", trust=None) is ASK  # unknown: only rules naming no level apply
+
+
+# -- bot.toml -------------------------------------------------------------------------------------------
+
+def _file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bot.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_file_with_only_policies_loads_them_and_the_default_agent(tmp_path: Path) -> None:
+    from bot.agents_config import load_agents
+
+    path = _file(tmp_path, '[[policies]]\ntool = "shell_run"\nmatch = "echo *"\naction = "allow"\n\n'
+                           '[[policies]]\ntool = "shell_run"\napprovers = ["U1", "U2", "S9"]\nquorum = 2\n'
+                           'notify = ["thread", "dm"]\nremind_after_s = 60\nescalate_to = ["U3"]\ntimeout_s = 600\n')
+    first, second = load_policies(path)
+    assert (first.action, first.match, first.number) == (ALLOW, "echo *", 1)
+    assert (second.approvers, second.quorum, second.notify, second.remind_after_s, second.escalate_to,
+            second.timeout_s) == (("U1", "U2", "S9"), 2, ("thread", "dm"), 60.0, ("U3",), 600.0)
+    assert [a.name for a in load_agents(path, default_instructions=None)] == ["default"]
+    assert load_policies(tmp_path / "absent.toml") == []
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ('[[policies]]\nmatch = "x"\n', "tool must be"),
+    ('[[policies]]\ntool = "shell_run"\naction = "maybe"\n', "action must be one of"),
+    ('[[policies]]\ntool = "shell_run"\naction = "allow"\napprovers = ["U1"]\n', "only apply to rules that ask"),
+    ('[[policies]]\ntool = "shell_run"\naction = "deny"\ntimeout_s = 5\n', "only apply to rules that ask"),
+    ('[[policies]]\ntool = "shell_run"\nquorum = 0\n', "quorum must be"),
+    ('[[policies]]\ntool = "shell_run"\nquorum = 3\napprovers = ["U1", "U2"]\n', "could never be reached"),
+    ('[[policies]]\ntool = "shell_run"\nquorum = true\n', "quorum must be"),
+    ('[[policies]]\ntool = "shell_run"\nnotify = ["email"]\n', "notify must list"),
+    ('[[policies]]\ntool = "shell_run"\nnotify = []\n', "notify must list"),
+    ('[[policies]]\ntool = "shell_run"\naction = "deny"\ntrust = ["guest"]\n', "not supported by this version yet"),
+    ('[[policies]]\ntool = "shell_run"\napprovers = ["U1\\n", "U2"]\nquorum = 2\n', "is not a user id"),
+    ('[[policies]]\ntool = "shell_run"\napprovers = ["alice"]\n', "is not a user id"),
+    ('[[policies]]\ntool = "shell_run"\ntimeout_s = -1\n', "timeout_s must be"),
+    ('[[policies]]\ntool = "shell_run"\ntimeout_s = 1e9\n', "timeout_s must be"),
+    ('[[policies]]\ntool = "shell_run"\nremind_after_s = 1e9\n', "remind_after_s must be"),
+    ('[[policies]]\ntool = "shell_run"\nescalate_to = ["U3"]\n', "needs remind_after_s"),
+    ('[[policies]]\ntool = "shell_run"\nescalate_to = ["bob"]\nremind_after_s = 5\n', "is not a user id"),
+    ('[[policies]]\ntool = "shell_run"\nmach = "x"\n', "unknown keys"),
+    ('[[policy]]\ntool = "shell_run"\n', "unknown tables"),
+    ("policies = 3\n", "array of tables"),
+])
+def test_a_bad_rule_is_refused_at_start_with_what_to_fix(tmp_path: Path, text: str, problem: str) -> None:
+    with pytest.raises(SettingsError, match=problem):
+        load_policies(_file(tmp_path, text))
+
+
+# -- the dry run ----------------------------------------------------------------------------------------
+
+def test_policies_check_names_the_deciding_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    path = _file(tmp_path, '[[policies]]\ntool = "shell_run"\nmatch = "echo allowed-*"\naction = "allow"\n\n'
+                           '[[policies]]\ntool = "http_request"\nmatch = "DELETE *"\naction = "deny"\n\n'
+                           '[[policies]]\ntool = "shell_run"\napprovers = ["U1", "U2"]\nquorum = 2\n')
+    monkeypatch.setenv("BOT_CONFIG", str(path))
+    monkeypatch.setenv("BOT_HOME", str(tmp_path / "home"))
+    assert main(["policies", "check", "shell_run", "echo allowed-1"]) == 0
+    assert capsys.readouterr().out.startswith("ALLOW: rule 1 (allow 'shell_run' matching 'echo allowed-*') decides")
+    assert main(["policies", "check", "shell_run", "echo allowed-2; rm x"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ASK: rule 1") and "not one plain command" in out and "rule 3 (ask 'shell_run')" in out
+    assert "asks: U1, U2; quorum 2" in out
+    assert main(["policies", "check", "http_request", "DELETE https://api.example.com/x"]) == 0
+    assert capsys.readouterr().out.startswith("DENY: rule 2")
+    assert main(["policies", "check", "time_now", "{}"]) == 0
+    assert capsys.readouterr().out.startswith("ALLOW: no rule matches: time_now is safe")
+    assert main(["policies", "check", "my_plugin", "not json"]) != 0
+
+
+# -- the audit trail ------------------------------------------------------------------------------------
+
+async def test_audit_export_has_who_what_when_where_and_outcome_and_no_secret(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        database_url: str | None) -> None:
+    import asyncio
+    import csv
+    import io
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    from bot.keys import load_keyring
+    from bot.settings import load_settings
+    from core.agents import Agent, AgentDirectory
+    from core.approvals import ApprovalPolicy
+    from core.clock import SystemClock
+    from core.credentials import CredentialService
+    from core.events import EventBus
+    from core.store import ApprovalStore, CredentialStore, Database
+    from core.store.schedules import ScheduleStore
+    from core.store.tables import ApprovalRow, ScheduleRow, SessionRow
+
+    monkeypatch.setenv("BOT_HOME", str(tmp_path / "home"))
+    if database_url:
+        monkeypatch.setenv("DATABASE_URL", database_url)
+    secret = "sk-live-AUDITNEVERSHOWN-42"
+    now = datetime.now(UTC)
+
+    async def record() -> None:
+        settings = load_settings()
+        db = Database(settings.resolved_database_url)
+        await db.migrate()
+        try:
+            async with db.write() as s:
+                s.add(SessionRow(id="slack:T1:C1:1.0", channel="slack", agent="default", status="idle",
+                                 reply_ref="{}", place="slack:T1:C1", created_at=now, updated_at=now))
+            approvals = ApprovalStore(db)
+            parked = await approvals.park(ApprovalRow(
+                session_id="slack:T1:C1:1.0", tool_call_id="c1", tool="shell_run", arguments=json.dumps(
+                    {"command": f"echo {secret}"}), agent="default", place="slack:T1:C1", requester="U1",
+                risk="gated", status="pending", parked_at=now, expires_at=now + timedelta(minutes=5), quorum=2))
+            await approvals.vote(parked.id, "U7", "approve", reason=None, now=now)
+            await approvals.vote(parked.id, "U8", "deny", reason="=HYPERLINK(\"http://evil.test\")", now=now)
+            service = CredentialService(CredentialStore(db), load_keyring(settings), EventBus(), SystemClock(),
+                                        ApprovalPolicy(("requester",), ()), AgentDirectory([Agent()]))
+            await service.set_secret("api.token", secret, scope="agent", agent="default", by="operator:ops")
+            schedules = ScheduleStore(db)
+            row = await schedules.add(ScheduleRow(
+                prompt="check", trigger=json.dumps({"every_s": 3600}), destination="#ops", destination_id="C9",
+                channel="slack", agent="default", creator="U1", origin_session="slack:T1:C1:1.0", status="active",
+                created_at=now))
+            assert row.id is not None
+            await schedules.set_status(row.id, "paused", now=now, by="U1", only_from=("active",))
+        finally:
+            await db.close()
+
+    await record()
+    since = (now - timedelta(days=1)).date().isoformat()
+    assert await asyncio.to_thread(main, ["audit", "export", "--since", since, "--format", "jsonl"]) == 0
+    out = capsys.readouterr().out
+    assert secret not in out
+    lines = [json.loads(line) for line in out.splitlines()]
+    by_what = {line["what"]: line for line in lines}
+    vote = by_what["approval.vote.approve"]
+    assert (vote["who"], vote["subject"], vote["where"], vote["outcome"]) == ("U7", "approval:1", "slack:T1:C1",
+                                                                             "approve")
+    assert by_what["approval.denied"]["who"] == "U8" and by_what["approval.denied"]["outcome"] == "denied"
+    assert by_what["credential.stored"]["who"] == "operator:ops"
+    assert by_what["schedule.created"]["where"] == "slack:T1:C1:1.0"
+    assert by_what["schedule.paused"]["who"] == "U1" and all(line["at"] for line in lines)
+    assert await asyncio.to_thread(main, ["audit", "export", "--since", since, "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["what"] for r in rows] == [line["what"] for line in lines] and secret not in json.dumps(rows)
+    assert not any(cell.startswith(("=", "+", "-", "@")) for r in rows for cell in r.values())  # never a formula
+    later = (now + timedelta(days=2)).date().isoformat()
+    assert await asyncio.to_thread(main, ["audit", "export", "--since", later]) == 0
+    assert capsys.readouterr().out == ""
+    assert await asyncio.to_thread(main, ["audit", "export", "--since", "yesterday"]) != 0
+
+
+def test_a_csv_cell_never_starts_a_formula() -> None:
+    import csv
+    import io
+    from datetime import UTC, datetime
+
+    from bot.audit_export import write
+    from core.views import AuditEntry
+
+    out = io.StringIO()
+    write([AuditEntry(datetime(2026, 11, 30, tzinfo=UTC), "=cmd|'/C calc'!A0", "@SUM(1)", "-2+3", None)], "csv", out)
+    [row] = list(csv.DictReader(io.StringIO(out.getvalue())))
+    assert (row["who"], row["what"], row["subject"]) == ("'=cmd|'/C calc'!A0", "'@SUM(1)", "'-2+3")
