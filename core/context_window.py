@@ -176,7 +176,8 @@ class ContextWindow:
         known = await self._known_summary(session_id)
         if known is not None:  # the summary still covers where the oldest kept message begins: no new call
             digest, summary = known
-            for end in range(min(keep_from, len(messages)) - 1, -1, -1):
+            # The first match: a message repeated later ("ok") never makes the summary cover what it does not.
+            for end in range(min(keep_from, len(messages))):
                 if left_out_key(messages[end:end + 1])[:48] == digest:
                     rest = fit(messages[end + 1:], room, keep_from=keep_from - end - 1)
                     if not rest.left_out and rest.messages[:1] and rest.messages[0].role != "tool":

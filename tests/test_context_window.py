@@ -81,6 +81,36 @@ async def test_the_summary_is_made_once_and_reused_while_the_same_messages_are_l
     assert "They checked the disk" in first[0].content and first[-1].content == "now"
 
 
+async def test_a_summary_is_reused_after_the_window_slides_and_never_stretched_over_a_repeat() -> None:
+    asked: list[list[ChatMessage]] = []
+
+    async def summarise(messages: list[ChatMessage]) -> str:
+        asked.append(messages)
+        return "the start"
+
+    window = ContextWindow(4_000, summaries=None, summarise=summarise)
+    history = [ChatMessage("user", "u" * 3_000), ChatMessage("assistant", "ok"), ChatMessage("user", "v" * 3_000),
+               ChatMessage("assistant", "ok"), ChatMessage("user", "w" * 600), ChatMessage("assistant", "ok"),
+               ChatMessage("user", "now")]
+    first = await window.fit("s", history, 1_700, keep_from=6)
+    covered = int(first[0].content.split("its ")[1].split(" ")[0])
+    slid = [*history[1:], ChatMessage("assistant", "ok"), ChatMessage("user", "y" * 2_000)]  # the window moved on
+    again = await window.fit("s", slid, 1_700, keep_from=len(slid) - 1)
+    assert len(asked) == 1 and again[0].content.startswith("(This thread was shortened")
+    assert again[1:] == slid[covered - 1:]  # shown again: right after what the summary covers
+
+    # A summary that ends at a message repeated later ("ok") is taken to end at its first place: what it does
+    # not cover is shown, never dropped unsummarised.
+    from core.context_window import left_out_key
+
+    window._remember("t", left_out_key([ChatMessage("assistant", "ok")])[:48], "up to the first ok")
+    thread = [ChatMessage("user", "a" * 3_000), ChatMessage("assistant", "ok"), ChatMessage("user", "b" * 300),
+              ChatMessage("assistant", "ok"), ChatMessage("user", "c" * 1_800)]
+    shown = await window.fit("t", thread, 1_500, keep_from=4)
+    assert "its 2 oldest messages" in shown[0].content
+    assert shown[1:] == thread[2:] and len(asked) == 1
+
+
 # -- through the real app ------------------------------------------------------------------------------
 
 async def test_a_long_thread_reaches_the_model_within_its_window_with_a_summary(

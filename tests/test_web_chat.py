@@ -257,3 +257,36 @@ async def test_schedules_view_lists_and_changes_schedules(gateway: GatewayClient
     assert (status, body["message"]) == (200, f"Schedule {mine.id} cancelled.")
     status, body = await _post(gateway, f"/api/schedules/{mine.id}/pause", {})
     assert status == 409 and "cancelled" in body["error"]
+
+
+async def test_the_web_chat_shows_quorum_progress_and_reminders(
+    make_settings: Any, start_gateway: Any, fake_llm: FakeLLM, tmp_path: Any
+) -> None:
+    """A rule's request in the web chat: the web person's vote counts once, the progress and the reminder are
+    in the conversation's JSON (what the page shows), and no "Always allow" is offered."""
+    config = tmp_path / "bot.toml"
+    config.write_text('[[policies]]\ntool = "shell_run"\napprovers = ["web", "U7"]\nquorum = 2\n'
+                      'remind_after_s = 0.2\ntimeout_s = 600\n')
+    gateway: GatewayClient = await start_gateway(make_settings(bot_config=config, approval_poll_s=0.05))
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo two"})]))
+    await _post(gateway, f"/api/conversations/{CID}/messages", {"text": "run it"})
+    approval: dict[str, Any] = {}
+    for _ in range(200):
+        _, conv = await _get(gateway, f"/api/conversations/{CID}")
+        if conv["approvals"]:
+            approval = conv["approvals"][0]
+            break
+        await asyncio.sleep(0.02)
+    assert (approval["quorum"], approval["grantable"]) == (2, False)
+    assert approval["progress"] == "0 of 2 approvals — nobody yet"
+    status, body = await _post(gateway, f"/api/approvals/{approval['id']}", {"verdict": "approve"})
+    assert status == 200 and body["voted"] and not body["won"] and "counted" in body["message"]
+    status, body = await _post(gateway, f"/api/approvals/{approval['id']}", {"verdict": "approve"})
+    assert status == 409 and "already voted" in body["message"]  # the same person: one vote
+    for _ in range(200):
+        _, conv = await _get(gateway, f"/api/conversations/{CID}")
+        if conv["approvals"][0]["reminded"]:
+            break
+        await asyncio.sleep(0.02)
+    shown = conv["approvals"][0]
+    assert shown["reminded"] and shown["progress"] == "1 of 2 approvals — web" and shown["status"] == "pending"

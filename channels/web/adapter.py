@@ -193,8 +193,8 @@ class WebChannel:
         # The verdict and reason are checked by core (400), then whether the request is this channel's (404).
         result = await self.gateway.decide(request_id, body.get("verdict"), by=WEB_USER, reason=body.get("reason"),
                                            channel=self.name)
-        status = 403 if result.refused else 200 if result.won else 409
-        return web.json_response({"won": result.won, "message": result.message}, status=status)
+        status = 403 if result.refused else 200 if result.won or result.voted else 409
+        return web.json_response({"won": result.won, "voted": result.voted, "message": result.message}, status=status)
 
     async def _send(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
