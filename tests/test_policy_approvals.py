@@ -202,3 +202,18 @@ async def test_dm_cards_reminders_and_escalation_update_every_copy(
     assert all("approval:approve" not in json.dumps(u.params["blocks"]) for u in fake_slack.of("chat.update"))
     audit = [row.action for row in await gateway.app.approvals.store.audit_log()]
     assert "approval.reminded" in audit and "approval.approved" in audit
+
+
+async def test_dm_only_cards_fall_back_to_the_thread_when_the_list_is_cut(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """notify = ["dm"] with 30 people: the named one first, the first 25 by DM, and the thread has the card too
+    (never a request some approver cannot find)."""
+    fake_slack.groups["S0ALL"] = [f"U{n:03d}" for n in range(30)]
+    gateway = await _start(make_settings, start_gateway, tmp_path,
+                           '[[policies]]\ntool = "shell_run"\napprovers = ["S0ALL", "U9X"]\nnotify = ["dm"]\n')
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo many"})]))
+    await gateway.send_event(mention("ask everyone"))
+    posts = await fake_slack.wait_for("chat.postMessage", 26)
+    channels = [p.params["channel"] for p in posts[:26]]
+    assert channels[0] == "DU9X" and channels[-1] == "C1" and len(set(channels[:25])) == 25

@@ -46,7 +46,6 @@ class SlackApprovals:
         self.client = client
         self.gateway = gateway
         self.members = members  # a user group's members (SlackPort.group_members): DM cards go to each
-        self._cut = False  # the last DM round reached only the first _MAX_DM_CARDS people
         self._private = PrivateReplies(client)
         app.action(ACTION)(self._on_click)
         app.view(DENY_VIEW)(self._on_deny_submitted)
@@ -65,10 +64,11 @@ class SlackApprovals:
                 await self.gateway.approval_unshowable(request.id)
                 return
         where: dict[str, Any] = {}
+        cut = False
         if "dm" in request.notify:
-            where["copies"] = await self._dm_cards(request, deciders)
+            where["copies"], cut = await self._dm_cards(request, deciders)
         # The thread too, unless only DMs were asked for and every one landed: never shown nowhere.
-        if "thread" in request.notify or not where.get("copies") or self._cut:
+        if "thread" in request.notify or not where.get("copies") or cut:
             for attempt in range(2):
                 try:
                     posted = await self.client.chat_postMessage(
@@ -104,7 +104,7 @@ class SlackApprovals:
         except SlackApiError as exc:
             log.warning("could not remind about approval %s: %s", request.id, error_code(exc))
         if "dm" in request.notify:
-            copies = await self._dm_cards(current, deciders, reminder=True)
+            copies, _cut = await self._dm_cards(current, deciders, reminder=True)
             latest = await self.gateway.approval(request.id) or current
             where = dict(latest.announcement or {})
             where["copies"] = [*where.get("copies", []), *copies]
@@ -114,17 +114,18 @@ class SlackApprovals:
                 await self.resolve(settled)
 
     async def _dm_cards(self, request: ApprovalInfo, deciders: tuple[str, ...], *,
-                        reminder: bool = False) -> list[dict[str, str]]:
+                        reminder: bool = False) -> tuple[list[dict[str, str]], bool]:
         """The card in each decider's DM (people named first, then user groups' members; at most
-        _MAX_DM_CARDS): where each landed. Arguments too long for a card go to each DM as a file first."""
+        _MAX_DM_CARDS): where each landed, and whether the list was cut short. Arguments too long for a card
+        go to each DM as a file first."""
         named = [d for d in deciders if d[:1] in ("U", "W") and is_person(d)]
         people = list(named)
         for group in (d for d in deciders if d.startswith("S") and is_person(d)):
             if self.members is not None:
                 people += sorted(await self.members(group))
         people = list(dict.fromkeys(people))
-        self._cut = len(people) > _MAX_DM_CARDS
-        if self._cut:
+        cut = len(people) > _MAX_DM_CARDS
+        if cut:
             log.warning("approval %s: %d approvers, cards by DM to the first %d (the thread has it too)",
                         request.id, len(people), _MAX_DM_CARDS)
         copies = []
@@ -144,7 +145,7 @@ class SlackApprovals:
             except Exception as exc:  # one DM failing (closed DMs, the network) leaves the others
                 log.warning("could not send approval %s to %s by DM: %s", request.id, user,
                             error_code(exc) if isinstance(exc, SlackApiError) else type(exc).__name__)
-        return copies
+        return copies, cut
 
     async def _attach(self, request: ApprovalInfo, *, channel: str | None = None) -> str | None:
         """Post the arguments in full as a file in the request's thread (or in ``channel``, a DM); its name, or
