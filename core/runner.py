@@ -301,7 +301,9 @@ def _turn_start(rows: Sequence[Any], turn_id: int, history: list[ChatMessage]) -
     """Where this turn's messages begin in the merged history: after what the rows before its first row
     (by ``turn_id``) make; a resumed turn's own calls and results are its too."""
     first = next((i for i, row in enumerate(rows) if getattr(row, "turn_id", None) == turn_id), len(rows))
-    before = len(_to_chat(rows[:first]))
+    # What _to_chat makes of the rows before it, counted without parsing them again: it drops leading non-user rows.
+    lead = next((i for i, row in enumerate(rows) if row.role == "user"), len(rows))
+    before = max(0, first - lead)
     start = len(merge_user_runs(history[:before]))
     # The last message before it and its first are both the user's: merged into one, which is this turn's.
     if before and before < len(history) and history[before - 1].role == "user" and history[before].role == "user":

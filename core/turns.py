@@ -178,10 +178,10 @@ class TurnDrivers:
     async def _drive(self, session_id: str) -> None:
         first, retry = True, False
         lease = self.leasing.hold(session_id, self._drivers[session_id].stop_turn)  # several replicas
+        self._drivers[session_id].lease = lease
         try:
             while True:
                 driver = self._drivers[session_id]
-                driver.lease = lease
                 woken, driver.wake = driver.wake, False
                 if self.leasing.enabled and not (first or retry or woken or driver.more):
                     # After a turn (another replica's arrivals wake no driver here): the lease went back with
