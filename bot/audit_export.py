@@ -25,7 +25,11 @@ def parse_day(value: str) -> datetime:
     except ValueError:
         raise BotError(f"--since/--until takes a date such as 2026-11-30 or 2026-11-30T12:00:00Z, not {value!r}") \
             from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    when = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    try:
+        return when.astimezone(UTC)  # (an offset at the calendar's edge has no UTC time)
+    except OverflowError:
+        raise BotError(f"--since/--until {value!r} is outside the calendar once read as UTC") from None
 
 
 def export_row(row: AuditEntry) -> dict[str, Any]:

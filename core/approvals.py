@@ -56,12 +56,14 @@ class ApprovalBroker:
             return refused
         if ruling.action is PolicyAction.ALLOW:
             return GateDecision(True)
-        subject = _subject(tool, args)
-        if subject is not None and (tool.name, subject) in ctx.preapproved:  # e.g. a firing's own destination
-            return GateDecision(True)
-        # An "Always allow" covers calls no rule decides; a rule's own approvers and quorum are never skipped.
-        if ruling.policy is None and await self.granted(agent=ctx.agent, tool=tool.name, place=ctx.place, args=args):
-            return GateDecision(True)
+        # A firing's preapproved destination and an "Always allow" cover calls no rule decides: a rule's own
+        # approvers and quorum are never skipped.
+        if ruling.policy is None:
+            subject = _subject(tool, args)
+            if subject is not None and (tool.name, subject) in ctx.preapproved:  # e.g. a firing's own destination
+                return GateDecision(True)
+            if await self.granted(agent=ctx.agent, tool=tool.name, place=ctx.place, args=args):
+                return GateDecision(True)
         if not ctx.interactive:
             return GateDecision(False, f"error: `{tool.name}` needs a person's approval and nobody can be asked "
                                        "here, so it did not run; continue without it")

@@ -334,3 +334,42 @@ def test_a_csv_cell_never_starts_a_formula() -> None:
     write([AuditEntry(datetime(2026, 11, 30, tzinfo=UTC), "=cmd|'/C calc'!A0", "@SUM(1)", "-2+3", None)], "csv", out)
     [row] = list(csv.DictReader(io.StringIO(out.getvalue())))
     assert (row["who"], row["what"], row["subject"]) == ("'=cmd|'/C calc'!A0", "'@SUM(1)", "'-2+3")
+
+
+def test_a_date_at_the_calendar_s_edge_is_refused_not_a_traceback() -> None:
+    from bot.audit_export import parse_day
+    from bot.errors import BotError
+
+    for value in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-10:00", "yesterday", ""):
+        with pytest.raises(BotError):
+            parse_day(value)
+
+
+async def test_a_rule_that_asks_is_not_skipped_by_a_firing_s_preapproved_destination(tmp_path: Path) -> None:
+    """A scheduled firing may post to its approved destination unasked, but not past a rule that asks."""
+    from core.agents import Agent, AgentDirectory
+    from core.approvals import ApprovalBroker, ApprovalPolicy
+    from core.clock import SystemClock
+    from core.events import EventBus
+    from core.store import ApprovalStore, Database
+    from core.tools import Tool, ToolContext
+
+    async def send(_ctx: ToolContext, _args: dict[str, object]) -> str:
+        return "sent"
+
+    tool = Tool("message_send", "post", {"type": "object"}, Risk.GATED, send, pattern_arg="channel")
+    db = Database(f"sqlite:///{tmp_path}/x.db")
+    await db.migrate()
+    try:
+        def broker(*rules: Policy) -> ApprovalBroker:
+            return ApprovalBroker(ApprovalStore(db), EventBus(), SystemClock(), ApprovalPolicy(("U1",), ()),
+                                  AgentDirectory([Agent()]), timeout_s=5, policies=book(*rules))
+
+        ctx = ToolContext(session_id="s", turn_id=1, agent="default", sender="U1", interactive=False,
+                          preapproved=(("message_send", "#ops"),))
+        args = {"channel": "#ops", "text": "daily report"}
+        assert (await broker().authorize(ctx, tool, args)).allowed  # no rule: the firing's approval covers it
+        asked = await broker(Policy(tool="message_send", approvers=("U7", "U8"), quorum=2)).authorize(ctx, tool, args)
+        assert not asked.allowed and "nobody can be asked" in asked.result
+    finally:
+        await db.close()
