@@ -9,13 +9,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiohttp import web
+from yarl import URL
 
 from bot.agents_config import load_agents
+from bot.connections_config import load_connections
 from bot.egress import EgressPolicy
 from bot.errors import Failed
 from bot.home import secure_home
 from bot.keys import load_keyring
 from bot.metrics import Metrics
+from bot.oauth_client import HttpOAuthClient
 from bot.policies_config import load_policies
 from bot.providers import build_provider
 from bot.sandbox import probe as probe_sandbox
@@ -26,11 +29,14 @@ from bot.tools import build_registry
 from bot.tools.message import message_send_tool
 from bot.tools.schedules import schedule_tools
 from channels.web.credential_link import CredentialLinkPage
+from channels.web.oauth_pages import OAuthPages
 from core.agents import AgentDirectory
 from core.approvals import ApprovalBroker, ApprovalPolicy
 from core.attachments import AttachmentReader
 from core.budget import ThreadBudget
 from core.clock import Clock, SystemClock
+from core.connections.consent import Consent
+from core.connections.service import ConnectionService
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
 from core.delivery import Deliveries, DeliveryConfig
@@ -55,6 +61,7 @@ from core.store import (
     WebSessionStore,
 )
 from core.store.budgets import BudgetStore
+from core.store.connections import ConnectionStore
 from core.store.deliveries import DeliveryStore
 from core.store.schedules import ScheduleStore
 from core.store.stats import snapshot
@@ -83,6 +90,7 @@ class Application:
     deliveries: Deliveries
     gateway: Gateway  # what the channels call
     sandbox_peers: SandboxPeers | None = None
+    connections: ConnectionService | None = None  # [[connections]] in bot.toml
     channels: list[Channel] = field(default_factory=list)
     web_app: web.Application = field(default_factory=web.Application)
     _runner: web.AppRunner | None = None
@@ -106,6 +114,8 @@ class Application:
         await self.credentials.redactor.check()  # load the masks (and tell the log filter) before any turn
         await self.approvals.expire_overdue()  # those that ran out while no process was up
         await self.credentials.expire_overdue()
+        if self.connections is not None:
+            await self.connections.expire_overdue()
         # Before turns resume: on SQLite it releases the claims of answers the last run left mid-delivery,
         # and must not release those of answers resumed turns are about to post.
         await self.deliveries.start(single_process=self.db.is_sqlite)  # resumes answers left undelivered
@@ -167,7 +177,8 @@ class Application:
         except Exception:
             log.exception("could not count the requests left pending")
             return 0
-        return int(figures["approvals_pending"] + figures["credential_requests_pending"])
+        return int(figures["approvals_pending"] + figures["credential_requests_pending"]
+                   + figures["connection_requests_pending"])
 
 
 @dataclass(frozen=True)
@@ -206,15 +217,19 @@ def build_application(
         poll_s=settings.approval_poll_s, on_secret=secret_sink,
     )
     credentials.redactor.add_static(setting_secrets(settings))
-    announce_cancelled_requests(bus, approvals, credentials)  # a turn failed after restarts: its cards say so
     egress = EgressPolicy.from_settings(settings)
     shell = probe_sandbox(settings.shell_sandbox, network=settings.shell_network)
     shell.log()  # without a working sandbox shell_run is off, and the log says how to fix it
     peers = SandboxPeers()  # a command's processes must not be "this machine" to our own server
     if shell.sandbox is not None:
         shell.sandbox.peers = peers
+    connections = build_connections(settings, db, credentials, bus, clock, policy)
+    # A turn failed after restarts: its cards say so.
+    announce_cancelled_requests(bus, approvals, credentials, connections.service if connections else None)
     tools = build_registry(settings.bot_home.resolve(), sandbox=shell.sandbox, shell_env=credentials.env_for,
-                           credential_headers=credentials.headers_for, egress=egress)
+                           credential_headers=credentials.headers_for, egress=egress,
+                           connections=connections.service if connections is not None else None,
+                           connection_wait_s=settings.connection_timeout_s)
     tools.register(credentials.tool())
     runner = AgentRunner(
         store,
@@ -227,6 +242,7 @@ def build_application(
         gate=approvals,
         redactor=credentials.redactor,
         budget=ThreadBudget(settings.thread_token_budget, BudgetStore(db), approvals),
+        resumable=connections.service.resumable if connections is not None else None,
     )
     deliveries = Deliveries(DeliveryStore(db), ports, bus, clock, config=DeliveryConfig(
         max_age_s=settings.delivery_max_age_s, retry_base_s=settings.delivery_retry_base_s,
@@ -258,10 +274,10 @@ def build_application(
                                 interval_floor_s=settings.schedule_min_interval_s, jobs=schedule_jobs, ports=ports)
     for tool in schedule_tools(schedules, store, channel="slack"):  # "#name" destinations are Slack channels
         tools.register(tool)
-    gateway = Gateway(dispatcher, approvals, credentials, schedules)
+    gateway = Gateway(dispatcher, approvals, credentials, schedules, consent=connections)
     app = Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals, credentials=credentials,
                       schedules=schedules, schedule_jobs=schedule_jobs, deliveries=deliveries, gateway=gateway,
-                      sandbox_peers=peers)
+                      sandbox_peers=peers, connections=connections.service if connections is not None else None)
     app.web_app.middlewares.append(peers.middleware())
     app.web_app.middlewares.append(_until_ready(app))
     # The port actually bound (PORT=0 picks one).
@@ -302,9 +318,31 @@ def build_application(
                             web.get("/metrics", metrics.handle)])
     link_page = CredentialLinkPage(CredentialLinks(credentials), trusted_proxies=settings.trusted_proxies)
     app.web_app.add_routes(link_page.routes())
+    if connections is not None:
+        # Links and the redirect URI: BOT_PUBLIC_URL, else this machine at the port actually bound.
+        connections.base_url = lambda: settings.bot_public_url or f"http://127.0.0.1:{app.bound_port}"
+        oauth = OAuthPages(gateway, secure_cookie=(settings.bot_public_url or "").startswith("https://"),
+                           cookie_path=URL(settings.bot_public_url or "/").path.rstrip("/") + "/oauth/callback",
+                           trusted_proxies=settings.trusted_proxies)
+        app.web_app.add_routes(oauth.routes())
     for channel in app.channels:
         app.web_app.add_routes(channel.routes())
     return app
+
+
+def build_connections(settings: Settings, db: Database, credentials: CredentialService, bus: EventBus, clock: Clock,
+                      policy: ApprovalPolicy) -> Consent | None:
+    """``[[connections]]``: None when bot.toml has none. Tokens are masked like credentials (and their
+    client secrets like the bot's own settings)."""
+    specs = load_connections(settings.bot_config)
+    if not specs:
+        return None
+    service = ConnectionService(specs, ConnectionStore(db), credentials.keys, HttpOAuthClient(clock.now), bus, clock,
+                                policy, timeout_s=settings.connection_timeout_s, poll_s=settings.approval_poll_s,
+                                learn=credentials.redactor.learn)
+    credentials.also_masked.append(service.known_values)
+    credentials.redactor.add_static((f"{spec.name} client secret", spec.client_secret) for spec in specs.values())
+    return Consent(service, base_url=lambda: settings.bot_public_url or f"http://127.0.0.1:{settings.port}")
 
 
 def setting_secrets(settings: Settings) -> list[tuple[str, str]]:

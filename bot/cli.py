@@ -114,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
              "Safe to interrupt; a second run does nothing.")
     _command(cverbs, "link", "print a one-time link (15 min) to answer a pending credential request").add_argument(
         "request_id", type=_id, help="the credential request's id (shown with the request in the thread)")
+    conns = _command(sub, "connections", "OAuth accounts connected through [[connections]] (tokens never printed)")
+    overbs = conns.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
+    _command(overbs, "list", "who connected what: scopes, expiry, last use").add_argument(
+        "--user", default=None, help="only this person's (a Slack user id, or web)")
+    cdis = _command(overbs, "disconnect", "revoke the token at the provider (RFC 7009), then delete it here",
+                    "If the provider refuses the revocation nothing is deleted, unless --force.")
+    cdis.add_argument("name", help="the connection's name in bot.toml, e.g. github")
+    cdis.add_argument("--user", default=None, help="whose account (needed unless the connection is shared)")
+    cdis.add_argument("--force", action="store_true", help="delete here even if the provider refuses to revoke")
     scheds = _command(sub, "schedules", "scheduled sessions (operator actions are audited by name)")
     sverbs = scheds.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
     _command(sverbs, "list", "every schedule, its status and last outcome")
@@ -241,6 +250,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from bot.operator import schedules_command
 
         return asyncio.run(schedules_command(args))
+    if args.command == "connections":
+        from bot.connections_command import connections_command
+
+        return asyncio.run(connections_command(args))
     if args.command == "credentials":
         from bot.operator import credentials_command, read_secret
         from core.hosts import parse_hosts

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from bot.errors import BotError
 from bot.manifest import BOT_SCOPES
@@ -173,6 +174,7 @@ def _egress(settings: Settings) -> Check:
 def _config_file(settings: Settings) -> list[Check]:
     """``bot.toml`` (agents, ``[slack]``): what `bot run` would refuse, said before it is run."""
     from bot.agents_config import load_agents
+    from bot.connections_config import load_connections
     from bot.policies_config import load_policies
     from bot.slack_config import load_suggested_prompts
     from core.policies import PolicyAction
@@ -183,6 +185,7 @@ def _config_file(settings: Settings) -> list[Check]:
         agents = load_agents(settings.bot_config, default_instructions=settings.bot_instructions)
         prompts = load_suggested_prompts(settings.bot_config)
         policies = load_policies(settings.bot_config)
+        connections = load_connections(settings.bot_config)
     except BotError as exc:
         return [Check("bot.toml", False, str(exc),
                       f"correct {settings.bot_config} (README: Agents, Approval policies)")]
@@ -194,7 +197,24 @@ def _config_file(settings: Settings) -> list[Check]:
         checks.append(Check("approval rules", False, "; ".join(f"{p.describe()} lets every call of {p.tool!r} run "
                                                                "without asking" for p in wide),
                             "give each allow rule a `match` (e.g. match = \"echo hello*\"), or remove it"))
+    if connections:
+        checks.append(_connections(settings, list(connections.values())))
     return checks
+
+
+def _connections(settings: Settings, specs: list[Any]) -> Check:
+    """Where consent comes back to, and which connections can never ask (no authorize_url)."""
+    base = settings.bot_public_url or f"http://127.0.0.1:{settings.port}"
+    names = ", ".join(f"{spec.name} ({spec.owner}; token to {', '.join(spec.hosts)})" for spec in specs)
+    detail = f"{names}; register {base.rstrip('/')}/oauth/callback as the redirect URI with each provider"
+    silent = [spec.name for spec in specs if spec.authorize_url is None]
+    if silent:
+        return Check("connections", True, f"{detail}; no authorize_url: {', '.join(silent)} (calls fail, never ask)",
+                     "add authorize_url to those entries to let people connect from the conversation", warning=True)
+    if settings.bot_public_url is None:
+        return Check("connections", True, detail, "set BOT_PUBLIC_URL (the address people's browsers reach the bot "
+                     "at): without it only a browser on this machine can finish connecting", warning=True)
+    return Check("connections", True, detail)
 
 
 def _approvers(settings: Settings) -> list[Check]:

@@ -41,6 +41,7 @@ GAUGES = {name: Gauge(f"bot_{name}", help_text) for name, help_text in (
     ("turns_running", "Turns running (all replicas)"),
     ("approvals_pending", "Approval requests waiting for a decision"),
     ("credential_requests_pending", "Credential requests waiting for a value"),
+    ("connection_requests_pending", "Calls waiting for an account to be connected"),
     ("schedules_active", "Active schedules"),
     ("firings_posted", "Schedule firings whose answer was delivered"),
     ("firings_failed", "Schedule firings that failed"),

@@ -83,6 +83,7 @@ class Settings(BaseSettings):
     bot_config: Path = Path("bot.toml")
     credential_timeout_s: float = Field(default=1800, gt=0)
     credential_max_bytes: int = Field(default=16_384, ge=64, le=1_000_000)
+    connection_timeout_s: float = Field(default=1800, gt=0)  # a call parked for consent waits this long
     image_max_bytes: int = Field(default=5_000_000, ge=1_000, le=20_000_000)  # a shared image the model is given
     bot_public_url: str | None = None
     schedule_min_interval_s: int = Field(default=60, ge=1)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.approvals import ApprovalBroker
+from core.connections.service import ConnectionService
 from core.dispatcher import Dispatcher
 from core.errors import InvalidInput
 from core.model import RESERVED_SESSION_PREFIXES, SessionInfo, SessionStatus
@@ -46,8 +47,10 @@ class Status:
 
 
 class Commands:
-    def __init__(self, dispatcher: Dispatcher, approvals: ApprovalBroker, schedules: ScheduleService) -> None:
+    def __init__(self, dispatcher: Dispatcher, approvals: ApprovalBroker, schedules: ScheduleService, *,
+                 connections: ConnectionService | None = None) -> None:
         self.dispatcher = dispatcher
+        self.connections = connections
         self.approvals = approvals
         self.schedules = schedules
 
@@ -71,6 +74,8 @@ class Commands:
             return await self._schedules(command, words[1:], marks)
         if sub == "schedule":
             return await self._schedule(command, command.text.strip()[len("schedule"):].strip(), marks)
+        if sub == "connections":
+            return await self._connections(command, words[1:], marks)
         if sub == "help":
             return help_text(command.name)
         typed_words = f"{command.name} {typed(' '.join(words))}"  # quoted back: no backtick can end the code span
@@ -173,6 +178,33 @@ class Commands:
                 f"{marks.text(destination)}); it starts once posting to {marks.text(destination)} is approved.")
 
 
+    async def _connections(self, command: Command, words: list[str], marks: Marks) -> str:
+        """Yours and the shared ones (never a token); ``disconnect NAME`` revokes yours at the provider first."""
+        service = self.connections
+        if service is None or not service.specs:
+            return "No connections are configured (bot.toml [[connections]])."
+        if len(words) == 2 and words[0].lower() == "disconnect":
+            name = words[1]
+            spec = service.specs.get(name)
+            if spec is None:
+                return f"No connection named {marks.code(typed(name))} is configured."
+            if spec.owner == "shared" and not service.policy.is_admin(command.user):
+                return f"{name} is shared: only an admin disconnects it."
+            try:
+                return await service.disconnect(name, command.user, by=command.user)
+            except InvalidInput as exc:
+                return str(exc)
+        if words:
+            return f"Use {marks.code(f'{command.name} connections')} or " \
+                   f"{marks.code(f'{command.name} connections disconnect NAME')}."
+        views = await service.views(command.user, with_shared=True)
+        lines = [f"• {view.describe()}" for view in views]
+        absent = [name for name in sorted(service.specs) if not any(v.name == name for v in views)]
+        if absent:
+            lines.append("Not connected: " + ", ".join(absent) + " (you are asked when the agent needs one)")
+        return "Your connections:\n" + "\n".join(lines) if views else "\n".join(["You have no connections.", *lines])
+
+
 def _trigger(command: Command) -> str:
     """The command's own id in its origin session's id: the platform's, when it has a safe shape."""
     if command.trigger is not None and _TRIGGER.fullmatch(command.trigger):
@@ -195,5 +227,6 @@ def help_text(name: str) -> str:
         f"`at 2026-12-01T09:00`); `{c} schedules` — this channel's schedules (all of them for admins): "
         "list, pause, resume, cancel\n"
         f"`{c} approvals` — pending approvals and \"Always allow\" grants; "
-        f"`{c} approvals revoke <id>` (admins)\n`{c} help` — this text"
+        f"`{c} approvals revoke <id>` (admins)\n"
+        f"`{c} connections` — your connected accounts; `{c} connections disconnect <name>`\n`{c} help` — this text"
     )

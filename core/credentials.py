@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -67,6 +67,8 @@ class CredentialService:
         self.max_bytes = max_bytes
         self.on_secret = on_secret  # e.g. the log filter learning a value to mask
         self._waiters = Waiters(clock, poll_s)
+        # Other stored secrets masked with these (connections' tokens): (label, value) loaders.
+        self.also_masked: list[Callable[[], Awaitable[list[tuple[str, str]]]]] = []
         # The masks in effect: a cache of the stored values, told to ``on_secret`` as it learns them.
         self.redactor = Redactor(self.known_values, self.store.fingerprint, sink=on_secret)
 
@@ -312,6 +314,8 @@ class CredentialService:
                 values.append((row.name, self._open(row)))
             except VaultError as exc:
                 log.warning("%s", exc)
+        for load in self.also_masked:
+            values += await load()
         return values
 
     def _open(self, row: SecretRow) -> str:

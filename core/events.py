@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
-from core.model import ApprovalInfo, CredentialRequestInfo, MessageRef, SessionInfo, TurnInfo
+from core.model import ApprovalInfo, ConnectionRequestInfo, CredentialRequestInfo, MessageRef, SessionInfo, TurnInfo
 
 if TYPE_CHECKING:
     from core.store.deliveries import OutboxClaim
@@ -162,6 +162,22 @@ class CredentialResolved(Event):
 
     name: ClassVar[str] = "credential.resolved"
     request: CredentialRequestInfo
+
+
+@dataclass(frozen=True)
+class ConnectionRequested(Event):
+    """A call waits for someone to connect an account (the request is in the database): show Connect."""
+
+    name: ClassVar[str] = "connection.requested"
+    request: ConnectionRequestInfo
+
+
+@dataclass(frozen=True)
+class ConnectionResolved(Event):
+    """Connected, expired or cancelled: update the request's message."""
+
+    name: ClassVar[str] = "connection.resolved"
+    request: ConnectionRequestInfo
 
 
 @dataclass(frozen=True)

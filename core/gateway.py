@@ -15,22 +15,31 @@ from typing import Any
 from core.approvals import TOO_LONG_TO_SHOW, ApprovalBroker, DecideResult
 from core.clock import Clock
 from core.commands import Command, Commands, Status
+from core.connections.consent import NOT_YOURS, CallbackResult, Consent, Opened, Preview
 from core.controls import StopReport
 from core.credentials import CredentialService, ProvideResult
 from core.dispatcher import Dispatcher
-from core.errors import InvalidInput, NotFound
+from core.errors import InvalidInput, NotAllowed, NotFound
 from core.events import Handler
 from core.feedback import FeedbackBook, FeedbackResult
-from core.model import ApprovalInfo, CredentialRequestInfo, Inbound, SessionInfo, SessionSummary, TranscriptEntry
+from core.model import (
+    ApprovalInfo,
+    ConnectionRequestInfo,
+    CredentialRequestInfo,
+    Inbound,
+    SessionInfo,
+    SessionSummary,
+    TranscriptEntry,
+)
 from core.replies import PLAIN, Marks
 from core.schedules import ScheduleService
 from core.store import Accepted, AcceptOutcome
 from core.store.feedback import FeedbackEntry, FeedbackStore
-from core.views import GrantView, ScheduleView
+from core.views import ConnectionView, GrantView, ScheduleView
 
 # What adapters may name without importing the services that produce them.
-__all__ = ["AcceptOutcome", "Accepted", "Command", "DecideResult", "FeedbackResult", "Gateway", "Marks",
-           "ProvideResult", "Status", "StopReport"]
+__all__ = ["AcceptOutcome", "Accepted", "CallbackResult", "Command", "DecideResult", "FeedbackResult", "Gateway",
+           "Marks", "Opened", "Preview", "ProvideResult", "Status", "StopReport"]
 
 VERDICTS = ("approve", "deny", "always")
 REASON_MAX = 500  # characters of a deny reason (the model reads it)
@@ -38,13 +47,15 @@ REASON_MAX = 500  # characters of a deny reason (the model reads it)
 
 class Gateway:
     def __init__(self, dispatcher: Dispatcher, approvals: ApprovalBroker, credentials: CredentialService,
-                 schedules: ScheduleService) -> None:
+                 schedules: ScheduleService, consent: Consent | None = None) -> None:
         self._dispatcher = dispatcher
+        self._consent = consent
         self._conversations = dispatcher.conversations
         self._approvals = approvals
         self._credentials = credentials
         self._schedules = schedules
-        self._commands = Commands(dispatcher, approvals, schedules)
+        self._commands = Commands(dispatcher, approvals, schedules,
+                                  connections=consent.service if consent is not None else None)
         self._feedback = FeedbackBook(FeedbackStore(self._conversations.db), self._conversations, dispatcher.bus,
                                       dispatcher.clock)
 
@@ -157,6 +168,58 @@ class Gateway:
 
     async def credential_shown(self, request_id: int, where: dict[str, Any]) -> None:
         await self._credentials.record_announcement(request_id, where)
+
+    # -- connections ----------------------------------------------------------------------------
+
+    def _connections(self) -> Consent:
+        if self._consent is None:
+            raise NotFound("no connections are configured")
+        return self._consent
+
+    async def connect_link(self, request_id: int, by: str, *, channel: str) -> str:
+        """A personal, single-use link for ``by`` to complete a parked connection request (NotFound when it is
+        not open, not theirs, or not in ``channel``: one answer for all three)."""
+        consent = self._connections()
+        request = await consent.service.get(request_id)
+        if request is None or request.session.channel != channel:
+            raise NotFound(NOT_YOURS)
+        return await consent.link(request_id, by, channel)
+
+    async def preview_consent(self, state: str) -> Preview | CallbackResult:
+        return await self._connections().preview(state)
+
+    async def open_consent(self, state: str) -> Opened | CallbackResult:
+        return await self._connections().open(state)
+
+    async def finish_consent(self, *, state: str, code: str, error: str, binding: str) -> CallbackResult:
+        return await self._connections().callback(state=state, code=code, error=error, binding=binding)
+
+    async def connection_request(self, request_id: int) -> ConnectionRequestInfo | None:
+        return await self._connections().service.get(request_id)
+
+    async def connection_shown(self, request_id: int, where: dict[str, Any]) -> None:
+        await self._connections().service.record_announcement(request_id, where)
+
+    async def recent_connection_requests(self, session_id: str) -> list[ConnectionRequestInfo]:
+        if self._consent is None:
+            return []
+        return await self._consent.service.store.recent(session_id)
+
+    async def connections_of(self, user: str) -> list[ConnectionView]:
+        """``user``'s connected accounts and the shared ones (never a token)."""
+        if self._consent is None:
+            return []
+        return await self._consent.service.views(user, with_shared=True)
+
+    async def disconnect(self, name: str, by: str) -> str:
+        """``by`` disconnects their own account (a shared one: an admin). Revoked at the provider first."""
+        service = self._connections().service
+        spec = service.specs.get(name)
+        if spec is None:
+            raise NotFound(f"no connection named {name!r} is configured")
+        if spec.owner == "shared" and not service.policy.is_admin(by):
+            raise NotAllowed(f"{name} is shared: only an admin disconnects it")
+        return await service.disconnect(name, by, by=by)
 
     # -- conversations --------------------------------------------------------------------------
 

@@ -123,3 +123,17 @@ def _suffix_list() -> tuple[PublicSuffixList, frozenset[str]]:
                 labels = rule.removeprefix("*.").split(".")
             holders.update(".".join(labels[i:]) for i in range(1, len(labels)))
     return PublicSuffixList(), frozenset(holders)
+
+
+def default_hosts(host: str) -> list[str]:
+    """Where a token from ``host``'s authorization server may go by default: its registrable domain and the
+    names below it (``github.com``, ``*.github.com``), or the host alone when that would reach names others
+    can register (``*.herokuapp.com``), for an IP address or a one-label name."""
+    host = normalize_host(host)
+    if "." not in host or ":" in host or host.replace(".", "").isdigit():
+        return [host]
+    psl, _holders = _suffix_list()
+    domain = psl.privatesuffix(host)
+    if not domain or _public_under(domain):
+        return [host]
+    return [domain, f"*.{domain}"]

@@ -18,6 +18,7 @@ class SessionStatus(enum.StrEnum):
     RUNNING = "running"
     PENDING_APPROVAL = "pending_approval"
     WAITING_CREDENTIAL = "waiting_credential"
+    WAITING_CONNECTION = "waiting_connection"
     FAILED = "failed"
 
 
@@ -272,6 +273,65 @@ class CredentialRequestInfo:
         if self.status == CredentialStatus.CANCELLED:
             return f"{self.name}: cancelled"
         return f"{self.name}: waiting for someone to provide it"
+
+
+class ConnectionStatus(enum.StrEnum):
+    PENDING = "pending"
+    CONNECTED = "connected"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+class ConnectionGap(enum.StrEnum):
+    """Why a connection cannot be used: each is told differently (where to look differs)."""
+
+    ABSENT = "absent"
+    EXPIRED = "expired"
+    INSUFFICIENT_SCOPE = "insufficient_scope"
+
+
+@dataclass(frozen=True)
+class ConnectionRequestInfo:
+    """A call waits for someone to connect an account: what channels show (never a token)."""
+
+    id: int
+    session: SessionInfo
+    connection: str
+    principal: str  # who may complete it; "" for a shared connection (an admin)
+    gap: ConnectionGap
+    scopes: tuple[str, ...]  # what the call needs (named for insufficient_scope)
+    agent: str
+    status: ConnectionStatus
+    created_at: datetime
+    expires_at: datetime
+    settled_by: str | None = None
+    announcement: dict[str, Any] | None = None
+    turn_id: int | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.status != ConnectionStatus.PENDING
+
+    def ask(self) -> str:
+        """What the thread is told, naming the gap."""
+        return self.ask_for(self.connection, self.gap, self.scopes)
+
+    @staticmethod
+    def ask_for(name: str, gap: ConnectionGap, scopes: tuple[str, ...]) -> str:
+        if gap == ConnectionGap.EXPIRED:
+            return f"Your {name} connection expired; reconnect"
+        if gap == ConnectionGap.INSUFFICIENT_SCOPE:
+            return f"{name} needs scope {' '.join(scopes) or '(unnamed)'}; reconnect and grant it"
+        return f"Connect {name} to continue"
+
+    def summary(self) -> str:
+        if self.status == ConnectionStatus.CONNECTED:
+            return f"{self.connection} connected by {self.settled_by or 'someone'}"
+        if self.status == ConnectionStatus.EXPIRED:
+            return f"{self.connection}: nobody connected it in time; the agent went on without it"
+        if self.status == ConnectionStatus.CANCELLED:
+            return f"{self.connection}: cancelled"
+        return f"{self.connection}: waiting for someone to connect it"
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ class AgentRunner:
         gate: ToolGate | None = None,
         redactor: Redactor | None = None,
         budget: ThreadBudget | None = None,
+        resumable: Callable[[ToolContext], Awaitable[bool]] | None = None,
     ) -> None:
         self.store = store
         self.provider = provider
@@ -71,6 +72,9 @@ class AgentRunner:
         self.gate = gate
         self.redactor = redactor
         self.budget = budget  # THREAD_TOKEN_BUDGET: counted per model call, parks the turn when used up
+        # Whether a call a crash left without result was parked for consent and never went on (it runs again:
+        # waits on, or goes on once; core.connections).
+        self.resumable = resumable
         self.window = ContextWindow(limits.context_tokens, SummaryStore(store.db) if store is not None else None,
                                     self._summarise, mask=self.redact)
 
@@ -289,6 +293,9 @@ class AgentRunner:
         if self.gate is None:
             return INTERRUPTED_RESULT
         decision = await self.gate.recover(ctx, tool, args)  # a safe tool too: a policy may have asked
+        parked = self.resumable is not None and await self.resumable(ctx)
+        if parked and (decision is None or decision.already_started):
+            return await self._execute(tool, ctx, args)  # it sent nothing yet: it waited for consent
         if decision is None or decision.already_started:
             return INTERRUPTED_RESULT
         if not decision.allowed:

@@ -82,6 +82,32 @@ class CredentialView:
 
 
 @dataclass(frozen=True)
+class ConnectionView:
+    """A connected account as listed: never a token."""
+
+    name: str
+    owner: str  # whose account; "" for a shared connection
+    scopes: tuple[str, ...] | None  # granted; None: the provider did not say
+    expires_at: datetime | None  # of the access token (refreshed before use when it can be)
+    refreshable: bool
+    connected_by: str
+    updated_at: datetime
+    last_used_at: datetime | None
+
+    def describe(self) -> str:
+        whose = "shared" if not self.owner else f"of {self.owner}"
+        scopes = " ".join(self.scopes) if self.scopes else "scopes not told"
+        if self.expires_at is None:
+            expiry = "no expiry told"
+        else:
+            expiry = f"token until {self.expires_at:%Y-%m-%d %H:%M} UTC"
+            if self.refreshable:
+                expiry += ", refreshed as needed"
+        used = f", last used {self.last_used_at:%Y-%m-%d %H:%M} UTC" if self.last_used_at else ""
+        return f"{self.name} ({whose}): {scopes}; {expiry}{used}"
+
+
+@dataclass(frozen=True)
 class AuditEntry:
     """One audit line: who did what to which subject, when; ``detail`` is its JSON (never a secret)."""
 

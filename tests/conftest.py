@@ -16,6 +16,7 @@ from bot.app import Application, build_application
 from bot.settings import Settings, load_settings
 from core.store import Database
 from tests.fakes.llm import FakeLLM
+from tests.fakes.oauth import FakeOAuth
 from tests.fakes.server import RunningServer
 from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import SIGNING_SECRET, dumps, event_body, signed_headers
@@ -230,3 +231,46 @@ async def store_db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
         await database.migrate()
         yield database
         await database.close()
+
+
+# -- OAuth connections (tests/test_connections*.py) --------------------------------------------------------
+
+CLIENT_SECRET_ENV = "FAKE_OAUTH_CLIENT_SECRET"
+
+
+@pytest.fixture
+async def oauth(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeOAuth]:
+    fake = FakeOAuth()
+    server = await RunningServer(fake.app()).start()
+    fake.url = server.url  # type: ignore[attr-defined]
+    monkeypatch.setenv(CLIENT_SECRET_ENV, fake.client_secret)
+    yield fake
+    await server.stop()
+
+
+def connections_toml(oauth: FakeOAuth, *, authorize: bool = True, owner: str = "user", extra: str = "") -> str:
+    url = oauth.url  # type: ignore[attr-defined]
+    return "\n".join(line for line in (
+        "[[connections]]",
+        'name = "github"',
+        f'authorize_url = "{url}/authorize"' if authorize else "",
+        f'token_url = "{url}/token"',
+        f'revoke_url = "{url}/revoke"',
+        f'client_id = "{oauth.client_id}"',
+        f'client_secret_env = "{CLIENT_SECRET_ENV}"',
+        'scopes = ["repo"]',
+        f'owner = "{owner}"',
+        extra,
+    ) if line)
+
+
+@pytest.fixture
+def connected_settings(make_settings: Callable[..., Settings], tmp_path: Path, oauth: FakeOAuth
+                       ) -> Callable[..., Settings]:
+    def make(toml: str | None = None, **overrides: Any) -> Settings:
+        config = tmp_path / "bot.toml"
+        config.write_text(toml if toml is not None else connections_toml(oauth), encoding="utf-8")
+        values: dict[str, Any] = {"bot_config": config, "http_allow_hosts": "127.0.0.1"}
+        return make_settings(**(values | overrides))
+
+    return make

@@ -25,7 +25,8 @@ HELP = (
     "`at 2026-12-01T09:00`); `/bot schedules` — this channel's schedules (all of them for admins): "
     "list, pause, resume, cancel\n"
     "`/bot approvals` — pending approvals and \"Always allow\" grants; "
-    "`/bot approvals revoke <id>` (admins)\n`/bot help` — this text"
+    "`/bot approvals revoke <id>` (admins)\n"
+    "`/bot connections` — your connected accounts; `/bot connections disconnect <name>`\n`/bot help` — this text"
 )
 
 

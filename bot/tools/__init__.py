@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bot.egress import EgressPolicy
 from bot.sandbox import Sandbox
-from bot.tools.http import CredentialHeaders, http_request_tool
+from bot.tools.http import ConnectionAccess, CredentialHeaders, http_request_tool
 from bot.tools.shell import EnvFor, shell_run_tool
 from bot.tools.time_now import time_now_tool
 from core.tools import Tool, ToolRegistry
@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 def build_registry(home: Path, *, sandbox: Sandbox | None = None, shell_env: EnvFor | None = None,
                    credential_headers: CredentialHeaders | None = None,
-                   egress: EgressPolicy | None = None) -> ToolRegistry:
+                   egress: EgressPolicy | None = None, connections: ConnectionAccess | None = None,
+                   connection_wait_s: float = 1800) -> ToolRegistry:
     """The built-in tools that need nothing but this machine, then plugins.
 
     ``shell_run`` only with a sandbox (bot.sandbox.probe; SHELL_SANDBOX=none gives one that is not):
@@ -28,7 +29,8 @@ def build_registry(home: Path, *, sandbox: Sandbox | None = None, shell_env: Env
     registry.register(time_now_tool())
     if sandbox is not None:
         registry.register(shell_run_tool(home, sandbox, env_for=shell_env))
-    registry.register(http_request_tool(credential_headers=credential_headers, egress=egress))
+    registry.register(http_request_tool(credential_headers=credential_headers, egress=egress, connections=connections,
+                                        connection_wait_s=connection_wait_s))
     for tool in _plugin_tools():
         registry.register(tool)
     return registry

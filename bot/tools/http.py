@@ -12,12 +12,14 @@ from __future__ import annotations
 import re
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import aiohttp
 from yarl import URL
 
 from bot.egress import EgressPolicy, EgressRefused
+from core.connections.spec import ConnectionSpec
 from core.hosts import normalize_host
 from core.stored_secrets import CredentialUse
 from core.tools import Risk, Tool, ToolContext, ToolError
@@ -28,6 +30,14 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 field-name
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # all but horizontal tab
 # Opens a credential by name for this call only: the headers it adds and the hosts it may go to.
 CredentialHeaders = Callable[[ToolContext, str], Awaitable[CredentialUse]]
+
+
+class ConnectionAccess(Protocol):
+    """core.connections.ConnectionService, as this tool uses it."""
+
+    def spec(self, name: str) -> ConnectionSpec: ...
+    async def use(self, ctx: ToolContext, name: str, *, need_scopes: tuple[str, ...] = (),
+                  rejected: str | None = None) -> CredentialUse: ...
 
 
 def header_problem(headers: dict[str, str], *, shown: bool = True) -> str | None:
@@ -63,9 +73,11 @@ def redirect_refusal(current: URL, target: URL) -> str | None:
 
 def http_request_tool(*, timeout_s: float = 30, max_bytes: int = 1_000_000,
                       credential_headers: CredentialHeaders | None = None, egress: EgressPolicy | None = None,
-                      ssl_context: ssl.SSLContext | None = None) -> Tool:
+                      ssl_context: ssl.SSLContext | None = None, connections: ConnectionAccess | None = None,
+                      connection_wait_s: float = 1800) -> Tool:
     """``egress``: where it may connect (default: public addresses only). ``ssl_context``: the https trust
-    roots (default: the system's)."""
+    roots (default: the system's). ``connections``: OAuth connections' tokens (a gap pauses the call for up
+    to ``connection_wait_s``, at most twice: a missing account, then a missing scope)."""
     policy = egress or EgressPolicy()
 
     async def http_request(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -79,8 +91,13 @@ def http_request_tool(*, timeout_s: float = 30, max_bytes: int = 1_000_000,
         headers = {str(k): str(v) for k, v in (args.get("headers") or {}).items()}
         if (problem := header_problem(headers)) is not None:
             raise ToolError(f"http_request refused: {problem}")
-        credential: CredentialUse | None = None
         name = str(args.get("credential") or "")
+        connection = str(args.get("connection") or "")
+        if name and connection:
+            raise ToolError("give either credential or connection, not both")
+        if connection and any(h.lower() == "authorization" for h in headers):
+            raise ToolError("the connection sets the Authorization header; remove yours")
+        credential: CredentialUse | None = None
         if name:
             if credential_headers is None:
                 raise ToolError(f"credential {name!r} is not available: no credential store here")
@@ -88,55 +105,23 @@ def http_request_tool(*, timeout_s: float = 30, max_bytes: int = 1_000_000,
             if (problem := header_problem(credential.headers, shown=False)) is not None:
                 raise ToolError(f"http_request refused: credential {name}: {problem}; store it again "
                                 "(bot credentials set)")
-        body = args.get("body")
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
-        jar = aiohttp.CookieJar()
-        notes: list[str] = []
-        for _hop in range(MAX_REDIRECTS + 1):
-            host, port = url.raw_host or "", url.port or 0
-            sent = dict(headers)
-            if credential is not None:
-                if not credential.allows(host):
-                    raise ToolError(f"http_request refused: credential {name} may only be sent to "
-                                    f"{', '.join(credential.hosts or ())}, not {host}")
-                if url.scheme == "http" and not policy.host_listed(host):
-                    raise ToolError(f"http_request refused: credential {name} is not sent over plain http to "
-                                    f"{host} (anyone on the way could read it); use https, or the operator can "
-                                    f"declare {host} internal in HTTP_ALLOW_HOSTS")
-                sent.update(credential.headers)
-            try:
-                policy.check_literal(host, port)
-                async with (policy.session(host, timeout=timeout, ssl_context=ssl_context, cookie_jar=jar) as http,
-                            http.request(method, url, headers=sent, data=body, allow_redirects=False) as resp):
-                    location = resp.headers.get("Location")
-                    if resp.status in (301, 302, 303, 307, 308) and location:
-                        try:
-                            target = url.join(URL(location))
-                        except ValueError:
-                            notes.append(f"redirected to an invalid URL, not followed: {location}")
-                            return _render(resp.status, resp.headers, b"", 0, notes)
-                        why = redirect_refusal(url, target)
-                        if why is not None:
-                            notes.append(f"{why}, not followed: {target}")
-                            return _render(resp.status, resp.headers, b"", 0, notes)
-                        notes.append(f"followed redirect to {target}")
-                        if resp.status == 303 or (resp.status in (301, 302) and method == "POST"):
-                            method, body = "GET", None
-                        url = target
-                        continue
-                    raw = await resp.content.read(max_bytes + 1)
-                    return _render(resp.status, resp.headers, raw[:max_bytes], len(raw), notes)
-            except EgressRefused as exc:
-                raise ToolError(str(exc)) from None
-            except TimeoutError:
-                raise ToolError(f"{method} {url} timed out after {timeout_s:g} s") from None
-            except aiohttp.ClientConnectorError as exc:
-                if isinstance(exc.os_error, EgressRefused):
-                    raise ToolError(str(exc.os_error)) from None
-                raise ToolError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from None
-            except aiohttp.ClientError as exc:
-                raise ToolError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from None
-        raise ToolError(f"more than {MAX_REDIRECTS} redirects")
+        elif connection:
+            if connections is None:
+                raise ToolError(f"connection {connection!r} is not available: no connections are configured")
+            name = connection
+            _check_destination(url, connection, connections.spec(connection).allows, "connection")
+            credential = await connections.use(ctx, connection)
+        sent = Sent(method, url, headers, args.get("body"), name)
+        status, challenge, text = await _send(sent, credential, policy, timeout_s, max_bytes, ssl_context)
+        if connection and connections is not None and credential is not None:
+            if status == 401:  # the token was refused: one refresh, one retry
+                token = credential.headers.get("Authorization", "").removeprefix("Bearer ")
+                credential = await connections.use(ctx, connection, rejected=token)
+                status, challenge, text = await _send(sent, credential, policy, timeout_s, max_bytes, ssl_context)
+            elif status == 403 and (needed := insufficient_scope(challenge)) is not None:
+                credential = await connections.use(ctx, connection, need_scopes=needed)  # pauses for consent
+                status, challenge, text = await _send(sent, credential, policy, timeout_s, max_bytes, ssl_context)
+        return text
 
     return Tool(
         name="http_request",
@@ -150,15 +135,103 @@ def http_request_tool(*, timeout_s: float = 30, max_bytes: int = 1_000_000,
                 "headers": {"type": "object", "additionalProperties": {"type": "string"}},
                 "body": {"type": "string"},
                 "credential": {"type": "string", "description": "name of a stored credential to authenticate with"},
+                "connection": {"type": "string", "description": (
+                    "name of an OAuth connection (bot.toml [[connections]]) whose token is sent as a Bearer "
+                    "token; if it is not connected yet, the person is asked to connect it and the call waits")},
             },
             "required": ["method", "url"],
             "additionalProperties": False,
         },
         risk=Risk.GATED,
         function=http_request,
-        timeout_s=timeout_s * (MAX_REDIRECTS + 1) + 5,
+        # Up to three sends (the call, a retry after a refresh or a consent), and the consent waits: a pause
+        # must end by its own expiry, never by this timeout (which would leave its request pending).
+        timeout_s=(timeout_s * (MAX_REDIRECTS + 1) + 5) * (3 if connections else 1)
+        + (2 * connection_wait_s + 60 if connections else 0),
         pattern_arg="url",
     )
+
+
+@dataclass(frozen=True)
+class Sent:
+    method: str
+    url: URL
+    headers: dict[str, str]
+    body: Any
+    credential: str  # its name ("" for none)
+
+
+async def _send(request: Sent, credential: CredentialUse | None, policy: EgressPolicy, timeout_s: float,
+                max_bytes: int, ssl_context: ssl.SSLContext | None) -> tuple[int, str, str]:
+    """One request and its same-host redirects: the status, the ``WWW-Authenticate`` header, the result text."""
+    method, url, body, name = request.method, request.url, request.body, request.credential
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    jar = aiohttp.CookieJar()
+    notes: list[str] = []
+    for _hop in range(MAX_REDIRECTS + 1):
+        host, port = url.raw_host or "", url.port or 0
+        sent = dict(request.headers)
+        if credential is not None:
+            if not credential.allows(host):
+                raise ToolError(f"http_request refused: credential {name} may only be sent to "
+                                f"{', '.join(credential.hosts or ())}, not {host}")
+            if url.scheme == "http" and not policy.host_listed(host):
+                raise ToolError(f"http_request refused: credential {name} is not sent over plain http to "
+                                f"{host} (anyone on the way could read it); use https, or the operator can "
+                                f"declare {host} internal in HTTP_ALLOW_HOSTS")
+            sent.update(credential.headers)
+        try:
+            policy.check_literal(host, port)
+            async with (policy.session(host, timeout=timeout, ssl_context=ssl_context, cookie_jar=jar) as http,
+                        http.request(method, url, headers=sent, data=body, allow_redirects=False) as resp):
+                challenge = resp.headers.get("WWW-Authenticate", "")
+                location = resp.headers.get("Location")
+                if resp.status in (301, 302, 303, 307, 308) and location:
+                    try:
+                        target = url.join(URL(location))
+                    except ValueError:
+                        notes.append(f"redirected to an invalid URL, not followed: {location}")
+                        return resp.status, challenge, _render(resp.status, resp.headers, b"", 0, notes)
+                    why = redirect_refusal(url, target)
+                    if why is not None:
+                        notes.append(f"{why}, not followed: {target}")
+                        return resp.status, challenge, _render(resp.status, resp.headers, b"", 0, notes)
+                    notes.append(f"followed redirect to {target}")
+                    if resp.status == 303 or (resp.status in (301, 302) and method == "POST"):
+                        method, body = "GET", None
+                    url = target
+                    continue
+                raw = await resp.content.read(max_bytes + 1)
+                return resp.status, challenge, _render(resp.status, resp.headers, raw[:max_bytes], len(raw), notes)
+        except EgressRefused as exc:
+            raise ToolError(str(exc)) from None
+        except TimeoutError:
+            raise ToolError(f"{method} {url} timed out after {timeout_s:g} s") from None
+        except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.os_error, EgressRefused):
+                raise ToolError(str(exc.os_error)) from None
+            raise ToolError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from None
+        except aiohttp.ClientError as exc:
+            raise ToolError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from None
+    raise ToolError(f"more than {MAX_REDIRECTS} redirects")
+
+
+def _check_destination(url: URL, name: str, allows: Callable[[str], bool], what: str) -> None:
+    """Refused before anything is asked (no consent for a call that could never send the token)."""
+    if not allows(url.raw_host or ""):
+        raise ToolError(f"http_request refused: {what} {name}'s token may not be sent to {url.raw_host} (see its "
+                        "hosts in bot.toml)")
+
+
+_SCOPE_PARAM = re.compile(r'scope="([^"]*)"')
+
+
+def insufficient_scope(challenge: str) -> tuple[str, ...] | None:
+    """The scopes a ``Bearer error="insufficient_scope"`` challenge names (RFC 6750 §3.1), else None."""
+    if not challenge.lower().lstrip().startswith("bearer") or 'error="insufficient_scope"' not in challenge:
+        return None
+    found = _SCOPE_PARAM.search(challenge)
+    return tuple(found.group(1).split()) if found else ()
 
 
 def _render(status: int, headers: Any, body: bytes, total: int, notes: list[str]) -> str:

@@ -29,6 +29,7 @@ from channels.slack.api import PrivateReplies
 from channels.slack.approvals import SlackApprovals
 from channels.slack.assistant import SlackAssistant
 from channels.slack.commands import SlackCommands
+from channels.slack.connections import SlackConnections
 from channels.slack.credentials import SlackCredentials
 from channels.slack.feedback import SlackFeedback
 from channels.slack.payloads import (
@@ -101,12 +102,13 @@ class SlackChannel:
         self._private = PrivateReplies(self.client)
         approvals_ui = SlackApprovals(self.app, self.client, gateway, members=self.port.group_members)
         credentials_ui = SlackCredentials(self.app, self.client, gateway)
+        connections_ui = SlackConnections(self.app, self.client, gateway)
         SlackFeedback(self.app, self._private, gateway, self.name)
         SlackStopping(self.app, self._private, gateway)
         self.assistant = SlackAssistant(self.app, self.client, gateway, self.name, config.suggested_prompts)
         self.app.action(re.compile(".*"))(self._on_unknown_action)  # registered last: anything not matched above
         self.app.error(self._on_error)
-        self.renderer = SlackRenderer(self.client, self.port, approvals_ui, credentials_ui,
+        self.renderer = SlackRenderer(self.client, self.port, approvals_ui, credentials_ui, connections_ui,
                                       progress_delay_s=config.progress_delay_s, streams=streams,
                                       stop_offer_s=config.stop_offer_s)
         gateway.subscribe(self.renderer.render, channel=self.name)

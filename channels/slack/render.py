@@ -22,6 +22,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.slack.api import Later, best_effort, error_code
 from channels.slack.approvals import SlackApprovals
 from channels.slack.blocks import stop_block
+from channels.slack.connections import SlackConnections
 from channels.slack.credentials import SlackCredentials
 from channels.slack.formatting import escape
 from channels.slack.people import SlackPeople
@@ -34,6 +35,8 @@ from core.events import (
     ApprovalRequested,
     ApprovalResolved,
     ApprovalVoted,
+    ConnectionRequested,
+    ConnectionResolved,
     CredentialRequested,
     CredentialResolved,
     DirectNotice,
@@ -77,13 +80,14 @@ class _Progress:
 
 class SlackRenderer:
     def __init__(self, client: AsyncWebClient, port: SlackPort, approvals: SlackApprovals,
-                 credentials: SlackCredentials, *, progress_delay_s: float = 0.0,
+                 credentials: SlackCredentials, connections: SlackConnections, *, progress_delay_s: float = 0.0,
                  streams: SlackStreams | None = None, stop_offer_s: float = 0.0) -> None:
         self.client = client
         self.port = port
         self.streams = streams  # the answer shown while it is written (None: only once it is delivered)
         self.approvals = approvals
         self.credentials = credentials
+        self.connections = connections
         self.progress_delay_s = progress_delay_s
         self.stop_offer_s = stop_offer_s
         self._later = Later()
@@ -138,6 +142,11 @@ class SlackRenderer:
             await self._status(event.request.turn_id, "is waiting for a credential…")
         elif isinstance(event, CredentialResolved):
             await self.credentials.resolve(event.request)
+        elif isinstance(event, ConnectionRequested):
+            await self.connections.announce(event.request)
+            await self._status(event.request.turn_id, f"is waiting for {event.request.connection} to be connected…")
+        elif isinstance(event, ConnectionResolved):
+            await self.connections.resolve(event.request)
 
     async def _end_stream(self, turn: TurnInfo, note: str) -> None:
         if self.streams is not None:

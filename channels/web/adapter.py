@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from channels.web.auth import WebAuth
+from channels.web.connections import WebConnections, request_item
 from channels.web.port import WebPort
 from core.errors import Conflict, CoreError, InvalidInput, NotAllowed, NotFound
 from core.events import (
@@ -25,6 +26,8 @@ from core.events import (
     ApprovalRequested,
     ApprovalResolved,
     ApprovalVoted,
+    ConnectionRequested,
+    ConnectionResolved,
     CredentialRequested,
     CredentialResolved,
     Event,
@@ -94,6 +97,7 @@ class WebChannel:
             web.post("/api/credentials/{id}", guard(self._provide)),
             web.get("/api/schedules", guard(self._list_schedules)),
             web.post("/api/schedules/{id}/{action}", guard(self._change_schedule)),
+            *WebConnections(self.gateway, WEB_USER, self.name).routes(guard),
         ]
 
     async def start(self) -> None:
@@ -151,6 +155,8 @@ class WebChannel:
             ],
             "approvals": [_approval(a) for a in await self.gateway.recent_approvals(session_id)] if session else [],
             "credentials": [_credential(c) for c in await self.gateway.recent_credentials(session_id)]
+            if session else [],
+            "connections": [request_item(c) for c in await self.gateway.recent_connection_requests(session_id)]
             if session else [],
         })
 
@@ -280,6 +286,8 @@ class WebChannel:
             item.update(approval=_approval(event.request))
         elif isinstance(event, CredentialRequested | CredentialResolved):
             item.update(credential=_credential(event.request))
+        elif isinstance(event, ConnectionRequested | ConnectionResolved):
+            item.update(connection=request_item(event.request))
         else:
             return
         self._publish(event.session_id, item)

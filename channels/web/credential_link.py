@@ -34,24 +34,24 @@ class CredentialLinkPage:
 
     async def _show(self, request: web.Request) -> web.Response:
         if not safe_transport(request, self.trusted_proxies):
-            return _page("Not over a safe connection", _INSECURE, status=403)
+            return html_page("Not over a safe connection", INSECURE, status=403)
         found, why = await self.links.check_link(request.match_info["token"])
         if found is None:
-            return _page("Link not usable", f"<p>{html.escape(why)}</p>", status=410)
-        return _page(f"Provide {found.name}", _form(found, ""))
+            return html_page("Link not usable", f"<p>{html.escape(why)}</p>", status=410)
+        return html_page(f"Provide {found.name}", _form(found, ""))
 
     async def _submit(self, request: web.Request) -> web.Response:
         if not safe_transport(request, self.trusted_proxies):
-            return _page("Not over a safe connection", _INSECURE, status=403)
+            return html_page("Not over a safe connection", INSECURE, status=403)
         form = await request.post()
         value, hosts = str(form.get("value", "")), str(form.get("hosts", ""))
         result = await self.links.provide_via_link(request.match_info["token"], value, hosts=hosts)
         if result.stored:
-            return _page("Stored", f"<p>{html.escape(result.message)} It will not be shown again. "
+            return html_page("Stored", f"<p>{html.escape(result.message)} It will not be shown again. "
                                    "You can close this page.</p>")
         if result.field_error is not None and result.request is not None:
-            return _page(f"Provide {result.request.name}", _form(result.request, result.field_error), status=400)
-        return _page("Not stored", f"<p>{html.escape(result.message)}</p>", status=409)
+            return html_page(f"Provide {result.request.name}", _form(result.request, result.field_error), status=400)
+        return html_page("Not stored", f"<p>{html.escape(result.message)}</p>", status=409)
 
 
 def safe_transport(request: web.Request, trusted_proxies: Sequence[Network]) -> bool:
@@ -87,7 +87,7 @@ def _form(request: CredentialRequestInfo, error: str) -> str:
     )
 
 
-def _page(title: str, body: str, *, status: int = 200) -> web.Response:
+def html_page(title: str, body: str, *, status: int = 200) -> web.Response:
     text = (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{html.escape(title)}</title>'
             f'<link rel="stylesheet" href="/static/app.css"></head><body class="login"><main class="card">'
@@ -96,5 +96,5 @@ def _page(title: str, body: str, *, status: int = 200) -> web.Response:
                         headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})
 
 
-_INSECURE = ("<p>This page only works over HTTPS or from the bot's own machine, so that the value never "
+INSECURE = ("<p>This page only works over HTTPS or from the bot's own machine, so that the value never "
              "crosses a network in clear.</p>")

@@ -27,6 +27,7 @@ from core.model import (
     TurnStatus,
 )
 from core.store import statements as st
+from core.store.connection_tables import ConnectionRequestRow
 from core.store.database import Database
 from core.store.tables import (
     ApprovalRow,
@@ -381,7 +382,8 @@ async def _cancel_requests_of(s: AsyncSession, turn_ids: list[int], now: datetim
     from core.store.approvals import audit_row  # approvals builds on this module
 
     reason = "its turn was stopped after being interrupted by restarts"
-    for table, kind in ((ApprovalRow, "approval"), (CredentialRequestRow, "credential")):
+    for table, kind in ((ApprovalRow, "approval"), (CredentialRequestRow, "credential"),
+                        (ConnectionRequestRow, "connection")):
         pending = list((await s.exec(select(table.id).where(
             col(table.turn_id).in_(turn_ids), col(table.status) == "pending"))).all())
         if not pending:

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import bindparam, func, select, update
 
 from core.model import DeliveryStatus, InputKind, InputStatus, TurnStatus
+from core.store.connection_tables import ConnectionRow
 from core.store.tables import (
     ControlRow,
     DeliveryRow,
@@ -67,7 +68,11 @@ INTERRUPTED_TURN = (select(turns.c.id, turns.c.input_message_id)
                     .order_by(turns.c.id).limit(1))
 # Changes whenever a secret is stored, replaced, re-sealed or deleted: read with each turn's start, so the
 # masks are known to be current without a query of their own (core.redaction).
-SECRETS_FINGERPRINT = select(func.count(), func.max(secrets.c.id), func.max(secrets.c.updated_at))
+_connections = ConnectionRow.__table__  # type: ignore[attr-defined]
+# Connections' tokens are masked too: a new, refreshed or removed one changes this.
+SECRETS_FINGERPRINT = select(func.count(), func.max(secrets.c.id), func.max(secrets.c.updated_at),
+                             select(func.count()).select_from(_connections).scalar_subquery(),
+                             select(func.max(_connections.c.updated_at)).scalar_subquery())
 TRANSCRIPT = (select(messages).where(messages.c.session_id == bindparam("b_session"))
               .order_by(messages.c.id.desc()).limit(bindparam("b_limit")))
 

@@ -15,6 +15,7 @@ from core.model import (
     ScheduleStatus,
     TurnStatus,
 )
+from core.store.connection_tables import ConnectionRequestRow
 from core.store.database import Database
 from core.store.tables import (
     ApprovalRow,
@@ -42,6 +43,8 @@ async def snapshot(db: Database) -> dict[str, float]:
                 ApprovalRow.status == ApprovalStatus.PENDING)),
             "credential_requests_pending": await count(select(func.count()).select_from(CredentialRequestRow).where(
                 CredentialRequestRow.status == CredentialStatus.PENDING)),
+            "connection_requests_pending": await count(select(func.count()).select_from(ConnectionRequestRow).where(
+                ConnectionRequestRow.status == "pending")),
             "schedules_active": await count(select(func.count()).select_from(ScheduleRow).where(
                 ScheduleRow.status == ScheduleStatus.ACTIVE)),
         }

@@ -204,16 +204,68 @@ function credentialElement(c) {
   return el;
 }
 
-function renderTranscript(messages, approvals = [], credentials = []) {
+// A call waits for an account to be connected: the link mints this browser's own single-use consent link.
+function connectionElement(c) {
+  const el = document.createElement("div");
+  el.className = `msg approval connection ${c.status}`;
+  el.innerHTML = `<p><strong>${escapeHtml(c.ask)}</strong></p>`;
+  const meta = document.createElement("div");
+  meta.className = "meta";
+  if (c.status !== "pending") {
+    meta.textContent = c.summary;
+    el.appendChild(meta);
+    return el;
+  }
+  const link = document.createElement("a");
+  link.className = "button";
+  link.href = c.connect;
+  link.target = "_blank";
+  link.rel = "noopener noreferrer";
+  link.textContent = `Connect ${c.connection}`;
+  meta.textContent = `The agent waits until ${new Date(c.expires_at).toLocaleTimeString()}`;
+  el.append(link, meta);
+  return el;
+}
+
+async function loadConnections() {
+  const data = await api("/api/connections");
+  const list = $("connections");
+  list.innerHTML = "";
+  if (!data.connections.length) {
+    const li = document.createElement("li");
+    li.className = "schedule muted";
+    li.textContent = "None yet — you are asked when the agent needs one.";
+    list.appendChild(li);
+  }
+  for (const c of data.connections) {
+    const li = document.createElement("li");
+    li.className = "schedule";
+    li.innerHTML = `<div>${escapeHtml(c.describe)}</div>`;
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "danger";
+    button.textContent = "Disconnect";
+    button.addEventListener("click", async () => {
+      try { await api(`/api/connections/${encodeURIComponent(c.name)}/disconnect`, { body: {} }); }
+      catch (e) { alert(e.message); }
+      await loadConnections();
+    });
+    li.appendChild(button);
+    list.appendChild(li);
+  }
+}
+
+function renderTranscript(messages, approvals = [], credentials = [], connections = []) {
   const box = $("transcript");
   box.querySelectorAll(".msg").forEach((el) => el.remove());
   $("empty").hidden = messages.length > 0 || state.pending.length > 0;
   const timeline = [...messages.map((m) => ({ kind: "m", at: m.at, m })), ...approvals.map((a) => ({ kind: "a", at: a.at, a })),
-    ...credentials.map((c) => ({ kind: "c", at: c.at, c }))];
+    ...credentials.map((c) => ({ kind: "c", at: c.at, c })), ...connections.map((c) => ({ kind: "o", at: c.at, c }))];
   timeline.sort((x, y) => (x.at < y.at ? -1 : x.at > y.at ? 1 : 0));
   for (const item of timeline) {
     if (item.kind === "a") { box.appendChild(approvalElement(item.a)); continue; }
     if (item.kind === "c") { box.appendChild(credentialElement(item.c)); continue; }
+    if (item.kind === "o") { box.appendChild(connectionElement(item.c)); continue; }
     const m = item.m;
     if (m.role === "assistant" && !m.content && m.tools.length) {
       box.appendChild(messageElement("notice", escapeHtml(`Used ${m.tools.join(", ")}`)));
@@ -270,7 +322,7 @@ async function loadConversation() {
   const data = await api(`/api/conversations/${state.cid}`);
   const firstUser = data.messages.find((m) => m.role === "user");
   $("title").textContent = firstUser ? firstUser.content.split("\n")[0].slice(0, 80) : "New conversation";
-  renderTranscript(data.messages, data.approvals || [], data.credentials || []);
+  renderTranscript(data.messages, data.approvals || [], data.credentials || [], data.connections || []);
   setWorking(data.working, data.working ? "" : $("state").textContent === "Stopped" ? "Stopped" : "");
 }
 
@@ -353,6 +405,7 @@ function listen() {
     if (item.type === "inputs.taken") { setWorking(true, item.steered ? "Taken into the running turn…" : ""); await loadConversation(); }
     if (item.type === "notice") { state.notices.push(item.text); await loadConversation(); }
     if (item.type.startsWith("approval.") || item.type.startsWith("credential.")) await loadConversation();
+    if (item.type.startsWith("connection.")) { await loadConversation(); await loadConnections(); }
   };
   state.stream = stream;
 }
@@ -415,8 +468,10 @@ $("stop").addEventListener("click", async () => {
 });
 $("new-conversation").addEventListener("click", () => openConversation(null, true));
 $("refresh-schedules").addEventListener("click", () => loadSchedules());
+$("refresh-connections").addEventListener("click", () => loadConnections());
 $("toggle-sidebar").addEventListener("click", () => $("sidebar").classList.toggle("open"));
 window.addEventListener("popstate", () => openConversation(cidFromPath(), false));
 
 openConversation(cidFromPath(), false);
 loadSchedules();
+loadConnections();

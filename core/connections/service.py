@@ -1,0 +1,344 @@
+"""Connections (SPEC §16): tokens the agent acts through, and calls that pause until someone connects.
+
+A call that needs a connection gets its bearer token here (refreshed first when it has expired). When
+there is none, it expired past refresh, or it lacks a scope, the call parks (``waiting_connection``) on a
+request in the database, exactly like approvals and credentials (core.parking), until someone completes
+consent (core.connections.consent), the request expires (CONNECTION_TIMEOUT_S), or the turn is stopped.
+The call that parked goes on once: ``mark_resumed`` is a conditional update, so a restart, another
+replica or a second callback never runs it twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+
+from core.approvals import ApprovalPolicy
+from core.clock import Clock
+from core.connections.spec import ConnectionSpec, OAuthClient, OAuthError, TokenSet
+from core.errors import InvalidInput, NotFound
+from core.events import ConnectionRequested, ConnectionResolved, EventBus
+from core.model import ConnectionGap, ConnectionRequestInfo, ConnectionStatus
+from core.parking import Waiters
+from core.store.connection_tables import ConnectionRequestRow, ConnectionRow
+from core.store.connections import ConnectionStore
+from core.stored_secrets import CredentialUse
+from core.tools import ToolContext, ToolError
+from core.vault import KeyRing, Sealed, VaultError
+from core.views import ConnectionView
+
+log = logging.getLogger(__name__)
+EXPIRY_SKEW = timedelta(seconds=30)  # a token this close to its expiry is refreshed before use
+REFRESH_RACE = timedelta(seconds=3)  # how long a refused refresh waits for another replica's new tokens
+
+
+def seal_context(name: str, owner: str, row_id: int) -> str:
+    """What a connection's sealed tokens are bound to: they open only in their own row."""
+    return f"conn|{name}|{owner}|{row_id}"
+
+
+class ConnectionService:
+    def __init__(self, specs: dict[str, ConnectionSpec], store: ConnectionStore, keys: KeyRing,
+                 client: OAuthClient, bus: EventBus, clock: Clock, policy: ApprovalPolicy, *,
+                 timeout_s: float = 1800, poll_s: float = 2.0,
+                 learn: Callable[[str, str], None] | None = None) -> None:
+        self.specs = specs
+        self.store = store
+        self.keys = keys
+        self.client = client
+        self.bus = bus
+        self.clock = clock
+        self.policy = policy
+        self.timeout = timedelta(seconds=timeout_s)
+        self.learn = learn  # the masks learn every token as it is stored
+        self.waiters = Waiters(clock, poll_s)
+        # One refresh at a time per account in this process (a rotating refresh token works once);
+        # across replicas the loser finds the winner's tokens (``_refresh``).
+        self._refreshing: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def spec(self, name: str) -> ConnectionSpec:
+        spec = self.specs.get(name)
+        if spec is None:
+            known = ", ".join(sorted(self.specs)) or "none"
+            raise ToolError(f"no connection named {name!r} is configured (bot.toml [[connections]]; known: {known})")
+        return spec
+
+    @staticmethod
+    def owner_for(spec: ConnectionSpec, person: str | None) -> str:
+        return "" if spec.owner == "shared" else (person or "")
+
+    # -- using one ------------------------------------------------------------------------------
+
+    async def use(self, ctx: ToolContext, name: str, *, need_scopes: tuple[str, ...] = (),
+                  rejected: str | None = None) -> CredentialUse:
+        """The header a call sends and the hosts it may go to. ``need_scopes``: the resource said these are
+        missing (403 insufficient_scope). ``rejected``: the resource answered 401 to this token, so it is
+        refreshed once. A gap parks the call until someone connects (or fails it, when nobody can)."""
+        spec = self.spec(name)
+        owner = self.owner_for(spec, ctx.sender)
+        if spec.owner == "user" and not owner:
+            raise ToolError(f"{name} connects each person's own account, and this turn has no person to act as")
+        if spec.owner == "user":
+            others = [who for who in await self.store.turn_senders(ctx.turn_id) if who != owner]
+            if others:
+                raise ToolError(f"{name} acts as {owner}'s own account, and this turn also carries messages from "
+                                f"{', '.join(others)}; it is used only in {owner}'s own turns (ask in a thread of "
+                                "your own). Continue without it.")
+        waited = await self._resume_parked(ctx, spec)
+        row = await self.store.get(name, owner)
+        gap, token = await self._check(spec, row, need_scopes, rejected)
+        if gap is not None and waited is None:
+            waited = await self._pause(ctx, spec, owner, gap, need_scopes)
+            row = await self.store.get(name, owner)
+            gap, token = await self._check(spec, row, need_scopes, None)
+        if gap is not None or token is None or row is None:
+            raise ToolError(f"{name} is still not usable after connecting ({gap or 'no token'}); "
+                            "continue without it")
+        assert row.id is not None
+        await self.store.touch(row.id, self.clock.now())
+        return CredentialUse({"Authorization": f"Bearer {token}"}, spec.hosts)
+
+    async def _check(self, spec: ConnectionSpec, row: ConnectionRow | None, need: tuple[str, ...],
+                     rejected: str | None) -> tuple[ConnectionGap | None, str | None]:
+        """What is missing, or the access token to send (refreshed when due)."""
+        if row is None:
+            return ConnectionGap.ABSENT, None
+        granted = json.loads(row.scopes)
+        if granted is not None and any(scope not in granted for scope in need):
+            return ConnectionGap.INSUFFICIENT_SCOPE, None
+        tokens = self.open(row)
+        access = str(tokens.get("access_token") or "")
+        due = row.expires_at is not None and row.expires_at <= self.clock.now() + EXPIRY_SKEW
+        if rejected is not None and rejected != access:
+            return None, access  # someone refreshed it meanwhile: try the new one
+        if not due and rejected is None:
+            return None, access
+        refresh = tokens.get("refresh_token")
+        if not row.refreshable or not refresh:
+            return ConnectionGap.EXPIRED, None
+        return await self._refresh(spec, row, str(refresh))
+
+    async def _refresh(self, spec: ConnectionSpec, row: ConnectionRow, refresh: str
+                       ) -> tuple[ConnectionGap | None, str | None]:
+        key = (row.name, row.owner)
+        async with self._refreshing.setdefault(key, asyncio.Lock()):
+            current = await self.store.get(row.name, row.owner)
+            if current is None:
+                return ConnectionGap.ABSENT, None
+            if current.ciphertext != row.ciphertext:  # refreshed while this one waited: use that
+                return None, str(self.open(current).get("access_token") or "")
+            return await self._refresh_now(spec, current, refresh)
+
+    async def _refresh_now(self, spec: ConnectionSpec, row: ConnectionRow, refresh: str
+                           ) -> tuple[ConnectionGap | None, str | None]:
+        assert row.id is not None
+        try:
+            fresh = await self.client.refresh(spec, refresh)
+        except OAuthError as exc:
+            if not exc.invalid_grant:
+                raise ToolError(f"could not refresh the {spec.name} token: {exc}") from None
+            if (current := await self._refreshed_elsewhere(row)) is not None:
+                return None, str(self.open(current).get("access_token") or "")
+            log.info("connection %s (%s): refresh refused, consent needed again", spec.name, row.owner or "shared")
+            await self.store.mark_expired(row.id, expected_ciphertext=row.ciphertext, now=self.clock.now(),
+                                          why=str(exc))
+            return ConnectionGap.EXPIRED, None
+        keep = fresh if fresh.refresh_token else TokenSet(fresh.access_token, refresh, fresh.expires_at,
+                                                           fresh.scopes, fresh.token_type, fresh.extra)
+        sealed = self._seal(keep, row.name, row.owner, row.id)
+        self.learn_tokens(row.name, keep)
+        won = await self.store.replace_tokens(
+            row.id, expected_ciphertext=row.ciphertext, key_id=sealed.key_id, ciphertext=sealed.blob,
+            expires_at=keep.expires_at, refreshable=keep.refresh_token is not None,
+            scopes=json.dumps(list(keep.scopes)) if keep.scopes is not None else None, now=self.clock.now(),
+            by="system")
+        if won:
+            return None, keep.access_token
+        current = await self.store.get(row.name, row.owner)  # another process refreshed first: theirs stands
+        if current is None:
+            return ConnectionGap.ABSENT, None
+        return None, str(self.open(current).get("access_token") or "")
+
+    async def _refreshed_elsewhere(self, row: ConnectionRow) -> ConnectionRow | None:
+        """A refused refresh token may have just been used by another replica, which is storing what it got:
+        its tokens, if they land within REFRESH_RACE_S (else the grant is really dead)."""
+        deadline = self.clock.now() + REFRESH_RACE
+        while True:
+            current = await self.store.get(row.name, row.owner)
+            if current is None or current.ciphertext != row.ciphertext:
+                return current
+            if self.clock.now() >= deadline:
+                return None
+            await asyncio.sleep(0.1)
+
+    # -- parking --------------------------------------------------------------------------------
+
+    async def _resume_parked(self, ctx: ToolContext, spec: ConnectionSpec) -> ConnectionRequestInfo | None:
+        """A call re-run after a restart finds the request it parked on: waits on it again if still open,
+        goes on (once) if it was completed meanwhile."""
+        found = await self.store.for_call(ctx.session_id, ctx.call_id, ctx.turn_id)
+        if found is None or found[1] or found[0].connection != spec.name:
+            return None
+        request = found[0]
+        if request.status == ConnectionStatus.PENDING:
+            request = await self._wait(request, ctx.turn_id)
+        return await self._went_on(request)
+
+    async def _pause(self, ctx: ToolContext, spec: ConnectionSpec, owner: str, gap: ConnectionGap,
+                     need: tuple[str, ...]) -> ConnectionRequestInfo:
+        problem = ConnectionRequestInfo.ask_for(spec.name, gap, need)
+        if spec.authorize_url is None:
+            raise ToolError(f"{problem}: but {spec.name} has no authorize_url, so nobody can be sent to connect "
+                            "it; an operator must configure it. Continue without it.")
+        if not ctx.interactive:
+            raise ToolError(f"{problem}: nobody can be asked to connect it here; continue without it")
+        now = self.clock.now()
+        request = await self.store.park(ConnectionRequestRow(
+            session_id=ctx.session_id, turn_id=ctx.turn_id, tool_call_id=ctx.call_id, connection=spec.name,
+            principal=owner, gap=gap, scopes=json.dumps(list(need)), agent=ctx.agent,
+            status=ConnectionStatus.PENDING, created_at=now, expires_at=now + self.timeout))
+        log.info("connection %s needed (%s): request %s, session %s", spec.name, gap, request.id, ctx.session_id)
+        self.bus.emit(ConnectionRequested(request.session, request))
+        return await self._went_on(await self._wait(request, ctx.turn_id))
+
+    async def _went_on(self, request: ConnectionRequestInfo) -> ConnectionRequestInfo:
+        """The outcome the call goes on with (once: a second caller for the same request is refused)."""
+        if not await self.store.mark_resumed(request.id, self.clock.now()):
+            raise ToolError(f"this call already went on after the request to connect {request.connection}")
+        if request.status == ConnectionStatus.EXPIRED:
+            seconds = self.timeout.total_seconds()
+            waited = f"{seconds / 60:g} minutes" if seconds >= 120 else f"{seconds:g} seconds"
+            raise ToolError(f"nobody connected {request.connection} within {waited}, so the call did not run; "
+                            "continue without it")
+        if request.status != ConnectionStatus.CONNECTED:
+            raise ToolError(f"the request to connect {request.connection} was cancelled; continue without it")
+        return request
+
+    async def _wait(self, request: ConnectionRequestInfo, turn_id: int | None) -> ConnectionRequestInfo:
+        async def expire(request_id: int) -> ConnectionRequestInfo:
+            return await self.settle(request_id, ConnectionStatus.EXPIRED)
+
+        async def cancel(request_id: int) -> object:
+            return await self.settle(request_id, ConnectionStatus.CANCELLED)
+
+        return await self.waiters.wait(
+            request, turn_id=turn_id, load=self.store.request, expire=expire, cancel=cancel,
+            settled_elsewhere=lambda current: self.bus.emit(ConnectionResolved(current.session, current)))
+
+    async def settle(self, request_id: int, status: ConnectionStatus, by: str | None = None) -> ConnectionRequestInfo:
+        won, request = await self.store.settle(request_id, status, self.clock.now(), by)
+        assert request is not None
+        if won:
+            self.announce_settled(request)
+        return request
+
+    def announce_settled(self, request: ConnectionRequestInfo) -> None:
+        self.waiters.wake(request.id)
+        self.bus.emit(ConnectionResolved(request.session, request))
+
+    async def resumable(self, ctx: ToolContext) -> bool:
+        """Whether a call a crash left without result was parked here and never went on (run it again: it
+        waits on, or goes on once)."""
+        found = await self.store.for_call(ctx.session_id, ctx.call_id, ctx.turn_id)
+        return found is not None and not found[1]  # pending, completed, or ended unreported: it says which
+
+    async def expire_overdue(self) -> int:
+        overdue = await self.store.pending(due_before=self.clock.now())
+        for request in overdue:
+            await self.settle(request.id, ConnectionStatus.EXPIRED)
+        return len(overdue)
+
+    async def get(self, request_id: int) -> ConnectionRequestInfo | None:
+        return await self.store.request(request_id)
+
+    async def record_announcement(self, request_id: int, where: dict[str, object]) -> None:
+        await self.store.record_announcement(request_id, dict(where))
+
+    # -- listing and disconnecting --------------------------------------------------------------
+
+    async def views(self, owner: str | None = None, *, with_shared: bool = False) -> list[ConnectionView]:
+        """Connected accounts (``owner``: one person's; ``with_shared``: and the shared ones). Never a token."""
+        rows = await self.store.listed(owner)
+        if with_shared and owner:
+            rows += await self.store.listed("")
+        return [ConnectionView(name=r.name, owner=r.owner, scopes=_scopes(r), expires_at=r.expires_at,
+                               refreshable=r.refreshable, connected_by=r.connected_by, updated_at=r.updated_at,
+                               last_used_at=r.last_used_at) for r in rows]
+
+    async def disconnect(self, name: str, owner: str, *, by: str, force: bool = False) -> str:
+        """Revoke at the provider first (RFC 7009), then delete here. A failed revocation deletes nothing
+        unless ``force``."""
+        if name not in self.specs:
+            raise NotFound(f"no connection named {name!r} is configured")
+        spec = self.specs[name]
+        owner = "" if spec.owner == "shared" else owner
+        row = await self.store.get(name, owner)
+        if row is None:
+            whose = "shared" if not owner else f"of {owner}"
+            raise NotFound(f"there is no {name} connection {whose}")
+        assert row.id is not None
+        revoked, problem = False, None
+        if spec.revoke_url:
+            try:
+                tokens = self.open(row)
+                for kind in ("refresh_token", "access_token"):  # revoking the refresh token ends the grant
+                    if tokens.get(kind):
+                        await self.client.revoke(spec, str(tokens[kind]), kind)
+                revoked = True
+            except (OAuthError, VaultError) as exc:
+                problem = str(exc)
+        if problem is not None and not force:
+            await self.store.audit(self.clock.now(), by, "connection.revoke_failed", f"connection:{name}",
+                                   {"owner": owner, "error": problem})
+            whose = f" --user {owner}" if owner else ""
+            raise InvalidInput(f"could not revoke the {name} token at the provider ({problem}); nothing was "
+                               f"deleted. Try again later; an operator can delete it here anyway with "
+                               f"`bot connections disconnect {name}{whose} --force` (the provider then keeps the "
+                               "grant until it expires or is revoked there).")
+        await self.store.delete(row.id, by=by, now=self.clock.now(),
+                                detail={"revoked": revoked, "forced": problem is not None, "error": problem})
+        if revoked:
+            return f"{name} disconnected: revoked at the provider, deleted here."
+        if problem is not None:
+            return f"{name} deleted here (forced); the provider refused the revocation: {problem}"
+        return f"{name} deleted here ({name} has no revoke_url: revoke the grant at the provider too)."
+
+    # -- tokens ---------------------------------------------------------------------------------
+
+    def open(self, row: ConnectionRow) -> dict[str, object]:
+        assert row.id is not None
+        text = self.keys.open(Sealed(row.key_id, row.ciphertext), seal_context(row.name, row.owner, row.id),
+                              label=f"connection {row.name!r} ({row.owner or 'shared'})")
+        opened = json.loads(text)
+        return opened if isinstance(opened, dict) else {}
+
+    def _seal(self, tokens: TokenSet, name: str, owner: str, row_id: int) -> Sealed:
+        plain = json.dumps({"access_token": tokens.access_token, "refresh_token": tokens.refresh_token})
+        return self.keys.seal(plain, seal_context(name, owner, row_id))
+
+    def learn_tokens(self, name: str, tokens: TokenSet) -> None:
+        if self.learn is not None:
+            for value in (tokens.access_token, tokens.refresh_token):
+                if value:
+                    self.learn(f"connection:{name}", value)
+
+    async def known_values(self) -> list[tuple[str, str]]:
+        """Every stored token as (label, value), for the masks."""
+        values: list[tuple[str, str]] = []
+        for row in await self.store.listed():
+            try:
+                tokens = self.open(row)
+            except VaultError as exc:
+                log.warning("%s", exc)
+                continue
+            values += [(f"connection:{row.name}", str(v)) for k, v in tokens.items()
+                       if k in ("access_token", "refresh_token") and v]
+        return values
+
+
+def _scopes(row: ConnectionRow) -> tuple[str, ...] | None:
+    granted = json.loads(row.scopes)
+    return tuple(granted) if isinstance(granted, list) else None
