@@ -322,7 +322,7 @@ def build_application(
         # Links and the redirect URI: BOT_PUBLIC_URL, else this machine at the port actually bound.
         connections.base_url = lambda: settings.bot_public_url or f"http://127.0.0.1:{app.bound_port}"
         oauth = OAuthPages(gateway, secure_cookie=(settings.bot_public_url or "").startswith("https://"),
-                           cookie_path=URL(settings.bot_public_url or "/").path.rstrip("/") + "/oauth/callback",
+                           prefix=URL(settings.bot_public_url or "/").path.rstrip("/"),
                            trusted_proxies=settings.trusted_proxies)
         app.web_app.add_routes(oauth.routes())
     for channel in app.channels:

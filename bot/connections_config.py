@@ -80,7 +80,7 @@ def _connection(where: str, entry: Any, dotenv: dict[str, str | None]) -> Connec
         name=name, token_url=token_url, client_id=client_id.strip(), client_secret=secret, scopes=scopes,
         authorize_url=_endpoint(where, "authorize_url", entry.get("authorize_url"), required=False),
         revoke_url=_endpoint(where, "revoke_url", entry.get("revoke_url"), required=False),
-        hosts=tuple(hosts), owner=owner)
+        hosts=tuple(hosts), owner=owner, hosts_defaulted="hosts" not in entry)
 
 
 def _endpoint(where: str, key: str, value: Any, *, required: bool) -> str | None:

@@ -207,10 +207,17 @@ def _connections(settings: Settings, specs: list[Any]) -> Check:
     base = settings.bot_public_url or f"http://127.0.0.1:{settings.port}"
     names = ", ".join(f"{spec.name} ({spec.owner}; token to {', '.join(spec.hosts)})" for spec in specs)
     detail = f"{names}; register {base.rstrip('/')}/oauth/callback as the redirect URI with each provider"
+    wide = [f"{spec.name} (*.{spec.hosts[0]})" for spec in specs if spec.hosts_defaulted and len(spec.hosts) > 1]
+    if wide:
+        detail += (f"; hosts not set, so tokens may go to every name below the token server's domain: "
+                   f"{', '.join(wide)}")
     silent = [spec.name for spec in specs if spec.authorize_url is None]
     if silent:
         return Check("connections", True, f"{detail}; no authorize_url: {', '.join(silent)} (calls fail, never ask)",
                      "add authorize_url to those entries to let people connect from the conversation", warning=True)
+    if wide:
+        return Check("connections", True, detail, "set `hosts` to the API hosts (e.g. hosts = [\"api.github.com\"]) "
+                     "where that domain also serves others (acme.okta.com: every *.okta.com)", warning=True)
     if settings.bot_public_url is None:
         return Check("connections", True, detail, "set BOT_PUBLIC_URL (the address people's browsers reach the bot "
                      "at): without it only a browser on this machine can finish connecting", warning=True)

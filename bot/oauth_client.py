@@ -8,6 +8,7 @@ Errors name the provider's ``error`` code and description, never a token or the 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -82,8 +83,10 @@ def _tokens(answer: dict[str, Any], now: datetime, *, requested: tuple[str, ...]
     expires_at = None
     try:
         if answer.get("expires_in") is not None:
-            expires_at = now + timedelta(seconds=min(max(0, int(answer["expires_in"])), _TEN_YEARS_S))
-    except (TypeError, ValueError):
+            lifetime = float(answer["expires_in"])
+            if math.isfinite(lifetime):
+                expires_at = now + timedelta(seconds=min(max(0.0, lifetime), _TEN_YEARS_S))
+    except (TypeError, ValueError, OverflowError):
         expires_at = None
     scope = answer.get("scope")
     if isinstance(scope, str):

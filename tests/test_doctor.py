@@ -69,15 +69,17 @@ async def test_connections_are_checked_and_the_callback_to_register_is_named(
 ) -> None:
     entry = ('[[connections]]\nname = "github"\nclient_id = "c"\nclient_secret_env = "GH_SECRET"\n'
              'token_url = "https://github.com/login/oauth/access_token"\n')
-    (tmp_path / "bot.toml").write_text(entry + 'authorize_url = "https://github.com/login/oauth/authorize"\n')
+    (tmp_path / "bot.toml").write_text(entry + 'authorize_url = "https://github.com/login/oauth/authorize"\n'
+                                       'hosts = ["api.github.com"]\n')
     env = slack_env(fake_slack, fake_llm, 3000) | {"BOT_PUBLIC_URL": "https://bot.example.com"}
     code, out = await run_cli(tmp_path, env, "doctor")
     assert "✗ bot.toml" in out and "GH_SECRET (client_secret_env) is not set" in out, out
     code, out = await run_cli(tmp_path, env | {"GH_SECRET": "s3cret-value"}, "doctor")
     assert code == 0, out
-    assert "✓ connections: github (user; token to github.com, *.github.com); register " \
+    assert "✓ connections: github (user; token to api.github.com); register " \
            "https://bot.example.com/oauth/callback as the redirect URI" in out
     assert "s3cret-value" not in out
     (tmp_path / "bot.toml").write_text(entry)  # no authorize_url: never asks
     code, out = await run_cli(tmp_path, env | {"GH_SECRET": "s3cret-value"}, "doctor")
     assert "! connections: " in out and "no authorize_url: github (calls fail, never ask)" in out
+    assert "tokens may go to every name below the token server's domain: github (*.github.com)" in out

@@ -110,16 +110,16 @@ def http_request_tool(*, timeout_s: float = 30, max_bytes: int = 1_000_000,
                 raise ToolError(f"connection {connection!r} is not available: no connections are configured")
             name = connection
             _check_destination(url, connection, connections.spec(connection).allows, "connection")
-            credential = await connections.use(ctx, connection)
+            credential = _checked(connection, await connections.use(ctx, connection))
         sent = Sent(method, url, headers, args.get("body"), name)
         status, challenge, text = await _send(sent, credential, policy, timeout_s, max_bytes, ssl_context)
         if connection and connections is not None and credential is not None:
             if status == 401:  # the token was refused: one refresh, one retry
                 token = credential.headers.get("Authorization", "").removeprefix("Bearer ")
-                credential = await connections.use(ctx, connection, rejected=token)
+                credential = _checked(connection, await connections.use(ctx, connection, rejected=token))
                 status, challenge, text = await _send(sent, credential, policy, timeout_s, max_bytes, ssl_context)
             elif status == 403 and (needed := insufficient_scope(challenge)) is not None:
-                credential = await connections.use(ctx, connection, need_scopes=needed)  # pauses for consent
+                credential = _checked(connection, await connections.use(ctx, connection, need_scopes=needed))
                 status, challenge, text = await _send(sent, credential, policy, timeout_s, max_bytes, ssl_context)
         return text
 
@@ -223,15 +223,28 @@ def _check_destination(url: URL, name: str, allows: Callable[[str], bool], what:
                         "hosts in bot.toml)")
 
 
+def _checked(name: str, use: CredentialUse) -> CredentialUse:
+    if (problem := header_problem(use.headers, shown=False)) is not None:
+        raise ToolError(f"http_request refused: connection {name}: {problem}; reconnect it")
+    return use
+
+
 _SCOPE_PARAM = re.compile(r'scope="([^"]*)"')
+_SCOPE_TOKEN = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]{1,100}")  # RFC 6749 §3.3 scope-token
+MAX_SCOPES = 10
 
 
 def insufficient_scope(challenge: str) -> tuple[str, ...] | None:
-    """The scopes a ``Bearer error="insufficient_scope"`` challenge names (RFC 6750 §3.1), else None."""
+    """The scopes a ``Bearer error="insufficient_scope"`` challenge names (RFC 6750 §3.1), else None. A
+    resource's words go into a message, a consent URL and the database: anything but a short list of
+    proper scope tokens is not taken as a request for consent (the 403 is reported as it is)."""
     if not challenge.lower().lstrip().startswith("bearer") or 'error="insufficient_scope"' not in challenge:
         return None
     found = _SCOPE_PARAM.search(challenge)
-    return tuple(found.group(1).split()) if found else ()
+    scopes = tuple(found.group(1).split()) if found else ()
+    if len(scopes) > MAX_SCOPES or not all(_SCOPE_TOKEN.fullmatch(scope) for scope in scopes):
+        return None
+    return scopes
 
 
 def _render(status: int, headers: Any, body: bytes, total: int, notes: list[str]) -> str:

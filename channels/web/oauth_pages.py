@@ -12,7 +12,9 @@ the request's ``Host``.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import html
+import secrets
 from collections.abc import Sequence
 
 from aiohttp import web
@@ -21,14 +23,17 @@ from channels.web.credential_link import INSECURE, Network, html_page, safe_tran
 from core.gateway import CallbackResult, Gateway
 
 _STATE_MAX = 256
+_FORM_COOKIE = "bot_oauth_form"
 
 
 class OAuthPages:
-    def __init__(self, gateway: Gateway, *, secure_cookie: bool, cookie_path: str = "/oauth/callback",
+    def __init__(self, gateway: Gateway, *, secure_cookie: bool, prefix: str = "",
                  trusted_proxies: Sequence[Network] = ()) -> None:
         self.gateway = gateway
         self.secure_cookie = secure_cookie
-        self.cookie_path = cookie_path  # where the browser sees the callback (BOT_PUBLIC_URL's path + /oauth/callback)
+        # Where the browser sees these pages (BOT_PUBLIC_URL's path in front): the cookies' paths.
+        self.cookie_path = f"{prefix}/oauth/callback"
+        self.start_path = f"{prefix}/oauth/start"
         self.trusted_proxies = tuple(trusted_proxies)
 
     def routes(self) -> list[web.RouteDef]:
@@ -49,12 +54,18 @@ class OAuthPages:
                if preview.shared else
                f"The agent will act as you on {name} in conversations of <code>{who}</code>, the person this link "
                "was made for.")
+        form_token = secrets.token_urlsafe(24)
         body = (f"<p>This connects <strong>your</strong> {name} account to the bot. {use}</p>"
                 f"<p>Continue only if you are <code>{who}</code>. If someone sent you this link, close this page: "
                 "whoever continues connects their own account in that person's place.</p>"
                 f'<form method="post" action="start"><input type="hidden" name="state" value="{html.escape(state)}">'
+                f'<input type="hidden" name="form" value="{form_token}">'
                 f'<button type="submit">Continue to {name}</button></form>')
-        return html_page(f"Connect {preview.connection}", body)
+        page = html_page(f"Connect {preview.connection}", body)
+        # Double submit: only this page can post the form (another site's auto-submitted form has no cookie).
+        page.set_cookie(_FORM_COOKIE, form_token, max_age=900, path=self.start_path, httponly=True,
+                        samesite="Strict", secure=self.secure_cookie)
+        return page
 
     async def _start(self, request: web.Request) -> web.StreamResponse:
         if not safe_transport(request, self.trusted_proxies):
@@ -63,6 +74,11 @@ class OAuthPages:
         state = str(form.get("state", ""))
         if not state or len(state) > _STATE_MAX:
             return html_page("Link not usable", "<p>This link is incomplete.</p>", status=400)
+        posted, kept = str(form.get("form", "")), request.cookies.get(_FORM_COOKIE, "")
+        if (request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none")
+                or not posted or not hmac.compare_digest(posted, kept)):
+            return html_page("Not connected", "<p>This form was not sent from the bot's own page. Open your "
+                                              "Connect link again.</p>", status=403)
         opened = await self.gateway.open_consent(state)
         if isinstance(opened, CallbackResult):
             return _result(opened)

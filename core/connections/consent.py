@@ -189,6 +189,8 @@ class Consent:
                             expires_at=tokens.expires_at, refreshable=tokens.refresh_token is not None,
                             meta=json.dumps(tokens.extra) if tokens.extra else None, connected_by=state.principal,
                             created_at=now, updated_at=now)
+        # A reconnect replaces the stored tokens without revoking the old ones: for the same app and person
+        # they are usually the same grant, and revoking them would end the new tokens too (Google does).
         return await service.store.connect(row, seal=seal, request_id=request_id, by=state.principal, now=now,
                                            audit={"request": request_id, "via": state.channel,
                                                   "scopes": list(granted) if granted is not None else None})

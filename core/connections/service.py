@@ -33,6 +33,7 @@ from core.views import ConnectionView
 log = logging.getLogger(__name__)
 EXPIRY_SKEW = timedelta(seconds=30)  # a token this close to its expiry is refreshed before use
 REFRESH_RACE = timedelta(seconds=3)  # how long a refused refresh waits for another replica's new tokens
+REFRESH_CLAIM = timedelta(seconds=20)  # one replica refreshes an account at a time, for at most this long
 
 
 def seal_context(name: str, owner: str, row_id: int) -> str:
@@ -58,6 +59,7 @@ class ConnectionService:
         # One refresh at a time per account in this process (a rotating refresh token works once);
         # across replicas the loser finds the winner's tokens (``_refresh``).
         self._refreshing: dict[tuple[str, str], asyncio.Lock] = {}
+        self._taught: set[str] = set()
 
     def spec(self, name: str) -> ConnectionSpec:
         spec = self.specs.get(name)
@@ -81,12 +83,12 @@ class ConnectionService:
         owner = self.owner_for(spec, ctx.sender)
         if spec.owner == "user" and not owner:
             raise ToolError(f"{name} connects each person's own account, and this turn has no person to act as")
-        if spec.owner == "user":
-            others = [who for who in await self.store.turn_senders(ctx.turn_id) if who != owner]
+        if spec.owner == "user":  # someone else's words must not steer a person's account
+            others = [who for who in await self.store.conversation_senders(ctx.session_id) if who != owner]
             if others:
-                raise ToolError(f"{name} acts as {owner}'s own account, and this turn also carries messages from "
-                                f"{', '.join(others)}; it is used only in {owner}'s own turns (ask in a thread of "
-                                "your own). Continue without it.")
+                raise ToolError(f"{name} acts as {owner}'s own account, and this conversation also has messages from "
+                                f"{', '.join(others[:5])}; it is used only in conversations with {owner} alone (a DM "
+                                "with the bot, or a thread of their own). Continue without it.")
         waited = await self._resume_parked(ctx, spec)
         row = await self.store.get(name, owner)
         gap, token = await self._check(spec, row, need_scopes, rejected)
@@ -98,6 +100,7 @@ class ConnectionService:
             raise ToolError(f"{name} is still not usable after connecting ({gap or 'no token'}); "
                             "continue without it")
         assert row.id is not None
+        self._teach(name, token)  # masked here too, even if another replica stored it
         await self.store.touch(row.id, self.clock.now())
         return CredentialUse({"Authorization": f"Bearer {token}"}, spec.hosts)
 
@@ -129,7 +132,16 @@ class ConnectionService:
             if current is None:
                 return ConnectionGap.ABSENT, None
             if current.ciphertext != row.ciphertext:  # refreshed while this one waited: use that
-                return None, str(self.open(current).get("access_token") or "")
+                return None, self._token(current)
+            assert current.id is not None
+            now = self.clock.now()
+            if not await self.store.claim_refresh(current.id, expected_ciphertext=current.ciphertext, now=now,
+                                                  until=now + REFRESH_CLAIM):
+                # Another replica is refreshing: its tokens, once stored.
+                if (fresh := await self._refreshed_elsewhere(current, REFRESH_CLAIM)) is not None:
+                    return None, self._token(fresh)
+                raise ToolError(f"the {spec.name} token is being refreshed elsewhere and it did not finish; "
+                                "try again")
             return await self._refresh_now(spec, current, refresh)
 
     async def _refresh_now(self, spec: ConnectionSpec, row: ConnectionRow, refresh: str
@@ -139,9 +151,10 @@ class ConnectionService:
             fresh = await self.client.refresh(spec, refresh)
         except OAuthError as exc:
             if not exc.invalid_grant:
+                await self.store.release_refresh(row.id)
                 raise ToolError(f"could not refresh the {spec.name} token: {exc}") from None
-            if (current := await self._refreshed_elsewhere(row)) is not None:
-                return None, str(self.open(current).get("access_token") or "")
+            if (current := await self._refreshed_elsewhere(row, REFRESH_RACE)) is not None:
+                return None, self._token(current)
             log.info("connection %s (%s): refresh refused, consent needed again", spec.name, row.owner or "shared")
             await self.store.mark_expired(row.id, expected_ciphertext=row.ciphertext, now=self.clock.now(),
                                           why=str(exc))
@@ -160,12 +173,11 @@ class ConnectionService:
         current = await self.store.get(row.name, row.owner)  # another process refreshed first: theirs stands
         if current is None:
             return ConnectionGap.ABSENT, None
-        return None, str(self.open(current).get("access_token") or "")
+        return None, self._token(current)
 
-    async def _refreshed_elsewhere(self, row: ConnectionRow) -> ConnectionRow | None:
-        """A refused refresh token may have just been used by another replica, which is storing what it got:
-        its tokens, if they land within REFRESH_RACE_S (else the grant is really dead)."""
-        deadline = self.clock.now() + REFRESH_RACE
+    async def _refreshed_elsewhere(self, row: ConnectionRow, wait: timedelta) -> ConnectionRow | None:
+        """The row once its tokens changed (another process refreshed them), waiting up to ``wait``."""
+        deadline = self.clock.now() + wait
         while True:
             current = await self.store.get(row.name, row.owner)
             if current is None or current.ciphertext != row.ciphertext:
@@ -298,8 +310,10 @@ class ConnectionService:
                                f"deleted. Try again later; an operator can delete it here anyway with "
                                f"`bot connections disconnect {name}{whose} --force` (the provider then keeps the "
                                "grant until it expires or is revoked there).")
-        await self.store.delete(row.id, by=by, now=self.clock.now(),
-                                detail={"revoked": revoked, "forced": problem is not None, "error": problem})
+        if not await self.store.delete(row.id, expected_ciphertext=row.ciphertext, by=by, now=self.clock.now(),
+                                       detail={"revoked": revoked, "forced": problem is not None, "error": problem}):
+            raise InvalidInput(f"the {name} connection changed while it was being removed (reconnected or "
+                               "refreshed); nothing was deleted: try again")
         if revoked:
             return f"{name} disconnected: revoked at the provider, deleted here."
         if problem is not None:
@@ -320,10 +334,18 @@ class ConnectionService:
         return self.keys.seal(plain, seal_context(name, owner, row_id))
 
     def learn_tokens(self, name: str, tokens: TokenSet) -> None:
-        if self.learn is not None:
-            for value in (tokens.access_token, tokens.refresh_token):
-                if value:
-                    self.learn(f"connection:{name}", value)
+        for value in (tokens.access_token, tokens.refresh_token):
+            if value:
+                self._teach(name, value)
+
+    def _teach(self, name: str, value: str) -> None:
+        """The masks learn a token once (each lesson rebuilds them)."""
+        if self.learn is not None and value not in self._taught:
+            self._taught.add(value)
+            self.learn(f"connection:{name}", value)
+
+    def _token(self, row: ConnectionRow) -> str:
+        return str(self.open(row).get("access_token") or "")
 
     async def known_values(self) -> list[tuple[str, str]]:
         """Every stored token as (label, value), for the masks."""

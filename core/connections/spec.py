@@ -31,6 +31,7 @@ class ConnectionSpec:
     revoke_url: str | None = None
     hosts: tuple[str, ...] = ()  # where its token may be sent
     owner: Owner = "user"
+    hosts_defaulted: bool = False  # ``hosts`` not given: token_url's registrable domain and below
 
     def allows(self, host: str) -> bool:
         return host_allowed(host, self.hosts)

@@ -31,6 +31,7 @@ class ConnectionRow(SQLModel, table=True):
     created_at: datetime = _ts()
     updated_at: datetime = _ts()
     refreshed_at: datetime | None = _ts(nullable=True)
+    refreshing_until: datetime | None = _ts(nullable=True)  # one refresh at a time, across replicas
     last_used_at: datetime | None = _ts(nullable=True)
 
 

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import delete, update
+from sqlalchemy import delete, or_, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from core.model import ConnectionGap, ConnectionRequestInfo, ConnectionStatus, InputKind, InputStatus, SessionStatus
+from core.model import ConnectionGap, ConnectionRequestInfo, ConnectionStatus, InputKind, SessionStatus
 from core.store.approvals import audit_row
 from core.store.connection_tables import ConnectionRequestRow, ConnectionRow, OAuthStateRow
 from core.store.conversations import session_info
@@ -74,13 +74,28 @@ class ConnectionStore:
                 settled = await _settle(s, request_id, ConnectionStatus.CONNECTED, now, by)
             return row, settled
 
+    async def claim_refresh(self, row_id: int, *, expected_ciphertext: str, now: datetime, until: datetime) -> bool:
+        """This process refreshes these tokens (a rotating refresh token works once): False while another
+        one does, or once they changed."""
+        async with self.db.write() as s:
+            result = await s.exec(update(ConnectionRow).where(
+                col(ConnectionRow.id) == row_id, col(ConnectionRow.ciphertext) == expected_ciphertext,
+                or_(col(ConnectionRow.refreshing_until).is_(None), col(ConnectionRow.refreshing_until) <= now))
+                .values(refreshing_until=until))
+            return bool(result.rowcount)
+
+    async def release_refresh(self, row_id: int) -> None:
+        async with self.db.write() as s:
+            await s.exec(update(ConnectionRow).where(col(ConnectionRow.id) == row_id).values(refreshing_until=None))
+
     async def replace_tokens(self, row_id: int, *, expected_ciphertext: str, key_id: str, ciphertext: str,
                              expires_at: datetime | None, refreshable: bool, scopes: str | None, now: datetime,
                              by: str) -> bool:
         """A refresh's new tokens, only if nobody refreshed meanwhile (else the caller reads theirs)."""
         async with self.db.write() as s:
             values: dict[str, Any] = {"key_id": key_id, "ciphertext": ciphertext, "expires_at": expires_at,
-                                      "refreshable": refreshable, "updated_at": now, "refreshed_at": now}
+                                      "refreshable": refreshable, "updated_at": now, "refreshed_at": now,
+                                      "refreshing_until": None}
             if scopes is not None:
                 values["scopes"] = scopes
             result = await s.exec(update(ConnectionRow).where(
@@ -95,7 +110,7 @@ class ConnectionStore:
         async with self.db.write() as s:
             result = await s.exec(update(ConnectionRow).where(
                 col(ConnectionRow.id) == row_id, col(ConnectionRow.ciphertext) == expected_ciphertext)
-                .values(refreshable=False, expires_at=now, updated_at=now))
+                .values(refreshable=False, expires_at=now, updated_at=now, refreshing_until=None))
             row = await s.get(ConnectionRow, row_id)
             if result.rowcount and row is not None:
                 s.add(audit_row(now, "system", "connection.refresh_failed", f"connection:{row.name}",
@@ -105,12 +120,15 @@ class ConnectionStore:
         async with self.db.write() as s:
             await s.exec(update(ConnectionRow).where(col(ConnectionRow.id) == row_id).values(last_used_at=now))
 
-    async def delete(self, row_id: int, *, by: str, now: datetime, detail: dict[str, Any]) -> bool:
+    async def delete(self, row_id: int, *, expected_ciphertext: str, by: str, now: datetime,
+                     detail: dict[str, Any]) -> bool:
+        """Only the tokens that were revoked: False if they changed meanwhile (a reconnect, a refresh)."""
         async with self.db.write() as s:
             row = await s.get(ConnectionRow, row_id)
-            if row is None:
+            if row is None or row.ciphertext != expected_ciphertext:
                 return False
-            await s.exec(delete(ConnectionRow).where(col(ConnectionRow.id) == row_id))
+            await s.exec(delete(ConnectionRow).where(col(ConnectionRow.id) == row_id,
+                                                     col(ConnectionRow.ciphertext) == expected_ciphertext))
             s.add(audit_row(now, by, "connection.disconnect", f"connection:{row.name}", {"owner": row.owner} | detail))
             return True
 
@@ -189,12 +207,13 @@ class ConnectionStore:
                 ConnectionRequestRow.turn_id == turn_id).order_by(col(ConnectionRequestRow.id).desc()))).first()
             return (await _info(s, row), row.resumed_at is not None) if row is not None else None
 
-    async def turn_senders(self, turn_id: int) -> list[str]:
-        """Who asked something in this turn (its messages, steered ones included), in order."""
+    async def conversation_senders(self, session_id: str) -> list[str]:
+        """Everyone whose words the model may read in this conversation (asked, steered or recorded as
+        context), in order of their first message."""
         async with self.db.read() as s:
             senders = (await s.exec(select(InputRow.sender).where(
-                InputRow.turn_id == turn_id, InputRow.status == InputStatus.TAKEN,
-                InputRow.kind == InputKind.MESSAGE).order_by(col(InputRow.id)))).all()
+                InputRow.session_id == session_id, InputRow.kind != InputKind.CONTROL)
+                .order_by(col(InputRow.id)))).all()
             return list(dict.fromkeys(sender for sender in senders if sender))
 
     async def pending(self, *, due_before: datetime | None = None) -> list[ConnectionRequestInfo]:

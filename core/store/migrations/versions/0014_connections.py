@@ -31,6 +31,7 @@ def upgrade() -> None:
         sa.Column("created_at", UTCDateTime(), nullable=False),
         sa.Column("updated_at", UTCDateTime(), nullable=False),
         sa.Column("refreshed_at", UTCDateTime(), nullable=True),
+        sa.Column("refreshing_until", UTCDateTime(), nullable=True),
         sa.Column("last_used_at", UTCDateTime(), nullable=True),
         sa.UniqueConstraint("name", "owner", name="uq_connections_name_owner"),
     )
