@@ -12,13 +12,14 @@ from aiohttp import web
 from yarl import URL
 
 from bot.agents_config import load_agents
-from bot.connections_config import load_connections
+from bot.connections_config import build_connections
 from bot.egress import EgressPolicy
 from bot.errors import Failed
 from bot.home import secure_home
 from bot.keys import load_keyring
+from bot.mcp.manager import McpServers, audit_to
+from bot.mcp.spec import load_mcp_servers
 from bot.metrics import Metrics
-from bot.oauth_client import HttpOAuthClient
 from bot.policies_config import load_policies
 from bot.providers import build_provider
 from bot.sandbox import probe as probe_sandbox
@@ -35,7 +36,6 @@ from core.approvals import ApprovalBroker, ApprovalPolicy
 from core.attachments import AttachmentReader
 from core.budget import ThreadBudget
 from core.clock import Clock, SystemClock
-from core.connections.consent import Consent
 from core.connections.service import ConnectionService
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
@@ -61,7 +61,6 @@ from core.store import (
     WebSessionStore,
 )
 from core.store.budgets import BudgetStore
-from core.store.connections import ConnectionStore
 from core.store.deliveries import DeliveryStore
 from core.store.schedules import ScheduleStore
 from core.store.stats import snapshot
@@ -91,6 +90,7 @@ class Application:
     gateway: Gateway  # what the channels call
     sandbox_peers: SandboxPeers | None = None
     connections: ConnectionService | None = None  # [[connections]] in bot.toml
+    mcp: McpServers | None = None  # [[mcp_servers]] in bot.toml: started (their tools listed) before turns run
     channels: list[Channel] = field(default_factory=list)
     web_app: web.Application = field(default_factory=web.Application)
     _runner: web.AppRunner | None = None
@@ -119,6 +119,8 @@ class Application:
         # Before turns resume: on SQLite it releases the claims of answers the last run left mid-delivery,
         # and must not release those of answers resumed turns are about to post.
         await self.deliveries.start(single_process=self.db.is_sqlite)  # resumes answers left undelivered
+        if self.mcp is not None:
+            await self.mcp.start(self.dispatcher.runner.tools)
         await self.dispatcher.start()
         for channel in self.channels:
             await channel.start()
@@ -162,6 +164,8 @@ class Application:
         for channel in self.channels:
             await channel.stop()
         shutdown = await self.dispatcher.stop(drain_s=self.settings.shutdown_drain_s)
+        if self.mcp is not None:
+            await self.mcp.stop()
         await self.deliveries.stop()
         close = getattr(self.dispatcher.runner.provider, "aclose", None)  # a provider's HTTP session
         if close is not None:
@@ -231,6 +235,12 @@ def build_application(
                            connections=connections.service if connections is not None else None,
                            connection_wait_s=settings.connection_timeout_s)
     tools.register(credentials.tool())
+    mcp_specs = load_mcp_servers(settings.bot_config)
+    mcp = McpServers(mcp_specs, home=settings.bot_home.resolve(), sandbox=shell.sandbox,
+                     audit=audit_to(approvals.store, clock.now), env_for=credentials.env_for,
+                     credential_headers=credentials.headers_for,
+                     connections=connections.service if connections is not None else None,
+                     connection_wait_s=settings.connection_timeout_s) if mcp_specs else None
     runner = AgentRunner(
         store,
         provider or build_provider(settings),
@@ -277,7 +287,8 @@ def build_application(
     gateway = Gateway(dispatcher, approvals, credentials, schedules, consent=connections)
     app = Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals, credentials=credentials,
                       schedules=schedules, schedule_jobs=schedule_jobs, deliveries=deliveries, gateway=gateway,
-                      sandbox_peers=peers, connections=connections.service if connections is not None else None)
+                      sandbox_peers=peers, connections=connections.service if connections is not None else None,
+                      mcp=mcp)
     app.web_app.middlewares.append(peers.middleware())
     app.web_app.middlewares.append(_until_ready(app))
     # The port actually bound (PORT=0 picks one).
@@ -328,21 +339,6 @@ def build_application(
     for channel in app.channels:
         app.web_app.add_routes(channel.routes())
     return app
-
-
-def build_connections(settings: Settings, db: Database, credentials: CredentialService, bus: EventBus, clock: Clock,
-                      policy: ApprovalPolicy) -> Consent | None:
-    """``[[connections]]``: None when bot.toml has none. Tokens are masked like credentials (and their
-    client secrets like the bot's own settings)."""
-    specs = load_connections(settings.bot_config)
-    if not specs:
-        return None
-    service = ConnectionService(specs, ConnectionStore(db), credentials.keys, HttpOAuthClient(clock.now), bus, clock,
-                                policy, timeout_s=settings.connection_timeout_s, poll_s=settings.approval_poll_s,
-                                learn=credentials.redactor.learn)
-    credentials.also_masked.append(service.known_values)
-    credentials.redactor.add_static((f"{spec.name} client secret", spec.client_secret) for spec in specs.values())
-    return Consent(service, base_url=lambda: settings.bot_public_url or f"http://127.0.0.1:{settings.port}")
 
 
 def setting_secrets(settings: Settings) -> list[tuple[str, str]]:

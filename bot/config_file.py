@@ -8,7 +8,7 @@ from typing import Any
 
 from bot.errors import SettingsError
 
-KNOWN_TABLES = frozenset({"agents", "connections", "policies", "slack"})
+KNOWN_TABLES = frozenset({"agents", "connections", "mcp_servers", "policies", "slack"})
 
 
 def read_config(path: Path) -> dict[str, Any]:

@@ -16,8 +16,18 @@ from yarl import URL
 
 from bot.config_file import read_config, strings
 from bot.errors import SettingsError
+from bot.oauth_client import HttpOAuthClient
+from bot.settings import Settings
+from core.approvals import ApprovalPolicy
+from core.clock import Clock
+from core.connections.consent import Consent
+from core.connections.service import ConnectionService
 from core.connections.spec import ConnectionSpec
+from core.credentials import CredentialService
+from core.events import EventBus
 from core.hosts import default_hosts, parse_hosts
+from core.store import Database
+from core.store.connections import ConnectionStore
 from core.stored_secrets import NAME
 
 _KEYS = {"name", "authorize_url", "token_url", "revoke_url", "client_id", "client_secret_env", "scopes", "hosts",
@@ -106,3 +116,18 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def build_connections(settings: Settings, db: Database, credentials: CredentialService, bus: EventBus, clock: Clock,
+                      policy: ApprovalPolicy) -> Consent | None:
+    """``[[connections]]``: None when bot.toml has none. Tokens are masked like credentials (and their
+    client secrets like the bot's own settings)."""
+    specs = load_connections(settings.bot_config)
+    if not specs:
+        return None
+    service = ConnectionService(specs, ConnectionStore(db), credentials.keys, HttpOAuthClient(clock.now), bus, clock,
+                                policy, timeout_s=settings.connection_timeout_s, poll_s=settings.approval_poll_s,
+                                learn=credentials.redactor.learn)
+    credentials.also_masked.append(service.known_values)
+    credentials.redactor.add_static((f"{spec.name} client secret", spec.client_secret) for spec in specs.values())
+    return Consent(service, base_url=lambda: settings.bot_public_url or f"http://127.0.0.1:{settings.port}")

@@ -32,6 +32,7 @@ async def run_doctor() -> int:
     checks += await _deliveries(settings)
     checks += await _keys(settings)
     checks += _trust_boundary(settings)
+    checks += await _mcp_servers(settings)
     if settings.slack_mode is not None:
         checks.append(await _slack(settings))
     if settings.provider == "openai":
@@ -290,3 +291,51 @@ async def _model(settings: Settings) -> Check:
         return Check("model", False, f"{settings.llm_base_url} has no model {settings.llm_model!r} "
                      f"(it has {', '.join(names[:5])}{'…' if len(names) > 5 else ''})", "set LLM_MODEL to one of those")
     return Check("model", True, f"{settings.llm_base_url} reachable, model {settings.llm_model!r}")
+
+
+_MCP_FIX = {
+    "oauth": "add a [[connections]] entry for its authorization server and connection = \"<name>\" in its entry",
+    "invalid_token": "store a valid token (bot credentials set NAME) or reconnect its connection",
+    "basic": "store the whole header as its credential (e.g. \"Authorization: Basic …\")",
+    "sandbox": "install bubblewrap, or set sandbox = false in its entry (then it runs unsandboxed)",
+}
+
+
+async def _mcp_servers(settings: Settings) -> list[Check]:
+    """Start each [[mcp_servers]] entry once, list its tools, stop it: what `bot run` would get."""
+    from bot.mcp.manager import McpServers
+    from bot.mcp.spec import load_mcp_servers
+    from bot.sandbox import probe
+    from core.tools import ToolRegistry
+
+    try:
+        specs = load_mcp_servers(settings.bot_config)
+    except BotError:
+        return []  # said by the bot.toml check
+    if not specs:
+        return []
+
+    async def nothing(*_args: Any) -> None:
+        return None
+
+    from bot.operator import _core
+
+    try:
+        async with _core() as core:
+            servers = McpServers(specs, home=settings.bot_home.resolve(),
+                                 sandbox=probe(settings.shell_sandbox, network=settings.shell_network).sandbox,
+                                 audit=nothing, env_for=core.credentials.env_for,
+                                 credential_headers=core.credentials.headers_for)
+            try:
+                await servers.start(ToolRegistry(), timeout_s=20)
+            finally:
+                await servers.stop()
+    except BotError as exc:
+        return [Check("mcp servers", False, str(exc), "fix the database or keys first (see above)")]
+    checks = []
+    for name, ok, text in servers.report():
+        problem = servers.servers[name].problem
+        fix = "" if ok else _MCP_FIX.get(problem.kind if problem else "", "check its command or url, and its log "
+                                         f"({settings.bot_home}/mcp/{name}.stderr.log for a stdio server)")
+        checks.append(Check(f"mcp {name}", ok, text, fix))
+    return checks

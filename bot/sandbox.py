@@ -146,6 +146,11 @@ class Sandbox(ABC):
             raise
         return Started(proc, output, pipe, dict(env), ended, init)
 
+    def traced(self, env: Mapping[str, str]) -> Callable[[], None]:
+        """A long-lived process started with ``env`` (an MCP server) is traced like a running command until
+        the returned function is called."""
+        return self._begin(env)
+
     def _begin(self, env: Mapping[str, str]) -> Callable[[], None]:
         if self.peers is None or not self.network:
             return lambda: None

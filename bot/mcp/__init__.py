@@ -1,0 +1,1 @@
+"""MCP tool servers (SPEC §16, ``[[mcp_servers]]``): their tools reach the model as ``<server>__<tool>``."""

@@ -1,0 +1,342 @@
+"""MCP servers end to end: a real server built with the SDK (tests/fakes/mcp_server.py), over stdio and
+streamable HTTP; its tools listed at start, called, gated, timed out, restarted after a crash; the
+OAuth-challenge classifier; doctor's words."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from bot.mcp.challenge import diagnose
+from bot.mcp.servers import HttpServer, ServerFailed
+from bot.mcp.spec import McpServerSpec
+from bot.settings import Settings
+from tests.bot_process import run_cli, slack_env
+from tests.conftest import GatewayClient, connections_toml, sandbox_mode
+from tests.fakes.llm import FakeLLM, Reply
+from tests.fakes.oauth import FakeOAuth
+from tests.fakes.server import RunningServer
+from tests.fakes.slack_api import FakeSlack
+from tests.slack_requests import block_action, mention
+from tests.test_connections import consent, personal_link
+
+FAKE = Path(__file__).resolve().parent / "fakes" / "mcp_server.py"
+
+
+def stdio_entry(name: str = "fake", *, extra: str = "", sandbox: bool = False) -> str:
+    command = json.dumps([sys.executable, str(FAKE)])
+    return (f'[[mcp_servers]]\nname = "{name}"\ncommand = {command}\nsandbox = {str(sandbox).lower()}\n'
+            f'timeout_s = 10\n{extra}\n')
+
+
+@pytest.fixture
+def mcp_settings(make_settings: Callable[..., Settings], tmp_path: Path) -> Callable[..., Settings]:
+    def make(toml: str, **overrides: Any) -> Settings:
+        config = tmp_path / "bot.toml"
+        config.write_text(toml, encoding="utf-8")
+        return make_settings(bot_config=config, **overrides)
+
+    return make
+
+
+def tool_names(request: dict[str, Any]) -> list[str]:
+    return [t["function"]["name"] for t in request.get("tools", [])]
+
+
+def tool_result(fake_llm: FakeLLM) -> str:
+    return str([m["content"] for m in fake_llm.requests[-1]["messages"] if m["role"] == "tool"][-1])
+
+
+async def approve(gateway: GatewayClient, fake_slack: FakeSlack, posts: int) -> dict[str, Any]:
+    card = (await fake_slack.wait_for("chat.postMessage", posts))[posts - 1]
+    button = card.params["blocks"][-1]["elements"][0]
+    assert button["action_id"] == "approval:approve", card.params["text"]
+    await gateway.interact(block_action("approval:approve", str(button["value"])))
+    return dict(card.params)
+
+
+async def test_stdio_tools_are_listed_called_and_gated(
+    mcp_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+) -> None:
+    gateway: GatewayClient = await start_gateway(mcp_settings(stdio_entry(extra='tools = ["echo", "add", "fail"]')))
+    fake_llm.then(Reply(tool_calls=[("fake__add", {"a": 2, "b": 3})]), Reply("five"))
+    await gateway.send_event(mention("add them"))
+    card = await approve(gateway, fake_slack, 1)  # gated by default: a person approves, seeing every argument
+    shown = json.dumps(card["blocks"])
+    assert "fake__add" in shown and "a: 2" in shown and "b: 3" in shown
+    assert (await fake_slack.wait_for("chat.postMessage", 2))[1].params["text"] == "five"
+    first = fake_llm.requests[0]
+    names = tool_names(first)
+    assert {"fake__echo", "fake__add", "fake__fail"} <= set(names) and "fake__crash" not in names  # the globs
+    add = next(t for t in first["tools"] if t["function"]["name"] == "fake__add")["function"]
+    assert add["parameters"]["properties"]["a"]["type"] == "integer" and "[MCP server fake]" in add["description"]
+    assert tool_result(fake_llm) == "5"
+
+    fake_llm.then(Reply(tool_calls=[("fake__fail", {"message": "the disk is full"})]), Reply("it failed"))
+    await gateway.send_event(mention("fail please"))
+    await approve(gateway, fake_slack, 3)
+    await fake_slack.wait_for("chat.postMessage", 4)
+    assert "error: fake__fail:" in tool_result(fake_llm) and "the disk is full" in tool_result(fake_llm)
+    audit = await gateway.app.approvals.audit_entries(__import__("datetime").datetime(2000, 1, 1,
+                                                      tzinfo=__import__("datetime").UTC))
+    assert [e.action for e in audit if e.action.startswith("mcp.")] == ["mcp.call", "mcp.call"]
+
+
+async def test_a_crashed_server_is_restarted_and_a_slow_call_times_out(
+    mcp_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+) -> None:
+    toml = stdio_entry(extra='risk = "safe"').replace("timeout_s = 10", "timeout_s = 1")
+    gateway: GatewayClient = await start_gateway(mcp_settings(toml))
+    assert gateway.app.mcp is not None
+    server = gateway.app.mcp.servers["fake"]
+    fake_llm.then(Reply(tool_calls=[("fake__crash", {})]), Reply("it crashed"))
+    await gateway.send_event(mention("crash it"))
+    await fake_slack.wait_for("chat.postMessage")
+    assert "fake failed while answering" in tool_result(fake_llm)
+    async with asyncio.timeout(15):
+        while server.client is None or server.starts < 2:  # type: ignore[attr-defined]
+            await asyncio.sleep(0.05)
+    fake_llm.then(Reply(tool_calls=[("fake__echo", {"text": "back again"})]), Reply("ok"))
+    await gateway.send_event(mention("echo"))
+    await fake_slack.wait_for("chat.postMessage", 2)
+    assert tool_result(fake_llm) == "back again"
+
+    fake_llm.then(Reply(tool_calls=[("fake__slow", {"seconds": 30})]), Reply("too slow"))
+    await gateway.send_event(mention("slow"))
+    await fake_slack.wait_for("chat.postMessage", 3, timeout=20)
+    assert "timed out" in tool_result(fake_llm) or "failed while answering" in tool_result(fake_llm)
+
+
+async def test_a_stdio_server_gets_only_the_credentials_its_entry_names(
+    mcp_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BOT_OWN_SECRET_FOR_TEST", "the-bot-s-own-environment")
+    settings = mcp_settings(stdio_entry(extra='risk = "safe"\nenv = ["acc.token"]'))
+    # The credential is stored before the start (the process gets it when it starts).
+    from bot.app import build_application
+    app = build_application(settings)
+    await app.db.migrate()
+    await app.credentials.set_secret("acc.token", "s3cr3t-for-the-server", scope="agent", agent="default", by="U1")
+    await app.db.close()
+    gateway: GatewayClient = await start_gateway(settings)
+    fake_llm.then(Reply(tool_calls=[("fake__env", {"name": "ACC_TOKEN"}), ("fake__env",
+                                                                           {"name": "BOT_OWN_SECRET_FOR_TEST"})]),
+                  Reply("ok"))
+    await gateway.send_event(mention("what were you given?"))
+    await fake_slack.wait_for("chat.postMessage")
+    results = [m["content"] for m in fake_llm.requests[-1]["messages"] if m["role"] == "tool"]
+    assert results == ["ACC_TOKEN=[redacted:acc.token]", "BOT_OWN_SECRET_FOR_TEST is not set"]
+
+
+async def test_a_server_that_cannot_start_does_not_stop_the_bot(
+    mcp_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+) -> None:
+    toml = ('[[mcp_servers]]\nname = "ghost"\ncommand = ["/nonexistent/mcp-server"]\nsandbox = false\n'
+            'timeout_s = 2\n' + stdio_entry(extra='risk = "safe"'))
+    gateway: GatewayClient = await start_gateway(mcp_settings(toml))
+    fake_llm.then(Reply("fine"))
+    await gateway.send_event(mention("hello"))
+    assert (await fake_slack.wait_for("chat.postMessage"))[0].params["text"] == "fine"
+    names = tool_names(fake_llm.requests[0])
+    assert "fake__echo" in names and not any(n.startswith("ghost__") for n in names)
+    assert gateway.app.mcp is not None
+    report = dict((name, (ok, text)) for name, ok, text in gateway.app.mcp.report())
+    assert report["ghost"][0] is False and report["fake"][0] is True
+
+
+async def test_a_policy_rule_matches_server_globs(
+    mcp_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+) -> None:
+    toml = stdio_entry() + '[[policies]]\ntool = "fake__*"\naction = "deny"\n'
+    gateway: GatewayClient = await start_gateway(mcp_settings(toml))
+    fake_llm.then(Reply(tool_calls=[("fake__echo", {"text": "hi"})]), Reply("refused"))
+    await gateway.send_event(mention("echo"))
+    await fake_slack.wait_for("chat.postMessage")
+    assert "the approval policy refuses `fake__echo`" in tool_result(fake_llm)
+
+
+# -- streamable HTTP ------------------------------------------------------------------------------------
+
+
+async def _http_server(tmp_path: Path, token: str | None) -> AsyncIterator[tuple[str, Path]]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    log = tmp_path / "mcp-auth.log"
+    env = os.environ | {"FAKE_MCP_LOG": str(log), "FAKE_MCP_CHALLENGE": 'Bearer error="invalid_token"'}
+    if token is not None:
+        env["FAKE_MCP_TOKEN"] = token
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(FAKE), "http", str(port), env=env)
+    try:
+        async with asyncio.timeout(20):
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    await asyncio.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp", log
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 10)
+
+
+@pytest.fixture
+async def http_server(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
+    """An HTTP MCP server that takes only the bearer token mcp-bearer-123456."""
+    async for running in _http_server(tmp_path, "mcp-bearer-123456"):
+        yield running
+
+
+@pytest.fixture
+async def open_http_server(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
+    """An HTTP MCP server that takes any request, and logs the Authorization header of each."""
+    async for running in _http_server(tmp_path, None):
+        yield running
+
+
+async def test_an_http_server_gets_its_bearer_token_per_call_and_the_audit_says_which(
+    mcp_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+    http_server: tuple[str, Path], tmp_path: Path,
+) -> None:
+    url, log = http_server
+    settings = mcp_settings(f'[[mcp_servers]]\nname = "remote"\nurl = "{url}"\ncredential = "remote.token"\n'
+                            'risk = "safe"\n')
+    from bot.app import build_application
+    app = build_application(settings)
+    await app.db.migrate()
+    await app.credentials.set_secret("remote.token", "mcp-bearer-123456", scope="agent", agent="default", by="U1")
+    await app.db.close()
+    gateway: GatewayClient = await start_gateway(settings)
+    fake_llm.then(Reply(tool_calls=[("remote__add", {"a": 20, "b": 22})]), Reply("42"))
+    await gateway.send_event(mention("add remotely"))
+    await fake_slack.wait_for("chat.postMessage")
+    assert tool_result(fake_llm) == "42"
+    assert "Bearer mcp-bearer-123456" in log.read_text()
+    assert "mcp-bearer-123456" not in json.dumps(fake_llm.requests)
+    audit = await gateway.app.approvals.audit_entries(__import__("datetime").datetime(2000, 1, 1,
+                                                      tzinfo=__import__("datetime").UTC))
+    call = next(e for e in audit if e.action == "mcp.call")
+    assert json.loads(call.detail or "{}")["credential"] == "remote.token" and call.subject == "tool:remote__add"
+
+
+async def test_an_http_server_refusing_the_token_is_reported_as_such(http_server: tuple[str, Path]) -> None:
+    url, _log = http_server
+    server = HttpServer(McpServerSpec(name="remote", url=url, timeout_s=10))
+    await server.start(10)
+    assert server.tools is None and server.problem is not None
+    assert server.problem.kind == "invalid_token" and "refused the token" in server.problem.message
+    with pytest.raises(ServerFailed):
+        await server.call("echo", {"text": "x"}, {"Authorization": "Bearer wrong"})
+
+
+@pytest.mark.parametrize(("status", "challenge", "kind", "words"), [
+    (401, 'Bearer realm="OAuth", resource_metadata="https://mcp.example.com/.well-known/oauth-protected-resource"',
+     "oauth", "locked: needs OAuth authorization (resource metadata at https://mcp.example.com/.well-known/"
+              "oauth-protected-resource); add a connection"),
+    (401, 'Bearer resource_metadata="https://m.example/x"', "oauth", "resource metadata at https://m.example/x"),
+    (401, 'Bearer error="invalid_token"', "invalid_token", "refused the token"),
+    (401, 'Basic realm="oauth"', "basic", "Basic authentication"),
+    (500, "", "server_error", "HTTP 500"),
+])
+async def test_the_oauth_challenge_classifier_against_a_real_endpoint(status: int, challenge: str, kind: str,
+                                                                      words: str) -> None:
+    async def answer(_request: web.Request) -> web.Response:
+        return web.Response(status=status, headers={"WWW-Authenticate": challenge} if challenge else {})
+
+    app = web.Application()
+    app.router.add_route("*", "/mcp", answer)
+    running = await RunningServer(app).start()
+    try:
+        server = HttpServer(McpServerSpec(name="locked", url=f"{running.url}/mcp", timeout_s=5))
+        await server.start(5)
+        assert server.tools is None and server.problem is not None
+        assert server.problem.kind == kind and words in server.problem.message, server.problem
+    finally:
+        await running.stop()
+
+
+async def test_a_refused_connection_is_reported_as_unreachable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = HttpServer(McpServerSpec(name="gone", url=f"http://127.0.0.1:{port}/mcp", timeout_s=5))
+    await server.start(5)
+    assert server.problem is not None and server.problem.kind == "unreachable"
+    assert diagnose(401, 'Bearer error="invalid_token"').needs_oauth is False
+
+
+async def test_doctor_names_each_server_and_the_fix(tmp_path: Path, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
+    async def locked(_request: web.Request) -> web.Response:
+        return web.Response(status=401, headers={"WWW-Authenticate": 'Bearer realm="OAuth", resource_metadata='
+                                                                     '"https://auth.example.com/.well-known/x"'})
+
+    app = web.Application()
+    app.router.add_route("*", "/mcp", locked)
+    running = await RunningServer(app).start()
+    try:
+        locked_entry = f'[[mcp_servers]]\nname = "notion"\nurl = "{running.url}/mcp"\n'
+        (tmp_path / "bot.toml").write_text(stdio_entry() + locked_entry, encoding="utf-8")
+        code, out = await run_cli(tmp_path, slack_env(fake_slack, fake_llm, 3000), "doctor")
+    finally:
+        await running.stop()
+    assert code == 1, out
+    assert "✓ mcp fake: stdio, 6 tool(s): echo, add, slow, fail, crash, env" in out
+    assert ("✗ mcp notion: locked: needs OAuth authorization (resource metadata at "
+            "https://auth.example.com/.well-known/x); add a connection") in out
+    assert "fix: add a [[connections]] entry" in out
+
+
+async def test_a_stdio_server_runs_in_the_shell_sandbox_unless_its_entry_says_not(
+    mcp_settings: Callable[..., Settings], start_gateway: Any, tmp_path: Path,
+) -> None:
+    if sandbox_mode() != "bwrap":
+        pytest.skip("bubblewrap does not work here")
+    toml = stdio_entry("boxed", sandbox=True) + stdio_entry("open", sandbox=False)
+    gateway: GatewayClient = await start_gateway(mcp_settings(toml))
+    assert gateway.app.mcp is not None
+    report = {name: ok for name, ok, _text in gateway.app.mcp.report()}
+    # Inside the sandbox only the system and its own folder exist: the bot's checkout (its virtualenv, keys,
+    # database and settings) is not there, so this server's interpreter is not found; it is retried.
+    assert report == {"boxed": False, "open": True}
+    log = (tmp_path / "home" / "mcp" / "boxed.stderr.log").read_text()
+    assert f"bwrap: execvp {sys.executable}: No such file or directory" in log, log
+
+
+async def test_an_http_server_behind_a_connection_pauses_for_consent_then_gets_the_token(
+    make_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+    oauth: FakeOAuth, open_http_server: tuple[str, Path], tmp_path: Path,
+) -> None:
+    url, log = open_http_server
+    config = tmp_path / "bot.toml"
+    config.write_text(connections_toml(oauth) + f'\n[[mcp_servers]]\nname = "gh"\nurl = "{url}"\n'
+                      'connection = "github"\n', encoding="utf-8")
+    gateway: GatewayClient = await start_gateway(make_settings(bot_config=config, http_allow_hosts="127.0.0.1"))
+    fake_llm.then(Reply(tool_calls=[("gh__echo", {"text": "as me"})]))
+    await gateway.send_event(mention("echo as me"))
+    await approve(gateway, fake_slack, 1)
+    asked = (await fake_slack.wait_for("chat.postMessage", 2))[1]
+    assert asked.params["text"] == "Connect github to continue"
+    fake_llm.then(Reply("done"))
+    status, page, _ = await consent(await personal_link(fake_slack))
+    assert status == 200, page
+    assert (await fake_slack.wait_for("chat.postMessage", 3))[2].params["text"] == "done"
+    await gateway.idle()
+    assert tool_result(fake_llm) == "as me"
+    token = oauth.valid_access_tokens()[0]
+    assert f"Bearer {token}" in log.read_text().splitlines()  # the call carried the connected account's token
+    assert token not in json.dumps(fake_llm.requests)
+    audit = await gateway.app.approvals.audit_entries(__import__("datetime").datetime(2000, 1, 1,
+                                                      tzinfo=__import__("datetime").UTC))
+    call = next(e for e in audit if e.action == "mcp.call")
+    assert json.loads(call.detail or "{}")["connection"] == "github"
