@@ -64,6 +64,8 @@ from core.store.budgets import BudgetStore
 from core.store.deliveries import DeliveryStore
 from core.store.schedules import ScheduleStore
 from core.store.stats import snapshot
+from core.subagents import SubAgents
+from core.trust import SenderTrust
 
 log = logging.getLogger(__name__)
 
@@ -211,8 +213,11 @@ def build_application(
     bus = EventBus()
     agents = AgentDirectory(load_agents(settings.bot_config, default_instructions=settings.bot_instructions))
     ports = Ports()  # what core calls on each channel, registered below with the channels
-    policy = ApprovalPolicy(settings.approvers, settings.admins, groups=ports)  # user groups: via the ports
-    approvals = ApprovalBroker(ApprovalStore(db), bus, clock, policy, agents,
+    approval_store = ApprovalStore(db)
+    # Senders' trust levels: labelled by each channel's port, decided in core (audited in the audit log).
+    trust = SenderTrust(ports, settings.admins, audit=approval_store.audit, now=clock.now)
+    policy = ApprovalPolicy(settings.approvers, settings.admins, groups=ports, trust=trust)
+    approvals = ApprovalBroker(approval_store, bus, clock, policy, agents,
                                timeout_s=settings.approval_timeout_s, poll_s=settings.approval_poll_s,
                                policies=PolicyBook(load_policies(settings.bot_config)))
     credentials = CredentialService(
@@ -253,7 +258,11 @@ def build_application(
         redactor=credentials.redactor,
         budget=ThreadBudget(settings.thread_token_budget, BudgetStore(db), approvals),
         resumable=connections.service.resumable if connections is not None else None,
+        trust=trust,
     )
+    if len(agents.names()) > 1:  # delegate: only where there is another agent to hand work to (core.subagents)
+        tools.register(SubAgents(runner, agents, clock, max_per_turn=settings.max_subagents_per_turn,
+                                 max_steps=settings.subagent_max_steps).tool())
     deliveries = Deliveries(DeliveryStore(db), ports, bus, clock, config=DeliveryConfig(
         max_age_s=settings.delivery_max_age_s, retry_base_s=settings.delivery_retry_base_s,
         claim_s=settings.lease_ttl_s, poll_s=settings.approval_poll_s))
@@ -275,10 +284,11 @@ def build_application(
         attachments=AttachmentReader(ports, image_max_bytes=settings.image_max_bytes),  # files shared with messages
     )
     schedule_store = ScheduleStore(db)
+    trust.fixed = schedule_store.firing_level  # a firing runs at its creator's level at creation
     schedule_jobs = ScheduleJobs(
         db, schedule_store, dispatcher, bus, clock,
         JobSettings(misfire_grace_s=int(settings.schedule_misfire_grace_min * 60), lease_ttl_s=settings.lease_ttl_s),
-        deliveries=deliveries, leases=leases,
+        deliveries=deliveries, leases=leases, trust=trust,
     )
     schedules = ScheduleService(schedule_store, store, approvals, bus, clock,
                                 interval_floor_s=settings.schedule_min_interval_s, jobs=schedule_jobs, ports=ports)

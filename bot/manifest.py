@@ -24,7 +24,7 @@ BOT_SCOPES = [
     "usergroups:read",  # BOT_APPROVERS may name user groups (S…): read their members
     "im:write",  # tell a schedule's creator by DM when it keeps failing
     "files:write",  # attach an approval request's arguments in full when they do not fit on the card
-    "users:read",  # names in the status line ("is waiting for approval from @alice…")
+    "users:read",  # names in the status line; senders' trust levels (guest, external, bot: core.trust)
     "files:read",  # files shared with a mention: images and text files go to the model
 ]
 BOT_EVENTS = [

@@ -59,11 +59,9 @@ def _policy(where: str, number: int, entry: Any) -> Policy:
     notify = tuple(strings(where, "notify", entry.get("notify", ["thread"])))
     if not notify or any(n not in NOTIFY_CHOICES for n in notify):
         raise SettingsError(f"{where}.notify must list {' and/or '.join(NOTIFY_CHOICES)}")
-    # Read and checked, but not acted on yet: refused, so no rule relies on a sender level that is never known.
-    if "trust" in entry:
-        raise SettingsError(f"{where}: trust not supported by this version yet (senders' trust levels are not "
-                            "known yet); remove it")
     trust = tuple(strings(where, "trust", entry.get("trust", [])))
+    if not trust and "trust" in entry:
+        raise SettingsError(f"{where}.trust is empty: list the sender levels it applies to, or remove it")
     if any(t not in TRUST_LEVELS for t in trust):
         raise SettingsError(f"{where}.trust must list levels among {', '.join(TRUST_LEVELS)}")
     remind_after_s = _seconds(where, "remind_after_s", entry.get("remind_after_s"))

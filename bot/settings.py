@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     # Agent
     bot_instructions: str | None = None
     max_steps: int = Field(default=25, ge=1, le=200)
+    # Sub-agents (delegate): how many run at once per parent turn (more wait for a slot), and each one's steps.
+    max_subagents_per_turn: int = Field(default=4, ge=1, le=64)
+    subagent_max_steps: int = Field(default=10, ge=1, le=200)
     tool_result_max_chars: int = Field(default=16_000, ge=200)
     bot_record_thread_context: bool = True
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from core.model import ApprovalInfo, ApprovalStatus
+from core.model import ApprovalInfo, ApprovalStatus, SessionInfo
+from core.trust import NOT_ALLOWED, SenderTrust, is_restricted
 
 REQUESTER = "requester"
 
@@ -19,10 +20,24 @@ class GroupResolver(Protocol):
 class ApprovalPolicy:
     """Who may decide: admins always; approvers by user id, by user group, or as the requester."""
 
-    def __init__(self, approvers: tuple[str, ...], admins: tuple[str, ...], groups: GroupResolver | None = None):
+    def __init__(self, approvers: tuple[str, ...], admins: tuple[str, ...], groups: GroupResolver | None = None,
+                 trust: SenderTrust | None = None):
         self.approvers = approvers
         self.admins = admins
         self.groups = groups
+        self.trust = trust  # senders' trust levels (None: everyone counts as a member)
+
+    async def untrusted(self, user: str, session: SessionInfo, action: str, subject: str) -> str | None:
+        """Why ``user`` may not ``action`` (approve, provide) in ``session`` because of their trust level, audited;
+        None when their level allows it. Guests, people from other organisations and bots decide nothing."""
+        if self.trust is None:
+            return None
+        level = await self.trust.level(session.channel, user, session.place)
+        if not is_restricted(level):
+            return None
+        await self.trust.refused(user, level, action, subject, session=session.id)
+        return (f"You can't {action} this: {NOT_ALLOWED} ({level}). Guests, people from other organisations "
+                "and bots can't approve requests or provide credentials here.")
 
     async def may_decide(self, user: str, requester: str | None, agent_approvers: tuple[str, ...] = ()) -> bool:
         """Whether ``user`` may decide for something ``requester`` asked for (approvals and credentials)."""

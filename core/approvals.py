@@ -24,7 +24,8 @@ from core.parking import Waiters
 from core.policies import Policy, PolicyAction, PolicyBook, Ruling
 from core.store import ApprovalStore
 from core.store.tables import ApprovalRow, GrantRow
-from core.tools import DESTINATION_TOOL, GateDecision, Tool, ToolContext, canonical_call
+from core.tools import DESTINATION_TOOL, SUBAGENT_CANNOT_ASK, GateDecision, Risk, Tool, ToolContext, canonical_call
+from core.trust import NOT_ALLOWED, is_restricted
 from core.views import AuditEntry, GrantView
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class ApprovalBroker:
 
     async def authorize(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> GateDecision:
         ruling = self.policies.rule(tool.name, args, risk=tool.risk, trust=ctx.trust)
+        if _untrusted(ctx, tool, ruling):
+            return await self._refuse_untrusted(ctx, tool)
         refused = await self._ruled(ruling, ctx, tool)
         if refused is not None:
             return refused
@@ -64,6 +67,9 @@ class ApprovalBroker:
                 return GateDecision(True)
             if await self.granted(agent=ctx.agent, tool=tool.name, place=ctx.place, args=args):
                 return GateDecision(True)
+        if ctx.subagent:  # what would ask a person fails at once: nothing is parked, nothing is posted
+            return GateDecision(False, f"error: `{tool.name}` needs a person's approval and {SUBAGENT_CANNOT_ASK}, "
+                                       "so it did not run")
         if not ctx.interactive:
             return GateDecision(False, f"error: `{tool.name}` needs a person's approval and nobody can be asked "
                                        "here, so it did not run; continue without it")
@@ -123,6 +129,18 @@ class ApprovalBroker:
         """The request already made for this call, if any (a restart must not ask twice)."""
         return await self.store.for_call(session_id, call_id)
 
+    async def _refuse_untrusted(self, ctx: ToolContext, tool: Tool) -> GateDecision:
+        """A guest's, an outsider's or a bot's words cannot make a gated call run: refused without asking anyone
+        (asking would put their request in front of approvers as if an insider had made it)."""
+        level = ctx.trust or "unknown"
+        log.info("tool %s refused: the turn runs at %s trust (session %s)", tool.name, level, ctx.session_id)
+        await self.store.audit(self.clock.now(), ctx.sender or "agent", "trust.refused", f"tool:{tool.name}",
+                               {"level": level, "action": "run", "session": ctx.session_id, "place": ctx.place,
+                                "turn": ctx.turn_id})
+        return GateDecision(False, f"error: `{tool.name}` is {NOT_ALLOWED} ({level}): this conversation includes "
+                                   f"a {level} sender, whose requests cannot make tools that need approval run, so "
+                                   "it did not run and nobody was asked; do not retry it; continue without it")
+
     async def _ruled(self, ruling: Ruling, ctx: ToolContext, tool: Tool) -> GateDecision | None:
         """A rule's allow or deny is audited (who asked, which rule, where); a deny is the refusal returned."""
         if ruling.policy is None or ruling.action is PolicyAction.ASK:
@@ -142,6 +160,10 @@ class ApprovalBroker:
         if request is None or not _same_call(request, ctx, tool, args):
             return None  # another turn's request (one failed after restarts), or a reused call id: never acted on
         ruling = self.policies.rule(tool.name, args, risk=tool.risk, trust=ctx.trust)
+        if _untrusted(ctx, tool, ruling) and not request.started:  # a less-trusted sender joined before the crash
+            if not request.settled:
+                await self._settle(request.id, ApprovalStatus.CANCELLED, by=None, reason=NOT_ALLOWED)
+            return await self._refuse_untrusted(ctx, tool)
         if ruling.action is PolicyAction.DENY and not request.started:  # a rule added since: it wins
             if not request.settled:
                 await self._settle(request.id, ApprovalStatus.CANCELLED, by=None, reason="refused by a policy rule")
@@ -198,6 +220,9 @@ class ApprovalBroker:
         request = await self.store.get(request_id)
         if request is None:
             return DecideResult(False, None)
+        if not operator and (why := await self.policy.untrusted(by, request.session, "approve",
+                                                                 f"approval:{request.id}")) is not None:
+            return DecideResult(False, request, refused=why)
         if not operator and not await self.may_decide(by, request):
             log.info("approval %s: %s may not decide", request_id, by)
             return DecideResult(False, request, refused="You can't approve this: you are not one of its approvers.")
@@ -277,7 +302,11 @@ class ApprovalBroker:
 
     async def may_decide(self, user: str, request: ApprovalInfo) -> bool:
         approvers = request.approvers or self.agents.get(request.agent).approvers
-        return await self.policy.may_decide(user, request.requester, approvers)
+        if not await self.policy.may_decide(user, request.requester, approvers):
+            return False
+        trust = self.policy.trust
+        return trust is None or not is_restricted(await trust.level(request.session.channel, user,
+                                                                    request.session.place))
 
     async def _settle(self, request_id: int, status: str, *, by: str | None, reason: str | None,
                       grant: str | None = None) -> tuple[bool, ApprovalInfo]:
@@ -355,3 +384,14 @@ def _span(wait: timedelta) -> str:
         return f"{seconds:.3g} second{'' if seconds == 1 else 's'}"
     minutes = round(seconds / 60)
     return f"{minutes} minute{'' if minutes == 1 else 's'}"
+
+
+def _untrusted(ctx: ToolContext, tool: Tool, ruling: Ruling) -> bool:
+    """Whether the turn's trust level keeps this call from running: it would need a person (a gated tool, or
+    a rule that asks) or runs only because a rule allows it, and no rule names the sender's level (a rule
+    that names it widens or narrows what that level may do). A deny is a deny at every level."""
+    if not is_restricted(ctx.trust) or ruling.action is PolicyAction.DENY:
+        return False
+    if ruling.policy is not None and ctx.trust in ruling.policy.trust:
+        return False
+    return tool.risk is Risk.GATED or ruling.action is PolicyAction.ASK

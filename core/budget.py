@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from core.errors import CoreError
-from core.model import BUDGET_RISK, ApprovalStatus
+from core.model import BUDGET_RISK, ApprovalStatus, thread_of
 from core.store.budgets import BudgetStore
-from core.tools import ToolContext
+from core.tools import SUBAGENT_CANNOT_ASK, ToolContext
 
 if TYPE_CHECKING:
     from core.approvals import ApprovalBroker
@@ -39,7 +39,7 @@ class ThreadBudget:
 
     async def spend(self, session_id: str, tokens: int) -> None:
         if self.tokens is not None:
-            await self.store.spend(session_id, tokens)
+            await self.store.spend(thread_of(session_id), tokens)  # a sub-agent spends its parent thread's
 
     async def status(self, session_id: str) -> str | None:
         """"12,345 of 100,000 tokens used" for ``/bot status`` in a thread; None without a budget."""
@@ -52,9 +52,12 @@ class ThreadBudget:
         """Park the turn while the thread is at or past its allowance; return once it may go on."""
         if self.tokens is None:
             return
-        used, allowance = await self.store.usage(ctx.session_id)
+        used, allowance = await self.store.usage(thread_of(ctx.session_id))
         allowance = allowance or self.tokens
         while used >= allowance:
+            if ctx.subagent:  # its parent parks on Continue at its own next call, if it must
+                raise BudgetExhausted(f"This thread used its token budget ({used:,} of {allowance:,} tokens); "
+                                      f"{SUBAGENT_CANNOT_ASK}.")
             if self.broker is None or not ctx.interactive:
                 raise BudgetExhausted(f"This thread used its token budget ({used:,} of {allowance:,} tokens), and "
                                       "nobody can be asked to continue here, so I stopped.")

@@ -18,10 +18,13 @@ from core.errors import InvalidInput
 from core.model import RESERVED_SESSION_PREFIXES, SessionInfo, SessionStatus
 from core.replies import PLAIN, Marks, asked_by, listed_call, typed
 from core.schedules import ScheduleService
+from core.store.subagents import INTERRUPTED as SUBAGENT_INTERRUPTED
+from core.store.subagents import SubAgentStore
 from core.text import parse_id
 from core.triggers import parse_when
 
 _TRIGGER = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_RUN_STATES = {"running": "running", "finished": "finished", "failed": "failed", "cancelled": "stopped"}
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,18 @@ class Commands:
             "taking messages" if status.accepting else "not taking messages")
         budget = self.dispatcher.runner.budget
         used = await budget.status(session) if budget is not None and session is not None else None
+        helpers = await self._subagents(session) if session is not None else ""
         return (f"I'm up and {state}; {status.running} conversation(s) working now. "
-                f"Default queue mode: {status.queue_mode}." + (f" This thread: {used}." if used else ""))
+                f"Default queue mode: {status.queue_mode}." + (f" This thread: {used}." if used else "") + helpers)
+
+    async def _subagents(self, session: str) -> str:
+        """Which sub-agents ran in this conversation (core.subagents), the latest ten."""
+        runs = await SubAgentStore(self.dispatcher.conversations.db).runs(session)
+        if not runs:
+            return ""
+        shown = "; ".join(f"{r.agent} ({r.session_id}) {_RUN_STATES.get(r.status, r.status)}"
+                          + (" (interrupted)" if r.error == SUBAGENT_INTERRUPTED else "") for r in runs[-10:])
+        return f" Sub-agents: {shown}" + (f" (and {len(runs) - 10} earlier)" if len(runs) > 10 else "") + "."
 
     async def _stop(self, command: Command, marks: Marks) -> str:
         # Exact: the thread it was typed in, else the place's one busy thread (never a guess among several).

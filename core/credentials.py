@@ -30,7 +30,8 @@ from core.redaction import Redactor
 from core.store import CredentialStore
 from core.store.tables import CredentialRequestRow, SecretRow
 from core.stored_secrets import NAME, CredentialUse, env_name, hosts_of, open_secret, preferred
-from core.tools import Risk, Tool, ToolContext, ToolError
+from core.tools import SUBAGENT_CANNOT_ASK, Risk, Tool, ToolContext, ToolError
+from core.trust import NOT_ALLOWED, is_restricted
 from core.vault import ROW_AAD, KeyRing, VaultError, row_context
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,15 @@ class CredentialService:
         # would shadow it for this agent (its own value is preferred). Nobody is asked.
         if await self.store.stored(name, "shared", "") is not None:
             raise ToolError(_not_granted(name, ctx.agent))
+        if ctx.subagent:
+            raise ToolError(f"{name} is not stored, and {SUBAGENT_CANNOT_ASK} (they can ask for it)")
+        if is_restricted(ctx.trust):  # people are not asked for secrets on a guest's, outsider's or bot's word
+            assert ctx.trust is not None
+            if self.policy.trust is not None:
+                await self.policy.trust.refused(ctx.sender or "agent", ctx.trust, "request", f"credential:{name}",
+                                                session=ctx.session_id)
+            raise ToolError(f"asking people for {name} is {NOT_ALLOWED} ({ctx.trust}); nobody was asked; continue "
+                            "without it")
         if not ctx.interactive:
             raise ToolError(f"{name} is not stored and nobody can be asked for it here")
         now = self.clock.now()
@@ -193,6 +203,9 @@ class CredentialService:
         """Why ``by`` cannot provide a value for ``request`` now, in the order a person is told (None: they may)."""
         if request is None:
             return "That credential request does not exist."
+        if not operator and (why := await self.policy.untrusted(by, request.session, "provide",
+                                                                 f"credential_request:{request.id}")) is not None:
+            return why
         if not operator and not await self.may_provide(by, request):
             return "You can't provide this credential: you are not one of its approvers."
         if request.settled:

@@ -17,6 +17,13 @@ _HIDDEN_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
 # Characters of a reason shown on a card: marks make it grow, and escaped for Slack (&lt;) it must
 # still fit a block (3000).
 REASON_SHOWN_MAX = 600
+# What a thread's status line says while a tool runs, where its name says little (the default: "running <tool>…").
+_ACTIVITIES = {"delegate": "asking helper…"}  # core.agents.DELEGATE_TOOL: a sub-agent works on a task
+
+
+def activity(tool: str) -> str:
+    """What the agent is doing while ``tool`` runs, for a status line ("asking helper…")."""
+    return _ACTIVITIES.get(tool, f"running {tool}…")
 
 
 def visible(text: str) -> str:

@@ -8,9 +8,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-# Session ids in these namespaces are minted by core only (e.g. scheduled firings).
-RESERVED_SESSION_PREFIXES = ("schedule:",)
+# Session ids in these namespaces are minted by core only (scheduled firings, sub-agents).
+SUBAGENT_PREFIX = "sub:"  # a sub-agent's session: sub:<parent session>:<n> (core.subagents)
+RESERVED_SESSION_PREFIXES = ("schedule:", SUBAGENT_PREFIX)
 VIEW_KEY = "view:"  # the idempotency keys of view contexts (Inbound.view_context): a newer one replaces them
+
+
+def thread_of(session_id: str) -> str:
+    """The conversation a session belongs to: a sub-agent's is its parent's (its tokens count there)."""
+    if session_id.startswith(SUBAGENT_PREFIX):
+        return session_id[len(SUBAGENT_PREFIX):].rsplit(":", 1)[0]
+    return session_id
 
 
 class SessionStatus(enum.StrEnum):
@@ -157,6 +165,9 @@ class TurnInfo:
     inputs: tuple[MessageRef, ...]  # every input the turn took, steered ones included
     sender: str | None  # who asked first
     input_ids: tuple[int, ...] = ()
+    # Everyone whose words the turn took in (messages and context, not controls): it runs at the least
+    # trusted level among them (core.trust).
+    senders: tuple[str, ...] = ()
 
 
 class ApprovalStatus(enum.StrEnum):

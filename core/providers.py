@@ -30,6 +30,7 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     images: tuple[str, ...] = ()  # image URLs or data: URIs (user messages)
+    senders: tuple[str, ...] = ()  # who wrote a user message taken in mid-turn (trust; never sent to a model)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,6 +29,7 @@ from core.store import ConversationStore
 from core.store.summaries import SummaryStore
 from core.text import clean_text
 from core.tools import Risk, Tool, ToolContext, ToolError, ToolGate, ToolRegistry, run_tool
+from core.trust import SenderTrust, Trust, least_trusted
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class AgentRunner:
         redactor: Redactor | None = None,
         budget: ThreadBudget | None = None,
         resumable: Callable[[ToolContext], Awaitable[bool]] | None = None,
+        trust: SenderTrust | None = None,
     ) -> None:
         self.store = store
         self.provider = provider
@@ -75,6 +77,7 @@ class AgentRunner:
         # Whether a call a crash left without result was parked for consent and never went on (it runs again:
         # waits on, or goes on once; core.connections).
         self.resumable = resumable
+        self.trust = trust  # senders' levels: a turn runs at the least trusted of everyone whose words it took
         self.window = ContextWindow(limits.context_tokens, SummaryStore(store.db) if store is not None else None,
                                     self._summarise, mask=self.redact)
 
@@ -90,6 +93,8 @@ class AgentRunner:
         on_text: Emit | None = None,
         on_tool: Callable[[str], None] | None = None,
         secrets: object = None,
+        parent: ToolContext | None = None,
+        max_steps: int | None = None,
     ) -> str:
         """Answer the turn; every message is saved as soon as it exists (the final answer too, unless
         ``save_answer`` is False). Returns the final text.
@@ -101,13 +106,17 @@ class AgentRunner:
         that arrived meanwhile (already saved to the transcript); ``images`` go with the turn's input.
         ``on_text`` gets the answer's text as the model writes it, masked (if the provider streams);
         ``on_tool`` the name of each tool as it starts to run.
+
+        ``parent``: this is a sub-agent's turn (core.subagents) for that call: it acts for the parent's
+        sender at the parent's trust, and asks nobody. ``max_steps`` replaces the limit's (SUBAGENT_MAX_STEPS).
         """
         # Another process may have stored a secret since the last turn: the masks are brought up to date
         # while the model is first asked, and before anything is redacted.
         # ``secrets``: their fingerprint, read where the turn was taken (then this costs no query).
         checking = asyncio.ensure_future(self.redactor.check(secrets)) if self.redactor is not None else None
         try:
-            return await self._run(turn, agent, images, steer, transcript, checking, save_answer, on_text, on_tool)
+            return await self._run(turn, agent, images, steer, transcript, checking, save_answer, on_text, on_tool,
+                                   parent=parent, max_steps=max_steps or self.limits.max_steps)
         except BaseException:
             # Never cut short: what the turn's failure says is redacted next, with masks that must be current.
             if checking is not None:
@@ -118,13 +127,17 @@ class AgentRunner:
 
     async def _run(self, turn: TurnInfo, agent: Agent, images: tuple[str, ...], steer: Steer | None,
                    transcript: Sequence[Any] | None, checking: asyncio.Future[None] | None,
-                   save_answer: bool, on_text: Emit | None, on_tool: Callable[[str], None] | None) -> str:
+                   save_answer: bool, on_text: Emit | None, on_tool: Callable[[str], None] | None, *,
+                   parent: ToolContext | None, max_steps: int) -> str:
         session_id = turn.session.id
         allowed = self.tools.allowed(agent.tools)
         specs = [t.spec() for t in allowed]
         allowed_names = {t.name for t in allowed}
         ctx = ToolContext(session_id=session_id, turn_id=turn.id, agent=agent.name, sender=turn.sender,
-                          place=turn.session.place, preapproved=turn.session.preapproved)
+                          place=turn.session.place, preapproved=turn.session.preapproved,
+                          trust=await self._trust_of(turn) if parent is None else parent.trust)
+        if parent is not None:  # a sub-agent: the parent's sender, place and trust; nobody to ask
+            ctx = replace(ctx, sender=parent.sender, place=parent.place, interactive=False, subagent=True)
         # Read where the turn was taken, in the same transaction, unless the caller did not.
         rows = transcript if transcript is not None else await self.store.transcript(session_id,
                                                                                      self.limits.history_messages)
@@ -136,7 +149,7 @@ class AgentRunner:
         keep_from, tight = _turn_start(rows, turn.id, history), False
         # Nothing of the live text leaves before the masks are current (the check started above).
         live = None if on_text is None else AnswerStream(on_text, self.redactor, checking)
-        for _step in range(self.limits.max_steps):
+        for _step in range(max_steps):
             if self.budget is not None:  # used up: parked until Continue (or ended by Stop), before any call
                 await self.budget.before_call(ctx)
             room = self.window.room(agent.instructions, specs, tight=tight)
@@ -188,20 +201,45 @@ class AgentRunner:
             history.append(ChatMessage("assistant", content, tuple(recorded)))
             if not reply.tool_calls:
                 return content
-            for call in reply.tool_calls:
-                result = (SECRET_IN_ARGUMENTS.format(tool=call.name) if call.id in holds_secret
-                          else await self._call_tool(call, allowed_names, ctx, on_tool))
-                await self.store.add_message(
-                    session_id, role="tool", content=result, turn_id=turn.id,
-                    now=self.clock.now(), tool_call_id=call.id,
-                )
-                history.append(ChatMessage("tool", result, tool_call_id=call.id))
+            # Calls that may run together (sub-agents) start at once; the others run in order. Results are
+            # stored in call order; a stop cancels whatever still runs (a sub-agent, or one waiting for a slot).
+            together = {call.id: asyncio.ensure_future(self._call_tool(call, allowed_names, ctx, on_tool))
+                        for call in reply.tool_calls if call.id not in holds_secret and self._concurrent(call.name)}
+            try:
+                for call in reply.tool_calls:
+                    result = (SECRET_IN_ARGUMENTS.format(tool=call.name) if call.id in holds_secret
+                              else await together[call.id] if call.id in together
+                              else await self._call_tool(call, allowed_names, ctx, on_tool))
+                    await self.store.add_message(
+                        session_id, role="tool", content=result, turn_id=turn.id,
+                        now=self.clock.now(), tool_call_id=call.id,
+                    )
+                    history.append(ChatMessage("tool", result, tool_call_id=call.id))
+            finally:
+                await _cancel_all(together.values())
             if steer is not None:
-                history.extend(await steer())
+                steered = await steer()
+                history.extend(steered)
+                joined = tuple(sender for message in steered for sender in message.senders)
+                if joined and self.trust is not None:  # their words are the model's from this step on
+                    joining = await self.trust.of_senders(turn.session.channel, joined, turn.session.place)
+                    ctx = replace(ctx, trust=least_trusted([Trust(ctx.trust or Trust.MEMBER), joining]))
         raise StepLimitReached(
-            f"I used all {self.limits.max_steps} steps without finishing. "
+            f"I used all {max_steps} steps without finishing. "
             "Ask me to continue, or raise MAX_STEPS."
         )
+
+    def _concurrent(self, name: str) -> bool:
+        tool = self.tools.get(name)
+        return tool is not None and tool.concurrent
+
+    async def _trust_of(self, turn: TurnInfo) -> Trust | None:
+        """The least-trusted level among everyone whose words the model reads: this turn's senders and every
+        earlier one in the conversation (a guest's request stays in the history when a member says "go")."""
+        if self.trust is None:
+            return None
+        earlier = await self.store.conversation_senders(turn.session.id)
+        return await self.trust.of_turn(turn.session, (*(turn.senders or (turn.sender,)), *earlier))
 
     async def _call_tool(self, call: ToolCall, allowed: set[str], ctx: ToolContext,
                          on_tool: Callable[[str], None] | None = None) -> str:
@@ -302,6 +340,19 @@ class AgentRunner:
             return await self.redact(decision.result)
         await self.gate.started(decision)
         return await self._execute(tool, ctx, args)
+
+
+async def _cancel_all(tasks: Iterable[asyncio.Future[str]]) -> None:
+    """Cancel what still runs and wait until it has ended (a sub-agent records how it ended)."""
+    tasks = list(tasks)
+    pending = [task for task in tasks if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending)
+    for task in tasks:  # retrieved, so none is logged as "never retrieved"; the turn's own error goes on
+        if not task.cancelled():
+            task.exception()
 
 
 def _turn_start(rows: Sequence[Any], turn_id: int, history: list[ChatMessage]) -> int:

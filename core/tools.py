@@ -25,6 +25,10 @@ class ToolError(CoreError):
     """A tool call that could not run as asked; the message goes back to the model as the result."""
 
 
+# What a sub-agent is told wherever a person would be asked (approvals, credentials, connections, budgets).
+SUBAGENT_CANNOT_ASK = "sub-agents cannot ask people; return to the parent"
+
+
 @dataclass(frozen=True)
 class ToolContext:
     """What a tool may know about the call it serves."""
@@ -38,6 +42,7 @@ class ToolContext:
     interactive: bool = True  # False where nobody can be asked
     preapproved: tuple[tuple[str, str], ...] = ()  # (tool, subject) that need no approval here
     trust: str | None = None  # the sender's trust level (admin, member, guest, external, bot), when known
+    subagent: bool = False  # a sub-agent's call (core.subagents): it never asks anyone, it returns to its parent
 
 
 ToolFunction = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
@@ -57,6 +62,10 @@ class Tool:
     # For a call a crash left without a result: finish it if that is safe (e.g. keep waiting for a
     # parked request); None (or returning None) records it as interrupted.
     recover: Callable[[ToolContext, dict[str, Any]], Awaitable[str | None]] | None = None
+    # Offered only to agents that name it exactly: a glob such as "*" does not hand it out (delegate).
+    explicit: bool = False
+    # Calls of one model step may run together (each its own result, stored in call order): delegate.
+    concurrent: bool = False
 
     def spec(self) -> dict[str, Any]:
         """The OpenAI-style function description the model sees."""
@@ -110,7 +119,8 @@ class ToolRegistry:
     def allowed(self, patterns: Iterable[str]) -> list[Tool]:
         """Tools whose names match an allowlist entry (exact names or globs such as ``schedule_*``)."""
         pats = list(patterns)
-        return [t for name, t in sorted(self._tools.items()) if any(fnmatch.fnmatchcase(name, p) for p in pats)]
+        return [t for name, t in sorted(self._tools.items())
+                if any(name == p if t.explicit else fnmatch.fnmatchcase(name, p) for p in pats)]
 
 
 def canonical_call(args: dict[str, Any]) -> str:

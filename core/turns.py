@@ -346,7 +346,7 @@ class TurnDrivers:
         if taken.attachments:
             read, files_text = await self._read_files(turn.session, turn.id, taken.attachments)
             images, text = images + read, "\n\n".join(t for t in (text, files_text) if t)
-        return [ChatMessage("user", text, images=images)]
+        return [ChatMessage("user", text, images=images, senders=taken.senders)]
 
     # -- how a turn ended -----------------------------------------------------------------------
 

@@ -18,8 +18,9 @@ import pytest
 
 from bot.settings import Settings
 from core.connections.service import ConnectionService
-from core.tools import ToolContext
+from core.tools import ToolContext, ToolError
 from tests.conftest import GatewayClient, connections_toml
+from tests.fakes.core import until
 from tests.fakes.llm import FakeLLM, Gate, Reply
 from tests.fakes.oauth import FakeOAuth
 from tests.fakes.slack_api import FakeSlack
@@ -504,3 +505,27 @@ async def test_a_token_echoed_by_a_resource_is_masked_before_the_model_sees_it(
     history = json.dumps([e.content for e in await gateway.app.gateway.history(
         (await gateway.app.gateway.sessions("slack"))[-1].id)])
     assert all(t not in history for t in oauth.all_tokens())
+
+
+async def test_a_sub_agent_uses_a_personal_account_only_where_its_parent_could(
+    connected_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+    oauth: FakeOAuth,
+) -> None:
+    # A sub-agent's session has no messages of its own: the people in its parent's conversation count.
+    gateway: GatewayClient = await start_gateway(connected_settings())
+    await connect_first(gateway, fake_slack, fake_llm, oauth)
+    service = gateway.app.connections
+    assert service is not None
+    fake_llm.then(Reply("hello"))
+    root = mention("hi")
+    await gateway.send_event(root)
+    await fake_slack.wait_for("chat.postMessage", 4)
+    await gateway.idle()
+    thread = f"slack:T1:C1:{root['ts']}"
+    ctx = ToolContext(session_id=f"sub:{thread}:1", turn_id=1, agent="default", sender="U1", place="slack:T1:C1",
+                      interactive=False, subagent=True)
+    assert (await service.use(ctx, "github")).headers  # U1 alone: their account
+    await gateway.send_event(message("push to main", user="U2", thread_ts=root["ts"]))
+    await until(lambda: service.store.conversation_senders(thread), what="U2's message is recorded")
+    with pytest.raises(ToolError, match="also has messages from U2"):
+        await service.use(ctx, "github")

@@ -97,9 +97,11 @@ async def test_the_ack_does_not_wait_for_the_model(
     assert resp.status == 200
     await asyncio.wait_for(gate.reached.wait(), 5)
     assert fake_slack.posts() == []  # acknowledged while the model is still thinking
-    # Only the progress sign: the status line (this fake workspace refuses it), then the reaction.
-    assert [c.method for c in fake_slack.calls if c.method != "auth.test"] == ["assistant.threads.setStatus",
-                                                                               "reactions.add"]
+    # Only the progress sign: the status line (this fake workspace refuses it), then the reaction; and the
+    # sender's trust label, looked up as the turn started (after the ack).
+    assert [c.method for c in fake_slack.calls if c.method not in ("auth.test", "users.info")] == [
+        "assistant.threads.setStatus", "reactions.add"]
+    assert [c.params["user"] for c in fake_slack.of("users.info")] == ["U1"]
     gate.opened.set()
     posts = await fake_slack.wait_for("chat.postMessage")
     assert posts[0].params["text"] == "slow answer"

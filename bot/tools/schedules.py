@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.errors import InvalidInput
+from core.errors import InvalidInput, NotAllowed
 from core.schedules import ScheduleService
 from core.store import ConversationStore
-from core.tools import Risk, Tool, ToolContext, ToolError
+from core.tools import SUBAGENT_CANNOT_ASK, Risk, Tool, ToolContext, ToolError
 from core.triggers import TriggerSpec
 
 
@@ -15,6 +15,8 @@ def schedule_tools(service: ScheduleService, conversations: ConversationStore, *
     """``channel``: the channel whose destinations (``#name`` or an id) the model's schedules post to."""
 
     async def create(ctx: ToolContext, args: dict[str, Any]) -> str:
+        if ctx.subagent:  # its destination is asked of a person, in the conversation: a sub-agent has none
+            raise ToolError(f"a schedule's destination needs a person's approval, and {SUBAGENT_CANNOT_ASK}")
         origin = await conversations.get_session(ctx.session_id)
         if origin is None:
             raise ToolError("this conversation is not stored")
@@ -23,8 +25,9 @@ def schedule_tools(service: ScheduleService, conversations: ConversationStore, *
         try:
             schedule = await service.create(prompt=str(args["prompt"]), trigger=trigger,
                                             destination=str(args["destination"]), agent=ctx.agent,
-                                            creator=ctx.sender or "unknown", origin=origin, channel=channel)
-        except InvalidInput as exc:
+                                            creator=ctx.sender or "unknown", origin=origin, channel=channel,
+                                            trust=ctx.trust)
+        except (InvalidInput, NotAllowed) as exc:
             raise ToolError(str(exc)) from None
         return (f"schedule {schedule.id} created ({schedule.describe()}, posting to {schedule.destination}); "
                 "it becomes active once someone approves that destination (asked in this conversation)")
@@ -32,9 +35,9 @@ def schedule_tools(service: ScheduleService, conversations: ConversationStore, *
     async def list_(ctx: ToolContext, _args: dict[str, Any]) -> str:
         # What the person asking may see: this conversation's place (asked for here or posting here),
         # or everything for an admin. The model never widens that.
-        rows = await service.list(place=ctx.place, viewer=ctx.sender or "")
+        rows = await service.list(place=ctx.place, viewer=ctx.sender or "", trust=ctx.trust)
         if not rows:
-            return "no schedules" if ctx.sender and service.policy.is_admin(ctx.sender) else "no schedules here"
+            return "no schedules here"
         return "\n".join(
             f"{r.id}: {r.describe()} → {r.destination} [{r.status}] "
             f"by {r.creator}; firings {r.firings}; last: {r.last_outcome or 'none yet'}; prompt: {r.prompt[:80]}"
@@ -43,7 +46,7 @@ def schedule_tools(service: ScheduleService, conversations: ConversationStore, *
     async def cancel(ctx: ToolContext, args: dict[str, Any]) -> str:
         try:
             return await service.change(int(args["schedule_id"]), "cancel", by=ctx.sender or "",
-                                        place=ctx.place or "")
+                                        place=ctx.place or "", trust=ctx.trust)
         except InvalidInput as exc:
             raise ToolError(str(exc)) from None
 

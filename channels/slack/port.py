@@ -16,11 +16,14 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.slack.api import error_code, transient
 from channels.slack.blocks import answer_blocks
 from channels.slack.formatting import split_message, to_mrkdwn
+from channels.slack.people import SlackPeople
 from channels.slack.streams import LiveStream, SlackStreams
 from core.errors import InvalidInput
 from core.model import SessionInfo
 from core.ports import DeliveryFailed, DeliveryId, FetchFailed, FileTooBig, Receipt
 from core.tools import ToolError
+
+_TEAM = re.compile(r"[TE][A-Z0-9]{1,31}")  # a workspace (or Enterprise Grid org) id
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +49,26 @@ class SlackPort:
         self.streams = streams  # answers shown while they are written (channels.slack.streams)
         self._unfinished: dict[int, LiveStream] = {}  # turn id → its stream, not yet ended: the retry's
         self._groups: dict[str, tuple[float, set[str]]] = {}
+        self.people = SlackPeople(client)  # users.info, cached: names and trust labels
         self._channel_ids: dict[str, str] = {}
         self._identity: tuple[str, str] | None = None  # (bot_id, bot user id) from auth.test
+        self._team: str | None = None  # the installation's team, from the same auth.test
         # What find_delivered just saw of an incomplete delivery, so the resumed deliver needs no second look.
         self._seen: dict[DeliveryId, dict[int, str]] = {}
+
+    async def sender_trust(self, sender: str, place: str | None) -> str | None:
+        """A label from Slack's facts about ``sender``, relative to the installation's team: the workspace of
+        ``place`` (``slack:<team>:<channel>``), else the one auth.test names (a schedule's destination place
+        carries none). Looked up when a turn or a decision needs it, never on the ack path. None when the team
+        cannot be known (an unknown label: core counts it as a guest)."""
+        parts = (place or "").split(":")
+        team = parts[1] if len(parts) >= 3 and parts[0] == "slack" and _TEAM.fullmatch(parts[1]) else None
+        if team is None:
+            await self.identity()  # a failure here is an unknown label (core: a guest), never more trust
+            team = self._team
+        if team is None:
+            return None
+        return await self.people.trust(sender, team)
 
     # -- answers --------------------------------------------------------------------------------
 
@@ -178,6 +197,8 @@ class SlackPort:
             bot_id, user = response.get("bot_id"), response.get("user_id")
             if not bot_id or not user:
                 raise DeliveryFailed("auth.test did not name the bot", retryable=True)
+            team = response.get("team_id")
+            self._team = str(team) if team else None
             self._identity = (str(bot_id), str(user))
         return self._identity
 

@@ -25,10 +25,10 @@ from channels.slack.blocks import stop_block
 from channels.slack.connections import SlackConnections
 from channels.slack.credentials import SlackCredentials
 from channels.slack.formatting import escape
-from channels.slack.people import SlackPeople
 from channels.slack.port import SlackPort
 from channels.slack.status import THINKING, ThreadStatus
 from channels.slack.streams import SlackStreams
+from core.display import activity
 from core.events import (
     AnswerDelta,
     ApprovalReminded,
@@ -92,7 +92,7 @@ class SlackRenderer:
         self.stop_offer_s = stop_offer_s
         self._later = Later()
         self.status = ThreadStatus(client)
-        self.people = SlackPeople(client)
+        self.people = port.people  # one cache of users.info with the port (names here, trust labels there)
         # Which messages show the "queued" sign, and each running turn's progress sign (rendering
         # details, so memory is enough: after a restart a leftover sign is only cosmetic).
         self._queued_signs: set[MessageRef] = set()
@@ -128,7 +128,7 @@ class SlackRenderer:
         elif isinstance(event, Notice):
             await self.port.post_notice(event.session, event.text)
         elif isinstance(event, ToolStarted):
-            await self._status(event.turn.id, f"is running {event.tool}…")
+            await self._status(event.turn.id, f"is {activity(event.tool)}")
         elif isinstance(event, ApprovalRequested):
             await self.approvals.announce(event.request, event.deciders)
             if self._shows_status(event.request.turn_id):

@@ -30,6 +30,10 @@ class WebPort:
     async def group_members(self, group_id: str) -> set[str]:
         return set()
 
+    async def sender_trust(self, sender: str, place: str | None) -> str | None:
+        # Whoever reaches the web chat is on this machine or holds its token: a member (BOT_ADMINS=web: an admin).
+        return "member"
+
     async def post_notice(self, session: SessionInfo, text: str) -> bool:
         self._publish(session.id, {"type": "notice", "text": text})
         return True

@@ -21,12 +21,12 @@ from core.clock import Clock
 from core.connections.spec import ConnectionSpec, OAuthClient, OAuthError, TokenSet
 from core.errors import InvalidInput, NotFound
 from core.events import ConnectionRequested, ConnectionResolved, EventBus
-from core.model import ConnectionGap, ConnectionRequestInfo, ConnectionStatus
+from core.model import ConnectionGap, ConnectionRequestInfo, ConnectionStatus, thread_of
 from core.parking import Waiters
 from core.store.connection_tables import ConnectionRequestRow, ConnectionRow
 from core.store.connections import ConnectionStore
 from core.stored_secrets import CredentialUse
-from core.tools import ToolContext, ToolError
+from core.tools import SUBAGENT_CANNOT_ASK, ToolContext, ToolError
 from core.vault import KeyRing, Sealed, VaultError
 from core.views import ConnectionView
 
@@ -84,7 +84,8 @@ class ConnectionService:
         if spec.owner == "user" and not owner:
             raise ToolError(f"{name} connects each person's own account, and this turn has no person to act as")
         if spec.owner == "user":  # someone else's words must not steer a person's account
-            others = [who for who in await self.store.conversation_senders(ctx.session_id) if who != owner]
+            others = [who for who in await self.store.conversation_senders(thread_of(ctx.session_id))
+                      if who != owner]  # a sub-agent's words come from its parent's conversation
             if others:
                 raise ToolError(f"{name} acts as {owner}'s own account, and this conversation also has messages from "
                                 f"{', '.join(others[:5])}; it is used only in conversations with {owner} alone (a DM "
@@ -205,6 +206,8 @@ class ConnectionService:
         if spec.authorize_url is None:
             raise ToolError(f"{problem}: but {spec.name} has no authorize_url, so nobody can be sent to connect "
                             "it; an operator must configure it. Continue without it.")
+        if ctx.subagent:
+            raise ToolError(f"{problem}: {SUBAGENT_CANNOT_ASK} (they can connect it)")
         if not ctx.interactive:
             raise ToolError(f"{problem}: nobody can be asked to connect it here; continue without it")
         now = self.clock.now()

@@ -18,15 +18,16 @@ from apscheduler.jobstores.base import JobLookupError
 from core.clock import Clock
 from core.delivery import Deliveries
 from core.dispatcher import Dispatcher
-from core.events import DirectNotice, EventBus
+from core.events import DirectNotice, EventBus, Notice
 from core.model import Inbound, MessageRef, OutcomeStatus, ScheduleStatus, SessionInfo, SessionStatus
 from core.schedules.backend import DbFriendlyScheduler, build_scheduler
-from core.schedules.service import destination_place, schedule_view
+from core.schedules.service import creator_demoted, destination_place, schedule_view
 from core.store import Database, LeaseStore
 from core.store.schedules import ScheduleStore
 from core.store.tables import ScheduleRow
 from core.text import MAX_ID
 from core.triggers import TriggerSpec
+from core.trust import SenderTrust
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,9 @@ class ScheduleJobs:
 
     def __init__(self, db: Database, store: ScheduleStore, dispatcher: Dispatcher,
                  bus: EventBus, clock: Clock, settings: JobSettings, *, deliveries: Deliveries,
-                 leases: LeaseStore | None = None) -> None:
+                 leases: LeaseStore | None = None, trust: SenderTrust | None = None) -> None:
         self.deliveries = deliveries  # how a firing's answer landed is theirs to say
+        self.trust = trust  # each firing runs on its creator's authority, checked again then
         self.db = db
         self.store = store
         self.dispatcher = dispatcher
@@ -186,6 +188,8 @@ class ScheduleJobs:
             if schedule is None or schedule.status in (ScheduleStatus.CANCELLED, ScheduleStatus.DONE):
                 await self.remove(schedule_id)
             return  # paused (e.g. from another process): skip this one
+        if not await self._creator_still_trusted(schedule):
+            return
         trigger = TriggerSpec.from_json(schedule.trigger)
         firing = await self.store.start_firing(schedule_id, self.clock.now(), trigger.min_gap_s())
         if firing is None:
@@ -205,6 +209,32 @@ class ScheduleJobs:
             agent=schedule.agent, place=session.place, preapproved=session.preapproved,
         ), internal=True)
         await self._finish(firing.id, firing.session_id, accepted.input_id, schedule)
+
+    async def _creator_still_trusted(self, schedule: ScheduleRow) -> bool:
+        """A schedule fires at its creator's level when it was made: a creator who has left (their level is
+        unknown now) or ranks lower now stops it (paused; resuming is refused while that holds), and the
+        thread it was asked in and the creator are told."""
+        if self.trust is None:
+            return True
+        assert schedule.id is not None
+        demoted = await creator_demoted(self.trust, self.dispatcher.conversations, schedule)
+        if demoted is None:
+            return True
+        now_level, made_at = demoted
+        await self.trust.refused(schedule.creator, now_level, "fire", f"schedule:{schedule.id}",
+                                 created_at_level=made_at.value)
+        if await self.store.set_status(schedule.id, ScheduleStatus.PAUSED, now=self.clock.now(),
+                                       only_from=(ScheduleStatus.ACTIVE,)):
+            await self.pause(schedule.id)
+            origin = await self.dispatcher.conversations.get_session(schedule.origin_session or "")
+            text = (f"Schedule {schedule.id} ({schedule_view(schedule).describe()} to {schedule.destination}) is "
+                    f"paused: its creator {schedule.creator} is now {now_level} (it was made at {made_at}), so "
+                    "it no longer runs on their authority. It cannot be resumed while that holds; cancel it, or "
+                    "have someone trusted create it again.")
+            if origin is not None:
+                self.bus.emit(Notice(origin, text))
+            self.bus.emit(DirectNotice(_dm_session(schedule), schedule.creator, text))
+        return False
 
     async def _finish_recovered(self, firing_id: int, session_id: str, schedule_id: int) -> None:
         schedule = await self.store.get(schedule_id)

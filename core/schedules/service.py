@@ -23,6 +23,7 @@ from core.store.schedules import ScheduleStore
 from core.store.tables import ScheduleRow
 from core.text import MAX_ID, clean_text
 from core.triggers import TriggerSpec
+from core.trust import NOT_ALLOWED, SenderTrust, Trust, is_restricted
 from core.views import ScheduleView
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,19 @@ class ScheduleService:
     # -- creating -------------------------------------------------------------------------------
 
     async def create(self, *, prompt: str, trigger: TriggerSpec, destination: str, agent: str, creator: str,
-                     origin: SessionInfo, channel: str) -> ScheduleView:
+                     origin: SessionInfo, channel: str, trust: str | None = None) -> ScheduleView:
         """Validate everything, store the schedule (pending its destination on ``channel``) and ask for the
-        destination approval in ``origin``. Bad input raises InvalidInput and stores nothing."""
+        destination approval in ``origin``. Bad input raises InvalidInput and stores nothing. ``trust``: the
+        level of the turn asking (a guest's, an outsider's or a bot's request creates nothing: NotAllowed)."""
+        levels = self.approvals.policy.trust
+        if trust is None and levels is not None:  # a person's own request (a command): their level
+            trust = await levels.level(origin.channel, creator, origin.place)
+        if is_restricted(trust):
+            assert trust is not None
+            if levels is not None:
+                await levels.refused(creator, trust, "create", "schedule", session=origin.id)
+            raise NotAllowed(f"creating schedules is {NOT_ALLOWED} ({trust}): a schedule runs on its creator's "
+                             "authority, which guests, people from other organisations and bots do not have here")
         prompt = clean_text(prompt)  # stored, then fired as a message: no NUL, no lone surrogate
         if not prompt.strip():
             raise InvalidInput("the prompt is empty")
@@ -79,7 +90,7 @@ class ScheduleService:
         await self.conversations.ensure_session(origin, self.clock.now())
         schedule = await self.store.add(ScheduleRow(
             prompt=prompt.strip(), trigger=trigger.to_json(), destination=destination, destination_id=destination_id,
-            channel=channel, agent=agent, creator=creator, origin_session=origin.id,
+            channel=channel, agent=agent, creator=creator, creator_trust=trust, origin_session=origin.id,
             status=ScheduleStatus.PENDING_DESTINATION, created_at=self.clock.now(),
         ))
         self._spawn(self._await_destination(schedule))
@@ -132,11 +143,13 @@ class ScheduleService:
 
     # -- managing -------------------------------------------------------------------------------
 
-    async def list(self, *, place: str | None = None, viewer: str | None = None) -> list[ScheduleView]:
+    async def list(self, *, place: str | None = None, viewer: str | None = None,
+                   trust: str | None = None) -> list[ScheduleView]:
         """Schedules. A ``viewer`` (a person asking somewhere) sees those asked for at ``place`` or posting
-        there, unless an admin; without a viewer (an operator, the web chat's own list) every one."""
+        there, unless an admin; without a viewer (an operator, the web chat's own list) every one. ``trust``:
+        the level of the turn asking for the viewer (an admin's powers only at the admin level)."""
         rows = await self.store.all()
-        if viewer is not None and not self.policy.is_admin(viewer):
+        if viewer is not None and not self._as_admin(viewer, trust):
             if not place:
                 return []
             rows = [r for r in rows if _posts_to(r, place) or await self._origin_place(r) == place]
@@ -146,12 +159,21 @@ class ScheduleService:
         origin = await self.conversations.get_session(schedule.origin_session) if schedule.origin_session else None
         return origin.place if origin is not None else None
 
-    def may_change(self, schedule: ScheduleView, user: str) -> bool:
+    async def creator_demoted(self, schedule: ScheduleRow) -> tuple[Trust, Trust] | None:
+        levels = self.approvals.policy.trust
+        return None if levels is None else await creator_demoted(levels, self.conversations, schedule)
+
+    def may_change(self, schedule: ScheduleView, user: str, trust: str | None = None) -> bool:
         """Pausing, resuming and cancelling belong to a schedule's creator and to admins."""
-        return user == schedule.creator or self.policy.is_admin(user)
+        return user == schedule.creator or self._as_admin(user, trust)
+
+    def _as_admin(self, user: str, trust: str | None) -> bool:
+        """Whether ``user`` acts with an admin's powers: an admin, in a turn (``trust``: its level, None for a
+        person acting directly) that no less-trusted sender's words are part of."""
+        return self.policy.is_admin(user) and trust in (None, "admin")
 
     async def change(self, schedule_id: int, action: str, by: str, *, operator: bool = False,
-                     place: str | None = None) -> str:
+                     place: str | None = None, trust: str | None = None) -> str:
         """pause, resume or cancel — by its creator, an admin, or an operator. Refused with NotFound,
         NotAllowed (not theirs), Conflict (not in a state for that) or InvalidInput (no such action).
         A person asking at ``place`` is told of another's schedule only if ``list`` shows it there: to
@@ -161,7 +183,9 @@ class ScheduleService:
         schedule = await self.store.get(schedule_id)
         if schedule is None:
             raise NotFound(f"there is no schedule {schedule_id}")
-        if not operator and not self.may_change(schedule_view(schedule), by):
+        if not operator and is_restricted(trust):  # a guest's, outsider's or bot's words change no schedule
+            raise NotAllowed(f"changing schedules is {NOT_ALLOWED} ({trust})")
+        if not operator and not self.may_change(schedule_view(schedule), by, trust):
             if place is not None and not (_posts_to(schedule, place) or await self._origin_place(schedule) == place):
                 raise NotFound(f"there is no schedule {schedule_id}")
             raise NotAllowed(f"only its creator or an admin can {action} schedule {schedule_id}")
@@ -175,6 +199,9 @@ class ScheduleService:
         if action == "resume":
             if schedule.status != ScheduleStatus.PAUSED:
                 raise Conflict(f"schedule {schedule_id} is {schedule.status}, not paused")
+            if (demoted := await self.creator_demoted(schedule)) is not None:
+                raise Conflict(f"schedule {schedule_id} runs on its creator's authority, and {schedule.creator} is "
+                               f"now {demoted[0]} (it was made at {demoted[1]}); cancel it, or create it again")
             await self._activate(schedule, by)
             return f"Schedule {schedule_id} resumed."
         if action == "cancel":
@@ -201,6 +228,16 @@ def destination_args(schedule: ScheduleRow) -> dict[str, Any]:
     return {"schedule": schedule.id, "destination": schedule.destination, "destination_id": schedule.destination_id,
             "creator": schedule.creator, "when": schedule_view(schedule).describe(),
             "prompt": schedule.prompt}
+
+
+async def creator_demoted(levels: SenderTrust, conversations: ConversationStore,
+                          schedule: ScheduleRow) -> tuple[Trust, Trust] | None:
+    """(level now, level at creation) when the schedule's creator no longer holds the authority it was made
+    with (core.trust), told by the channel they asked in; None when they still do."""
+    origin = await conversations.get_session(schedule.origin_session) if schedule.origin_session else None
+    channel, place = (origin.channel, origin.place) if origin is not None else (schedule.channel,
+                                                                                 destination_place(schedule))
+    return await levels.demoted(channel, schedule.creator, place, schedule.creator_trust)
 
 
 def destination_place(schedule: ScheduleRow) -> str:

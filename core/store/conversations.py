@@ -14,6 +14,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from core.model import (
     LIVE_TURN_STATUSES,
+    SUBAGENT_PREFIX,
     DeliveryStatus,
     InputStatus,
     MessageRef,
@@ -29,6 +30,7 @@ from core.model import (
 from core.store import statements as st
 from core.store.connection_tables import ConnectionRequestRow
 from core.store.database import Database
+from core.store.subagents import interrupt_subagents
 from core.store.tables import (
     ApprovalRow,
     CredentialRequestRow,
@@ -61,7 +63,8 @@ class ConversationStore:
         statuses = (TurnStatus.RUNNING, TurnStatus.QUEUED) if set_aside else (TurnStatus.RUNNING,)
         async with self.db.read() as s:
             rows = await s.exec(select(TurnRow.session_id).where(col(TurnRow.status).in_(statuses)).distinct())
-            return list(rows.all())
+            # A sub-agent's turn runs inside its parent's (core.subagents): never recovered as a turn of its own.
+            return [r for r in rows.all() if not r.startswith(SUBAGENT_PREFIX)]
 
     async def suspend_turn(self, turn_id: int) -> None:
         """Set aside a running turn that waits on a person (at shutdown): it is continued at the next
@@ -78,6 +81,7 @@ class ConversationStore:
             return []
         # Set-based, not row by row: start-up time must not grow with the number of parked turns.
         async with self.db.write() as s:
+            await interrupt_subagents(s, sessions, now)  # never continued: their parents are told instead
             running = col(TurnRow.status) == TurnStatus.RUNNING
             scope = col(TurnRow.session_id).in_(sessions) if sessions is not None else true()
             dead = list((await s.exec(select(TurnRow.id, TurnRow.session_id).where(
@@ -201,6 +205,14 @@ class ConversationStore:
         return row
 
     # -- reads for people -----------------------------------------------------------------------
+
+    async def conversation_senders(self, session_id: str) -> list[str]:
+        """Everyone whose words the model may read in this conversation (asked, steered or recorded as
+        context; never controls), each once."""
+        async with self.db.read() as s:
+            senders = (await s.exec(select(InputRow.sender).where(
+                InputRow.session_id == session_id, InputRow.kind != "control").distinct())).all()
+            return sorted(sender for sender in senders if sender)
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
         async with self.db.read() as s:
@@ -345,7 +357,10 @@ def turn_info(s: Session, turn_id: int, input_message_id: int | None, session: S
         msg = s.get(MessageRow, input_message_id)
         if msg is not None:
             refs, sender = (MessageRef(msg.platform_channel, msg.platform_ts),), msg.sender
-    return TurnInfo(id=turn_id, session=session, inputs=refs, sender=sender, input_ids=ids)
+    senders = tuple(dict.fromkeys(i.sender for i in inputs if i.sender and i.kind != "control"))
+    if not senders and sender is not None:
+        senders = (sender,)
+    return TurnInfo(id=turn_id, session=session, inputs=refs, sender=sender, input_ids=ids, senders=senders)
 
 
 def turn_outcome(turn: TurnRow) -> Outcome | None:

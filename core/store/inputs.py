@@ -55,6 +55,7 @@ class Taken:
     secrets: tuple[object, ...] | None = None  # with ``history``: the stored secrets' fingerprint then
     more: bool = False  # messages still wait behind this batch (followup, or past the budget)
     resumed: bool = False  # an interrupted turn continued (it takes nothing new)
+    senders: tuple[str, ...] = ()  # who wrote the inputs taken now (trust: a steered turn runs at the lowest)
 
 
 @dataclass(frozen=True)
@@ -276,8 +277,14 @@ def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, n
     info = replace(session_info(session), status=SessionStatus.RUNNING)
     refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in batch)
     sender = messages[0].sender if messages else batch[0].sender
-    turn = TurnInfo(id=turn_id, session=info, inputs=refs, sender=sender, input_ids=tuple(i.id for i in batch))
+    turn = TurnInfo(id=turn_id, session=info, inputs=refs, sender=sender, input_ids=tuple(i.id for i in batch),
+                    senders=senders_of(batch))
     return replace(_taken(turn, batch), more=more)
+
+
+def senders_of(inputs: Sequence[Row[Any]]) -> tuple[str, ...]:
+    """Who wrote the inputs whose words reach the model (controls never do), each once, in order."""
+    return tuple(dict.fromkeys(i.sender for i in inputs if i.sender and i.kind != InputKind.CONTROL))
 
 
 def _take(s: Session, turn_id: int, batch: Sequence[Row[Any]], now: datetime) -> None:
@@ -300,7 +307,7 @@ def _taken(turn: TurnInfo, batch: Sequence[Row[Any]]) -> Taken:
     attachments = tuple(a for i in batch if i.attachments for a in _attachments(i.attachments))
     text = "\n\n".join(i.text for i in batch if i.text)
     refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in batch)
-    return Taken(turn, text, images, refs, attachments=attachments)
+    return Taken(turn, text, images, refs, attachments=attachments, senders=senders_of(batch))
 
 
 def _attachments(raw: str) -> list[Attachment]:

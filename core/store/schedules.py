@@ -13,7 +13,7 @@ from core.model import FiringStatus, ScheduleStatus
 from core.store.approvals import audit_row
 from core.store.database import Database
 from core.store.tables import FiringRow, InputRow, ScheduleRow, TurnRow
-from core.text import clean_text
+from core.text import MAX_ID, clean_text
 
 
 class ScheduleStore:
@@ -28,6 +28,15 @@ class ScheduleStore:
                             {"place": row.origin_session, "destination": row.destination, "agent": row.agent,
                              "trigger": json.loads(row.trigger)}))
             return row
+
+    async def firing_level(self, session_id: str) -> str | None:
+        """The trust level a firing's turns run at (core.trust): its schedule's creator's at creation (a member's
+        for one made before levels existed); None for a session that is not a firing."""
+        parts = session_id.split(":")
+        if len(parts) != 3 or parts[0] != "schedule" or not parts[1].isdigit() or int(parts[1]) > MAX_ID:
+            return None
+        schedule = await self.get(int(parts[1]))
+        return None if schedule is None else (schedule.creator_trust or "member")
 
     async def get(self, schedule_id: int) -> ScheduleRow | None:
         async with self.db.read() as s:

@@ -310,6 +310,8 @@ class ScheduleRow(SQLModel, table=True):
     channel: str = Field(max_length=32)  # the adapter that delivers ("slack")
     agent: str = Field(max_length=64)
     creator: str = Field(max_length=64)
+    # The creator's trust level at creation (core.trust); None: created before levels existed (a member's).
+    creator_trust: str | None = Field(default=None, max_length=16)
     origin_session: str | None = Field(default=None, max_length=255)  # where it was asked for
     status: str = Field(max_length=32)  # pending_destination, active, paused, cancelled, done
     approval_id: int | None = Field(default=None)

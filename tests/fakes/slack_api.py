@@ -71,8 +71,11 @@ class FakeSlack:
     downloads: list[tuple[str, str]] = field(default_factory=list)
     files_readable: bool = True  # False: the app lacks files:read (Slack answers with its sign-in page)
     chunked_files: bool = False  # serve files in pieces, without a Content-Length
-    # users.info: display names by user id (an unknown id is user_not_found).
+    # users.info: display names by user id (an unknown id is a nameless full member of TEAM_ID), and
+    # facts that label a sender's trust by user id (e.g. {"is_restricted": True}, {"team_id": "TOTHER"},
+    # {"is_bot": True}, {"deleted": True}); ``None`` for an id answers user_not_found.
     names: dict[str, str] = field(default_factory=dict)
+    people: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -283,10 +286,13 @@ class FakeSlack:
             return {"ok": True, "channel": params.get("channel"), "ts": params.get("ts")}
         if method == "users.info":
             user = str(params.get("user"))
-            if user not in self.names:
+            if user in self.people and self.people[user] is None:
                 return {"ok": False, "error": "user_not_found"}
-            profile = {"display_name": self.names[user]}
-            return {"ok": True, "user": {"id": user, "name": user.lower(), "profile": profile}}
+            record: dict[str, Any] = {"id": user, "team_id": TEAM_ID, "profile": {}}
+            if user in self.names:
+                record.update(name=user.lower(), profile={"display_name": self.names[user]})
+            record.update(self.people.get(user) or {})
+            return {"ok": True, "user": record}
         if method == "assistant.threads.setStatus":
             return {"ok": True} if self.status_supported else {"ok": False, "error": "missing_scope"}
         if method == "chat.delete":
