@@ -337,5 +337,9 @@ async def _mcp_servers(settings: Settings) -> list[Check]:
         problem = servers.servers[name].problem
         fix = "" if ok else _MCP_FIX.get(problem.kind if problem else "", "check its command or url, and its log "
                                          f"({settings.bot_home}/mcp/{name}.stderr.log for a stdio server)")
+        if ok and name in servers.unsandboxed:
+            checks.append(Check(f"mcp {name}", ok, text, "install bubblewrap (SHELL_SANDBOX=bwrap), or set sandbox "
+                                "= false in its entry to accept that it runs on the host", warning=True))
+            continue
         checks.append(Check(f"mcp {name}", ok, text, fix))
     return checks

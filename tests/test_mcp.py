@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import sys
@@ -16,10 +17,16 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bot.mcp.challenge import diagnose
+from bot.errors import SettingsError
+from bot.mcp import servers as mcp_servers
+from bot.mcp import stderr as mcp_stderr
+from bot.mcp.challenge import Diagnosis, diagnose
+from bot.mcp.manager import McpServers
 from bot.mcp.servers import HttpServer, ServerFailed
-from bot.mcp.spec import McpServerSpec
+from bot.mcp.spec import McpServerSpec, load_mcp_servers
+from bot.sandbox import Unsandboxed
 from bot.settings import Settings
+from core.tools import ToolRegistry
 from tests.bot_process import run_cli, slack_env
 from tests.conftest import GatewayClient, connections_toml, sandbox_mode
 from tests.fakes.llm import FakeLLM, Reply
@@ -247,6 +254,13 @@ async def test_an_http_server_refusing_the_token_is_reported_as_such(http_server
     (401, 'Bearer resource_metadata="https://m.example/x"', "oauth", "resource metadata at https://m.example/x"),
     (401, 'Bearer error="invalid_token"', "invalid_token", "refused the token"),
     (401, 'Basic realm="oauth"', "basic", "Basic authentication"),
+    # Quoted strings are text (RFC 7235): no challenge or parameter hides in one.
+    (401, 'Basic realm="x, Bearer resource_metadata=evil"', "basic", "Basic authentication"),
+    (401, 'Bearer error_description="bad, Basic realm=x", resource_metadata="https://a.example/m"', "oauth",
+     "resource metadata at https://a.example/m"),
+    # A refused token, as spec-following servers say it (with resource_metadata too): not "add a connection".
+    (401, 'Bearer error="invalid_token", resource_metadata="https://a.example/.well-known/x"', "invalid_token",
+     "refused the token"),
     (500, "", "server_error", "HTTP 500"),
 ])
 async def test_the_oauth_challenge_classifier_against_a_real_endpoint(status: int, challenge: str, kind: str,
@@ -286,12 +300,17 @@ async def test_doctor_names_each_server_and_the_fix(tmp_path: Path, fake_slack: 
     running = await RunningServer(app).start()
     try:
         locked_entry = f'[[mcp_servers]]\nname = "notion"\nurl = "{running.url}/mcp"\n'
-        (tmp_path / "bot.toml").write_text(stdio_entry() + locked_entry, encoding="utf-8")
-        code, out = await run_cli(tmp_path, slack_env(fake_slack, fake_llm, 3000), "doctor")
+        boxed = stdio_entry("boxed", sandbox=True)  # SHELL_SANDBOX=none runs it on the host: doctor says so
+        (tmp_path / "bot.toml").write_text(stdio_entry() + locked_entry + boxed, encoding="utf-8")
+        env = slack_env(fake_slack, fake_llm, 3000) | {"SHELL_SANDBOX": "none"}
+        code, out = await run_cli(tmp_path, env, "doctor")
     finally:
         await running.stop()
     assert code == 1, out
-    assert "✓ mcp fake: stdio, 6 tool(s): echo, add, slow, fail, crash, env" in out
+    assert "✓ mcp fake: stdio, 6 tool(s): echo, add, slow, fail, crash, env\n" in out
+    assert ("! mcp boxed: stdio, 6 tool(s): echo, add, slow, fail, crash, env; runs UNSANDBOXED "
+            "(SHELL_SANDBOX=none)") in out
+    assert "fix: install bubblewrap (SHELL_SANDBOX=bwrap), or set sandbox = false" in out
     assert ("✗ mcp notion: locked: needs OAuth authorization (resource metadata at "
             "https://auth.example.com/.well-known/x); add a connection") in out
     assert "fix: add a [[connections]] entry" in out
@@ -340,3 +359,147 @@ async def test_an_http_server_behind_a_connection_pauses_for_consent_then_gets_t
                                                       tzinfo=__import__("datetime").UTC))
     call = next(e for e in audit if e.action == "mcp.call")
     assert json.loads(call.detail or "{}")["connection"] == "github"
+
+
+# -- what a server lists, and how it runs ----------------------------------------------------------------
+
+
+def mode_spec(mode: str, name: str = "fake", **fields: Any) -> McpServerSpec:
+    return McpServerSpec(name=name, command=(sys.executable, str(FAKE), "stdio", mode), timeout_s=10,
+                         sandbox=False, **fields)
+
+
+async def nothing(*_args: Any) -> None:
+    return None
+
+
+async def started(tmp_path: Path, *specs: McpServerSpec, sandbox: Any = None) -> tuple[McpServers, ToolRegistry]:
+    servers = McpServers(list(specs), home=tmp_path / "home", sandbox=sandbox, audit=nothing)
+    registry = ToolRegistry()
+    await servers.start(registry, timeout_s=20)
+    return servers, registry
+
+
+async def test_a_listing_is_cleaned_capped_and_lookalike_names_left_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="bot.mcp")
+    servers, registry = await started(tmp_path, mode_spec("poison"))
+    try:
+        names = registry.names()
+        assert "fake__echo" in names and "fake__sneaky" in names
+        assert "fake___hidden" not in names and "fake__big" not in names  # a leading "_"; a 20 KB schema
+        sneaky = registry.get("fake__sneaky")
+        assert sneaky is not None
+        assert sneaky.description == "[MCP server fake] Say hi hidden"  # zero-width, tags, bidi: gone
+        assert sneaky.parameters["properties"]["q"] == {"type": "string", "description": "abc", "enum": ["xy", "z"]}
+        logged = caplog.text
+        assert "tool '_hidden' left out: its name begins with '_'" in logged
+        assert "tool 'big' left out: its input schema is too big" in logged
+        # The report (what `bot doctor` prints) names the registered tools only, and nothing raw.
+        [(_name, ok, text)] = servers.report()
+        assert ok and "\x1b" not in text and "evil" not in text and "_hidden" not in text and "big" not in text
+        assert text.startswith("stdio, 7 tool(s) (of 10 listed): echo, add, slow, fail, crash, env, sneaky")
+        servers.servers["fake"].tools = None
+        servers.servers["fake"].problem = Diagnosis("unreachable", "stopped: \x1b]0;pwned\x07 \x1b[2J")
+        [(_name, ok, text)] = servers.report()
+        assert not ok and "\x1b" not in text and "\x07" not in text and "⟦U+001B⟧" in text
+    finally:
+        await servers.stop()
+
+
+async def test_every_page_is_listed_up_to_a_hundred_tools(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="bot.mcp")
+    servers, registry = await started(tmp_path, mode_spec("many"))
+    try:
+        names = [n for n in registry.names() if n.startswith("fake__")]
+        assert len(names) == 100  # 156 listed on 4 pages: the first 100 (the 6 own, t000…t093: page 3)
+        assert "fake__t093" in names and "fake__t094" not in names
+        assert "lists more than 100 tools" in caplog.text
+    finally:
+        await servers.stop()
+
+
+async def test_the_heartbeat_reaches_the_server_whatever_it_says_about_caching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(mcp_servers, "PING_S", 0.1)
+    servers, _registry = await started(tmp_path, mode_spec("ttl"))
+    try:
+        listings = tmp_path / "home" / "mcp" / "fake" / "listings.log"
+        async with asyncio.timeout(10):  # ttlMs of a day must not turn the heartbeat into a cache hit
+            while not listings.exists() or len(listings.read_text().splitlines()) < 4:
+                await asyncio.sleep(0.05)
+    finally:
+        await servers.stop()
+
+
+async def test_the_stderr_log_is_rotated_at_start_and_capped_while_the_server_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log = tmp_path / "home" / "mcp" / "fake.stderr.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"old\n" * 400_000)  # 1.6 MB from earlier runs
+    servers, _registry = await started(tmp_path, mode_spec("noisy"))
+    try:
+        assert (log.parent / "fake.stderr.log.1").read_bytes().startswith(b"old\n")  # rotated: one copy kept
+        async with asyncio.timeout(10):
+            while b"END" not in log.read_bytes():
+                await asyncio.sleep(0.05)
+        assert log.stat().st_size < 100_000
+    finally:
+        await servers.stop()
+    monkeypatch.setattr(mcp_stderr, "LOG_MAX", 20_000)  # while it runs: 50 KB of noise, never more than 2 files
+    servers, _registry = await started(tmp_path, mode_spec("noisy"))
+    try:
+        async with asyncio.timeout(10):
+            while b"END" not in log.read_bytes():
+                await asyncio.sleep(0.05)
+        assert log.stat().st_size <= 20_000 and (log.parent / "fake.stderr.log.1").stat().st_size <= 20_000
+        assert sorted(p.name for p in log.parent.glob("fake.stderr.log*")) == ["fake.stderr.log",
+                                                                                "fake.stderr.log.1"]
+    finally:
+        await servers.stop()
+
+
+async def test_a_server_meant_for_the_sandbox_run_without_one_is_said_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="bot.mcp")
+    boxed = McpServerSpec(name="boxed", command=(sys.executable, str(FAKE)), timeout_s=10, sandbox=True)
+    servers, _registry = await started(tmp_path, boxed, mode_spec("", name="open"), sandbox=Unsandboxed())
+    try:
+        report = {name: (ok, text) for name, ok, text in servers.report()}
+        assert report["boxed"][0] and "runs UNSANDBOXED (SHELL_SANDBOX=none)" in report["boxed"][1]
+        assert "UNSANDBOXED" not in report["open"][1]  # sandbox = false: the operator said so
+        assert "MCP server boxed runs UNSANDBOXED" in caplog.text and "server open runs" not in caplog.text
+    finally:
+        await servers.stop()
+
+
+@pytest.mark.parametrize(("entry", "words"), [
+    ('name = "gh_"\nurl = "https://a.example/mcp"', "must not end with '_' or '-'"),
+    ('name = "gh-"\ncommand = ["x"]', "must not end with '_' or '-'"),
+    ('name = "gh"\nurl = "http://mcp.example.com/mcp"\ncredential = "gh.token"', "use https://"),
+    ('name = "gh"\nurl = "http://10.0.0.5/mcp"\nconnection = "github"', "use https://"),
+    ('name = "gh"\ncommand = ["x"]\nenv = ["path"]', "would become PATH"),
+    ('name = "gh"\ncommand = ["x"]\nenv = ["ld.preload"]', "would become LD_PRELOAD"),
+    ('name = "gh"\ncommand = ["x"]\nenv = ["bot-shell.run"]', "would become BOT_SHELL_RUN"),
+    ('name = "gh"\ncommand = ["x"]\nenv = ["home"]', "would become HOME"),
+])
+def test_config_refuses_lookalike_names_cleartext_tokens_and_reserved_variables(tmp_path: Path, entry: str,
+                                                                                  words: str) -> None:
+    config = tmp_path / "bot.toml"
+    config.write_text(f"[[mcp_servers]]\n{entry}\n", encoding="utf-8")
+    with pytest.raises(SettingsError, match=words.replace("(", r"\(")):
+        load_mcp_servers(config)
+
+
+def test_config_accepts_http_to_loopback_and_plain_http_without_a_token(tmp_path: Path) -> None:
+    config = tmp_path / "bot.toml"
+    config.write_text('[[mcp_servers]]\nname = "a"\nurl = "http://127.0.0.1:8080/mcp"\ncredential = "a.t"\n'
+                      '[[mcp_servers]]\nname = "b"\nurl = "http://localhost/mcp"\nconnection = "c"\n'
+                      '[[mcp_servers]]\nname = "c"\nurl = "http://[::1]/mcp"\ncredential = "c.t"\n'
+                      '[[mcp_servers]]\nname = "d"\nurl = "http://mcp.example.com/mcp"\n'
+                      '[[mcp_servers]]\nname = "e"\ncommand = ["x"]\nenv = ["github.token"]\n', encoding="utf-8")
+    assert [s.name for s in load_mcp_servers(config)] == ["a", "b", "c", "d", "e"]

@@ -11,19 +11,64 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_PARAM = re.compile(r'([A-Za-z_][A-Za-z0-9_-]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]+))')
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_PARAM = re.compile(rf'({_TOKEN})\s*=\s*(?:"((?:[^"\\]|\\.)*)"|({_TOKEN}))', re.DOTALL)
+_SCHEME = re.compile(rf"({_TOKEN})(?:\s+(.*))?", re.DOTALL)
+
+
+def _elements(header: str) -> list[str]:
+    """The comma-separated elements of a header value, commas inside quoted strings kept (RFC 7230 §7)."""
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = escaped = False
+    for ch in header:
+        if escaped:
+            escaped = False
+        elif quoted and ch == "\\":
+            escaped = True
+        elif ch == '"':
+            quoted = not quoted
+        elif ch == "," and not quoted:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        current.append(ch)
+    parts.append("".join(current).strip())
+    return [part for part in parts if part]
+
+
+def _param(text: str) -> tuple[str, str] | None:
+    found = _PARAM.fullmatch(text)
+    if found is None:
+        return None
+    value = found.group(3) if found.group(2) is None else re.sub(r"\\(.)", r"\1", found.group(2), flags=re.DOTALL)
+    return found.group(1).lower(), value
+
+
+def challenges(header: str) -> list[tuple[str, dict[str, str]]]:
+    """A ``WWW-Authenticate`` value as its challenges (RFC 7235 §4.1): (scheme lower-cased, parameters with
+    lower-cased names; a token68 is not kept). A comma or scheme name inside a quoted string is text."""
+    found: list[tuple[str, dict[str, str]]] = []
+    for element in _elements(header):
+        param = _param(element)
+        if param is not None:  # the next parameter of the challenge before it
+            if found:
+                found[-1][1].setdefault(*param)
+            continue
+        scheme = _SCHEME.fullmatch(element)
+        if scheme is None:
+            continue
+        params: dict[str, str] = {}
+        first = _param((scheme.group(2) or "").strip())
+        if first is not None:
+            params[first[0]] = first[1]
+        found.append((scheme.group(1).lower(), params))
+    return found
 
 
 def _bearer_params(header: str) -> dict[str, str] | None:
     """The parameters of the Bearer challenge in a ``WWW-Authenticate`` value, or None if there is none."""
-    found = re.search(r"(?:^|,)\s*bearer(?:\s+|$)", header, re.IGNORECASE)
-    if found is None:
-        return None
-    rest = header[found.end():]
-    following = re.search(r",\s*[A-Za-z][A-Za-z0-9_-]*\s+[A-Za-z_][A-Za-z0-9_-]*\s*=", rest)  # the next challenge
-    if following is not None:
-        rest = rest[:following.start()]
-    return {m.group(1).lower(): m.group(2) if m.group(2) is not None else m.group(3) for m in _PARAM.finditer(rest)}
+    return next((params for scheme, params in challenges(header) if scheme == "bearer"), None)
 
 
 def is_oauth_challenge(header: str) -> bool:
@@ -59,16 +104,17 @@ def diagnose(status: int | None, www_authenticate: str = "", error: BaseExceptio
         why = f"{type(error).__name__}: {error}" if error is not None else "no answer"
         return Diagnosis("unreachable", f"{name} could not be reached ({why})")
     if status == 401:
+        params = _bearer_params(www_authenticate)
+        # A refused token first: spec-following servers send resource_metadata with it too.
+        if params is not None and params.get("error") == "invalid_token":
+            return Diagnosis("invalid_token", f"{name} refused the token it was sent (invalid_token): store a "
+                                              "valid one, or reconnect")
         if is_oauth_challenge(www_authenticate):
             where = resource_metadata_url(www_authenticate)
             at = f" (resource metadata at {where})" if where else ""
             return Diagnosis("oauth", f"locked: needs OAuth authorization{at}; add a connection "
                                       "([[connections]] in bot.toml, then connection = \"…\" in its entry)")
-        params = _bearer_params(www_authenticate)
-        if params is not None and params.get("error") == "invalid_token":
-            return Diagnosis("invalid_token", f"{name} refused the token it was sent (invalid_token): store a "
-                                              "valid one, or reconnect")
-        if re.match(r"\s*basic\b", www_authenticate or "", re.IGNORECASE):
+        if (challenges(www_authenticate or "") or [("", {})])[0][0] == "basic":
             return Diagnosis("basic", f"{name} asks for Basic authentication (HTTP 401), which is not a "
                                       "bearer token; give it a credential holding the whole header")
         return Diagnosis("unauthorized", f"{name} answered HTTP 401 (not authorized) without an OAuth challenge")

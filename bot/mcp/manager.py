@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from bot.mcp.servers import HttpServer, McpServer, StdioServer
-from bot.mcp.spec import McpServerSpec
+from bot.mcp.spec import SEPARATOR, McpServerSpec
 from bot.mcp.tools import Access, Audit, Connections, server_tools
-from bot.sandbox import Sandbox
+from bot.sandbox import Sandbox, Unsandboxed
+from core.display import visible
 from core.stored_secrets import CredentialUse
 from core.tools import ToolContext, ToolError, ToolRegistry
 
@@ -44,7 +45,11 @@ class McpServers:
             else:
                 self.servers[spec.name] = HttpServer(spec)
         self._sandbox_missing = sandbox is None
+        # stdio servers meant to be sandboxed that SHELL_SANDBOX=none runs on the host
+        self.unsandboxed = {spec.name for spec in specs if spec.command and spec.sandbox
+                            and isinstance(sandbox, Unsandboxed)}
         self._registered: set[str] = set()
+        self.registered_tools: dict[str, list[str]] = {}  # per server: its tools in the registry (MCP names)
         self._later: set[asyncio.Task[None]] = set()
 
     def _environment(self, spec: McpServerSpec, env_for: Callable[[ToolContext, list[str]],
@@ -66,6 +71,10 @@ class McpServers:
             if spec.command and spec.sandbox and self._sandbox_missing:
                 server.problem = _no_sandbox()
             else:
+                if spec.name in self.unsandboxed:
+                    log.warning("MCP server %s runs UNSANDBOXED (SHELL_SANDBOX=none): it can read everything "
+                                "the bot's user can (BOT_HOME, the database, the keys); install bubblewrap, or set "
+                                "sandbox = false in its entry to accept this", spec.name)
                 await server.start(min(timeout_s, max(spec.timeout_s, 5.0)), await self._listing_headers(server))
             if server.tools is not None:
                 self.register(server, registry)
@@ -99,6 +108,7 @@ class McpServers:
         if server.spec.name in self._registered:
             return
         self._registered.add(server.spec.name)
+        names = self.registered_tools.setdefault(server.spec.name, [])
         extra = self.connection_wait_s * 2 if server.spec.connection else 0.0
         for tool in server_tools(server, Access(server, self.credential_headers, self.connections), self.audit,
                                  extra_timeout_s=extra):
@@ -106,6 +116,8 @@ class McpServers:
                 registry.register(tool)
             except Exception as exc:  # a name taken by another tool: that one stays
                 log.warning("MCP tool %s left out: %s", tool.name, exc)
+            else:
+                names.append(tool.name.removeprefix(f"{server.spec.name}{SEPARATOR}"))
 
     async def stop(self) -> None:
         for task in self._later:
@@ -117,11 +129,17 @@ class McpServers:
         rows = []
         for name, server in self.servers.items():
             if server.tools is not None:
-                rows.append((name, True, f"{server.spec.kind}, {len(server.tools)} tool(s): "
-                                         + ", ".join(t.name for t in server.tools[:12])))
+                names = self.registered_tools.get(name, [])
+                of = f" (of {len(server.tools)} listed)" if len(names) != len(server.tools) else ""
+                text = (f"{server.spec.kind}, {len(names)} tool(s){of}: "
+                        + ", ".join(visible(n) for n in names[:12]) + (", …" if len(names) > 12 else ""))
+                rows.append((name, True, text + _UNSANDBOXED * (name in self.unsandboxed)))
             else:
-                rows.append((name, False, server.problem.message if server.problem else "not started"))
+                rows.append((name, False, visible(server.problem.message if server.problem else "not started")))
         return rows
+
+
+_UNSANDBOXED = "; runs UNSANDBOXED (SHELL_SANDBOX=none): it can read everything the bot's user can"
 
 
 def _no_sandbox() -> Any:

@@ -20,11 +20,13 @@ from mcp_types import CallToolResult, Tool
 
 from bot.mcp.challenge import Diagnosis, diagnose
 from bot.mcp.spec import McpServerSpec
+from bot.mcp.stderr import StderrLog
 from bot.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 PING_S = 2.0  # a stdio server that stops answering (or dies) is found this soon, and restarted
+TOOLS_MAX = 100  # a server's tools beyond these are not read (every tool reaches every model request)
 
 
 class ServerFailed(Exception):
@@ -107,26 +109,22 @@ class StdioServer(McpServer):
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir),
                    "LANG": os.environ.get("LANG", "C.UTF-8")} | env
         params = StdioServerParameters(command=command[0], args=command[1:], env=env, cwd=str(self.workdir))
-        errors = self._errlog()
+        errors = StderrLog(self.workdir.parent / f"{self.spec.name}.stderr.log")  # it may print what it was handed
         try:
-            async with Client(StdioTransport(params, errors), read_timeout_seconds=self.spec.timeout_s) as client:
+            # cache=None: a server's ttlMs must not turn the heartbeat into a local cache hit.
+            async with Client(StdioTransport(params, await errors.open()), read_timeout_seconds=self.spec.timeout_s,
+                              cache=None) as client:
+                errors.spawned()
                 self.starts += 1
-                listed = await client.list_tools()
-                self.tools, self.problem, self.client = list(listed.tools), None, client
+                self.tools, self.problem, self.client = await list_tools(client, self.spec.name), None, client
                 self.listed.set()
                 log.info("MCP server %s started (%d tools)", self.spec.name, len(self.tools))
                 while not self.stopping:  # a heartbeat (ping is gone from the protocol): a dead process fails it
                     await asyncio.sleep(PING_S)
-                    await asyncio.wait_for(client.list_tools(), self.spec.timeout_s)
+                    await asyncio.wait_for(client.list_tools(cache_mode="bypass"), self.spec.timeout_s)
         finally:
             errors.close()
             ended()
-
-    def _errlog(self) -> TextIO:
-        """Where the server's stderr goes: a file of its own (it may print what it was handed)."""
-        path = self.workdir.parent / f"{self.spec.name}.stderr.log"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        return os.fdopen(fd, "a", encoding="utf-8", errors="replace")
 
     async def call(self, tool: str, args: dict[str, Any], headers: Mapping[str, str]) -> CallToolResult:
         client = self.client
@@ -159,14 +157,15 @@ class HttpServer(McpServer):
 
     async def start(self, timeout_s: float, headers: Mapping[str, str] | None = None) -> None:
         try:
-            listed = await asyncio.wait_for(self._session(lambda c: c.list_tools(), headers or {}), timeout_s)
+            listed = await asyncio.wait_for(self._session(lambda c: list_tools(c, self.spec.name), headers or {}),
+                                            timeout_s)
         except TimeoutError:
             self.problem = Diagnosis("unreachable", f"did not answer within {timeout_s:g} s")
             return
         except ServerFailed as exc:
             self.problem = exc.diagnosis
             return
-        self.tools, self.problem = list(listed.tools), None
+        self.tools, self.problem = listed, None
 
     async def call(self, tool: str, args: dict[str, Any], headers: Mapping[str, str]) -> CallToolResult:
         result: CallToolResult = await self._session(lambda c: c.call_tool(tool, args), headers)
@@ -184,7 +183,7 @@ class HttpServer(McpServer):
             async with httpx2.AsyncClient(headers=dict(headers), timeout=timeout, follow_redirects=False,
                                           event_hooks={"response": [seen]}) as http, \
                     Client(streamable_http_client(self.spec.url, http_client=http),
-                           read_timeout_seconds=self.spec.timeout_s) as client:
+                           read_timeout_seconds=self.spec.timeout_s, cache=None) as client:
                 return await work(client)
         except Exception as exc:
             failed = next((a for a in reversed(answers) if a.status_code >= 400), None)
@@ -192,6 +191,23 @@ class HttpServer(McpServer):
             challenge = failed.headers.get("www-authenticate", "") if failed is not None else ""
             raise ServerFailed(diagnose(status, challenge, _first_exception(exc),
                                         name=f"MCP server {self.spec.name}")) from None
+
+
+async def list_tools(client: Client, server: str) -> list[Tool]:
+    """The server's tools, page after page (next_cursor), from the server itself (never a cache), up to
+    TOOLS_MAX: the rest is left out, and logged."""
+    tools: list[Tool] = []
+    cursor: str | None = None
+    for _ in range(TOOLS_MAX):  # a server that hands out empty pages forever is not followed for ever
+        page = await client.list_tools(cursor=cursor, cache_mode="bypass")
+        tools += page.tools
+        cursor = page.next_cursor
+        if cursor is None or len(tools) > TOOLS_MAX:
+            break
+    if cursor is not None or len(tools) > TOOLS_MAX:
+        log.warning("MCP server %s lists more than %d tools: only the first %d are used", server, TOOLS_MAX,
+                    min(TOOLS_MAX, len(tools)))
+    return tools[:TOOLS_MAX]
 
 
 def _first_exception(exc: BaseException) -> BaseException:

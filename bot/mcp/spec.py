@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from dataclasses import dataclass
@@ -12,11 +13,13 @@ from yarl import URL
 
 from bot.config_file import read_config, strings
 from bot.errors import SettingsError
-from core.stored_secrets import NAME
+from core.stored_secrets import NAME, env_name
 
 _KEYS = {"name", "command", "url", "env", "credential", "connection", "risk", "tools", "timeout_s", "sandbox"}
 SERVER_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")  # the tools' prefix: <server>__<tool>
 SEPARATOR = "__"
+# What a stdio server's environment holds before its credentials: a credential may not replace it.
+_RESERVED_ENV = {"PATH", "HOME", "LANG", "BOT_SHELL_RUN"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,9 @@ def _server(where: str, entry: Any) -> McpServerSpec:
     name = entry.get("name")
     if not isinstance(name, str) or not SERVER_NAME.match(name) or SEPARATOR in name:
         raise SettingsError(f"{where}.name must be lower-case letters, digits, - or _ (no '__'), e.g. 'github'")
+    if name.endswith(("_", "-")):  # gh_'s tool x would be gh___x, like gh's tool _x; and gh__* would match it
+        raise SettingsError(f"{where}.name {name!r} must not end with '_' or '-' (its tools are named "
+                            f"<name>{SEPARATOR}<tool>, and another server's names could then pass for its own)")
     where = f"{where} ({name})"
     command, url = entry.get("command"), entry.get("url")
     if (command is None) == (url is None):
@@ -81,6 +87,11 @@ def _server(where: str, entry: Any) -> McpServerSpec:
     for handed in env:
         if not NAME.match(handed):
             raise SettingsError(f"{where}.env: {handed!r} is not a credential name")
+        variable = env_name(handed)
+        if variable in _RESERVED_ENV or variable.startswith("LD_"):
+            raise SettingsError(f"{where}.env: {handed!r} would become {variable}, which the bot sets itself "
+                                "(the server's PATH, HOME, LANG, the loader's LD_* or the process marker): "
+                                "store the credential under another name")
     if env and url is not None:
         raise SettingsError(f"{where}.env hands credentials to a stdio server; an HTTP server takes credential")
     credential, connection = entry.get("credential"), entry.get("connection")
@@ -91,6 +102,10 @@ def _server(where: str, entry: Any) -> McpServerSpec:
             raise SettingsError(f"{where}.{key} is an HTTP server's bearer token; a stdio server takes env")
     if credential is not None and connection is not None:
         raise SettingsError(f"{where}: give credential or connection, not both")
+    if url is not None and (credential is not None or connection is not None) and URL(url).scheme == "http" \
+            and not _loopback(URL(url).raw_host or ""):
+        raise SettingsError(f"{where}.url is http://: its bearer token would cross the network in clear text; "
+                            "use https:// (plain http is accepted for localhost / 127.0.0.1 / ::1 only)")
     risk = entry.get("risk", "gated")
     if risk not in ("gated", "safe"):
         raise SettingsError(f"{where}.risk must be 'gated' (a person approves each call) or 'safe'")
@@ -104,3 +119,12 @@ def _server(where: str, entry: Any) -> McpServerSpec:
         raise SettingsError(f"{where}.sandbox must be true or false")
     return McpServerSpec(name=name, command=argv, url=url, env=env, credential=credential, connection=connection,
                          risk=risk, tools=tools, timeout_s=float(timeout), sandbox=sandbox)
+
+
+def _loopback(host: str) -> bool:
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -9,6 +9,7 @@ import fnmatch
 import json
 import logging
 import re
+import unicodedata
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -17,7 +18,7 @@ from mcp_types import CallToolResult
 from mcp_types import Tool as McpTool
 from yarl import URL
 
-from bot.mcp.servers import McpServer, ServerFailed
+from bot.mcp.servers import TOOLS_MAX, McpServer, ServerFailed
 from bot.mcp.spec import SEPARATOR
 from core.connections.spec import ConnectionSpec
 from core.stored_secrets import CredentialUse
@@ -26,6 +27,12 @@ from core.tools import Risk, Tool, ToolContext, ToolError
 log = logging.getLogger(__name__)
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what model APIs accept as a function name
 DESCRIPTION_MAX = 1024
+SCHEMA_MAX = 8192  # bytes of a tool's input schema as JSON: a bigger one is left out (it reaches every request)
+# Left out of descriptions and schema texts: what draws nothing yet reaches the model (zero-width, bidi
+# controls, the U+E0000 tag block, variation selectors that can carry hidden bytes, blank letters).
+_HIDDEN_CATEGORIES = {"Cf", "Cc", "Cs", "Co", "Zl", "Zp"}
+_HIDDEN_RANGES = ((0xE0000, 0xE007F), (0xE0100, 0xE01EF), (0xFE00, 0xFE0F), (0x180B, 0x180F))
+_BLANK = {0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x3164, 0xFFA0}
 Audit = Callable[[ToolContext, str, dict[str, Any]], Awaitable[None]]
 
 
@@ -69,12 +76,17 @@ def server_tools(server: McpServer, access: Access, audit: Audit, *, extra_timeo
     """The listed tools the entry's ``tools`` globs allow, as core tools (the unusable ones logged and left out)."""
     spec = server.spec
     tools: list[Tool] = []
-    for listed in server.tools or []:
+    for listed in (server.tools or [])[:TOOLS_MAX]:
         if not any(fnmatch.fnmatchcase(listed.name, pattern) for pattern in spec.tools):
             continue
         name = f"{spec.name}{SEPARATOR}{listed.name}"
         schema = dict(listed.input_schema or {"type": "object"})
         problem = None if _TOOL_NAME.match(name) else "its name is not a valid function name (or too long)"
+        if problem is None and listed.name.startswith("_"):
+            problem = f"its name begins with '_' ({name} could pass for a tool of another server)"
+        if problem is None and (size := len(json.dumps(schema, ensure_ascii=False).encode())) > SCHEMA_MAX:
+            problem = f"its input schema is too big ({size} bytes; at most {SCHEMA_MAX})"
+        schema = clean(schema) if problem is None else schema
         if problem is None and schema.get("type") != "object":
             problem = "its input schema is not an object"
         if problem is None:
@@ -83,7 +95,7 @@ def server_tools(server: McpServer, access: Access, audit: Audit, *, extra_timeo
             except jsonschema.SchemaError as exc:
                 problem = f"its input schema is invalid ({exc.message})"
         if problem is not None:
-            log.warning("MCP server %s: tool %r left out: %s", spec.name, listed.name, problem)
+            log.warning("MCP server %s: tool %a left out: %s", spec.name, listed.name[:80], problem)
             continue
         tools.append(Tool(
             name=name, description=_description(spec.name, listed), parameters=schema,
@@ -95,8 +107,27 @@ def server_tools(server: McpServer, access: Access, audit: Audit, *, extra_timeo
 
 
 def _description(server: str, tool: McpTool) -> str:
-    text = (tool.description or tool.title or "").strip()
+    text = clean((tool.description or tool.title or "")[:DESCRIPTION_MAX * 4]).strip()
     return f"[MCP server {server}] {text}"[:DESCRIPTION_MAX]
+
+
+def clean(value: Any) -> Any:
+    """``value`` (a text, or a schema: every string in it, keys too) without invisible characters."""
+    if isinstance(value, str):
+        return "".join(ch for ch in value if not _hidden(ch))
+    if isinstance(value, dict):
+        return {clean(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean(v) for v in value]
+    return value
+
+
+def _hidden(ch: str) -> bool:
+    if ch in "\n\t":
+        return False
+    code = ord(ch)
+    return (unicodedata.category(ch) in _HIDDEN_CATEGORIES or code in _BLANK
+            or any(low <= code <= high for low, high in _HIDDEN_RANGES))
 
 
 def _caller(server: McpServer, tool: str, access: Access, audit: Audit) -> Callable[[ToolContext, dict[str, Any]],

@@ -1,8 +1,13 @@
-"""A real MCP server built with the ``mcp`` SDK, for the tests: ``python -m tests.fakes.mcp_server stdio`` or
-``… http PORT``. Its tools: echo, add, slow, fail (an MCP tool error), crash (the process dies), env (whether
+"""A real MCP server built with the ``mcp`` SDK, for the tests: ``python -m tests.fakes.mcp_server stdio [MODE]``
+or ``… http PORT``. Its tools: echo, add, slow, fail (an MCP tool error), crash (the process dies), env (whether
 an environment variable is set, and its value: what a stdio server was handed). Over HTTP it can require a
 bearer token (FAKE_MCP_TOKEN), answering others 401 with FAKE_MCP_CHALLENGE as WWW-Authenticate, and
-records the Authorization header of each request in FAKE_MCP_LOG (one line each)."""
+records the Authorization header of each request in FAKE_MCP_LOG (one line each).
+
+A stdio MODE changes its listing (each tools/list is also recorded, a line in ``listings.log`` in its work
+folder): ``poison`` adds tools a bot must not take as they are (a name beginning with ``_``, one with a
+terminal escape, a 20 KB schema, invisible characters in a description and schema); ``many`` adds 150 tools,
+listed 40 a page; ``ttl`` lets clients cache the listing for a day; ``noisy`` first prints 50 KB to stderr."""
 
 from __future__ import annotations
 
@@ -13,8 +18,43 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ListToolsResult
+from mcp_types import Tool as McpTool
 
-server = MCPServer("fake")
+MODE = sys.argv[2] if sys.argv[1:2] == ["stdio"] and len(sys.argv) > 2 else ""
+PAGE = 40
+SNEAKY = "Say hi\u200b\U000e0041\U000e0042\u202e hidden\u2066"
+
+
+def _extra() -> list[McpTool]:
+    plain = {"type": "object"}
+    if MODE == "poison":
+        sneaky = {"type": "object", "properties": {"q": {"type": "string", "description": "a\u2066b\u2069c\ufeff",
+                                                         "enum": ["x\u200dy", "z\U000e0020"]}}}
+        big = {"type": "object", "properties": {"p": {"type": "string", "description": "A" * 20000}}}
+        return [McpTool(name="_hidden", input_schema=plain), McpTool(name="evil\x1b[31m", input_schema=plain),
+                McpTool(name="big", description="big", input_schema=big),
+                McpTool(name="sneaky", description=SNEAKY, input_schema=sneaky)]
+    if MODE == "many":
+        return [McpTool(name=f"t{i:03d}", description="one of many", input_schema=plain) for i in range(150)]
+    return []
+
+
+class FakeServer(MCPServer[Any]):
+    async def _handle_list_tools(self, ctx: Any, params: Any) -> ListToolsResult:
+        if MODE:
+            _append("listings.log", "tools/list")
+        tools = await self.list_tools() + _extra()
+        if MODE == "ttl":  # clients may serve this listing from their cache for a day
+            return ListToolsResult(tools=tools, ttl_ms=86_400_000, cache_scope="public")
+        if MODE == "many":
+            start = int(getattr(params, "cursor", None) or 0)
+            more = str(start + PAGE) if start + PAGE < len(tools) else None
+            return ListToolsResult(tools=tools[start:start + PAGE], next_cursor=more)
+        return ListToolsResult(tools=tools)
+
+
+server = FakeServer("fake")
 
 
 @server.tool()
@@ -92,4 +132,9 @@ if __name__ == "__main__":
 
         uvicorn.run(http_app(), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning", lifespan="on")
     else:
+        if MODE == "noisy":
+            for i in range(500):
+                sys.stderr.write(f"noise {i:04d} " + "x" * 89 + "\n")
+            sys.stderr.write("END\n")
+            sys.stderr.flush()
         server.run(transport="stdio")
