@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import re
 from pathlib import Path
@@ -195,6 +196,8 @@ class Settings(BaseSettings):
                                                    (url.database or "").lower().startswith("file:")):
             raise ValueError("SQLite URI filenames (file:..., ?uri=true) are not supported: give the file's "
                              "path, e.g. sqlite:////srv/bot/bot.db (absolute) or sqlite:///bot.db (relative)")
+        if url.get_backend_name() == "postgresql":
+            missing_extra("postgres", "asyncpg", "psycopg")
         return value
 
     @field_validator("http_allow_hosts")
@@ -305,6 +308,23 @@ class Settings(BaseSettings):
 
 def _split(value: str) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def missing_extra(extra: str, *modules: str) -> None:
+    """Raise ValueError naming what to install when a setting needs an optional dependency that is absent
+    (one line for the operator, never a traceback from deep inside a driver)."""
+    absent = [m for m in modules if not _importable(m)]
+    if absent:
+        raise ValueError(f"needs {', '.join(absent)}, which {'is' if len(absent) == 1 else 'are'} not installed: "
+                         f"pip install 'chatops-gateway[{extra}]'")
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
 
 
 def load_settings(env_file: str | Path | None = ".env", **overrides: object) -> Settings:

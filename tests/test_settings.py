@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from bot.errors import SettingsError
 from bot.settings import Settings, load_settings
+from tests.bot_process import run_to_exit
 
 SIGNING = "signing-secret-abcdef"
 
@@ -233,3 +235,21 @@ def test_several_bad_variables_each_named(monkeypatch: pytest.MonkeyPatch) -> No
         load_settings(env_file=None)
     assert "PORT" in str(info.value)
     assert "QUEUE_MODE" in str(info.value)
+
+
+def test_a_postgresql_url_without_its_drivers_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "asyncpg", None)  # as on a machine without the [postgres] extra
+    message = error_of(database_url="postgresql://u:secretpw@h/db")
+    assert "DATABASE_URL: needs asyncpg, which is not installed: pip install 'chatops-gateway[postgres]'" in message
+    assert "secretpw" not in message
+
+
+async def test_bot_run_without_the_postgres_driver_says_what_to_install_in_one_line(tmp_path: Path) -> None:
+    hide = tmp_path / "hide"
+    hide.mkdir()  # this interpreter cannot import the drivers (a sitecustomize that removes them)
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['asyncpg'] = None\nsys.modules['psycopg'] = None\n",
+                                           encoding="utf-8")
+    code, out = await run_to_exit(tmp_path, {"DATABASE_URL": "postgresql://bot:pw@127.0.0.1:1/bot", "PORT": "0",
+                                             "PYTHONPATH": f"{hide}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert code != 0 and "Traceback" not in out, out
+    assert "needs asyncpg, psycopg, which are not installed: pip install 'chatops-gateway[postgres]'" in out
