@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 SUBAGENT_CHANNEL = "subagent"  # no channel renders it: nothing is ever posted from a sub-agent's session
 TIMEOUT_S = 1800.0  # one delegate call, waiting for its slot included
+# Sub-agents one parent turn may run in all (one guest's mention must not fan out without end; several of a
+# step's calls may pass this check together, at most MAX_SUBAGENTS_PER_TURN - 1 more).
+MAX_RUNS_PER_TURN = 20
 NOTE = ("\n\nYou are working as a sub-agent on one task for another agent, which reads your answer. Nobody can "
         "be asked anything from here (no approvals, credentials or connections): do what you can with your "
         "tools, then answer with what you found or did, and what you could not do.")
@@ -99,6 +102,10 @@ class SubAgents:
         deadline = asyncio.timeout(self.timeout_s)
         try:
             async with deadline, self._slot(ctx.turn_id):
+                ran = sum(1 for r in await self.store.runs(ctx.session_id) if r.parent_turn == ctx.turn_id)
+                if ran >= MAX_RUNS_PER_TURN:
+                    raise ToolError(f"this turn already ran {ran} sub-agents, the most one turn may; do the rest "
+                                    "yourself, or answer with what you have")
                 turn = await self.store.open(ctx.session_id, parent_turn=ctx.turn_id, call_id=ctx.call_id,
                                              agent=name, task=task, sender=ctx.sender, place=ctx.place,
                                              channel=SUBAGENT_CHANNEL, now=self.clock.now())

@@ -14,6 +14,7 @@ from sqlmodel import select
 from bot.errors import SettingsError
 from bot.settings import Settings, load_settings
 from channels.slack.payloads import thread_session
+from core import subagents
 from core.budget import BudgetExhausted
 from core.commands import Command
 from core.model import SessionInfo, SessionStatus, TurnStatus
@@ -317,3 +318,20 @@ async def test_a_sub_agent_interrupted_by_a_crash_is_reported_to_the_parent_and_
         assert (run.session_id, run.status, run.error) == (f"sub:{session}:1", TurnStatus.FAILED, INTERRUPTED)
     finally:
         await db.close()
+
+
+async def test_a_turn_runs_at_most_max_runs_per_turn_sub_agents_in_all(
+    agents_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(subagents, "MAX_RUNS_PER_TURN", 2)
+    gateway: GatewayClient = await start_gateway(agents_settings(max_subagents_per_turn=1))
+    fake_llm.then(Reply(tool_calls=[_delegate("writer", "one"), _delegate("writer", "two")]), Reply("1"), Reply("2"),
+                  Reply(tool_calls=[_delegate("writer", "three")]), Reply("done"))
+    event = mention("fan out")
+    await gateway.send_event(event)
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert _tool_results(fake_llm.requests[-1])[-1].startswith("error: this turn already ran 2 sub-agents")
+    session = thread_session(TEAM_ID, "C1", event["ts"])
+    assert len(await SubAgentStore(gateway.app.db).runs(session)) == 2
