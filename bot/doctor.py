@@ -37,6 +37,8 @@ async def run_doctor() -> int:
         checks.append(await _slack(settings))
     if settings.provider == "openai":
         checks.append(await _model(settings))
+    if settings.provider == "anthropic":
+        checks.append(await _anthropic_model(settings))
     failed = False
     for check in checks:
         mark = "✓" if check.ok and not check.warning else ("!" if check.ok else "✗")
@@ -291,6 +293,38 @@ async def _model(settings: Settings) -> Check:
         return Check("model", False, f"{settings.llm_base_url} has no model {settings.llm_model!r} "
                      f"(it has {', '.join(names[:5])}{'…' if len(names) > 5 else ''})", "set LLM_MODEL to one of those")
     return Check("model", True, f"{settings.llm_base_url} reachable, model {settings.llm_model!r}")
+
+
+async def _anthropic_model(settings: Settings) -> Check:
+    """The key and the model, asked of the Messages API's host: the model's entry, or (a proxy without
+    /v1/models) a one-token message."""
+    import anthropic
+
+    from bot.providers.anthropic import api_base, classify
+
+    base = api_base(settings.llm_base_url)
+    fix = "check LLM_API_KEY, LLM_MODEL and LLM_BASE_URL"
+    client = anthropic.AsyncAnthropic(api_key=settings.llm_api_key or "not-needed", base_url=base, max_retries=0,
+                                      timeout=10)
+    try:
+        try:
+            info = await client.models.retrieve(settings.llm_model or "")
+            detail = f"{base} reachable, key accepted, model {settings.llm_model!r} ({info.display_name})"
+            if getattr(info, "lifecycle", None) == "deprecated":
+                return Check("model", True, f"{detail} is deprecated", "choose a current model for LLM_MODEL",
+                             warning=True)
+        except anthropic.NotFoundError:  # no such model, or a proxy without the models endpoint
+            await client.messages.create(model=settings.llm_model or "", max_tokens=1,
+                                         messages=[{"role": "user", "content": "ping"}])
+            detail = f"{base} reachable, key accepted, model {settings.llm_model!r} answers"
+    except anthropic.NotFoundError:
+        return Check("model", False, f"{base} has no model {settings.llm_model!r}",
+                     "set LLM_MODEL to a model id your Anthropic account has (e.g. claude-sonnet-4-5)")
+    except anthropic.APIError as exc:
+        return Check("model", False, classify(exc).user_message, fix)
+    finally:
+        await client.close()
+    return Check("model", True, detail)
 
 
 _MCP_FIX = {

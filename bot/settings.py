@@ -200,6 +200,13 @@ class Settings(BaseSettings):
             missing_extra("postgres", "asyncpg", "psycopg")
         return value
 
+    @field_validator("llm_provider")
+    @classmethod
+    def _provider_installed(cls, value: str | None) -> str | None:
+        if value == "anthropic":
+            missing_extra("anthropic", "anthropic")
+        return value
+
     @field_validator("http_allow_hosts")
     @classmethod
     def _host_names(cls, value: str | None) -> str | None:
@@ -246,6 +253,12 @@ class Settings(BaseSettings):
             raise ValueError("BOT_WEB_TOKEN must be at least 16 characters")
         if self.provider == "openai" and not self.llm_model:
             raise ValueError("LLM_MODEL is required for an OpenAI-compatible endpoint (e.g. gpt-4o-mini)")
+        if self.provider == "anthropic":
+            if not self.llm_model:
+                raise ValueError("LLM_MODEL is required for LLM_PROVIDER=anthropic (e.g. claude-sonnet-4-5)")
+            if not self.llm_api_key and not self.llm_base_url:
+                raise ValueError("LLM_API_KEY is required for LLM_PROVIDER=anthropic (an Anthropic API key, "
+                                 "sk-ant-…)")
         return self
 
     # -- derived --------------------------------------------------------------------------------

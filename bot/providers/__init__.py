@@ -22,7 +22,14 @@ def build_provider(settings: Settings) -> Provider:
             timeout_s=settings.llm_timeout_s,
             stream=settings.llm_stream,
         )
-    raise BotError(
-        f"LLM_PROVIDER={settings.provider} is not available in this version; "
-        "use 'openai' (any OpenAI-compatible endpoint, e.g. a LiteLLM proxy in front of Anthropic) or 'demo'"
-    )
+    if settings.provider == "anthropic":
+        from bot.providers.anthropic import AnthropicProvider
+
+        return AnthropicProvider(
+            base_url=settings.llm_base_url,
+            api_key=settings.llm_api_key,
+            model=settings.llm_model or "",
+            timeout_s=settings.llm_timeout_s,
+            stream=settings.llm_stream,
+        )
+    raise BotError(f"LLM_PROVIDER={settings.provider} is not available; use 'openai', 'anthropic' or 'demo'")
