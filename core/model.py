@@ -168,6 +168,9 @@ class TurnInfo:
     # Everyone whose words the turn took in (messages and context, not controls): it runs at the least
     # trusted level among them (core.trust).
     senders: tuple[str, ...] = ()
+    # Everyone whose words are in the conversation (this turn's senders first), when read in the transaction that
+    # started the turn; None: not read (a resumed turn), the runner reads it.
+    everyone: tuple[str, ...] | None = None
 
 
 class ApprovalStatus(enum.StrEnum):

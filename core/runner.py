@@ -238,8 +238,10 @@ class AgentRunner:
         earlier one in the conversation (a guest's request stays in the history when a member says "go")."""
         if self.trust is None:
             return None
-        earlier = await self.store.conversation_senders(turn.session.id)
-        return await self.trust.of_turn(turn.session, (*(turn.senders or (turn.sender,)), *earlier))
+        everyone = turn.everyone
+        if everyone is None:  # not read with the turn's start (a resumed turn): one query
+            everyone = (*(turn.senders or (turn.sender,)), *await self.store.conversation_senders(turn.session.id))
+        return await self.trust.of_turn(turn.session, everyone or (turn.sender,))
 
     async def _call_tool(self, call: ToolCall, allowed: set[str], ctx: ToolContext,
                          on_tool: Callable[[str], None] | None = None) -> str:

@@ -278,8 +278,14 @@ def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, n
     refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in batch)
     sender = messages[0].sender if messages else batch[0].sender
     turn = TurnInfo(id=turn_id, session=info, inputs=refs, sender=sender, input_ids=tuple(i.id for i in batch),
-                    senders=senders_of(batch))
+                    senders=senders_of(batch), everyone=conversation_senders(s, session_id, senders_of(batch)))
     return replace(_taken(turn, batch), more=more)
+
+
+def conversation_senders(s: Session, session_id: str, first: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """``first``, then everyone else whose words are in the conversation (earlier turns, context), each once."""
+    earlier = s.connection().execute(st.SENDERS, {"b_session": session_id}).scalars()
+    return tuple(dict.fromkeys((*first, *sorted(earlier))))
 
 
 def senders_of(inputs: Sequence[Row[Any]]) -> tuple[str, ...]:

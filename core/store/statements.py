@@ -50,6 +50,11 @@ def held(turn_id: Any, holder: Any, attempt: Any) -> tuple[Any, ...]:
 # -- reads -------------------------------------------------------------------------------------------
 SESSION = select(sessions).where(sessions.c.id == bindparam("b_session"))
 CONTROL_VALUE = select(control.c.value).where(control.c.key == bindparam("b_key"))
+# Everyone whose words are in a conversation (messages and context, never controls): a turn runs at the least
+# trusted level among them (core.trust), read in the transaction that starts it.
+SENDERS = (select(inputs.c.sender).where(inputs.c.session_id == bindparam("b_session"),
+                                         inputs.c.kind != InputKind.CONTROL, inputs.c.sender.is_not(None))
+           .distinct())
 TURN_HEAD = select(turns.c.session_id, turns.c.input_message_id).where(turns.c.id == bindparam("b_turn"))
 TURN_INPUTS = (select(inputs.c.id, inputs.c.kind, inputs.c.sender, inputs.c.platform_channel, inputs.c.platform_ts)
                .where(inputs.c.turn_id == bindparam("b_turn"), inputs.c.kind != InputKind.CONTROL)
