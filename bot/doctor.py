@@ -301,11 +301,11 @@ async def _anthropic_model(settings: Settings) -> Check:
     import anthropic
 
     from bot.providers.anthropic import api_base, classify
+    from bot.providers.anthropic import client as anthropic_client
 
     base = api_base(settings.llm_base_url)
     fix = "check LLM_API_KEY, LLM_MODEL and LLM_BASE_URL"
-    client = anthropic.AsyncAnthropic(api_key=settings.llm_api_key or "not-needed", base_url=base, max_retries=0,
-                                      timeout=10)
+    client = anthropic_client(settings.llm_api_key, base, 10)
     try:
         try:
             info = await client.models.retrieve(settings.llm_model or "")

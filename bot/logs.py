@@ -93,6 +93,8 @@ def configure_logging(level: str, fmt: str, secrets: Iterable[str]) -> Redacting
     root.handlers[:] = [handler]
     root.setLevel(level)
     # Library chatter at INFO would drown our lines (and aiohttp's access log repeats every request).
-    for noisy in ("aiohttp.access", "slack_bolt", "slack_sdk", "httpx", "openai", "alembic", "apscheduler"):
+    # The model SDKs' own lines name the endpoint's URL (INFO) and hold the whole prompt (DEBUG): never ours.
+    for noisy in ("aiohttp.access", "slack_bolt", "slack_sdk", "httpx", "httpx2", "openai", "anthropic", "alembic",
+                  "apscheduler"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
     return redactor

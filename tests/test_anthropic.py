@@ -324,3 +324,51 @@ async def test_a_slack_mention_is_answered_through_anthropic(api: Any, make_sett
     assert body["tools"][-1]["cache_control"] == {"type": "ephemeral"}
     assert all("cache_control" not in tool for tool in body["tools"][:-1])
     assert body["messages"][-1]["role"] == "user"
+
+
+# -- attack review ----------------------------------------------------------------------------------------
+
+
+async def test_a_redirect_is_not_followed_and_is_a_configuration_error() -> None:
+    from aiohttp import web
+
+    stolen: list[str] = []
+
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(f"http://{request.host}/steal")
+
+    async def steal(request: web.Request) -> web.Response:
+        stolen.append(await request.text())
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/messages", moved)
+    app.router.add_post("/steal", steal)
+    server = await RunningServer(app).start()
+    provider = AnthropicProvider(base_url=server.url, api_key="sk-ant-test", model=MODEL, timeout_s=5,
+                                 stream=False)
+    try:
+        with pytest.raises(ProviderError) as info:
+            await provider.complete(REQUEST)
+    finally:
+        await provider.aclose()
+        await server.stop()
+    assert info.value.status == 307 and not info.value.retryable and "LLM_BASE_URL" in str(info.value)
+    assert stolen == []  # the prompt went nowhere else
+
+
+def test_usage_figures_only_grow_and_unsupported_images_are_left_out() -> None:
+    from types import SimpleNamespace
+
+    from bot.providers.anthropic_format import StreamedMessage, body
+
+    whole = StreamedMessage()
+    whole.add(SimpleNamespace(type="message_start", message=SimpleNamespace(
+        usage=SimpleNamespace(input_tokens=120, output_tokens=1))))
+    whole.add(SimpleNamespace(type="message_delta", usage=SimpleNamespace(input_tokens=0, output_tokens=40)))
+    whole.add(SimpleNamespace(type="message_stop"))
+    assert whole.completion().usage == 160  # a later 0 does not wipe the input count
+    svg = "data:image/svg+xml;base64,PHN2Zz48L3N2Zz4="
+    request = CompletionRequest(instructions="x", messages=[ChatMessage("user", "look", images=(svg, PNG))])
+    blocks = body(MODEL, 100, request)["messages"][0]["content"]
+    assert [b["source"]["media_type"] for b in blocks if b["type"] == "image"] == ["image/png"]

@@ -117,6 +117,8 @@ def test_configure_logging_installs_redacting_handler(
     assert redactor in root.handlers[0].filters
     assert root.level == logging.INFO
     assert logging.getLogger("slack_sdk").level == logging.WARNING
+    # The model SDKs' lines name LLM_BASE_URL (INFO) and hold the whole prompt (DEBUG).
+    assert all(logging.getLogger(name).level == logging.WARNING for name in ("httpx", "httpx2", "openai", "anthropic"))
     logging.getLogger("bot.test").info("key %s and %s", SECRET, BOT_TOKEN)
     logging.getLogger("bot.test").debug("hidden")
     err = capsys.readouterr().err

@@ -44,8 +44,7 @@ class AnthropicProvider:
         self.base_url = api_base(base_url)
         # Retries are ours (classified, core.providers.complete_with_retries); the timeout is per phase
         # (connect, each read), not for a whole streamed answer.
-        self._client = anthropic.AsyncAnthropic(api_key=api_key or "not-needed", base_url=self.base_url,
-                                                max_retries=0, timeout=anthropic.Timeout(timeout_s))
+        self._client = client(api_key, self.base_url, timeout_s)
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -81,6 +80,14 @@ class AnthropicProvider:
         return whole.completion()
 
 
+def client(api_key: str | None, base_url: str, timeout_s: float) -> anthropic.AsyncAnthropic:
+    """The SDK's client, retrying nothing and following no redirect: a redirect would send the whole prompt
+    (and, to the same host, the key) wherever the endpoint says; it is a configuration error instead."""
+    return anthropic.AsyncAnthropic(api_key=api_key or "not-needed", base_url=base_url, max_retries=0,
+                                    timeout=anthropic.Timeout(timeout_s),
+                                    http_client=anthropic.DefaultAsyncHttpxClient(follow_redirects=False))
+
+
 def api_base(base_url: str | None) -> str:
     """LLM_BASE_URL as the SDK wants it: the API's root (it adds ``/v1/messages``), ``/v1`` taken off."""
     base = (base_url or DEFAULT_BASE_URL).rstrip("/")
@@ -97,6 +104,10 @@ def classify(exc: anthropic.APIError) -> ProviderError:
         return ProviderError("unknown", str(exc.message)[:300], retryable=False)
     kind = getattr(exc, "type", None) or _inner(exc.body).get("type")
     status = exc.status_code
+    if 300 <= status < 400:
+        return ProviderError("model", f"HTTP {status}: the endpoint redirects, and redirects are not followed (the "
+                             "prompt would go wherever it says); set LLM_BASE_URL to the final address",
+                             retryable=False, status=status)
     if status < 400:  # an error event inside a stream
         status = _STATUS_OF_TYPE.get(kind if isinstance(kind, str) else "", 500)
     detail = _detail(exc)

@@ -18,7 +18,7 @@ from core.providers import ChatMessage, Completion, CompletionRequest, ToolCall
 from core.text import clean_text
 
 CACHED = {"type": "ephemeral"}
-_DATA_URI = re.compile(r"data:(image/[A-Za-z0-9.+-]+);base64,(.*)", re.DOTALL)
+_DATA_URI = re.compile(r"data:(image/(?:png|jpeg|gif|webp));base64,(.*)", re.DOTALL)  # what the API takes
 _BAD_ID = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -179,8 +179,8 @@ class StreamedMessage:
         """Figures as they come: ``message_delta``'s are cumulative, so a later one replaces an earlier."""
         for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens"):
             value = getattr(usage, name, None)
-            if isinstance(value, int) and not isinstance(value, bool):
-                self._usage[name] = value
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                self._usage[name] = max(value, self._usage.get(name, 0))
 
     def completion(self) -> Completion:
         if not self.finished:
