@@ -29,9 +29,9 @@ from core.parking import Waiters
 from core.redaction import Redactor
 from core.store import CredentialStore
 from core.store.tables import CredentialRequestRow, SecretRow
-from core.stored_secrets import NAME, CredentialUse, env_name, hosts_of, open_secret, preferred
+from core.stored_secrets import NAME, CredentialUse, env_name, hosts_of, how_to_use, open_secret, preferred
 from core.tools import SUBAGENT_CANNOT_ASK, Risk, Tool, ToolContext, ToolError
-from core.trust import NOT_ALLOWED, is_restricted
+from core.trust import NOT_ALLOWED, restricted
 from core.vault import ROW_AAD, KeyRing, VaultError, row_context
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class CredentialService:
     async def _request(self, ctx: ToolContext, args: dict[str, Any]) -> str:
         name, scope = str(args["name"]), str(args.get("scope") or "agent")
         if usable := await self.store.usable(ctx.agent, name):
-            return f"{name} is already stored and granted to you; use it ({self._how(preferred(usable))})."
+            return f"{name} is already stored and granted to you; use it ({how_to_use(preferred(usable))})."
         # A request only ever adds a value: one for a shared name that exists would replace the
         # operator's value (and its hosts) for every agent granted it, and an agent-scoped copy
         # would shadow it for this agent (its own value is preferred). Nobody is asked.
@@ -110,11 +110,9 @@ class CredentialService:
             raise ToolError(_not_granted(name, ctx.agent))
         if ctx.subagent:
             raise ToolError(f"{name} is not stored, and {SUBAGENT_CANNOT_ASK} (they can ask for it)")
-        if is_restricted(ctx.trust):  # people are not asked for secrets on a guest's, outsider's or bot's word
-            assert ctx.trust is not None
-            if self.policy.trust is not None:
-                await self.policy.trust.refused(ctx.sender or "agent", ctx.trust, "request", f"credential:{name}",
-                                                session=ctx.session_id)
+        # People are not asked for secrets on a guest's, an outsider's or a bot's word.
+        if await restricted(self.policy.trust, ctx.trust, ctx.sender or "agent", "request", f"credential:{name}",
+                            session=ctx.session_id):
             raise ToolError(f"asking people for {name} is {NOT_ALLOWED} ({ctx.trust}); nobody was asked; continue "
                             "without it")
         if not ctx.interactive:
@@ -144,20 +142,11 @@ class CredentialService:
         # Provided; or cancelled because a value was stored meanwhile (by another request, an operator).
         usable = await self.store.usable(request.agent, name)
         if usable or request.status == CredentialStatus.PROVIDED:
-            how = f" ({self._how(preferred(usable))})" if usable else ""
+            how = f" ({how_to_use(preferred(usable))})" if usable else ""
             return f"{name} is now stored and granted to you; use it{how}."
         if request.scope == "shared" and await self.store.stored(name, "shared", "") is not None:
             raise ToolError(_not_granted(name, request.agent))
         raise ToolError(f"the request for {name} was cancelled; continue without it")
-
-    @staticmethod
-    def _how(row: SecretRow) -> str:
-        name, hosts = row.name, hosts_of(row)
-        if hosts is not None:
-            return (f"http_request takes credential={name!r} and sends it only to {', '.join(hosts)}; "
-                    "shell_run cannot be given it")
-        return (f"pass credentials=[{name!r}] to shell_run and it sees ${env_name(name)}; "
-                f"http_request takes credential={name!r}")
 
     async def _wait(self, request: CredentialRequestInfo, turn_id: int | None) -> CredentialRequestInfo:
         async def expire(request_id: int) -> CredentialRequestInfo:

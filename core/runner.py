@@ -12,6 +12,7 @@ from typing import Any
 from core.agents import Agent
 from core.answer_stream import AnswerStream, Emit
 from core.budget import ThreadBudget
+from core.chat_history import merge_user_runs, to_chat, turn_start
 from core.clock import Clock
 from core.context_window import ContextWindow, estimate, request_tokens
 from core.errors import ProviderError, StepLimitReached
@@ -137,16 +138,18 @@ class AgentRunner:
                           place=turn.session.place, preapproved=turn.session.preapproved,
                           trust=await self._trust_of(turn) if parent is None else parent.trust)
         if parent is not None:  # a sub-agent: the parent's sender, place and trust; nobody to ask
-            ctx = replace(ctx, sender=parent.sender, place=parent.place, interactive=False, subagent=True)
+            # Credentials and grants stay the parent agent's: delegating never borrows another agent's.
+            ctx = replace(ctx, agent=parent.agent, sender=parent.sender, place=parent.place, interactive=False,
+                          subagent=True)
         # Read where the turn was taken, in the same transaction, unless the caller did not.
         rows = transcript if transcript is not None else await self.store.transcript(session_id,
                                                                                      self.limits.history_messages)
-        history = await self._close_dangling_calls(_to_chat(rows), allowed_names, ctx, checking)
+        history = await self._close_dangling_calls(to_chat(rows), allowed_names, ctx, checking)
         if images and history and history[-1].role == "user":
             history[-1] = replace(history[-1], images=images)
 
         # This turn's messages (from its first, resumed or not) are never left out to fit the context window.
-        keep_from, tight = _turn_start(rows, turn.id, history), False
+        keep_from, tight = turn_start(rows, turn.id, history), False
         # Nothing of the live text leaves before the masks are current (the check started above).
         live = None if on_text is None else AnswerStream(on_text, self.redactor, checking)
         for _step in range(max_steps):
@@ -357,47 +360,7 @@ async def _cancel_all(tasks: Iterable[asyncio.Future[str]]) -> None:
             task.exception()
 
 
-def _turn_start(rows: Sequence[Any], turn_id: int, history: list[ChatMessage]) -> int:
-    """Where this turn's messages begin in the merged history: after what the rows before its first row
-    (by ``turn_id``) make; a resumed turn's own calls and results are its too."""
-    first = next((i for i, row in enumerate(rows) if getattr(row, "turn_id", None) == turn_id), len(rows))
-    # What _to_chat makes of the rows before it, counted without parsing them again: it drops leading non-user rows.
-    lead = next((i for i, row in enumerate(rows) if row.role == "user"), len(rows))
-    before = max(0, first - lead)
-    start = len(merge_user_runs(history[:before]))
-    # The last message before it and its first are both the user's: merged into one, which is this turn's.
-    if before and before < len(history) and history[before - 1].role == "user" and history[before].role == "user":
-        start -= 1
-    return max(0, start)
-
-
-def merge_user_runs(messages: list[ChatMessage]) -> list[ChatMessage]:
-    """Consecutive user messages (context, a merged batch, steered input) reach the model as one,
-    joined by a blank line, in arrival order."""
-    merged: list[ChatMessage] = []
-    for message in messages:
-        if merged and message.role == "user" and merged[-1].role == "user":
-            last = merged[-1]
-            text = "\n\n".join(t for t in (last.content, message.content) if t)
-            merged[-1] = replace(last, content=text, images=last.images + message.images)
-        else:
-            merged.append(message)
-    return merged
-
-
 def _truncate(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n[truncated: {len(text) - limit} more characters]"
-
-
-def _to_chat(rows: Sequence[Any]) -> list[ChatMessage]:
-    """Transcript rows (role, content, tool_calls, tool_call_id) as the model's messages."""
-    messages: list[ChatMessage] = []
-    for row in rows:
-        calls = tuple(ToolCall(**c) for c in json.loads(row.tool_calls)) if row.tool_calls else ()
-        messages.append(ChatMessage(row.role, row.content, calls, row.tool_call_id))
-    # A window that starts mid-exchange would hand the model results without their calls.
-    while messages and messages[0].role != "user":
-        messages.pop(0)
-    return messages

@@ -23,6 +23,16 @@ def env_name(name: str) -> str:
     return re.sub(r"[.-]", "_", name).upper()
 
 
+def how_to_use(row: SecretRow) -> str:
+    """How an agent uses a stored credential, told when it asks for one it already has."""
+    name, hosts = row.name, hosts_of(row)
+    if hosts is not None:
+        return (f"http_request takes credential={name!r} and sends it only to {', '.join(hosts)}; "
+                "shell_run cannot be given it")
+    return (f"pass credentials=[{name!r}] to shell_run and it sees ${env_name(name)}; "
+            f"http_request takes credential={name!r}")
+
+
 def hosts_of(row: SecretRow) -> list[str] | None:
     """The hosts a stored credential may be sent to; None: anywhere."""
     if not row.hosts:

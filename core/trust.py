@@ -45,6 +45,16 @@ def is_restricted(level: str | None) -> bool:
     return level is not None and level in RESTRICTED
 
 
+async def restricted(levels: SenderTrust | None, level: str | None, actor: str, action: str, subject: str,
+                     **detail: Any) -> bool:
+    """Whether ``level`` (a turn's, or a person's) is restricted; a refusal of ``action`` is audited when it is."""
+    if not is_restricted(level):
+        return False
+    if levels is not None:
+        await levels.refused(actor, str(level), action, subject, **detail)
+    return True
+
+
 class TrustLabels(Protocol):
     """What a channel says about a sender (its port): member, guest, external, bot, or None when unknown."""
 

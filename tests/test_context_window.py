@@ -159,7 +159,7 @@ async def test_a_resumed_turn_keeps_its_own_question() -> None:
     """After a restart the turn's history ends with its own calls: its question is still never left out."""
     from types import SimpleNamespace
 
-    from core.runner import _turn_start
+    from core.chat_history import turn_start as _turn_start
 
     rows = [SimpleNamespace(role="user", content="old " + "o" * 5_000, tool_calls=None, tool_call_id=None, turn_id=1),
             SimpleNamespace(role="assistant", content="old answer", tool_calls=None, tool_call_id=None, turn_id=1),
@@ -167,7 +167,7 @@ async def test_a_resumed_turn_keeps_its_own_question() -> None:
             SimpleNamespace(role="assistant", content="", tool_calls='[{"id": "a", "name": "time_now", '
                             '"arguments": "{}"}]', tool_call_id=None, turn_id=2),
             SimpleNamespace(role="tool", content="r" * 5_000, tool_call_id="a", tool_calls=None, turn_id=2)]
-    from core.runner import _to_chat
+    from core.chat_history import to_chat as _to_chat
 
     history = _to_chat(rows)
     keep = _turn_start(rows, 2, history)

@@ -335,3 +335,20 @@ async def test_a_turn_runs_at_most_max_runs_per_turn_sub_agents_in_all(
     assert _tool_results(fake_llm.requests[-1])[-1].startswith("error: this turn already ran 2 sub-agents")
     session = thread_session(TEAM_ID, "C1", event["ts"])
     assert len(await SubAgentStore(gateway.app.db).runs(session)) == 2
+
+
+async def test_a_sub_agent_never_borrows_the_credentials_of_the_agent_it_runs(
+    agents_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    gateway: GatewayClient = await start_gateway(agents_settings())
+    # A value only the researcher holds: run as the default agent's sub-agent, it is not the researcher's to use.
+    await gateway.app.credentials.set_secret("research.token", "r3search-value-1", scope="agent",
+                                             agent="researcher", by="operator")
+    fake_llm.then(Reply(tool_calls=[_delegate("researcher", "use research.token")]),
+                  Reply(tool_calls=[("credential_request", {"name": "research.token", "reason": "to look"})]),
+                  Reply("I do not have it."), Reply("The helper had no token."))
+    await gateway.send_event(mention("ask the researcher"))
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    [result] = _tool_results(fake_llm.requests[2])
+    assert SUBAGENT_CANNOT_ASK in result and "already stored" not in result

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from typing import Any
 
 import anthropic
 import httpx2
 
 from bot.providers.anthropic_format import StreamedMessage, body, completion
+from bot.providers.retry_after import retry_after_seconds
 from core.errors import ProviderError
 from core.providers import Completion, CompletionRequest, TextStream
 
@@ -111,7 +111,7 @@ def classify(exc: anthropic.APIError) -> ProviderError:
     if status < 400:  # an error event inside a stream
         status = _STATUS_OF_TYPE.get(kind if isinstance(kind, str) else "", 500)
     detail = _detail(exc)
-    retry_after = _seconds(exc.response.headers.get("retry-after"))
+    retry_after = retry_after_seconds(exc.response.headers.get("retry-after"))
     if status in (401, 403):
         return ProviderError("auth", f"HTTP {status}: {detail}", retryable=False, status=status)
     if status in (429, 529):
@@ -151,11 +151,3 @@ def _detail(exc: anthropic.APIStatusError) -> str:
         return str(message)[:300]
     return (json.dumps(exc.body) if isinstance(exc.body, dict) else str(exc.body or exc.message))[:300]
 
-
-def _seconds(value: Any) -> float | None:
-    """A Retry-After in seconds, if it is one (finite, not negative; not an HTTP date, "inf" or "nan")."""
-    try:
-        seconds = float(value) if value is not None else None
-    except ValueError:
-        return None
-    return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 else None

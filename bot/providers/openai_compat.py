@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
 from bot.providers.openai_stream import StreamedCompletion
+from bot.providers.retry_after import retry_after_seconds
 from core.errors import ProviderError
 from core.providers import ChatMessage, Completion, CompletionRequest, TextStream, ToolCall
 from core.text import clean_text
@@ -209,7 +209,7 @@ def _status_error(status: int, text: str, headers: Any) -> _StatusError:
     inner = body.get("error", body) if isinstance(body, dict) else None
     detail = _detail_of(body, text or f"HTTP {status}")
     param = inner.get("param") if isinstance(inner, dict) and isinstance(inner.get("param"), str) else None
-    return _StatusError(_kind_of(status, detail, _seconds(headers.get("retry-after"))), detail, param)
+    return _StatusError(_kind_of(status, detail, retry_after_seconds(headers.get("retry-after"))), detail, param)
 
 
 def _detail_of(body: Any, fallback: str) -> str:
@@ -238,14 +238,6 @@ def _kind_of(status: int | None, detail: str, retry_after: float | None) -> Prov
         return ProviderError("model", f"HTTP {status}: {detail}", retryable=True, status=status)
     return ProviderError("unknown", f"HTTP {status}: {detail}", retryable=False, status=status)
 
-
-def _seconds(value: Any) -> float | None:
-    """A Retry-After in seconds, if it is one (finite, not negative; not an HTTP date, "inf" or "nan")."""
-    try:
-        seconds = float(value) if value is not None else None
-    except ValueError:
-        return None
-    return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 else None
 
 
 def _cleaned(value: Any) -> Any:
@@ -286,7 +278,8 @@ def classify(exc: openai.APIError) -> ProviderError:
     if isinstance(exc, openai.APIResponseValidationError):
         return ProviderError("model", f"unexpected response from the endpoint: {_detail(exc)}", retryable=False)
     status = getattr(exc, "status_code", None)
-    retry_after = _seconds(exc.response.headers.get("retry-after")) if isinstance(exc, openai.APIStatusError) else None
+    headers = exc.response.headers if isinstance(exc, openai.APIStatusError) else {}
+    retry_after = retry_after_seconds(headers.get("retry-after"))
     if status is None and isinstance(exc, openai.InternalServerError):
         status = 500
     return _kind_of(status, _detail(exc), retry_after)

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 TTL_S = 600.0
 NAME_MAX = 40
 _USER = re.compile(r"[UW][A-Z0-9]{1,31}")
+_TEAM = re.compile(r"[TE][A-Z0-9]{1,31}")  # a workspace (or Enterprise Grid org) id
 # Nothing invisible, nothing that reorders text, no markup: control and format characters, bidi marks,
 # zero-width and tag characters, the soft hyphen, and ``<>&@``.
 _UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u206f"
@@ -106,6 +107,12 @@ class SlackPeople:
         if found is not None:
             self._known[user] = found
         return found, True
+
+
+def team_of(place: str | None) -> str | None:
+    """The workspace (or Enterprise Grid org) id of a place ``slack:<team>:<channel>``, if it names one."""
+    parts = (place or "").split(":")
+    return parts[1] if len(parts) >= 3 and parts[0] == "slack" and _TEAM.fullmatch(parts[1]) else None
 
 
 def _shown(raw: str) -> str | None:

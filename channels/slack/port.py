@@ -16,14 +16,12 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.slack.api import error_code, transient
 from channels.slack.blocks import answer_blocks
 from channels.slack.formatting import split_message, to_mrkdwn
-from channels.slack.people import SlackPeople
+from channels.slack.people import SlackPeople, team_of
 from channels.slack.streams import LiveStream, SlackStreams
 from core.errors import InvalidInput
 from core.model import SessionInfo
 from core.ports import DeliveryFailed, DeliveryId, FetchFailed, FileTooBig, Receipt
 from core.tools import ToolError
-
-_TEAM = re.compile(r"[TE][A-Z0-9]{1,31}")  # a workspace (or Enterprise Grid org) id
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +56,13 @@ class SlackPort:
 
     async def sender_trust(self, sender: str, place: str | None) -> str | None:
         """A label from Slack's facts about ``sender``, relative to the installation's team: the workspace of
-        ``place`` (``slack:<team>:<channel>``), else the one auth.test names (a schedule's destination place
-        carries none). Looked up when a turn or a decision needs it, never on the ack path. None when the team
-        cannot be known (an unknown label: core counts it as a guest)."""
-        parts = (place or "").split(":")
-        team = parts[1] if len(parts) >= 3 and parts[0] == "slack" and _TEAM.fullmatch(parts[1]) else None
+        ``place``, else the one auth.test names (a schedule's destination place carries none). Looked up when
+        a turn or a decision needs it, never on the ack path. None: unknown (core counts it as a guest)."""
+        team = team_of(place)
         if team is None:
             await self.identity()  # a failure here is an unknown label (core: a guest), never more trust
             team = self._team
-        if team is None:
-            return None
-        return await self.people.trust(sender, team)
+        return None if team is None else await self.people.trust(sender, team)
 
     # -- answers --------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from core.store.schedules import ScheduleStore
 from core.store.tables import ScheduleRow
 from core.text import MAX_ID, clean_text
 from core.triggers import TriggerSpec
-from core.trust import NOT_ALLOWED, SenderTrust, Trust, is_restricted
+from core.trust import NOT_ALLOWED, SenderTrust, Trust, is_restricted, restricted
 from core.views import ScheduleView
 
 log = logging.getLogger(__name__)
@@ -76,10 +76,7 @@ class ScheduleService:
         levels = self.approvals.policy.trust
         if trust is None and levels is not None:  # a person's own request (a command): their level
             trust = await levels.level(origin.channel, creator, origin.place)
-        if is_restricted(trust):
-            assert trust is not None
-            if levels is not None:
-                await levels.refused(creator, trust, "create", "schedule", session=origin.id)
+        if await restricted(levels, trust, creator, "create", "schedule", session=origin.id):
             raise NotAllowed(f"creating schedules is {NOT_ALLOWED} ({trust}): a schedule runs on its creator's "
                              "authority, which guests, people from other organisations and bots do not have here")
         prompt = clean_text(prompt)  # stored, then fired as a message: no NUL, no lone surrogate

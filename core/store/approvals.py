@@ -11,8 +11,8 @@ from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from core.model import ApprovalInfo, ApprovalStatus, InputStatus, SessionStatus
-from core.store.conversations import session_info
 from core.store.database import Database
+from core.store.row_views import session_info
 from core.store.tables import ApprovalRow, ApprovalVoteRow, AuditRow, GrantRow, InputRow, SessionRow
 
 

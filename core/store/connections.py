@@ -15,8 +15,8 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from core.model import ConnectionGap, ConnectionRequestInfo, ConnectionStatus, InputKind, SessionStatus
 from core.store.approvals import audit_row
 from core.store.connection_tables import ConnectionRequestRow, ConnectionRow, OAuthStateRow
-from core.store.conversations import session_info
 from core.store.database import Database
+from core.store.row_views import session_info
 from core.store.tables import InputRow, SessionRow
 
 Connected = tuple[ConnectionRow, ConnectionRequestInfo | None]

@@ -14,8 +14,8 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from core.model import CredentialRequestInfo, CredentialStatus, SessionStatus
 from core.store.approvals import audit_row
-from core.store.conversations import session_info
 from core.store.database import Database
+from core.store.row_views import session_info
 from core.store.statements import secrets_fingerprint
 from core.store.tables import (
     CredentialLinkRow,

@@ -12,8 +12,8 @@ from sqlmodel import Session, col, select
 
 from core.model import DeliveryStatus, SessionInfo
 from core.store import statements as st
-from core.store.conversations import session_info
 from core.store.database import Database
+from core.store.row_views import session_info
 from core.store.tables import ControlRow, DeliveryRow, SessionRow, TurnRow
 
 INSTALL_KEY = "delivery_install"  # the control row holding this database's install id (see ``install_id``)

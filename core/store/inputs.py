@@ -28,9 +28,10 @@ from core.model import (
 )
 from core.store import statements as st
 from core.store.control import queue_mode_of
-from core.store.conversations import resume_interrupted, session_info, transcript, turn_info, turn_outcome
+from core.store.conversations import resume_interrupted, transcript
 from core.store.database import Database
 from core.store.intake import Accepted, Arrival, Intake, waiting_messages
+from core.store.row_views import session_info, turn_info, turn_outcome
 from core.store.tables import InputRow, MessageRow, ProcessedEventRow, SessionRow, TurnRow
 
 

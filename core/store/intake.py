@@ -19,8 +19,8 @@ from core.errors import InvalidInput
 from core.model import VIEW_KEY, Inbound, InputKind, InputStatus, SessionInfo, SessionStatus
 from core.store import statements as st
 from core.store.control import INTAKE_PAUSED
-from core.store.conversations import session_info
 from core.store.database import Database
+from core.store.row_views import session_info
 
 MAX_GROUP = 256  # inputs per transaction: a burst larger than this is written in several
 
