@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from aiohttp import web
 from yarl import URL
@@ -15,6 +15,7 @@ from bot.agents_config import load_agents
 from bot.connections_config import build_connections
 from bot.egress import EgressPolicy
 from bot.errors import Failed
+from bot.health import healthz, readyz_handler, until_ready
 from bot.home import secure_home
 from bot.keys import load_keyring
 from bot.mcp.manager import McpServers, audit_to
@@ -76,7 +77,8 @@ class Channel(Protocol):
 
     def routes(self) -> list[web.RouteDef]: ...
     async def start(self) -> None: ...
-    async def stop(self) -> None: ...
+    async def stop(self) -> None: ...  # takes no more input
+    async def close(self) -> None: ...  # after the drain: what the drained turns still used
 
 
 @dataclass
@@ -101,7 +103,7 @@ class Application:
 
     async def start(self) -> None:
         """Listen, then migrate, recover and start channels. Order matters: a busy port fails before
-        anything is changed, and until recovery is done every request gets 503 (``_until_ready``)."""
+        anything is changed, and until recovery is done every request gets 503 (``bot.health.until_ready``)."""
         await self._listen()
         try:
             await self._recover()
@@ -169,6 +171,8 @@ class Application:
         if self.mcp is not None:
             await self.mcp.stop()
         await self.deliveries.stop()
+        for channel in self.channels:
+            await channel.close()
         close = getattr(self.dispatcher.runner.provider, "aclose", None)  # a provider's HTTP session
         if close is not None:
             await close()
@@ -300,7 +304,7 @@ def build_application(
                       sandbox_peers=peers, connections=connections.service if connections is not None else None,
                       mcp=mcp)
     app.web_app.middlewares.append(peers.middleware())
-    app.web_app.middlewares.append(_until_ready(app))
+    app.web_app.middlewares.append(until_ready(app))
     # The port actually bound (PORT=0 picks one).
     egress.own_port = lambda: app.listening_port or settings.port or None
     if settings.bot_web_chat:
@@ -335,7 +339,7 @@ def build_application(
         tools.register(message_send_tool(slack.port.send_message))
         app.channels.append(slack)
     metrics = Metrics(db, bus, token=settings.bot_web_token)
-    app.web_app.add_routes([web.get("/healthz", _healthz), web.get("/readyz", _readyz_handler(app)),
+    app.web_app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz_handler(app)),
                             web.get("/metrics", metrics.handle)])
     link_page = CredentialLinkPage(CredentialLinks(credentials), trusted_proxies=settings.trusted_proxies)
     app.web_app.add_routes(link_page.routes())
@@ -359,44 +363,3 @@ def setting_secrets(settings: Settings) -> list[tuple[str, str]]:
     pairs = [(name, value) for name, value in named.items() if value and len(value) >= 4]
     known = {value for _name, value in pairs}
     return pairs + [("setting", value) for value in settings.secret_values() if value not in known]
-
-
-async def _healthz(_request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-_ALWAYS_SERVED = ("/healthz", "/readyz")
-
-
-def _until_ready(app: Application) -> Any:
-    """While starting (recovery) and stopping, nothing is taken in: 503, which Slack answers by
-    delivering the event again later (to this process once ready, or the next one)."""
-
-    @web.middleware
-    async def until_ready(request: web.Request, handler: Any) -> web.StreamResponse:
-        if app.phase == "ready" or request.path in _ALWAYS_SERVED:
-            response: web.StreamResponse = await handler(request)
-            return response
-        return web.json_response({"error": f"the bot is {app.phase}; try again in a moment"}, status=503,
-                                 headers={"Retry-After": "2"})
-
-    return until_ready
-
-
-def _readyz_handler(app: Application) -> Any:
-    async def readyz(_request: web.Request) -> web.Response:
-        problems: list[str] = []
-        try:
-            await app.db.ping()
-        except Exception as exc:
-            problems.append(f"database: {type(exc).__name__}")
-        if app.phase != "ready":
-            problems.append(f"the bot is {app.phase}")
-        problems += [f"channel {c.name} not started" for c in app.channels if not c.started]
-        if not app.dispatcher.accepting:
-            problems.append("gateway not accepting")
-        if problems:
-            return web.json_response({"status": "not ready", "problems": problems}, status=503)
-        return web.json_response({"status": "ready", "channels": [c.name for c in app.channels]})
-
-    return readyz

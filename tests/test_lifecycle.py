@@ -196,6 +196,29 @@ async def test_sigterm_drains_a_running_turn_and_keeps_a_parked_one(
     assert "ancel" not in _shown(fake_slack)
 
 
+async def test_a_slack_call_in_flight_at_sigterm_is_finished_by_the_drain(
+    tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    """The Slack session outlives the drain: an answer being posted when SIGTERM comes lands then, not
+    cut off (a cut-off users.info would also have labelled the sender a guest)."""
+    env = _env(fake_slack, fake_llm, unused_port)
+    fake_slack.post_delay_s = 1.5
+    gate = Gate(Reply("posted while stopping"))
+    fake_llm.then(gate)
+    bot = await BotProcess(tmp_path, env).start()
+    assert await send_event(bot, mention("answer slowly"), "EvSlowPost") == 200
+    await asyncio.wait_for(gate.reached.wait(), 10)
+    gate.opened.set()
+    await asyncio.sleep(0.5)  # the answer's chat.postMessage is on its way (Slack takes 1.5 s)
+    assert bot.proc is not None
+    bot.proc.send_signal(signal.SIGTERM)
+    async with asyncio.timeout(15):
+        assert await bot.proc.wait() == 0
+    assert "bot stopped" in await _last_line(bot)
+    assert "answer of turn 1 delivered" in bot.stdout and "failed" not in bot.stdout, bot.stdout
+    assert _texts(fake_slack).count("posted while stopping") == 1
+
+
 async def test_a_stopped_turn_does_not_cancel_the_wait_it_left_behind(
     tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:

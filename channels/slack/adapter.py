@@ -136,10 +136,14 @@ class SlackChannel:
 
     async def stop(self) -> None:
         self.started = False
-        if self.port.streams is not None:
-            await self.port.streams.close()
         if self._socket is not None:
             await self._socket.close_async()
+
+    async def close(self) -> None:
+        # Only after running turns were drained: they still post, stream and look people up (a lookup cut
+        # off here would label a member a guest and cancel the request their resumed turn waits on).
+        if self.port.streams is not None:
+            await self.port.streams.close()
         session, self.client.session = self.client.session, None
         if session is not None:
             await session.close()

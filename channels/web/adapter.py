@@ -109,6 +109,9 @@ class WebChannel:
             for queue in queues:
                 queue.put_nowait(None)  # ends the SSE streams so the server can shut down
 
+    async def close(self) -> None:
+        pass
+
     # -- pages ----------------------------------------------------------------------------------
 
     async def _index(self, _request: web.Request) -> web.Response:
