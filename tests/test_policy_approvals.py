@@ -180,9 +180,6 @@ async def test_dm_cards_reminders_and_escalation_update_every_copy(
     posts = await fake_slack.wait_for("chat.postMessage", 4)  # U7, U8 and U9 by DM, then the thread
     assert [p.params["channel"] for p in posts[:4]] == ["DU7", "DU8", "DU9", "C1"]
     assert all("approval:approve" in json.dumps(p.params["blocks"]) for p in posts[:4])
-    await gateway.interact(block_action("approval:approve", posts[3].params["blocks"][-1]["elements"][0]["value"],
-                                        user="U5"))  # not an approver yet
-    assert "can't approve" in (await fake_slack.wait_for("chat.postEphemeral"))[0].params["text"]
 
     posts = await fake_slack.wait_for("chat.postMessage", 9)  # the reminder, and a card to U7, U8, U9, U5
     reminder = posts[4].params
@@ -202,6 +199,22 @@ async def test_dm_cards_reminders_and_escalation_update_every_copy(
     assert all("approval:approve" not in json.dumps(u.params["blocks"]) for u in fake_slack.of("chat.update"))
     audit = [row.action for row in await gateway.app.approvals.store.audit_log()]
     assert "approval.reminded" in audit and "approval.approved" in audit
+
+
+async def test_whom_a_rule_escalates_to_cannot_decide_before_the_reminder(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """escalate_to joins the approvers at remind_after_s, not before (a reminder far off: no race)."""
+    gateway = await _start(make_settings, start_gateway, tmp_path,
+                           '[[policies]]\ntool = "shell_run"\napprovers = ["U7"]\n'
+                           'remind_after_s = 300\nescalate_to = ["U5"]\ntimeout_s = 600\n')
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo paged"})]))
+    await gateway.send_event(mention("page them"))
+    card = (await fake_slack.wait_for("chat.postMessage"))[0]
+    await gateway.interact(block_action("approval:approve", card.params["blocks"][-1]["elements"][0]["value"],
+                                        user="U5"))
+    assert "can't approve" in (await fake_slack.wait_for("chat.postEphemeral"))[0].params["text"]
+    assert "approval.approved" not in [row.action for row in await gateway.app.approvals.store.audit_log()]
 
 
 async def test_dm_only_cards_fall_back_to_the_thread_when_the_list_is_cut(
