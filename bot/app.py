@@ -27,6 +27,7 @@ from bot.sandbox import probe as probe_sandbox
 from bot.sandbox_peers import SandboxPeers
 from bot.settings import Settings
 from bot.slack_config import load_suggested_prompts
+from bot.slack_installs import slack_install
 from bot.tools import build_registry
 from bot.tools.message import message_send_tool
 from bot.tools.schedules import schedule_tools
@@ -318,7 +319,6 @@ def build_application(
     if settings.slack_mode is not None:
         from channels.slack import SlackChannel, SlackConfig
 
-        assert settings.slack_bot_token is not None
         slack = SlackChannel(
             SlackConfig(
                 bot_token=settings.slack_bot_token,
@@ -334,6 +334,7 @@ def build_application(
                 stop_offer_s=settings.slack_stop_offer_s,
             ),
             gateway,
+            install=slack_install(settings, db, credentials, clock) if settings.slack_oauth else None,
         )
         ports.register(slack.port)  # answers, destinations and user groups (BOT_APPROVERS) go through it
         tools.register(message_send_tool(slack.port.send_message))
@@ -358,7 +359,8 @@ def build_application(
 def setting_secrets(settings: Settings) -> list[tuple[str, str]]:
     """The bot's own secrets as (name, value), masked like stored ones: named where the name helps."""
     named = {"SLACK_BOT_TOKEN": settings.slack_bot_token, "SLACK_APP_TOKEN": settings.slack_app_token,
-             "SLACK_SIGNING_SECRET": settings.slack_signing_secret, "LLM_API_KEY": settings.llm_api_key,
+             "SLACK_SIGNING_SECRET": settings.slack_signing_secret,
+             "SLACK_CLIENT_SECRET": settings.slack_client_secret, "LLM_API_KEY": settings.llm_api_key,
              "BOT_WEB_TOKEN": settings.bot_web_token}
     pairs = [(name, value) for name, value in named.items() if value and len(value) >= 4]
     known = {value for _name, value in pairs}

@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     manifest.add_argument("--mode", choices=["socket", "http"], default="http",
                           help="http: Slack calls https://<host>/slack/events; socket: the bot opens a WebSocket "
                                "to Slack, no public URL needed (default: %(default)s)")
+    manifest.add_argument("--distribution", action="store_true",
+                          help="the multi-workspace app (SLACK_CLIENT_ID/SECRET): installs through /slack/install, "
+                               "with oauth_config.redirect_urls (HTTP mode)")
     _command(sub, "pause", "stop taking new requests (accepted work continues); every replica sees it",
              "New messages get a 'paused' reply until `bot resume`.")
     _command(sub, "resume", "take new requests again")
@@ -210,7 +213,8 @@ def _known_secrets() -> list[str]:
     try:
         return load_settings().secret_values()
     except BotError:  # settings that do not load: take the raw values from the environment
-        names = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "LLM_API_KEY", "BOT_WEB_TOKEN")
+        names = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "SLACK_CLIENT_SECRET", "LLM_API_KEY",
+                 "BOT_WEB_TOKEN")
         values = [os.environ.get(n, "") for n in names]
         values += [key.rpartition(":")[2] for key in os.environ.get("BOT_SECRET_KEYS", "").split(",")]
         password = re.match(r"[^:/]*://[^:/@]*:(.*)@", os.environ.get("DATABASE_URL", ""))
@@ -220,7 +224,10 @@ def _known_secrets() -> list[str]:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "manifest":
-        sys.stdout.write(render_manifest(args.mode))
+        if args.distribution and args.mode == "socket":
+            sys.stderr.write("bot manifest: --distribution needs --mode http (multi-workspace apps use HTTP mode)\n")
+            return 2
+        sys.stdout.write(render_manifest(args.mode, distribution=args.distribution))
         return 0
     if args.command == "doctor":
         from bot.doctor import run_doctor

@@ -33,7 +33,11 @@ async def run_doctor() -> int:
     checks += await _keys(settings)
     checks += _trust_boundary(settings)
     checks += await _mcp_servers(settings)
-    if settings.slack_mode is not None:
+    if settings.slack_oauth:
+        from bot.slack_doctor import installation_checks
+
+        checks += await installation_checks(settings)
+    elif settings.slack_mode is not None:
         checks.append(await _slack(settings))
     if settings.provider == "openai":
         checks.append(await _model(settings))

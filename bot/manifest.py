@@ -35,19 +35,32 @@ BOT_EVENTS = [
 ]
 
 
+# Multi-workspace (distributed) app: these events remove a workspace's install (its token is dead).
+DISTRIBUTION_EVENTS = ["app_uninstalled", "tokens_revoked"]
+
+
 def build_manifest(mode: Mode, *, name: str = "Chat-ops bot", command: str = "/bot",
-                   request_url: str = "https://bot.example.com/slack/events") -> dict[str, Any]:
+                   request_url: str = "https://bot.example.com/slack/events",
+                   distribution: bool = False) -> dict[str, Any]:
+    """``distribution``: the multi-workspace (OAuth) app, installed through ``/slack/install`` (HTTP mode only):
+    the redirect URL Slack sends installers back to, and the uninstall events."""
     socket = mode == "socket"
+    if distribution and socket:
+        raise ValueError("a distributed (multi-workspace) app runs in HTTP mode, not Socket Mode")
     slash: dict[str, Any] = {"command": command, "description": "Talk to the chat-ops bot",
                              "usage_hint": "help | status | stop | queue <mode> | approvals | schedule | schedules",
                              "should_escape": False}
-    events: dict[str, Any] = {"bot_events": BOT_EVENTS}
+    events: dict[str, Any] = {"bot_events": BOT_EVENTS + (DISTRIBUTION_EVENTS if distribution else [])}
     # Buttons (Approve / Deny / Always allow, Stop, feedback), the Deny reason modal, the message shortcut.
     interactivity: dict[str, Any] = {"is_enabled": True}
     if not socket:
         slash["url"] = request_url
         events["request_url"] = request_url
         interactivity["request_url"] = request_url
+    oauth: dict[str, Any] = {"scopes": {"bot": BOT_SCOPES}}
+    if distribution:
+        base = request_url.removesuffix("/slack/events")
+        oauth = {"redirect_urls": [f"{base}/slack/oauth_redirect"]} | oauth
     return {
         "display_information": {"name": name, "description": "Answers mentions in threads with an LLM agent"},
         "features": {
@@ -59,7 +72,7 @@ def build_manifest(mode: Mode, *, name: str = "Chat-ops bot", command: str = "/b
             "shortcuts": [{"name": "Stop this turn", "type": "message", "callback_id": STOP_SHORTCUT,
                            "description": "Stop the bot's work in this message's thread"}],
         },
-        "oauth_config": {"scopes": {"bot": BOT_SCOPES}},
+        "oauth_config": oauth,
         "settings": {
             "event_subscriptions": events,
             "interactivity": interactivity,
@@ -70,5 +83,5 @@ def build_manifest(mode: Mode, *, name: str = "Chat-ops bot", command: str = "/b
     }
 
 
-def render_manifest(mode: Mode) -> str:
-    return json.dumps(build_manifest(mode), indent=2) + "\n"
+def render_manifest(mode: Mode, *, distribution: bool = False) -> str:
+    return json.dumps(build_manifest(mode, distribution=distribution), indent=2) + "\n"

@@ -8,12 +8,13 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from bot.errors import SettingsError
+from bot.slack_settings import slack_mode_problem, slack_shape_problem
 
 QueueMode = Literal["steer", "collect", "followup"]
 ProviderName = Literal["openai", "anthropic", "demo"]
@@ -27,6 +28,14 @@ class Settings(BaseSettings):
     slack_signing_secret: str | None = None
     slack_app_token: str | None = None
     slack_api_url: str = "https://slack.com/api/"
+    # Multi-workspace (OAuth) mode: the app's client id and secret, instead of SLACK_BOT_TOKEN; SLACK_SCOPES
+    # (comma list) defaults to what the manifest asks for.
+    slack_client_id: str | None = None
+    slack_client_secret: str | None = None
+    slack_scopes: str | None = None
+    # Multi-workspace mode: the workspaces (T…) that may install the bot and be served; unset: any workspace
+    # installed from this machine (the install page then serves only local requests).
+    slack_allowed_teams: str | None = None
     slack_command: str = "/bot"
     slack_max_retries: int = Field(default=3, ge=0, le=10)
     # A turn shows its progress reaction once it has run this long (0: at once); a quicker answer is its own sign.
@@ -116,7 +125,8 @@ class Settings(BaseSettings):
     delivery_retry_base_s: float = Field(default=1.0, gt=0)
 
     @field_validator(
-        "slack_bot_token", "slack_signing_secret", "slack_app_token", "database_url", "bot_secret_keys",
+        "slack_bot_token", "slack_signing_secret", "slack_app_token", "slack_client_id", "slack_client_secret",
+        "slack_scopes", "slack_allowed_teams", "database_url", "bot_secret_keys",
         "llm_base_url", "llm_api_key", "llm_model", "bot_admins", "bot_instructions", "llm_provider",
         "bot_web_token", "bot_public_url", "http_allow_hosts", "bot_trusted_proxies",
         mode="before",
@@ -125,18 +135,12 @@ class Settings(BaseSettings):
     def _blank_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
 
-    @field_validator("slack_bot_token")
+    @field_validator("slack_bot_token", "slack_app_token", "slack_client_id", "slack_scopes", "slack_allowed_teams")
     @classmethod
-    def _bot_token_shape(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("xoxb-"):
-            raise ValueError("must be a bot token starting with 'xoxb-'")
-        return value
-
-    @field_validator("slack_app_token")
-    @classmethod
-    def _app_token_shape(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("xapp-"):
-            raise ValueError("must be an app-level token starting with 'xapp-'")
+    def _slack_shape(cls, value: str | None, info: ValidationInfo) -> str | None:
+        problem = slack_shape_problem(str(info.field_name), value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("bot_secret_keys")
@@ -238,11 +242,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
-        if self.slack_bot_token and not (self.slack_signing_secret or self.slack_app_token):
-            raise ValueError("SLACK_BOT_TOKEN is set but neither SLACK_SIGNING_SECRET (HTTP mode) nor "
-                             "SLACK_APP_TOKEN (Socket Mode) is")
-        if (self.slack_signing_secret or self.slack_app_token) and not self.slack_bot_token:
-            raise ValueError("SLACK_BOT_TOKEN is required when SLACK_SIGNING_SECRET or SLACK_APP_TOKEN is set")
+        problem = slack_mode_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
         if self.bot_web_chat and not self.is_local_bind and not self.bot_web_token:
             raise ValueError(
                 f"HOST={self.host} makes the web chat reachable from other machines, so it needs a login: "
@@ -265,9 +267,28 @@ class Settings(BaseSettings):
 
     @property
     def slack_mode(self) -> Literal["socket", "http"] | None:
+        if self.slack_oauth:
+            return "http"
         if not self.slack_bot_token:
             return None
         return "socket" if self.slack_app_token else "http"
+
+    @property
+    def slack_oauth(self) -> bool:
+        """Multi-workspace (OAuth) mode: installed into workspaces through /slack/install, a token per workspace."""
+        return bool(self.slack_client_id and self.slack_client_secret and self.slack_signing_secret)
+
+    @property
+    def slack_allowed_team_set(self) -> frozenset[str] | None:
+        """SLACK_ALLOWED_TEAMS as a set; None: not limited (installs only from this machine)."""
+        return frozenset(_split(self.slack_allowed_teams)) if self.slack_allowed_teams else None
+
+    @property
+    def slack_scope_list(self) -> list[str]:
+        """The bot scopes an install asks for (OAuth mode): SLACK_SCOPES, else what the manifest asks for."""
+        from bot.manifest import BOT_SCOPES
+
+        return _split(self.slack_scopes) if self.slack_scopes else list(BOT_SCOPES)
 
     @property
     def provider(self) -> ProviderName:
@@ -309,8 +330,8 @@ class Settings(BaseSettings):
 
     def secret_values(self) -> list[str]:
         """Values that must never reach a log line."""
-        values = [self.slack_bot_token, self.slack_signing_secret, self.slack_app_token, self.llm_api_key,
-                  self.bot_web_token]
+        values = [self.slack_bot_token, self.slack_signing_secret, self.slack_app_token, self.slack_client_secret,
+                  self.llm_api_key, self.bot_web_token]
         if self.bot_secret_keys:
             values.extend(part.split(":", 1)[-1] for part in _split(self.bot_secret_keys))
         if self.database_url:

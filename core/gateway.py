@@ -9,6 +9,7 @@ Refusals are typed (``core.errors``): a channel picks its answer by the type, ne
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -86,6 +87,20 @@ class Gateway:
         NotAllowed unless they may control it; with ``turn_id``, only while that very turn runs; with
         ``started_before`` (when the platform saw the click), only a turn that had started by then."""
         return await self._dispatcher.stop_session(session_id, by=by, turn_id=turn_id, started_before=started_before)
+
+    async def workspace_removed(self, channel: str, belongs: Callable[[str, Mapping[str, Any]], bool], *,
+                                why: str) -> int:
+        """A place ``channel`` can no longer reach (the app was uninstalled from a Slack workspace); ``belongs``
+        tells its conversations by (session id, reply reference). Each of them that works or waits is stopped,
+        and what its turns wait on (approvals, credentials, connections) cancelled, noted ``stopped by <why>``;
+        the schedules asked for there are paused (a re-install can resume them). History stays. How many
+        conversations were stopped."""
+        await self._schedules.pause_asked_in(lambda origin: belongs(origin, {}), by=why)
+        stopped = [s for s in await self._dispatcher.conversations.busy_sessions(channel)
+                   if belongs(s.id, s.reply_ref)]
+        for session in stopped:
+            await self._dispatcher.cancel(session.id, why, announce=False)  # nothing can be posted there now
+        return len(stopped)
 
     async def command(self, command: Command, marks: Marks = PLAIN) -> str:
         """The ``/bot`` command: the reply, its dynamic parts marked up by ``marks``."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from core import logcontext
+from core import current, logcontext
 from core.agents import Agent, AgentDirectory
 from core.attachments import AttachmentReader
 from core.budget import BudgetExhausted
@@ -255,6 +255,7 @@ class TurnDrivers:
         driver = self._drivers[turn.session.id]
         logcontext.session_id.set(turn.session.id)  # every line logged for this turn carries both
         logcontext.turn_id.set(turn.id)
+        current.session.set(turn.session)  # a port posting for a tool knows where (e.g. which workspace)
         log.info("turn %s started (session %s)", turn.id, turn.session.id)
         self.bus.emit(InputsTaken(turn.session, turn.id, turn.inputs, steered=False, resumed=taken.resumed))
         self.bus.emit(TurnStarted(turn.session, turn))

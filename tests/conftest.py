@@ -274,3 +274,17 @@ def connected_settings(make_settings: Callable[..., Settings], tmp_path: Path, o
         return make_settings(**(values | overrides))
 
     return make
+
+
+@pytest.fixture
+async def workspaces(make_settings: Callable[..., Settings], start_gateway: Any,
+                     fake_slack: FakeSlack) -> GatewayClient:
+    """A bot in multi-workspace mode for T1 and T2 (SLACK_ALLOWED_TEAMS), installed through the install page."""
+    from tests.slack_workspaces import install
+
+    gw: GatewayClient = await start_gateway(make_settings(
+        slack_bot_token=None, slack_client_id=fake_slack.client_id, slack_client_secret=fake_slack.client_secret,
+        slack_allowed_teams="T1,T2", schedule_min_interval_s=1))
+    for team in ("T1", "T2"):
+        await install(gw, fake_slack, team)
+    return gw

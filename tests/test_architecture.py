@@ -85,6 +85,11 @@ def test_committed_manifest_matches_code(mode: str) -> None:
     assert committed == render_manifest(mode)  # type: ignore[arg-type]
 
 
+def test_committed_distribution_manifest_matches_code() -> None:
+    committed = (MANIFESTS / "distribution.json").read_text(encoding="utf-8")
+    assert committed == render_manifest("http", distribution=True)
+
+
 def test_cli_prints_socket_manifest() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "bot", "manifest", "--mode", "socket"],

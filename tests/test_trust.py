@@ -19,6 +19,7 @@ import channels.slack.people as slack_people
 from bot.errors import SettingsError
 from bot.policies_config import load_policies
 from bot.settings import Settings
+from channels.slack.workspaces import in_workspace
 from core.model import SessionInfo, SessionStatus
 from core.store.tables import ApprovalRow, AuditRow, CredentialRequestRow, ScheduleRow, SecretRow
 from core.trust import NOT_ALLOWED, Trust, least_trusted
@@ -101,8 +102,7 @@ async def test_users_info_refused_makes_every_slack_sender_a_guest(
     trusting: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
     gateway: GatewayClient = await start_gateway(trusting())
-    port = gateway.app.dispatcher.runner.trust.ports.find("slack")  # type: ignore[union-attr]
-    port.people.refused = True  # as after a missing_scope answer (no users:read)
+    fake_slack.fail_next("users.info", Failure(error="missing_scope"))  # the app lacks users:read
     fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "true"})]), Reply("ok"))
     await gateway.send_event(mention("run it", user="UMEM"))
     await fake_slack.wait_for("chat.postMessage")
@@ -469,5 +469,6 @@ async def test_a_failed_users_info_after_the_cache_expired_is_a_guest_not_the_ol
     assert await trust.level("slack", "UMEM", "slack:T1:C1") == "guest"  # an outage never keeps a label
     fake_slack.fail_next("users.info", Failure(status=503, error="service_unavailable"))
     port = trust.ports.find("slack")
-    assert await port.people.name("UMEM") == "mem"  # names may be the last known
+    with in_workspace("T1"):  # as the renderer asks, for a thread of workspace T1
+        assert await port.people.name("UMEM") == "mem"  # names may be the last known
     assert await trust.level("slack", "UMEM", "slack:T1:C1") == "member"  # and it asks again next time

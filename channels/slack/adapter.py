@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,6 +33,8 @@ from channels.slack.commands import SlackCommands
 from channels.slack.connections import SlackConnections
 from channels.slack.credentials import SlackCredentials
 from channels.slack.feedback import SlackFeedback
+from channels.slack.files import FILE_HOSTS
+from channels.slack.install import SlackInstall
 from channels.slack.payloads import (
     PERSON_SUBTYPES,
     channel_id,
@@ -39,13 +42,15 @@ from channels.slack.payloads import (
     is_ts,
     shape_problem,
     shared_files,
+    team_id,
     thread_session,
     user_id,
 )
-from channels.slack.port import FILE_HOSTS, SlackPort
+from channels.slack.port import SlackPort
 from channels.slack.render import SlackRenderer
 from channels.slack.stopping import SlackStopping
 from channels.slack.streams import SlackStreams
+from channels.slack.workspaces import WorkspaceAuthorize, WorkspaceClient, session_team, set_inbound
 from core.errors import InvalidInput
 from core.gateway import AcceptOutcome, Gateway
 from core.model import Inbound, MessageRef
@@ -55,7 +60,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SlackConfig:
-    bot_token: str
+    bot_token: str | None  # None: multi-workspace (OAuth) mode, a token per installed workspace
     signing_secret: str | None = None
     app_token: str | None = None
     api_url: str = "https://slack.com/api/"
@@ -71,10 +76,15 @@ class SlackConfig:
 class SlackChannel:
     name = "slack"
 
-    def __init__(self, config: SlackConfig, gateway: Gateway) -> None:
+    def __init__(self, config: SlackConfig, gateway: Gateway, install: SlackInstall | None = None) -> None:
         self.config = config
         self.gateway = gateway
-        self.client = AsyncWebClient(token=config.bot_token, base_url=config.api_url)
+        self.install = install  # multi-workspace mode: the install routes, and each event's token from its store
+        if install is not None:  # each call carries the token of the workspace it acts in (channels.slack.workspaces)
+            self.client: AsyncWebClient = WorkspaceClient(
+                install.installations.workspace_bot, allowed=install.allowed_teams, base_url=config.api_url)
+        else:
+            self.client = AsyncWebClient(token=config.bot_token, base_url=config.api_url)
         self.client.retry_handlers.append(AsyncRateLimitErrorRetryHandler(max_retry_count=config.rate_limit_retries))
         http_mode = config.app_token is None
         self.app = AsyncApp(
@@ -84,6 +94,10 @@ class SlackChannel:
             # Our listeners only store the message (a few ms) and hand the turn to a task: storing
             # before the ack means an acknowledged message is never lost.
             process_before_response=True,
+            # Multi-workspace: each request's workspace token and bot ids from the installation store.
+            oauth_flow=install.flow if install is not None else None,
+            # (bolt's hint says a result is always returned; None, "not installed here", is what its own returns)
+            authorize=WorkspaceAuthorize(self.client) if isinstance(self.client, WorkspaceClient) else None,  # type: ignore[arg-type]
         )
         self._verifier = SignatureVerifier(config.signing_secret) if config.signing_secret else None
         self._socket: Any = None
@@ -96,6 +110,11 @@ class SlackChannel:
         file_hosts = FILE_HOSTS | ({api_host} if api_host and not own else set())
         self.port = SlackPort(self.client, streams, file_hosts=frozenset(file_hosts))
         self.started = False
+        if install is not None:
+            self.app.use(self._in_workspace)
+            self.app.event("app_uninstalled")(self._on_uninstalled)
+            self.app.event("tokens_revoked")(self._on_uninstalled)
+            install.installations.changed.append(self._forget)
         self.app.event("app_mention")(self._on_app_mention)
         self.app.event("message")(self._on_message)
         self._commands = SlackCommands(self.app, config.command, self.name, gateway)
@@ -118,7 +137,8 @@ class SlackChannel:
     def routes(self) -> list[web.RouteDef]:
         if self.config.app_token is not None:
             return []
-        return [web.post("/slack/events", self.handle_http)]
+        install = self.install.routes() if self.install is not None else []
+        return [web.post("/slack/events", self.handle_http), *install]
 
     async def start(self) -> None:
         # One session for every Web API call: connections to Slack are kept alive and reused, not opened
@@ -194,6 +214,38 @@ class SlackChannel:
         self._private.tell(channel_id(body), user_id(body), text)
         return BoltResponse(status=200, body="")
 
+    # -- workspaces (multi-workspace mode) ----------------------------------------------------------
+
+    async def _in_workspace(self, context: Any, next: Callable[[], Awaitable[Any]]) -> Any:
+        """Every listener (and the tasks it starts) acts in the workspace the request came from."""
+        set_inbound(context.team_id if is_id(context.team_id) else None)
+        return await next()
+
+    async def _on_uninstalled(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        """``app_uninstalled``, or ``tokens_revoked`` naming the bot's token: the workspace's install goes (its
+        history stays) and core cancels what its conversations wait on."""
+        if not isinstance(event, dict):
+            raise MalformedPayload("event is not an object")
+        kind = str(event.get("type"))
+        if kind == "tokens_revoked" and not (event.get("tokens") or {}).get("bot"):
+            return  # only people's tokens: the bot asks for none, and its own still works
+        team, enterprise = body.get("team_id"), body.get("enterprise_id")
+        if not is_id(team) or (enterprise is not None and not is_id(enterprise)):
+            raise MalformedPayload("team_id or enterprise_id is not a Slack id")
+        assert self.install is not None
+        if await self.install.installations.uninstalled(enterprise, str(team), why=kind):
+            stopped = await self.gateway.workspace_removed(
+                self.name, lambda session_id, reply_ref: session_team(session_id, reply_ref) == team,
+                why=f"Slack: {kind}")
+            log.info("Slack workspace %s: %s; %d conversation(s) stopped", team, kind, stopped)
+
+    def _forget(self, team: str) -> None:
+        """A workspace re-installed or removed: nothing cached from its old install is used again."""
+        if isinstance(self.client, WorkspaceClient):
+            self.client.forget(team)
+        self.port.forget(team)
+        self.renderer.status.refused_in.discard(team)  # a re-install may have granted what was refused
+
     # -- inbound --------------------------------------------------------------------------------
 
     async def _on_app_mention(self, body: dict[str, Any], event: dict[str, Any], context: Any) -> None:
@@ -221,7 +273,7 @@ class SlackChannel:
         user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
         text = event.get("text") or ""
         thread_ts = event.get("thread_ts") or ts
-        team = body.get("team_id") or event.get("team") or "T0"
+        team = team_id(body) or event.get("team") or "T0"  # the installation's (bolt authorized that one)
         # Checked again where they become a session id and a place (shape_problem refused them already).
         if not (is_id(user) and is_id(channel) and is_id(team) and is_ts(ts) and is_ts(thread_ts)):
             raise MalformedPayload("event.user, channel, ts or team is not a Slack id or timestamp")

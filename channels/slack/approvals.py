@@ -28,6 +28,7 @@ from channels.slack.approval_cards import (
 )
 from channels.slack.formatting import escape
 from channels.slack.payloads import channel_id, input_value, user_id
+from channels.slack.workspaces import WorkspaceClient, current_team, in_workspace, session_team
 from core.display import arguments_text
 from core.errors import InvalidInput
 from core.gateway import Gateway
@@ -204,6 +205,18 @@ class SlackApprovals:
         if verdict is None or request_id is None:
             self._private.tell(channel, user, "That button does not belong to an approval request I know.")
             return
+        with in_workspace(await self._workspace_of(request_id)):
+            await self._clicked(user, channel, verdict, request_id, str(body.get("trigger_id") or ""))
+
+    async def _workspace_of(self, request_id: int) -> str | None:
+        """The workspace of the request's conversation: whom the clicker is judged against (several workspaces:
+        a firing's place names none, and the click's own workspace would call its people members)."""
+        if not isinstance(self.client, WorkspaceClient):
+            return current_team()
+        info = await self.gateway.approval(request_id)
+        return session_team(info.session.id, info.session.reply_ref) if info is not None else current_team()
+
+    async def _clicked(self, user: str, channel: str, verdict: re.Match[str], request_id: int, trigger: str) -> None:
         if verdict.group(1) == "stop":  # a budget's Stop: no reason asked
             result = await self.gateway.decide(request_id, "deny", by=user)
             if not result.won:
@@ -212,7 +225,7 @@ class SlackApprovals:
         if verdict.group(1) == "deny":
             prompt = await self.gateway.deny_prompt(request_id, by=user)
             if isinstance(prompt, ApprovalInfo):  # it may be denied: ask why first
-                await self._open_deny_modal(str(body.get("trigger_id") or ""), prompt)
+                await self._open_deny_modal(trigger, prompt)
             else:  # refused, or it had already been settled
                 self._private.tell(channel, user, prompt.message)
             return
@@ -234,7 +247,8 @@ class SlackApprovals:
             return
         reason = input_value(view, "reason", "text").strip()
         try:
-            result = await self.gateway.decide(request_id, "deny", by=user, reason=reason or None)
+            with in_workspace(await self._workspace_of(request_id)):
+                result = await self.gateway.decide(request_id, "deny", by=user, reason=reason or None)
         except InvalidInput as exc:  # e.g. a reason longer than the modal allows: nothing was decided
             log.warning("deny of approval %s refused: %s", request_id, exc)
             return

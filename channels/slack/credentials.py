@@ -14,6 +14,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.slack.api import PrivateReplies, error_code
 from channels.slack.formatting import escape
 from channels.slack.payloads import channel_id, user_id
+from channels.slack.workspaces import WorkspaceClient, current_team, in_workspace, session_team
 from core.display import shown_reason
 from core.gateway import Gateway
 from core.model import CredentialRequestInfo, CredentialStatus
@@ -63,11 +64,24 @@ class SlackCredentials:
         request_id = _number(action.get("value"))
         if request_id is None:
             self._private.tell(channel, user, "That button does not belong to a credential request I know.")
-        elif isinstance(prompt := await self.gateway.provide_prompt(request_id, by=user), str):
+            return
+        with in_workspace(await self._workspace_of(request_id)):
+            await self._provide_clicked(user, channel, request_id, str(body.get("trigger_id") or ""))
+
+    async def _workspace_of(self, request_id: int) -> str | None:
+        """The workspace of the request's conversation: whom the provider is judged against (several
+        workspaces: a firing's place names none, and the click's own workspace would call its people members)."""
+        if not isinstance(self.client, WorkspaceClient):
+            return current_team()
+        info = await self.gateway.credential_request(request_id)
+        return session_team(info.session.id, info.session.reply_ref) if info is not None else current_team()
+
+    async def _provide_clicked(self, user: str, channel: str, request_id: int, trigger: str) -> None:
+        if isinstance(prompt := await self.gateway.provide_prompt(request_id, by=user), str):
             self._private.tell(channel, user, prompt)  # why not: core's words, in core's order
         else:
             try:
-                await self.client.views_open(trigger_id=str(body.get("trigger_id") or ""), view=provide_modal(prompt))
+                await self.client.views_open(trigger_id=trigger, view=provide_modal(prompt))
             except SlackApiError as exc:
                 log.warning("could not open the credential modal: %s", error_code(exc))
                 self._private.tell(channel, user, "Slack would not open the form; click Provide again.")
@@ -77,8 +91,9 @@ class SlackCredentials:
         state = view.get("state")
         values = state.get("values") if isinstance(state, dict) else None
         value, hosts = _input_text(values, "value"), _input_text(values, "hosts")  # hosts: optional, null if empty
-        request_id = _number(view.get("private_metadata"))
-        result = await self.gateway.provide(request_id or 0, value, by=user, hosts=hosts)
+        request_id = _number(view.get("private_metadata")) or 0
+        with in_workspace(await self._workspace_of(request_id)):
+            result = await self.gateway.provide(request_id, value, by=user, hosts=hosts)
         if result.stored:
             await ack()  # closes the modal; the request's message is updated through the event
         else:  # the modal stays open and says why next to the field; nothing was stored

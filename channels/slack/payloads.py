@@ -59,7 +59,13 @@ def channel_id(body: dict[str, Any]) -> str:
 
 
 def team_id(body: dict[str, Any]) -> str:
-    """The workspace an interaction or event came from ("" if absent or not an id)."""
+    """The workspace an interaction or event is served in ("" if absent or not an id). For an Events API body,
+    the installation it was delivered to (``authorizations[0]``, as bolt authorizes it): in a channel shared
+    with another organisation ``team_id`` may name theirs."""
+    authorizations = body.get("authorizations")
+    if isinstance(authorizations, list) and authorizations and isinstance(authorizations[0], dict) \
+            and is_id(authorizations[0].get("team_id")):
+        return str(authorizations[0]["team_id"])
     team = body.get("team")
     value = team.get("id") if isinstance(team, dict) else body.get("team_id")
     return value if is_id(value) else ""

@@ -1,8 +1,9 @@
 """People as Slack knows them (users.info): display names for what the bot says about them in plain text
 (the status line), and the facts a sender's trust level is labelled from (core.trust decides what it allows).
 
-Looked up off the ack path only, cached for ``TTL_S``; a workspace that refuses the lookup (no
-``users:read``) is remembered, and callers say things without names.
+Looked up off the ack path only, cached for ``TTL_S`` per workspace (multi-workspace mode: each with its own
+token); a workspace that refuses the lookup (no ``users:read``) is remembered, and callers say things without
+names.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import error_code, transient
+from channels.slack.workspaces import TOKEN_GONE, current_team
 
 log = logging.getLogger(__name__)
 
 TTL_S = 600.0
 NAME_MAX = 40
 _USER = re.compile(r"[UW][A-Z0-9]{1,31}")
-_TEAM = re.compile(r"[TE][A-Z0-9]{1,31}")  # a workspace (or Enterprise Grid org) id
 # Nothing invisible, nothing that reorders text, no markup: control and format characters, bidi marks,
 # zero-width and tag characters, the soft hyphen, and ``<>&@``.
 _UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u206f"
@@ -34,11 +35,28 @@ _UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u202a-\u
 class SlackPeople:
     def __init__(self, client: AsyncWebClient) -> None:
         self.client = client
-        self.refused = False
-        self._users: dict[str, tuple[float, dict[str, Any] | None]] = {}
-        self._known: dict[str, dict[str, Any]] = {}  # the last record each user had (a failed lookup keeps it)
+        self.refused_in: set[str] = set()  # workspaces that refused users.info for good ("": the only one)
+        # Keyed by (workspace, user): a record read with one workspace's token says nothing in another.
+        self._users: dict[tuple[str, str], tuple[float, dict[str, Any] | None]] = {}
+        self._known: dict[tuple[str, str], dict[str, Any]] = {}  # the last record each had (kept past a failure)
         # One users.info per user at a time: (the record, whether Slack just gave it).
-        self._lookups: dict[str, asyncio.Future[tuple[dict[str, Any] | None, bool]]] = {}
+        self._lookups: dict[tuple[str, str], asyncio.Future[tuple[dict[str, Any] | None, bool]]] = {}
+
+    @property
+    def refused(self) -> bool:
+        """Whether the workspace in scope refused users.info for good."""
+        return (current_team() or "") in self.refused_in
+
+    @refused.setter
+    def refused(self, value: bool) -> None:
+        (self.refused_in.add if value else self.refused_in.discard)(current_team() or "")
+
+    def forget(self, team: str) -> None:
+        """Drop what is known of workspace ``team``'s people (re-installed or removed)."""
+        self.refused_in.discard(team)
+        for cache in (self._users, self._known):
+            for key in [key for key in cache if key[0] == team]:
+                del cache[key]
 
     async def name(self, user: str) -> str | None:
         """``user``'s display name (plain text, short, nothing invisible), or None when it is not known."""
@@ -69,50 +87,47 @@ class SlackPeople:
     async def _record(self, user: str, *, stale_ok: bool = True) -> dict[str, Any] | None:
         """``user``'s users.info record (cached for TTL_S); when the lookup fails, the last one known if
         ``stale_ok`` (names), else None."""
-        if self.refused or not _USER.fullmatch(user):
+        key = (current_team() or "", user)
+        if key[0] in self.refused_in or not _USER.fullmatch(user):
             return None
-        cached = self._users.get(user)
+        cached = self._users.get(key)
         if cached is not None and time.monotonic() - cached[0] < TTL_S:
             return cached[1]
-        pending = self._lookups.get(user)
+        pending = self._lookups.get(key)
         if pending is None:
-            pending = asyncio.ensure_future(self._lookup(user))
-            self._lookups[user] = pending
-            pending.add_done_callback(lambda _f: self._lookups.pop(user, None))
+            pending = asyncio.ensure_future(self._lookup(key))
+            self._lookups[key] = pending
+            pending.add_done_callback(lambda _f: self._lookups.pop(key, None))
         found, fresh = await asyncio.shield(pending)
         return found if fresh or stale_ok else None
 
-    async def _lookup(self, user: str) -> tuple[dict[str, Any] | None, bool]:
+    async def _lookup(self, key: tuple[str, str]) -> tuple[dict[str, Any] | None, bool]:
         """(the record, whether Slack just answered): a failed lookup gives the last record known, not fresh."""
         found: dict[str, Any] | None = None
         try:
-            response = await self.client.users_info(user=user)
+            response = await self.client.users_info(user=key[1])
             record = response.get("user")
             found = record if isinstance(record, dict) else None
         except SlackApiError as exc:
             code = error_code(exc)
+            if code in TOKEN_GONE:
+                return None, False  # no working token for that workspace (now): nothing learned about the person
             if not transient(exc, code) and code != "user_not_found":
-                self.refused = True
+                self.refused_in.add(key[0])
                 log.warning("users.info refused (%s): statuses name nobody, and every sender's trust is unknown "
                             "(counted as a guest); add the users:read scope", code)
             elif transient(exc, code):
-                return self._known.get(user), False
+                return self._known.get(key), False
         except (aiohttp.ClientError, TimeoutError, OSError, RuntimeError) as exc:  # RuntimeError: shutting down
             log.warning("users.info failed: %s", type(exc).__name__)
-            return self._known.get(user), False  # not cached: the next turn asks again; meanwhile what it was
+            return self._known.get(key), False  # not cached: the next turn asks again; meanwhile what it was
         if len(self._users) > 4096:
             self._users.clear()
             self._known.clear()
-        self._users[user] = (time.monotonic(), found)
+        self._users[key] = (time.monotonic(), found)
         if found is not None:
-            self._known[user] = found
+            self._known[key] = found
         return found, True
-
-
-def team_of(place: str | None) -> str | None:
-    """The workspace (or Enterprise Grid org) id of a place ``slack:<team>:<channel>``, if it names one."""
-    parts = (place or "").split(":")
-    return parts[1] if len(parts) >= 3 and parts[0] == "slack" and _TEAM.fullmatch(parts[1]) else None
 
 
 def _shown(raw: str) -> str | None:

@@ -9,24 +9,32 @@ import time
 from typing import Any
 
 import aiohttp
-import yarl
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import error_code, transient
 from channels.slack.blocks import answer_blocks
+from channels.slack.files import FILE_HOSTS, fetch_shared_file
 from channels.slack.formatting import split_message, to_mrkdwn
-from channels.slack.people import SlackPeople, team_of
+from channels.slack.people import SlackPeople
 from channels.slack.streams import LiveStream, SlackStreams
+from channels.slack.workspaces import (
+    NOT_INSTALLED,
+    TOKEN_GONE,
+    WorkspaceClient,
+    current_team,
+    in_workspace,
+    served_team,
+    session_team,
+    team_of,
+)
 from core.errors import InvalidInput
 from core.model import SessionInfo
-from core.ports import DeliveryFailed, DeliveryId, FetchFailed, FileTooBig, Receipt
+from core.ports import DeliveryFailed, DeliveryId, Receipt
 from core.tools import ToolError
 
 log = logging.getLogger(__name__)
 
-FILE_HOSTS = frozenset({"files.slack.com"})  # where shared files live (url_private_download)
-_FILE_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
 # Slack's refusals of a message's blocks (not of the message): the answer goes again as text.
 BLOCKS_REFUSED = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_blocks_too_long", "invalid_arguments"})
 DELIVERY_EVENT = "bot_delivery"  # the message metadata type that marks an answer's chunks
@@ -46,10 +54,11 @@ class SlackPort:
         self.file_hosts = file_hosts  # where shared files may be fetched from, with the bot token
         self.streams = streams  # answers shown while they are written (channels.slack.streams)
         self._unfinished: dict[int, LiveStream] = {}  # turn id → its stream, not yet ended: the retry's
-        self._groups: dict[str, tuple[float, set[str]]] = {}
+        # Caches are per workspace (the key "" in single-workspace mode, where no call names one).
+        self._groups: dict[tuple[str, str], tuple[float, set[str]]] = {}
         self.people = SlackPeople(client)  # users.info, cached: names and trust labels
-        self._channel_ids: dict[str, str] = {}
-        self._identity: tuple[str, str] | None = None  # (bot_id, bot user id) from auth.test
+        self._channel_ids: dict[str, dict[str, str]] = {}
+        self._identity: dict[str, tuple[str, str]] = {}  # (bot_id, bot user id) from auth.test
         self._team: str | None = None  # the installation's team, from the same auth.test
         # What find_delivered just saw of an incomplete delivery, so the resumed deliver needs no second look.
         self._seen: dict[DeliveryId, dict[int, str]] = {}
@@ -58,11 +67,29 @@ class SlackPort:
         """A label from Slack's facts about ``sender``, relative to the installation's team: the workspace of
         ``place``, else the one auth.test names (a schedule's destination place carries none). Looked up when
         a turn or a decision needs it, never on the ack path. None: unknown (core counts it as a guest)."""
-        team = team_of(place)
+        team = team_of(place) or served_team()
         if team is None:
+            if isinstance(self.client, WorkspaceClient):
+                # Several workspaces and none named (a firing's destination place): relative to whose? The
+                # clicker's own workspace would call its people members. Unknown (core: a guest); admins still are.
+                return None
             await self.identity()  # a failure here is an unknown label (core: a guest), never more trust
             team = self._team
-        return None if team is None else await self.people.trust(sender, team)
+        with in_workspace(team):
+            label = None if team is None else await self.people.trust(sender, team)
+        if label == "member" and isinstance(self.client, WorkspaceClient) and self.client.allowed is None:
+            # Several workspaces and no SLACK_ALLOWED_TEAMS: any workspace may have installed the bot, and
+            # nobody chose to trust its people.
+            return "guest"
+        return label
+
+    def forget(self, team: str) -> None:
+        """Drop what was cached of workspace ``team`` (re-installed or removed)."""
+        self._identity.pop(team, None)
+        self._channel_ids.pop(team, None)
+        for key in [key for key in self._groups if key[0] == team]:
+            del self._groups[key]
+        self.people.forget(team)
 
     # -- answers --------------------------------------------------------------------------------
 
@@ -71,6 +98,10 @@ class SlackPort:
         """Post the answer (split under Slack's limits); each chunk carries the delivery id, the session and
         its index as message metadata, so a retry (``resume``) posts only the chunks that did not land. A
         turn that streamed its answer ends that stream as the first chunk (this process's streams only)."""
+        with in_workspace(session_team(session.id, session.reply_ref)):
+            return await self._deliver(session, text, delivery_id=delivery_id, resume=resume)
+
+    async def _deliver(self, session: SessionInfo, text: str, *, delivery_id: DeliveryId, resume: bool) -> Receipt:
         channel, thread_ts = _place(session)
         chunks = split_message(text)  # Markdown: a stream shows it as it is, a post converts it to mrkdwn
         stream = self._stream_of(delivery_id.turn_id)
@@ -136,7 +167,8 @@ class SlackPort:
     async def find_delivered(self, session: SessionInfo, delivery_id: DeliveryId) -> Receipt | None:
         """The receipt of an earlier attempt whose every chunk landed (its response may have been lost)."""
         channel, thread_ts = _place(session)
-        landed, total = await self._landed(channel, thread_ts, session, delivery_id)
+        with in_workspace(session_team(session.id, session.reply_ref)):
+            landed, total = await self._landed(channel, thread_ts, session, delivery_id)
         if total and 0 in landed and len(landed) >= total:
             return Receipt(landed[0])
         self._seen[delivery_id] = landed
@@ -185,20 +217,24 @@ class SlackPort:
                              "was posted", retryable=True)
 
     async def identity(self) -> tuple[str, str]:
-        """(bot_id, bot user id), asked once: which messages in a thread are the bot's own."""
-        if self._identity is None:
+        """(bot_id, bot user id) in the workspace in scope, asked once: which messages are the bot's own."""
+        scope = current_team() or ""
+        known = self._identity.get(scope)
+        if known is None:
             response = await self._call("auth_test")
             bot_id, user = response.get("bot_id"), response.get("user_id")
             if not bot_id or not user:
                 raise DeliveryFailed("auth.test did not name the bot", retryable=True)
             team = response.get("team_id")
-            self._team = str(team) if team else None
-            self._identity = (str(bot_id), str(user))
-        return self._identity
+            if not scope:
+                self._team = str(team) if team else None
+            known = self._identity[scope] = (str(bot_id), str(user))
+        return known
 
     async def post_notice(self, session: SessionInfo, text: str) -> bool:
         channel, thread_ts = _place(session)
-        return await self.post(channel, thread_ts, f":information_source: {text}") is not None
+        with in_workspace(session_team(session.id, session.reply_ref)):
+            return await self.post(channel, thread_ts, f":information_source: {text}") is not None
 
     async def post(self, channel: str, thread_ts: str | None, text: str) -> str | None:
         """Post a message (best effort): its ts, or None when Slack refused (logged)."""
@@ -217,47 +253,19 @@ class SlackPort:
         try:
             return await getattr(self.client, method)(**params)
         except SlackApiError as exc:
-            raise _failed(exc) from None
+            failed = _failed(exc)
+            if isinstance(self.client, WorkspaceClient) and failed.error in TOKEN_GONE - {NOT_INSTALLED}:
+                # Several workspaces: a token replaced by a re-install (through another replica) is dropped by
+                # the client, and the retry takes the new one; an uninstall ends the retries (not_installed).
+                failed = DeliveryFailed(failed.error, retryable=True, retry_after_s=failed.retry_after_s)
+            raise failed from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise DeliveryFailed(f"cannot reach Slack ({type(exc).__name__})", retryable=True) from None
 
     # -- shared files -----------------------------------------------------------------------------
 
     async def fetch_file(self, source: str, max_bytes: int) -> bytes:
-        """A shared file's bytes, fetched with the bot token (``files:read``) from Slack's own file host only:
-        the token never goes anywhere else, also not through a redirect. Raises FetchFailed (FileTooBig past
-        ``max_bytes``: no more than that is ever read) with the reason."""
-        if not source:
-            raise FetchFailed("Slack did not share its content with the bot")
-        url = source
-        for _hop in range(3):
-            if not _file_url_ok(url, self.file_hosts):
-                raise FetchFailed("it is not on Slack's file host")
-            session = self.client.session
-            if session is None:
-                raise FetchFailed("the bot is not connected to Slack right now")
-            try:
-                # identity: the size limit counts what arrives, and nothing is inflated past it.
-                headers = {"Authorization": f"Bearer {self.client.token}", "Accept-Encoding": "identity"}
-                async with session.get(url, headers=headers, allow_redirects=False, timeout=_FILE_TIMEOUT) as resp:
-                    if resp.status in (301, 302, 303, 307, 308):
-                        url = _redirect(resp)
-                        continue
-                    if resp.status != 200:
-                        raise FetchFailed(f"Slack answered HTTP {resp.status}")
-                    if resp.content_type == "text/html":  # Slack's sign-in page: the app lacks files:read
-                        raise FetchFailed("Slack did not hand it over (the app may lack the files:read scope)")
-                    if resp.content_length is not None and resp.content_length > max_bytes:
-                        raise FileTooBig(max_bytes)
-                    content = bytearray()
-                    async for piece in resp.content.iter_chunked(65_536):
-                        content += piece
-                        if len(content) > max_bytes:
-                            raise FileTooBig(max_bytes)
-                    return bytes(content)
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                raise FetchFailed(f"Slack could not be reached ({type(exc).__name__})") from None
-        raise FetchFailed("Slack redirected too often")
+        return await fetch_shared_file(self.client, source, max_bytes, self.file_hosts)
 
     # -- places and people ----------------------------------------------------------------------
 
@@ -279,7 +287,8 @@ class SlackPort:
 
     async def group_members(self, group_id: str) -> set[str]:
         """Members of a Slack user group (cached for a minute)."""
-        cached = self._groups.get(group_id)
+        key = (current_team() or "", group_id)
+        cached = self._groups.get(key)
         if cached is not None and time.monotonic() - cached[0] < GROUP_CACHE_S:
             return cached[1]
         try:
@@ -288,7 +297,7 @@ class SlackPort:
         except SlackApiError as exc:
             log.warning("usergroups.users.list %s failed: %s", group_id, error_code(exc))
             users = set()
-        self._groups[group_id] = (time.monotonic(), users)
+        self._groups[key] = (time.monotonic(), users)
         return users
 
     async def send_message(self, channel: str, text: str) -> str:
@@ -310,48 +319,20 @@ class SlackPort:
                 return channel
             raise ToolError(f"{channel!r} is not a channel: use #name or a channel id such as C0123ABCD")
         name = channel[1:].lower()
-        if name not in self._channel_ids:
+        known = self._channel_ids.setdefault(current_team() or "", {})
+        if name not in known:
             cursor = None
             while True:
                 response = await self.client.conversations_list(
                     types="public_channel,private_channel", exclude_archived=True, limit=1000, cursor=cursor)
                 for item in response.get("channels") or []:
-                    self._channel_ids[str(item.get("name"))] = str(item.get("id"))
+                    known[str(item.get("name"))] = str(item.get("id"))
                 cursor = (response.get("response_metadata") or {}).get("next_cursor")
                 if not cursor:
                     break
-        if name not in self._channel_ids:
+        if name not in known:
             raise ToolError(f"there is no channel {channel} that the bot can see")
-        return self._channel_ids[name]
-
-
-def _redirect(resp: aiohttp.ClientResponse) -> str:
-    """Where a redirect points (checked like the first URL before anything is sent there)."""
-    location = resp.headers.get("Location")
-    try:
-        if not location:
-            raise ValueError("no Location")
-        return str(resp.url.join(yarl.URL(location)))
-    except ValueError:
-        raise FetchFailed("Slack redirected it nowhere usable") from None
-
-
-def _file_url_ok(url: str, hosts: frozenset[str]) -> bool:
-    """Whether the bot token may go to ``url``: https on one of Slack's file hosts (or exactly the configured
-    API host, for a test Slack or a proxy in front of it)."""
-    try:
-        parsed = yarl.URL(url)
-    except ValueError:
-        return False
-    if parsed.user or parsed.password or not parsed.host:
-        return False
-    authority = f"{parsed.host}:{parsed.explicit_port}" if parsed.explicit_port else parsed.host
-    if parsed.path.startswith("/api/"):  # the Web API itself (a configured host serves both): never a file
-        return False
-    if parsed.scheme == "https" and parsed.host in hosts and parsed.explicit_port in (None, 443):
-        # Slack's file host serves shared files under /files-pri/ only.
-        return parsed.host != "files.slack.com" or parsed.path.startswith("/files-pri/")
-    return authority in hosts and parsed.scheme in ("http", "https") and ":" in authority
+        return known[name]
 
 
 def _failed(exc: SlackApiError) -> DeliveryFailed:

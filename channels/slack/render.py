@@ -28,6 +28,7 @@ from channels.slack.formatting import escape
 from channels.slack.port import SlackPort
 from channels.slack.status import THINKING, ThreadStatus
 from channels.slack.streams import SlackStreams
+from channels.slack.workspaces import in_workspace, session_team
 from core.display import activity
 from core.events import (
     AnswerDelta,
@@ -99,6 +100,11 @@ class SlackRenderer:
         self._progress: dict[int, _Progress] = {}
 
     async def render(self, event: Event) -> None:
+        # Every call made for the event (and the timers and tasks it starts) acts in the session's workspace.
+        with in_workspace(session_team(event.session.id, event.session.reply_ref)):
+            await self._render(event)
+
+    async def _render(self, event: Event) -> None:
         if isinstance(event, DirectNotice):
             await self._direct(event.user, event.text)
             return

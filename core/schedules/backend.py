@@ -6,11 +6,12 @@ the loop that holds it.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
-from apscheduler.schedulers.asyncio import AsyncIOScheduler, run_in_event_loop
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from core.store import Database
 
@@ -23,8 +24,12 @@ class DbFriendlyScheduler(AsyncIOScheduler):
         super().__init__(**options)
         self._busy = busy
 
-    @run_in_event_loop
     def wakeup(self) -> None:
+        # In a fresh context: the firings it starts must not inherit the context of whoever added or resumed a
+        # job (a request's context variables, e.g. which Slack workspace it came from).
+        self._eventloop.call_soon_threadsafe(self._wake, context=contextvars.Context())
+
+    def _wake(self) -> None:
         self._stop_timer()
         if self._busy():
             self._start_timer(0.005)

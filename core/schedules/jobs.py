@@ -199,7 +199,7 @@ class ScheduleJobs:
         log.info("schedule %s firing %s", schedule_id, firing.n)
         session = SessionInfo(
             id=firing.session_id, channel=schedule.channel, agent=schedule.agent, status=SessionStatus.IDLE,
-            reply_ref={"channel": schedule.destination_id},  # no thread: the answer is a top-level post
+            reply_ref=_reply_ref(schedule, channel=schedule.destination_id),  # no thread: a top-level post
             place=destination_place(schedule),
             preapproved=(("message_send", schedule.destination), ("message_send", schedule.destination_id)),
         )
@@ -277,4 +277,10 @@ def _job_id(schedule_id: int) -> str:
 
 def _dm_session(schedule: ScheduleRow) -> SessionInfo:
     return SessionInfo(id=f"dm:{schedule.channel}:{schedule.creator}", channel=schedule.channel, agent=schedule.agent,
-                       status=SessionStatus.IDLE, reply_ref={"user": schedule.creator})
+                       status=SessionStatus.IDLE, reply_ref=_reply_ref(schedule, user=schedule.creator))
+
+
+def _reply_ref(schedule: ScheduleRow, **ref: str) -> dict[str, str]:
+    """Where a firing answers, and the session the schedule was asked for in (``origin``): the channel finds
+    there what the destination alone does not say (e.g. the Slack workspace whose token posts it)."""
+    return ref | ({"origin": schedule.origin_session} if schedule.origin_session else {})

@@ -8,8 +8,9 @@ gateway follows the table at its next firing or sync.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
-from collections.abc import Awaitable
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from core.approvals import DESTINATION_TOOL, ApprovalBroker
@@ -61,8 +62,9 @@ class ScheduleService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        # A fresh context: it outlives the request or turn that started it, and must not act as them.
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -168,6 +170,19 @@ class ScheduleService:
         """Whether ``user`` acts with an admin's powers: an admin, in a turn (``trust``: its level, None for a
         person acting directly) that no less-trusted sender's words are part of."""
         return self.policy.is_admin(user) and trust in (None, "admin")
+
+    async def pause_asked_in(self, asked_there: Callable[[str], bool], *, by: str) -> int:
+        """Pause every active schedule whose origin session ``asked_there`` (a place its channel can no longer
+        reach: its firings would only fail); they can be resumed once it can. How many."""
+        paused = 0
+        for schedule in await self.store.all(statuses=(ScheduleStatus.ACTIVE,)):
+            if schedule.id is not None and schedule.origin_session and asked_there(schedule.origin_session):
+                try:
+                    await self.change(schedule.id, "pause", by=by, operator=True)
+                except Conflict:
+                    continue  # paused or ended meanwhile
+                paused += 1
+        return paused
 
     async def change(self, schedule_id: int, action: str, by: str, *, operator: bool = False,
                      place: str | None = None, trust: str | None = None) -> str:

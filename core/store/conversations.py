@@ -149,6 +149,16 @@ class ConversationStore:
         running = await self.running_turn_started(session_id)
         return running[0] if running is not None else None
 
+    async def busy_sessions(self, channel: str) -> list[SessionInfo]:
+        """Sessions of ``channel`` that have a turn running (or parked, or set aside) or messages waiting."""
+        async with self.db.read() as s:
+            running = select(TurnRow.session_id).where(col(TurnRow.status).in_(LIVE_TURN_STATUSES))
+            waiting = select(InputRow.session_id).where(InputRow.status == InputStatus.WAITING)
+            rows = (await s.exec(select(SessionRow).where(
+                SessionRow.channel == channel,
+                col(SessionRow.id).in_(running.union(waiting).scalar_subquery())))).all()
+            return sorted((session_info(row) for row in rows), key=lambda info: info.id)
+
     async def running_turn_started(self, session_id: str) -> tuple[int, datetime | None] | None:
         """The session's running turn: its id and when it started."""
         async with self.db.read() as s:

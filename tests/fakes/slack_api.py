@@ -11,9 +11,9 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-BOT_USER_ID = "UBOT"
+from tests.fakes.slack_oauth import BOT_USER_ID, TEAM_ID, FakeSlackOAuth
+
 REFUSED_POST = "chat.postMessage (refused)"  # recorded for each post an outage refused (see FakeSlack.outage)
-TEAM_ID = "T1"
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Call:
     method: str
     params: dict[str, Any]
     at: float = field(default_factory=time.monotonic)
+    token: str = ""  # the bot token it carried (multi-workspace mode: whose workspace it acted in)
 
 
 @dataclass
@@ -32,7 +33,7 @@ class Failure:
 
 
 @dataclass
-class FakeSlack:
+class FakeSlack(FakeSlackOAuth):
     calls: list[Call] = field(default_factory=list)
     failures: dict[str, list[Failure]] = field(default_factory=dict)
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
@@ -42,7 +43,6 @@ class FakeSlack:
     channels: dict[str, str] = field(default_factory=lambda: {"ops": "COPS", "general": "CGEN", "acc-dest": "CACC",
                                                               "outside": "COUT"})
     not_member: set[str] = field(default_factory=lambda: {"COUT"})
-    scopes: list[str] = field(default_factory=lambda: __import__("bot.manifest", fromlist=["BOT_SCOPES"]).BOT_SCOPES)
     # Socket Mode: the WebSocket the bot opened, and the envelope ids it acknowledged.
     socket: web.WebSocketResponse | None = None
     socket_acks: list[str] = field(default_factory=list)
@@ -82,6 +82,7 @@ class FakeSlack:
         app.router.add_post("/api/{method}", self._handle)
         app.router.add_get("/api/{method}", self._handle)
         app.router.add_get("/link", self._socket_mode)
+        app.router.add_get("/oauth/v2/authorize", self._authorize)
         app.router.add_post("/upload/{file_id}", self._upload)
         app.router.add_get("/files/{file_id}", self._download)
         return app
@@ -224,13 +225,28 @@ class FakeSlack:
             body = {"ok": False, "error": failure.error or "ratelimited"}
             return web.json_response(body, status=failure.status, headers=headers)
         self._host = request.host
+        token = str(params.get("token") or request.headers.get("Authorization", "").removeprefix("Bearer "))
         async with self._changed:
-            self.calls.append(Call(method, params))
+            self.calls.append(Call(method, params, token=token))
             self._changed.notify_all()
         if method == "auth.test" and params.get("token", request.headers.get("Authorization", "")).endswith("bad"):
             return web.json_response({"ok": False, "error": "invalid_auth"})
+        if method == "oauth.v2.access":
+            return web.json_response(self._oauth_access(request, params))
+        if method == "auth.revoke" and token in self.tokens:  # an install refused, or uninstalled
+            del self.tokens[token]
+            return web.json_response({"ok": True, "revoked": True})
+        if token.endswith("-installed") and token not in self.tokens:  # minted here, then revoked
+            return web.json_response({"ok": False, "error": "invalid_auth"})
+        if method == "auth.test" and token in self.tokens:
+            answer = self._answer(method, params) | {"team_id": self.tokens[token]}
+            return web.json_response(answer, headers={"x-oauth-scopes": ",".join(self.scopes)})
         headers = {"x-oauth-scopes": ",".join(self.scopes)} if method == "auth.test" else {}
-        return web.json_response(self._answer(method, params), headers=headers)
+        answer = self._answer(method, params)
+        if method == "users.info" and token in self.tokens and isinstance(answer.get("user"), dict) \
+                and params.get("user") not in self.people:
+            answer["user"]["team_id"] = self.tokens[token]  # an installed workspace's own people
+        return web.json_response(answer, headers=headers)
 
     def _answer(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         if method == "auth.test":

@@ -1,0 +1,91 @@
+"""`bot doctor` in multi-workspace mode: auth.test with every installed workspace's own token."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bot.errors import BotError
+from bot.settings import Settings
+
+if TYPE_CHECKING:
+    from bot.doctor import Check
+
+
+async def installation_checks(settings: Settings) -> list[Check]:
+    """Who may install, then one check per install: its token opens, Slack accepts it, and it has the scopes the
+    bot asks for."""
+    from bot.doctor import Check
+
+    allowed = settings.slack_allowed_team_set
+    if allowed is None:
+        who = Check("slack allowed teams", True, "SLACK_ALLOWED_TEAMS is not set: any workspace can install the bot, "
+                    "and everyone in an installed workspace counts as a guest (no gated tools, approvals, "
+                    "credentials or schedules; BOT_ADMINS still can)",
+                    "set SLACK_ALLOWED_TEAMS to the workspace ids (T…) you trust", warning=True)
+    else:
+        who = Check("slack allowed teams", True, f"only {', '.join(sorted(allowed))} may install and are served")
+    return [who, *await _installations(settings, allowed)]
+
+
+async def _installations(settings: Settings, allowed: frozenset[str] | None) -> list[Check]:
+    from slack_sdk.errors import SlackApiError
+    from slack_sdk.web.async_client import AsyncWebClient
+
+    from bot.doctor import Check
+    from bot.keys import load_keyring
+    from bot.slack_installs import VaultInstallationStore
+    from core.store import Database, SlackInstallStore
+    from core.vault import VaultError
+
+    try:
+        keys = load_keyring(settings)
+    except BotError as exc:
+        return [Check("slack installs", False, str(exc), "fix BOT_SECRET_KEYS: the installs' tokens are sealed")]
+    db = Database(settings.resolved_database_url)
+    try:
+        store = VaultInstallationStore(SlackInstallStore(db), keys)
+        try:
+            rows = await store.installations()
+        except Exception as exc:  # a new database (`bot run` creates the tables) or one not reachable
+            return [Check("slack installs", True, f"cannot list them yet ({type(exc).__name__})",
+                          "start the bot once (`bot run` migrates the database), then open /slack/install",
+                          warning=True)]
+        if not rows:
+            return [Check("slack installs", True, "multi-workspace mode, installed nowhere yet",
+                          "open /slack/install (under BOT_PUBLIC_URL) and add the app to a workspace", warning=True)]
+        checks = []
+        wanted = set(settings.slack_scope_list)
+        for row in rows:
+            name = f"slack {row.team_id or row.enterprise_id} ({row.team_name or 'unnamed'})"
+            if allowed is not None and row.team_id not in allowed:
+                checks.append(Check(name, True, "installed but not in SLACK_ALLOWED_TEAMS: not served",
+                                    "add it to SLACK_ALLOWED_TEAMS, or uninstall the app there", warning=True))
+                continue
+            try:
+                token = store.bot_of(row).bot_token
+            except VaultError as exc:
+                checks.append(Check(name, False, str(exc), "add the key it names to BOT_SECRET_KEYS"))
+                continue
+            client = AsyncWebClient(token=token, base_url=settings.slack_api_url)
+            try:
+                response = await client.auth_test()
+            except SlackApiError as exc:
+                data = exc.response.data if isinstance(exc.response.data, dict) else {}
+                checks.append(Check(name, False, f"auth.test failed: {data.get('error') or exc.response.status_code}",
+                                    "install the app into that workspace again through /slack/install"))
+                continue
+            except Exception as exc:
+                checks.append(Check(name, False, f"cannot reach {settings.slack_api_url}: {type(exc).__name__}",
+                                    "check SLACK_API_URL and the network"))
+                continue
+            granted = {s.strip() for s in str(response.headers.get("x-oauth-scopes", "")).split(",") if s.strip()}
+            missing = sorted(wanted - granted) if granted else []
+            who = f"bot {response.get('user')} in team {response.get('team')}"
+            if missing:
+                checks.append(Check(name, False, f"{who}; missing scopes: {', '.join(missing)}",
+                                    "update the app from `bot manifest --distribution` and install it again"))
+            else:
+                checks.append(Check(name, True, f"{who}; scopes match (multi-workspace mode)"))
+        return checks
+    finally:
+        await db.close()
