@@ -42,15 +42,6 @@ class SlackPeople:
         # One users.info per user at a time: (the record, whether Slack just gave it).
         self._lookups: dict[tuple[str, str], asyncio.Future[tuple[dict[str, Any] | None, bool]]] = {}
 
-    @property
-    def refused(self) -> bool:
-        """Whether the workspace in scope refused users.info for good."""
-        return (current_team() or "") in self.refused_in
-
-    @refused.setter
-    def refused(self, value: bool) -> None:
-        (self.refused_in.add if value else self.refused_in.discard)(current_team() or "")
-
     def forget(self, team: str) -> None:
         """Drop what is known of workspace ``team``'s people (re-installed or removed)."""
         self.refused_in.discard(team)
