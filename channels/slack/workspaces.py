@@ -171,8 +171,6 @@ class WorkspaceClient(AsyncWebClient):
             raise
 
 
-
-
 async def bot_token(client: AsyncWebClient) -> str | None:
     """The token a call made here would carry (a file download's Authorization header)."""
     if isinstance(client, WorkspaceClient):
