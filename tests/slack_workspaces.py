@@ -13,7 +13,8 @@ from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import dumps, event_body, signed_headers
 
 
-async def install(gw: GatewayClient, fake_slack: FakeSlack, team: str) -> None:
+async def install_flow(gw: GatewayClient, fake_slack: FakeSlack, team: str) -> tuple[int, str]:
+    """The install flow into ``team``, from the install page to Slack's redirect back: (status, page)."""
     fake_slack.redirect_to = f"{gw.base}/slack/oauth_redirect"
     async with gw.http.get(f"{gw.base}/slack/install") as resp:
         page = await resp.text()
@@ -24,7 +25,12 @@ async def install(gw: GatewayClient, fake_slack: FakeSlack, team: str) -> None:
     async with gw.http.get(link, allow_redirects=False) as resp:
         back = resp.headers["Location"]
     async with gw.http.get(back, headers={"Cookie": cookie}, allow_redirects=False) as resp:
-        assert resp.status == 200, await resp.text()
+        return resp.status, await resp.text()
+
+
+async def install(gw: GatewayClient, fake_slack: FakeSlack, team: str) -> None:
+    status, page = await install_flow(gw, fake_slack, team)
+    assert status == 200, page
 
 
 def in_team(team: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +20,7 @@ from tests.fakes.core import until
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import Failure, FakeSlack
 from tests.slack_requests import block_action, command_body, dumps, event_body, mention, signed_headers
-from tests.slack_workspaces import form_in_team, install, send
+from tests.slack_workspaces import form_in_team, install, install_flow, send
 
 
 def _port(gw: GatewayClient) -> Any:
@@ -33,20 +32,6 @@ async def _teams(gw: GatewayClient) -> list[str]:
         return sorted(r.team_id for r in (await s.exec(select(SlackInstallationRow))).all())
 
 
-async def _callback(gw: GatewayClient, fake_slack: FakeSlack, team: str) -> tuple[int, str]:
-    """The install flow into ``team`` up to Slack's redirect back: (status, page)."""
-    fake_slack.redirect_to = f"{gw.base}/slack/oauth_redirect"
-    async with gw.http.get(f"{gw.base}/slack/install") as resp:
-        page = await resp.text()
-        cookie = resp.headers.getall("Set-Cookie")[0].split(";")[0]
-    found = re.search(r'href="([^"]+)">Add to Slack', page)
-    assert found is not None
-    async with gw.http.get(found.group(1).replace("&amp;", "&") + f"&team={team}", allow_redirects=False) as resp:
-        back = resp.headers["Location"]
-    async with gw.http.get(back, headers={"Cookie": cookie}, allow_redirects=False) as resp:
-        return resp.status, await resp.text()
-
-
 async def test_only_allowed_workspaces_install_and_are_served(
     make_settings: Callable[..., Any], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
@@ -55,7 +40,7 @@ async def test_only_allowed_workspaces_install_and_are_served(
         slack_bot_token=None, slack_client_id=fake_slack.client_id, slack_client_secret=fake_slack.client_secret,
         slack_allowed_teams="T1,T2"))
     await install(gw, fake_slack, "T1")
-    status, page = await _callback(gw, fake_slack, "T666")
+    status, page = await install_flow(gw, fake_slack, "T666")
     assert status != 200 or "not in SLACK_ALLOWED_TEAMS" in page
     assert await _teams(gw) == ["T1"]
     assert [team for team in fake_slack.tokens.values()] == ["T1"]  # the refused install's token was revoked
@@ -97,7 +82,7 @@ async def test_an_org_wide_install_is_refused_with_a_page_and_its_token_revoked(
         return answer
 
     monkeypatch.setattr(FakeSlack, "_oauth_access", org_wide)
-    status, _page = await _callback(workspaces, fake_slack, "E1")
+    status, _page = await install_flow(workspaces, fake_slack, "E1")
     assert status < 500
     assert await _teams(workspaces) == ["T1", "T2"]
     assert "E1" not in fake_slack.tokens.values()
