@@ -28,7 +28,7 @@ from channels.slack.approval_cards import (
 )
 from channels.slack.formatting import escape
 from channels.slack.payloads import channel_id, input_value, user_id
-from channels.slack.workspaces import WorkspaceClient, current_team, in_workspace, session_team
+from channels.slack.workspaces import in_workspace, request_workspace
 from core.display import arguments_text
 from core.errors import InvalidInput
 from core.gateway import Gateway
@@ -209,12 +209,7 @@ class SlackApprovals:
             await self._clicked(user, channel, verdict, request_id, str(body.get("trigger_id") or ""))
 
     async def _workspace_of(self, request_id: int) -> str | None:
-        """The workspace of the request's conversation: whom the clicker is judged against (several workspaces:
-        a firing's place names none, and the click's own workspace would call its people members)."""
-        if not isinstance(self.client, WorkspaceClient):
-            return current_team()
-        info = await self.gateway.approval(request_id)
-        return session_team(info.session.id, info.session.reply_ref) if info is not None else current_team()
+        return await request_workspace(self.client, self.gateway.approval, request_id)
 
     async def _clicked(self, user: str, channel: str, verdict: re.Match[str], request_id: int, trigger: str) -> None:
         if verdict.group(1) == "stop":  # a budget's Stop: no reason asked

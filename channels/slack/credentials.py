@@ -14,7 +14,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.slack.api import PrivateReplies, error_code
 from channels.slack.formatting import escape
 from channels.slack.payloads import channel_id, user_id
-from channels.slack.workspaces import WorkspaceClient, current_team, in_workspace, session_team
+from channels.slack.workspaces import in_workspace, request_workspace
 from core.display import shown_reason
 from core.gateway import Gateway
 from core.model import CredentialRequestInfo, CredentialStatus
@@ -69,12 +69,7 @@ class SlackCredentials:
             await self._provide_clicked(user, channel, request_id, str(body.get("trigger_id") or ""))
 
     async def _workspace_of(self, request_id: int) -> str | None:
-        """The workspace of the request's conversation: whom the provider is judged against (several
-        workspaces: a firing's place names none, and the click's own workspace would call its people members)."""
-        if not isinstance(self.client, WorkspaceClient):
-            return current_team()
-        info = await self.gateway.credential_request(request_id)
-        return session_team(info.session.id, info.session.reply_ref) if info is not None else current_team()
+        return await request_workspace(self.client, self.gateway.credential_request, request_id)
 
     async def _provide_clicked(self, user: str, channel: str, request_id: int, trigger: str) -> None:
         if isinstance(prompt := await self.gateway.provide_prompt(request_id, by=user), str):

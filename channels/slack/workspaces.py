@@ -178,6 +178,17 @@ async def bot_token(client: AsyncWebClient) -> str | None:
     return client.token
 
 
+async def request_workspace(client: AsyncWebClient, request: Callable[[int], Awaitable[Any]], request_id: int
+                            ) -> str | None:
+    """The workspace of a request's conversation (an approval's, a credential request's): whom a person acting on
+    it is judged against. Several workspaces: a firing's place names none, and the click's own workspace would
+    call its people members. One workspace: the scope already in effect (no lookup)."""
+    if not isinstance(client, WorkspaceClient):
+        return current_team()
+    info = await request(request_id)
+    return session_team(info.session.id, info.session.reply_ref) if info is not None else current_team()
+
+
 class WorkspaceAuthorize(AsyncAuthorize):
     """Bolt's authorize step from the installs the client already reads: the token and the bot's ids as stored
     at install time. Bolt's own would call auth.test on every request, on the ack path."""
