@@ -10,10 +10,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import jsonschema
-
 from core.errors import CoreError
 from core.text import clean_text, text_problem, tree_problem
+from core.tool_schema import ArgumentSchema, SchemaCheckError, nonlocal_reference
 
 
 class Risk(enum.StrEnum):
@@ -66,6 +65,15 @@ class Tool:
     explicit: bool = False
     # Calls of one model step may run together (each its own result, stored in call order): delegate.
     concurrent: bool = False
+    # The parameters compiled once: validation resolves no reference and bounds its patterns (core.tool_schema).
+    schema: ArgumentSchema = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        reference = nonlocal_reference(self.parameters)
+        if reference is not None:
+            raise CoreError(f"tool {self.name!r}: its schema refers outside itself ({reference}); "
+                            "only references inside the schema (#…) are allowed")
+        object.__setattr__(self, "schema", ArgumentSchema(self.parameters))
 
     def spec(self) -> dict[str, Any]:
         """The OpenAI-style function description the model sees."""
@@ -93,10 +101,12 @@ class Tool:
         if problem is not None:
             raise ToolError(f"arguments for {self.name} contain {problem}")
         try:
-            jsonschema.validate(args, self.parameters)
-        except jsonschema.ValidationError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "arguments"
-            raise ToolError(f"invalid arguments for {self.name} ({where}): {exc.message}") from exc
+            error = self.schema.first_error(args)
+        except SchemaCheckError as exc:
+            raise ToolError(f"arguments for {self.name} could not be checked: {exc}") from exc
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "arguments"
+            raise ToolError(f"invalid arguments for {self.name} ({where}): {error.message}")
         return args
 
 
@@ -107,7 +117,6 @@ class ToolRegistry:
     def register(self, tool: Tool) -> None:
         if tool.name in self._tools:
             raise CoreError(f"tool {tool.name!r} is registered twice")
-        jsonschema.Draft202012Validator.check_schema(tool.parameters)
         self._tools[tool.name] = tool
 
     def get(self, name: str) -> Tool | None:

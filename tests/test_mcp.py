@@ -26,7 +26,7 @@ from bot.mcp.servers import HttpServer, ServerFailed
 from bot.mcp.spec import McpServerSpec, load_mcp_servers
 from bot.sandbox import Unsandboxed
 from bot.settings import Settings
-from core.tools import ToolRegistry
+from core.tools import ToolError, ToolRegistry
 from tests.bot_process import run_cli, slack_env
 from tests.conftest import GatewayClient, connections_toml, sandbox_mode
 from tests.fakes.llm import FakeLLM, Reply
@@ -404,6 +404,28 @@ async def test_a_listing_is_cleaned_capped_and_lookalike_names_left_out(
         servers.servers["fake"].problem = Diagnosis("unreachable", "stopped: \x1b]0;pwned\x07 \x1b[2J")
         [(_name, ok, text)] = servers.report()
         assert not ok and "\x1b" not in text and "\x07" not in text and "⟦U+001B⟧" in text
+    finally:
+        await servers.stop()
+
+
+async def test_a_schema_that_refers_outside_itself_is_left_out_and_nothing_is_fetched(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="bot.mcp")
+    servers, registry = await started(tmp_path, mode_spec("refs"))
+    try:
+        names = registry.names()
+        assert {"fake__remote", "fake__disk", "fake__dynamic"}.isdisjoint(names)
+        for tool, ref in (("remote", "$ref 'http://169.254.169.254/latest/meta-data'"),
+                          ("disk", "$ref 'file:///etc/passwd'"), ("dynamic", "$dynamicRef 'https://example.com/s#meta'")):
+            assert f"tool '{tool}' left out: its input schema refers outside itself ({ref})" in caplog.text
+        local, redos = registry.get("fake__local"), registry.get("fake__redos")
+        assert local is not None and redos is not None
+        assert local.parse_arguments({"q": "short"}) == {"q": "short"}
+        with pytest.raises(ToolError, match="is too long"):
+            local.parse_arguments({"q": "too long"})
+        with pytest.raises(ToolError, match="took too long"):  # the server's pattern cannot freeze the bot
+            redos.parse_arguments({"q": "a" * 40 + "b"})
     finally:
         await servers.stop()
 

@@ -10,12 +10,14 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
+from aiohttp import web
 
 from bot.providers.demo import HELP, DemoProvider
 from bot.providers.openai_compat import classify
 from bot.tools.time_now import time_now_tool
 from core.errors import CoreError, ProviderError
 from core.providers import ChatMessage, CompletionRequest, RetryPolicy, complete_with_retries
+from core.tool_schema import ArgumentSchema, SchemaCheckError
 from core.tools import Risk, Tool, ToolContext, ToolError, ToolRegistry, run_tool
 from tests.fakes.core import FlakyProvider
 
@@ -51,6 +53,60 @@ def test_register_rejects_duplicates() -> None:
 def test_register_rejects_invalid_schema() -> None:
     with pytest.raises(jsonschema.SchemaError):
         ToolRegistry().register(make_tool("bad", parameters={"type": "no-such-type"}))
+
+
+@pytest.mark.parametrize("ref", [
+    {"$ref": "REMOTE"}, {"$dynamicRef": "REMOTE#meta"}, {"anyOf": [{"type": "integer"}, {"$ref": "REMOTE"}]},
+    {"$ref": "file:///etc/passwd"}, {"$ref": "other.json#/q"},
+])
+async def test_a_schema_never_makes_the_bot_fetch_anything(ref: dict[str, Any], aiohttp_server: Any) -> None:
+    # The review's finding: jsonschema resolved a remote $ref itself (urlopen, on the loop, no timeout).
+    hits: list[str] = []
+
+    async def schema(request: web.Request) -> web.Response:
+        hits.append(request.path)
+        return web.json_response({"type": "string"})
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", schema)
+    server = await aiohttp_server(app)
+    remote = str(server.make_url("/schema.json"))
+    parameters = json.loads(json.dumps({"type": "object", "properties": {"q": ref}}).replace("REMOTE", remote))
+    with pytest.raises(CoreError, match="refers outside itself"):
+        make_tool("fetcher", parameters=parameters)
+    # Even a schema that slipped past that check resolves nothing: the empty registry answers.
+    with pytest.raises(SchemaCheckError, match="not resolved"):
+        ArgumentSchema(parameters).first_error({"q": "x"})
+    assert hits == []
+
+
+def test_references_inside_the_schema_still_work() -> None:
+    tool = make_tool("local", parameters={"type": "object", "$defs": {"q": {"type": "string", "maxLength": 3}},
+                                          "properties": {"q": {"$ref": "#/$defs/q"}}})
+    assert tool.parse_arguments({"q": "abc"}) == {"q": "abc"}
+    with pytest.raises(ToolError, match=r"\(q\): 'abcd' is too long"):
+        tool.parse_arguments({"q": "abcd"})
+
+
+@pytest.mark.parametrize("where", ["pattern", "patternProperties"])
+def test_a_backtracking_pattern_is_cut_off_not_run_for_minutes(where: str) -> None:
+    # With re, "^(a|aa)+$" against 40 a's and a b takes about 20 s of the event loop (1.6x per character).
+    bad = "^(a|aa)+$"
+    subject = "a" * 40 + "b"
+    if where == "pattern":
+        tool = make_tool("redos", parameters={"type": "object",
+                                              "properties": {"q": {"type": "string", "pattern": bad}}})
+        args: dict[str, Any] = {"q": subject}
+    else:
+        tool = make_tool("redos", parameters={"type": "object", "patternProperties": {bad: {"type": "string"}}})
+        args = {subject: "x"}
+    with pytest.raises(ToolError, match="could not be checked: checking the arguments' patterns took too long"):
+        tool.parse_arguments(args)
+    # Ordinary patterns still decide as before.
+    good = make_tool("ok", parameters={"type": "object", "properties": {"q": {"type": "string", "pattern": "^a+$"}}})
+    assert good.parse_arguments({"q": "aaa"}) == {"q": "aaa"}
+    with pytest.raises(ToolError, match="does not match"):
+        good.parse_arguments({"q": "b"})
 
 
 def test_allowed_globs_and_get() -> None:
