@@ -17,6 +17,7 @@ from bot.egress import EgressPolicy
 from bot.errors import Failed
 from bot.health import healthz, readyz_handler, until_ready
 from bot.home import secure_home
+from bot.http_headers import server_app
 from bot.keys import load_keyring
 from bot.mcp.manager import McpServers, audit_to
 from bot.mcp.spec import load_mcp_servers
@@ -97,7 +98,7 @@ class Application:
     connections: ConnectionService | None = None  # [[connections]] in bot.toml
     mcp: McpServers | None = None  # [[mcp_servers]] in bot.toml: started (their tools listed) before turns run
     channels: list[Channel] = field(default_factory=list)
-    web_app: web.Application = field(default_factory=web.Application)
+    web_app: web.Application = field(default_factory=server_app)  # the security headers on every response
     _runner: web.AppRunner | None = None
     _prune_task: asyncio.Task[None] | None = None
     phase: str = "starting"  # then "ready", then "stopping": requests are served only when ready

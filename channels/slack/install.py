@@ -100,8 +100,8 @@ class _Flow(AsyncOAuthFlow):
     async def build_install_page_html(self, url: str, request: AsyncBoltRequest) -> str:
         link = html.escape(url, quote=True)
         return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>Install the bot</title>"
-                "<meta name=\"referrer\" content=\"no-referrer\"></head><body style=\"font-family: sans-serif; "
-                "text-align: center; padding: 2em\"><h1>Install the bot into a Slack workspace</h1>"
+                "<meta name=\"referrer\" content=\"no-referrer\"></head>"
+                "<body><h1>Install the bot into a Slack workspace</h1>"
                 f"<p><a id=\"add-to-slack\" href=\"{link}\">Add to Slack</a></p>"
                 "<p>Slack asks you which workspace, and what the bot may do there.</p></body></html>")
 
