@@ -34,6 +34,11 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _V4_COMPATIBLE = ipaddress.ip_network("::/96")
 _PRIVATE = tuple(ipaddress.ip_network(n) for n in
                  ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7", "fec0::/10"))
+# Special-purpose space named here rather than left to ipaddress, whose answer depends on the Python release
+# (before 3.11.10 / 3.12.4, 192.0.0.0/24 — including 192.0.0.9 and .10, anycast services — counted as global).
+_SPECIAL = tuple(ipaddress.ip_network(n) for n in (
+    "0.0.0.0/8", "192.0.0.0/24", "192.0.2.0/24", "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24",
+    "240.0.0.0/4", "100::/64", "2001::/23", "2001:db8::/32", "3fff::/20", "64:ff9b:1::/48", "5f00::/16"))
 _METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
 # What inet_aton reads as an IPv4 address: 2130706433, 0x7f.1, 127.1, 017700000001.
 _NUMERIC_HOST = re.compile(r"[0-9][0-9a-fA-FxX.]*")
@@ -87,6 +92,8 @@ def non_public(ip: Address) -> str | None:
         return "a shared address (carrier-grade NAT)"
     if any(ip in net for net in _PRIVATE):
         return "a private address"
+    if any(ip in net for net in _SPECIAL):
+        return "a special-purpose address (IANA)"
     if ip.is_private or ip.is_reserved or not ip.is_global:
         return "a non-public address"
     return None

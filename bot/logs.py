@@ -55,6 +55,24 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+# Libraries whose INFO lines would drown ours, and the model SDKs, whose INFO lines name the endpoint's URL and
+# whose DEBUG lines hold the whole prompt.
+QUIET_LIBRARIES = ("aiohttp.access", "slack_bolt", "slack_sdk", "httpx", "httpx2", "openai", "anthropic", "alembic",
+                   "apscheduler")
+
+
+class QuietLibrariesFilter(logging.Filter):
+    """Below WARNING, nothing from ``QUIET_LIBRARIES`` is written, whatever level their loggers were given
+    later: the model SDKs set their own at import from ``ANTHROPIC_LOG`` / ``OPENAI_LOG`` (``debug`` logs
+    every request's body), and they are imported after logging is configured."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        name = record.name
+        return not any(name == lib or name.startswith(lib + ".") for lib in QUIET_LIBRARIES)
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
@@ -84,6 +102,7 @@ class TextFormatter(logging.Formatter):
 def configure_logging(level: str, fmt: str, secrets: Iterable[str]) -> RedactingFilter:
     handler = logging.StreamHandler(sys.stderr)
     redactor = RedactingFilter(secrets)
+    handler.addFilter(QuietLibrariesFilter())
     handler.addFilter(ContextFilter())
     handler.addFilter(redactor)
     handler.setFormatter(
@@ -92,9 +111,8 @@ def configure_logging(level: str, fmt: str, secrets: Iterable[str]) -> Redacting
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # Library chatter at INFO would drown our lines (and aiohttp's access log repeats every request).
-    # The model SDKs' own lines name the endpoint's URL (INFO) and hold the whole prompt (DEBUG): never ours.
-    for noisy in ("aiohttp.access", "slack_bolt", "slack_sdk", "httpx", "httpx2", "openai", "anthropic", "alembic",
-                  "apscheduler"):
+    # Also held at WARNING where they log, so their records are not even made; the handler's filter is what
+    # holds when a library raises its own level afterwards.
+    for noisy in QUIET_LIBRARIES:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
     return redactor

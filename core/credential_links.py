@@ -65,7 +65,7 @@ class CredentialLinks:
         problem = service.validate(value)
         if problem is not None:
             return ProvideResult(False, problem, field_error=problem, request=request)
-        _, problem = parse_hosts(hosts)  # before the link is burnt: a typo must not use it up
+        _, problem = parse_hosts(hosts, secret=value)  # before the link is burnt: a typo must not use it up
         if problem is not None:
             return ProvideResult(False, problem, field_error=problem, request=request, field="hosts")
         claims = jwt.decode(token, options={"verify_signature": False})

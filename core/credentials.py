@@ -211,7 +211,7 @@ class CredentialService:
         problem = self.validate(value)
         if problem is not None:
             return ProvideResult(False, problem, field_error=problem, request=request)
-        allowed, problem = parse_hosts(hosts)
+        allowed, problem = parse_hosts(hosts, secret=value)
         if problem is not None:
             return ProvideResult(False, problem, field_error=problem, request=request, field="hosts")
         value = value.strip("\n") if value.strip().startswith("-----BEGIN") else value.strip()
@@ -344,7 +344,7 @@ class CredentialService:
         problem = self.validate(value)
         if problem is not None:
             raise InvalidInput(problem)
-        allowed, problem = parse_hosts(hosts)
+        allowed, problem = parse_hosts(hosts, secret=value)
         if problem is not None:
             raise InvalidInput(problem)
         now = self.clock.now()

@@ -41,21 +41,28 @@ def host_allowed(host: str, allowed: Iterable[str]) -> bool:
     return False
 
 
-def parse_hosts(raw: object) -> tuple[list[str] | None, str | None]:
+def parse_hosts(raw: object, *, secret: str | None = None) -> tuple[list[str] | None, str | None]:
     """Where a credential may be sent: ``(hosts, None)``, ``(None, None)`` for anywhere, or
     ``(None, why)``. Takes comma-separated text or a list of such; host names (``*.`` allowed in
-    front of a domain) or IP literals, normalised to lower case without brackets or a final dot."""
+    front of a domain) or IP literals, normalised to lower case without brackets or a final dot.
+
+    Hosts are stored as plain text, so what was pasted there by mistake (the value itself, or any token)
+    must be refused, never kept: ``secret`` is the value being stored, and a name must look like one
+    (a dotted name ending in a word, ``localhost``, or an IP address). A refusal never quotes the entry."""
     if raw is None:
         return None, None
     if isinstance(raw, str):
         raw = [raw]
     if not isinstance(raw, list | tuple) or not all(isinstance(item, str) for item in raw):
         return None, "Allowed hosts must be text: host names separated by commas."
+    bare = (secret or "").strip()
+    if len(bare) >= 4 and any(bare in item or (len(item.strip()) >= 4 and item.strip() in bare) for item in raw):
+        return None, "Allowed hosts holds the secret value itself: put the value in its own field, and host names here."
     hosts: list[str] = []
-    for entry in (e.strip() for item in raw for e in item.split(",")):
+    for position, entry in enumerate((e.strip() for item in raw for e in item.split(",")), start=1):
         if not entry:
             continue
-        host, problem = _one_host(entry)
+        host, problem = _one_host(entry, position)
         if problem is not None:
             return None, problem
         assert host is not None
@@ -66,13 +73,14 @@ def parse_hosts(raw: object) -> tuple[list[str] | None, str | None]:
     return hosts or None, None
 
 
-def _one_host(entry: str) -> tuple[str | None, str | None]:
+def _one_host(entry: str, position: int = 1) -> tuple[str | None, str | None]:
     if len(entry) > 253:
         return None, "Allowed hosts: an entry is too long to be a host name."
-    shown = entry if len(entry) <= 80 else entry[:77] + "..."
-    bad = f"Allowed hosts: {shown!r} is not a host: {_HOSTS_HELP}."
+    # Named by its place, never quoted: what was typed there may be a secret pasted into the wrong field.
+    shown = f"entry {position}"
+    bad = f"Allowed hosts: {shown} is not a host: {_HOSTS_HELP}."
     if not entry.isascii():
-        return None, f"Allowed hosts: {shown!r}: write the name in its ASCII form (xn--...)."
+        return None, f"Allowed hosts: {shown}: write the name in its ASCII form (xn--...)."
     host = entry.lower()
     if ":" in host:  # only an IPv6 literal may hold a colon (a port or a scheme is refused)
         inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
@@ -92,11 +100,17 @@ def _one_host(entry: str) -> tuple[str | None, str | None]:
         try:
             return str(ipaddress.IPv4Address(name)), None
         except ValueError:
-            return None, f"Allowed hosts: {shown!r} is not a valid IP address."
+            return None, f"Allowed hosts: {shown} is not a valid IP address."
     if wildcard and len(labels) < 2:
-        return None, f"Allowed hosts: {shown!r} covers a whole top-level domain; name a domain (*.example.com)."
+        return None, f"Allowed hosts: {entry!r} covers a whole top-level domain; name a domain (*.example.com)."
+    if len(labels) < 2 and name != "localhost":  # "sk-live-…", "xoxb-…", a hex token: shaped like one label
+        return None, (f"Allowed hosts: {shown} is a single word, not a host name: write the full name "
+                      "such as api.corp.example).")
+    top = labels[-1]
+    if not (top.isalpha() or top.startswith("xn--")):  # top-level domains are words: "eyJ0.c2lnbmF0dXJlMQ"
+        return None, bad
     if wildcard and _public_under(name):
-        return None, (f"Allowed hosts: {shown!r} covers names anyone can register ({name} is or holds a public "
+        return None, (f"Allowed hosts: {entry!r} covers names anyone can register ({name} is or holds a public "
                       "suffix such as co.uk or github.io); list the exact hosts, or a wildcard below a domain "
                       "you own (*.yours.github.io).")
     return ("*." if wildcard else "") + name, None

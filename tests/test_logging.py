@@ -129,6 +129,32 @@ def test_configure_logging_installs_redacting_handler(
     assert SECRET not in err and BOT_TOKEN not in err
 
 
+@pytest.mark.parametrize(("sdk", "variable"), [("anthropic", "ANTHROPIC_LOG"), ("openai", "OPENAI_LOG")])
+def test_an_sdks_own_debug_setting_never_writes_the_prompt(
+    sdk: str, variable: str, restore_root: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The SDK reads its variable when it is imported, which happens after logging is configured (the provider
+    # is built later, doctor imports it lazily): its setup then sets its loggers to DEBUG.
+    import importlib
+
+    levels = {name: logging.getLogger(name).level for name in (sdk, "httpx", "httpx2")}
+    configure_logging("DEBUG", "text", [SECRET])
+    monkeypatch.setenv(variable, "debug")
+    try:
+        importlib.import_module(f"{sdk}._utils._logs").setup_logging()
+        assert logging.getLogger(sdk).level == logging.DEBUG  # what the SDK did
+        logging.getLogger(f"{sdk}._base_client").debug("Request options: %s", {"json_data": "the whole prompt"})
+        logging.getLogger("httpx2").info("HTTP Request: POST https://llm.internal/v1 200")
+        logging.getLogger(f"{sdk}._base_client").warning("retrying")
+        logging.getLogger("bot.test").debug("ours")
+        err = capsys.readouterr().err
+        assert "the whole prompt" not in err and "llm.internal" not in err
+        assert "retrying" in err and "ours" in err
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
 def test_configure_logging_text_format(restore_root: None, capsys: pytest.CaptureFixture[str]) -> None:
     configure_logging("DEBUG", "text", [SECRET])
     logging.getLogger("bot.test").debug("value %s", SECRET)

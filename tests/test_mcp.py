@@ -33,7 +33,7 @@ from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.oauth import FakeOAuth
 from tests.fakes.server import RunningServer
 from tests.fakes.slack_api import FakeSlack
-from tests.slack_requests import block_action, mention
+from tests.slack_requests import block_action, mention, message
 from tests.test_connections import consent, personal_link
 
 FAKE = Path(__file__).resolve().parent / "fakes" / "mcp_server.py"
@@ -359,6 +359,32 @@ async def test_an_http_server_behind_a_connection_pauses_for_consent_then_gets_t
                                                       tzinfo=__import__("datetime").UTC))
     call = next(e for e in audit if e.action == "mcp.call")
     assert json.loads(call.detail or "{}")["connection"] == "github"
+
+
+async def test_a_guest_cannot_start_a_connection_through_a_safe_server(
+    make_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+    oauth: FakeOAuth, open_http_server: tuple[str, Path], tmp_path: Path,
+) -> None:
+    # risk = "safe": no approval stands between a guest's words and the consent request (review point 8).
+    url, log = open_http_server
+    config = tmp_path / "bot.toml"
+    config.write_text(connections_toml(oauth) + f'\n[[mcp_servers]]\nname = "gh"\nurl = "{url}"\n'
+                      'connection = "github"\nrisk = "safe"\n', encoding="utf-8")
+    fake_slack.people["UGUEST"] = {"is_restricted": True}
+    gateway: GatewayClient = await start_gateway(make_settings(bot_config=config, http_allow_hosts="127.0.0.1"))
+    fake_llm.then(Reply(tool_calls=[("gh__echo", {"text": "as me"})]), Reply("could not"))
+    await gateway.send_event(message("echo as me", channel="D1", channel_type="im", user="UGUEST"))
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert [p.params["text"] for p in fake_slack.posts()] == ["could not"]  # no Connect message, no link
+    assert fake_slack.of("chat.postEphemeral") == []
+    assert "asking people to connect github is" in tool_result(fake_llm) and "(guest)" in tool_result(fake_llm)
+    assert "Bearer" not in (log.read_text() if log.exists() else "")
+    async with gateway.app.db.read() as s:
+        from sqlmodel import select
+
+        from core.store.connection_tables import ConnectionRequestRow
+        assert list((await s.exec(select(ConnectionRequestRow))).all()) == []
 
 
 # -- what a server lists, and how it runs ----------------------------------------------------------------

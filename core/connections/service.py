@@ -27,6 +27,7 @@ from core.store.connection_tables import ConnectionRequestRow, ConnectionRow
 from core.store.connections import ConnectionStore
 from core.stored_secrets import CredentialUse
 from core.tools import SUBAGENT_CANNOT_ASK, ToolContext, ToolError
+from core.trust import NOT_ALLOWED, restricted
 from core.vault import KeyRing, Sealed, VaultError
 from core.views import ConnectionView
 
@@ -208,6 +209,12 @@ class ConnectionService:
                             "it; an operator must configure it. Continue without it.")
         if ctx.subagent:
             raise ToolError(f"{problem}: {SUBAGENT_CANNOT_ASK} (they can connect it)")
+        # As for credentials: nobody is sent to connect an account on a guest's, an outsider's or a bot's word
+        # (a risk = "safe" MCP server's call reaches here with no approval in between).
+        if await restricted(self.policy.trust, ctx.trust, ctx.sender or "agent", "connect", f"connection:{spec.name}",
+                            session=ctx.session_id):
+            raise ToolError(f"{problem}: asking people to connect {spec.name} is {NOT_ALLOWED} ({ctx.trust}); nobody "
+                            "was asked; continue without it")
         if not ctx.interactive:
             raise ToolError(f"{problem}: nobody can be asked to connect it here; continue without it")
         now = self.clock.now()

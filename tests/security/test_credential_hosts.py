@@ -99,7 +99,7 @@ async def _cli_set(tmp_path: Path, env: dict[str, str], *args: str, value: bytes
 async def test_hosts_from_the_command_line(tmp_path: Path) -> None:
     env = {"BOT_SECRET_KEYS": f"k1:{base64.b64encode(os.urandom(32)).decode()}"}
     code, out = await _cli_set(tmp_path, env, "gh.token", "--host", "https://api.github.com/", value=b"cli-v-1\n")
-    assert code == 2 and "https://api.github.com/" in out and "without a scheme" in out and "cli-v-1" not in out
+    assert code == 2 and "entry 1 is not a host" in out and "without a scheme" in out and "cli-v-1" not in out
     code, out = await run_cli(tmp_path, env, "credentials", "list")
     assert code == 0 and "no stored credentials" in out  # nothing was stored
 
@@ -155,6 +155,28 @@ async def test_hosts_from_the_slack_modal(gateway: GatewayClient, fake_slack: Fa
 
     assert await _submit(gateway, request_id, "slack-v-1", " api.github.com, *.github.com ") == {}
     assert await _hosts(gateway.app.credentials) == {"gh.token": ["api.github.com", "*.github.com"]}
+
+
+@pytest.mark.parametrize(("value", "hosts"), [
+    ("sk-live-abcdef1234567890", "sk-live-abcdef1234567890"),  # the value pasted into both fields
+    ("sk-live-abcdef1234567890", "api.github.com, sk-live-abcdef1234567890"),
+    ("v-other-1", "xoxb-1234-5678-abcdefghijkl"),  # some other token: one word, not a host name
+    ("v-other-1", "0123456789abcdef0123456789abcdef01234567"),  # a hex token
+    ("v-other-1", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.dBjftJeZ4CVPmB92K27uhbUJU1p1r"),  # a JWT: no word at the end
+    ("v-other-1", "vault"),  # a single label: a name the egress policy cannot place
+])
+async def test_a_secret_pasted_into_the_hosts_field_is_a_field_error_never_stored_text(
+    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM, value: str, hosts: str,
+) -> None:
+    # Hosts are stored in clear: before this, each of these was kept as an "allowed host" (review point 8).
+    request_id = await _slack_request(gateway, fake_slack, fake_llm, "gh.token")
+    answer = await _submit(gateway, request_id, value, hosts)
+    assert answer["response_action"] == "errors" and set(answer["errors"]) == {"hosts"}, answer
+    assert value not in json.dumps(answer) and hosts.split(", ")[-1] not in json.dumps(answer)  # never quoted back
+    assert await gateway.app.credentials.store.all_secrets() == []
+    assert (await gateway.app.credentials.get(int(request_id))).status == "pending"  # type: ignore[union-attr]
+    assert await _submit(gateway, request_id, value, "api.github.com, localhost") == {}
+    assert await _hosts(gateway.app.credentials) == {"gh.token": ["api.github.com", "localhost"]}
 
 
 async def test_an_empty_hosts_field_in_the_modal_means_anywhere(
