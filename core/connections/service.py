@@ -108,10 +108,11 @@ class ConnectionService:
         thread = thread_of(ctx.session_id)
         writers = await self.store.conversation_senders(thread)
         schedule = firing_schedule(thread)
-        if writers is None:
+        if writers is None:  # only a firing's can be unknown
+            which = f"schedule {schedule}" if schedule is not None else "this schedule"
             raise ToolError(f"{name} acts as {owner}'s own account, and it is not recorded who had written where "
-                            f"schedule {schedule} was asked for (it was made before the bot recorded that); a "
-                            "schedule's firings use it only when its creator was alone there. Continue without it.")
+                            f"{which} was asked for (it was made before the bot recorded that); a schedule's "
+                            "firings use it only when its creator was alone there. Continue without it.")
         others = [who for who in writers if who != owner]
         if not others:
             return
