@@ -18,6 +18,7 @@ import pytest
 
 from bot.settings import Settings
 from core.connections.service import ConnectionService
+from core.store.schedules import ScheduleStore
 from core.tools import ToolContext, ToolError
 from tests.conftest import GatewayClient, connections_toml
 from tests.fakes.core import until
@@ -529,3 +530,158 @@ async def test_a_sub_agent_uses_a_personal_account_only_where_its_parent_could(
     await until(lambda: service.store.conversation_senders(thread), what="U2's message is recorded")
     with pytest.raises(ToolError, match="also has messages from U2"):
         await service.use(ctx, "github")
+
+
+# -- schedules: a firing acts through its creator's account only if they were alone where it was asked -------
+
+
+def _card(fake_slack: FakeSlack, tool: str, after: int = 0) -> Any | None:
+    """The first approval card for ``tool`` among the posts after the ``after``-th."""
+    return next((p for p in fake_slack.posts()[after:] if f"`{tool}`" in json.dumps(p.params.get("blocks"))
+                 or tool in json.dumps(p.params.get("blocks"))), None)
+
+
+async def _decide_card(gateway: GatewayClient, fake_slack: FakeSlack, tool: str, *, user: str, after: int = 0) -> Any:
+    await until(lambda: _card(fake_slack, tool, after), what=f"the approval card for {tool}")
+    card = _card(fake_slack, tool, after)
+    button = card.params["blocks"][-1]["elements"][0]
+    assert button["action_id"] == "approval:approve", card.params["text"]
+    await gateway.interact(block_action("approval:approve", str(button["value"]), user=user))
+    return card
+
+
+async def _schedule_asked_by_u1(gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM, *,
+                                steered_by: str | None) -> tuple[int, str]:
+    """U1 asks, in a thread of their own, for a schedule that reads their github (``steered_by``: someone's
+    message is steered into that turn before the model calls schedule_create). U2 approves the call and the
+    destination. The schedule id and the destination card's text."""
+    held = Gate(Reply(tool_calls=[("time_now", {})]))
+    create = Reply(tool_calls=[("schedule_create", {"prompt": "who am I on github?", "every_seconds": 3600,
+                                                    "destination": "#acc-dest"})])
+    fake_llm.then(held, create, Reply("scheduled"))
+    before = len(fake_slack.posts())
+    root = mention("every hour, tell #acc-dest who I am on github")
+    await gateway.send_event(root)
+    await asyncio.wait_for(held.reached.wait(), 10)
+    if steered_by is not None:
+        await gateway.send_event(mention("and push my branch to main while at it", user=steered_by,
+                                         thread_ts=root["ts"]))
+
+        async def stored() -> bool:
+            return steered_by in (await ScheduleStore(gateway.app.db).writers(f"slack:T1:C1:{root['ts']}") or ())
+
+        await until(stored, what="the steered message is stored")
+    held.opened.set()
+    await _decide_card(gateway, fake_slack, "schedule_create", user="U2", after=before)
+    card = await _decide_card(gateway, fake_slack, "schedule_destination", user="U2", after=before)
+    await until(lambda: _active(gateway, 1), what="the schedule is active")
+    await gateway.idle()
+    schedule = (await gateway.app.schedules.list())[-1]
+    assert schedule.creator == "U1"
+    return schedule.id, json.dumps(card.params["blocks"])
+
+
+async def _active(gateway: GatewayClient, count: int) -> bool:
+    return sum(s.status == "active" for s in await gateway.app.schedules.list()) >= count
+
+
+def _schedule_create() -> Reply:
+    return Reply(tool_calls=[("schedule_create", {"prompt": "who am I on github?", "every_seconds": 3600,
+                                                  "destination": "#acc-dest"})])
+
+
+async def _fire(gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM, schedule_id: int,
+                *calls: tuple[Reply, str]) -> list[str]:
+    """One firing (the job function APScheduler calls): its model makes ``calls`` (each a reply and the tool whose
+    card U2 approves in the destination), then answers "fired". What each call told the model."""
+    from core.schedules import run_schedule
+
+    fake_llm.then(*(reply for reply, _tool in calls), Reply("fired"))
+    before = len(fake_slack.posts())
+    firing = asyncio.ensure_future(run_schedule(schedule_id))
+    for _reply, tool in calls:
+        await _decide_card(gateway, fake_slack, tool, user="U2", after=before)
+    await asyncio.wait_for(firing, 20)
+    assert "fired" in [p.params["text"] for p in fake_slack.posts()[before:] if p.params.get("channel") == "CACC"]
+    return [m["content"] for m in fake_llm.requests[-1]["messages"] if m["role"] == "tool"][-len(calls):]
+
+
+async def test_a_schedule_asked_for_where_others_wrote_never_acts_through_a_personal_account(
+    connected_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+    oauth: FakeOAuth,
+) -> None:
+    # Alice (U1) is alone in her thread; Bob's (U2) message is steered into her turn; the model calls
+    # schedule_create (Alice is its creator); Bob approves. Each firing's session holds only Alice's prompt,
+    # yet Bob's words shaped the schedule: her account is not used.
+    gateway: GatewayClient = await start_gateway(connected_settings(bot_approvers="U1,U2"))
+    await connect_first(gateway, fake_slack, fake_llm, oauth)
+    used = len(resource_calls(oauth))
+    schedule_id, card = await _schedule_asked_by_u1(gateway, fake_slack, fake_llm, steered_by="U2")
+    assert "personal_connections" in card and "none: U2 had also written" in card
+    assert "nobody's personal account" in card
+
+    # The firing calls with the connection (refused), and makes another schedule: one its firing shaped.
+    before = len(fake_slack.posts())
+    told = await _fire(gateway, fake_slack, fake_llm, schedule_id, (call(oauth), "http_request"),
+                       (_schedule_create(), "schedule_create"))
+    assert f"github acts as U1's own account, and schedule {schedule_id} was asked for in a conversation that " \
+           "also had messages from U2" in told[0], told
+    assert len(resource_calls(oauth)) == used  # the token was never sent
+    child = await _decide_card(gateway, fake_slack, "schedule_destination", user="U2", after=before)
+    assert "none: U2 had also written" in json.dumps(child.params["blocks"])  # inherited, not "U1 alone"
+    await until(lambda: _active(gateway, 2), what="the second schedule is active")
+    told = await _fire(gateway, fake_slack, fake_llm, schedule_id + 1, (call(oauth), "http_request"))
+    assert f"schedule {schedule_id + 1} was asked for in a conversation that also had messages from U2" in told[0]
+    assert len(resource_calls(oauth)) == used
+    tokens = oauth.all_tokens()
+    assert tokens and all(t not in json.dumps(fake_llm.requests) for t in tokens)
+
+
+async def test_a_schedule_its_creator_asked_for_alone_acts_through_their_account(
+    connected_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+    oauth: FakeOAuth,
+) -> None:
+    gateway: GatewayClient = await start_gateway(connected_settings(bot_approvers="U1,U2"))
+    await connect_first(gateway, fake_slack, fake_llm, oauth)
+    used = len(resource_calls(oauth))
+    schedule_id, card = await _schedule_asked_by_u1(gateway, fake_slack, fake_llm, steered_by=None)
+    assert "personal_connections: U1's own" in card
+
+    told = await _fire(gateway, fake_slack, fake_llm, schedule_id, (call(oauth), "http_request"))
+    assert "HTTP 200" in told[0] and "octocat" in told[0], told
+    assert len(resource_calls(oauth)) == used + 1
+
+
+async def test_a_firing_and_its_sub_agents_use_a_personal_account_only_as_its_schedule_records(
+    connected_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+    oauth: FakeOAuth,
+) -> None:
+    # Schedules written straight to the table: one made before who had written was recorded (no record: not
+    # known to be alone, so refused), one whose creator was alone, one where U2 had written too.
+    from core.store.tables import ScheduleRow
+
+    gateway: GatewayClient = await start_gateway(connected_settings())
+    await connect_first(gateway, fake_slack, fake_llm, oauth)
+    service = gateway.app.connections
+    assert service is not None
+    store = ScheduleStore(gateway.app.db)
+
+    async def firing_of(**recorded: Any) -> str:
+        row = await store.add(ScheduleRow(
+            prompt="p", trigger=json.dumps({"every_seconds": 3600}), destination="#acc-dest",
+            destination_id="CACC", channel="slack", agent="default", creator="U1", status="active",
+            created_at=datetime.now(UTC), **recorded))
+        return f"schedule:{row.id}:1"
+
+    legacy, alone, shared = await firing_of(), await firing_of(origin_senders='["U1"]'), \
+        await firing_of(origin_senders='["U1", "U2"]')
+    for session in (legacy, alone, shared):
+        for sid in (session, f"sub:{session}:1"):  # the firing itself, and a sub-agent it started
+            ctx = ToolContext(session_id=sid, turn_id=1, agent="default", sender="U1", place="slack:dest:CACC",
+                              interactive=False, subagent=sid.startswith("sub:"))
+            if session == alone:
+                assert (await service.use(ctx, "github")).headers
+                continue
+            expected = "also had messages from U2" if session == shared else "not recorded who had written"
+            with pytest.raises(ToolError, match=expected):
+                await service.use(ctx, "github")

@@ -780,6 +780,29 @@ async def test_start_firing_at_once_records_one(db: Database) -> None:
     assert len(await store.firings(schedule.id)) == 1
 
 
+async def test_who_had_written_in_a_conversation_and_in_a_firing_of_a_schedule_asked_for_there(
+    db: Database, inputs: InputStore
+) -> None:
+    # A firing's session holds only its creator's prompt: the people of the conversation its schedule was asked
+    # for in are the ones recorded with it. No record (a schedule from before): not known, never "alone".
+    store = ScheduleStore(db)
+    await burst(inputs, "hi", "~seen by the model", "go")
+    await send(inputs, inbound("stop", ts="1.9", sender="U3"), CMD)  # a control: its words reach no model
+    assert await store.writers(SID) == ("U1", "U2")
+    assert await store.writers(f"sub:{SID}:1") == ("U1", "U2")  # a sub-agent: its parent's conversation
+    assert await store.writers("slack:T1:C1:9.9") == ()
+    recorded = await store.add(schedule_row(origin_senders='["U1", "U2"]'))
+    alone = await store.add(schedule_row(origin_senders='["U1"]'))
+    legacy = await store.add(schedule_row())
+    garbled = await store.add(schedule_row(origin_senders='{"U1": true}'))
+    assert await store.writers(f"schedule:{recorded.id}:3") == ("U1", "U2")
+    assert await store.writers(f"sub:schedule:{recorded.id}:3:1") == ("U1", "U2")
+    assert await store.writers(f"schedule:{alone.id}:1") == ("U1",)
+    for unknown in (f"schedule:{legacy.id}:1", f"schedule:{garbled.id}:1", "schedule:10000:1",
+                    f"schedule:{10**30}:1"):
+        assert await store.writers(unknown) is None, unknown
+
+
 async def test_finish_firing_keeps_the_tally(db: Database) -> None:
     store = ScheduleStore(db)
     schedule = await store.add(schedule_row(status="active"))

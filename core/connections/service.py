@@ -25,6 +25,7 @@ from core.model import ConnectionGap, ConnectionRequestInfo, ConnectionStatus, t
 from core.parking import Waiters
 from core.store.connection_tables import ConnectionRequestRow, ConnectionRow
 from core.store.connections import ConnectionStore
+from core.store.schedules import firing_schedule
 from core.stored_secrets import CredentialUse
 from core.tools import SUBAGENT_CANNOT_ASK, ToolContext, ToolError
 from core.trust import NOT_ALLOWED, restricted
@@ -84,13 +85,8 @@ class ConnectionService:
         owner = self.owner_for(spec, ctx.sender)
         if spec.owner == "user" and not owner:
             raise ToolError(f"{name} connects each person's own account, and this turn has no person to act as")
-        if spec.owner == "user":  # someone else's words must not steer a person's account
-            others = [who for who in await self.store.conversation_senders(thread_of(ctx.session_id))
-                      if who != owner]  # a sub-agent's words come from its parent's conversation
-            if others:
-                raise ToolError(f"{name} acts as {owner}'s own account, and this conversation also has messages from "
-                                f"{', '.join(others[:5])}; it is used only in conversations with {owner} alone (a DM "
-                                "with the bot, or a thread of their own). Continue without it.")
+        if spec.owner == "user":
+            await self._alone(ctx, name, owner)
         waited = await self._resume_parked(ctx, spec)
         row = await self.store.get(name, owner)
         gap, token = await self._check(spec, row, need_scopes, rejected)
@@ -105,6 +101,29 @@ class ConnectionService:
         self._teach(name, token)  # masked here too, even if another replica stored it
         await self.store.touch(row.id, self.clock.now())
         return CredentialUse({"Authorization": f"Bearer {token}"}, spec.hosts)
+
+    async def _alone(self, ctx: ToolContext, name: str, owner: str) -> None:
+        """Someone else's words must not steer a person's account: it is used only in a conversation that nobody
+        else wrote in (a sub-agent's is its parent's). A schedule's firing is its creator's prompt alone, but the
+        schedule was shaped where it was asked for: the people recorded there count."""
+        thread = thread_of(ctx.session_id)
+        writers = await self.store.conversation_senders(thread)
+        schedule = firing_schedule(thread)
+        if writers is None:  # only a firing's can be unknown
+            which = f"schedule {schedule}" if schedule is not None else "this schedule"
+            raise ToolError(f"{name} acts as {owner}'s own account, and it is not recorded who had written where "
+                            f"{which} was asked for (it was made before the bot recorded that); a schedule's "
+                            "firings use it only when its creator was alone there. Continue without it.")
+        others = [who for who in writers if who != owner]
+        if not others:
+            return
+        if schedule is not None:
+            raise ToolError(f"{name} acts as {owner}'s own account, and schedule {schedule} was asked for in a "
+                            f"conversation that also had messages from {', '.join(others[:5])}; its firings use it "
+                            f"only when {owner} was alone there. Continue without it.")
+        raise ToolError(f"{name} acts as {owner}'s own account, and this conversation also has messages from "
+                        f"{', '.join(others[:5])}; it is used only in conversations with {owner} alone (a DM "
+                        "with the bot, or a thread of their own). Continue without it.")
 
     async def _check(self, spec: ConnectionSpec, row: ConnectionRow | None, need: tuple[str, ...],
                      rejected: str | None) -> tuple[ConnectionGap | None, str | None]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
@@ -20,7 +21,7 @@ from core.events import EventBus, Notice
 from core.model import ApprovalStatus, ScheduleStatus, SessionInfo
 from core.ports import Ports
 from core.store import ConversationStore
-from core.store.schedules import ScheduleStore
+from core.store.schedules import ScheduleStore, recorded_senders
 from core.store.tables import ScheduleRow
 from core.text import MAX_ID, clean_text
 from core.triggers import TriggerSpec
@@ -86,10 +87,14 @@ class ScheduleService:
             raise InvalidInput("the prompt is empty")
         trigger.check(self.clock.now(), self.floor_s)
         destination_id = await self.ports.get(channel).resolve_destination(destination)
+        # Who had written where it is asked for, read here (never from the model's arguments): its firings act
+        # through the creator's personal connections only if nobody else had (core.connections.service).
+        writers = await self.store.writers(origin.id)
         await self.conversations.ensure_session(origin, self.clock.now())
         schedule = await self.store.add(ScheduleRow(
             prompt=prompt.strip(), trigger=trigger.to_json(), destination=destination, destination_id=destination_id,
             channel=channel, agent=agent, creator=creator, creator_trust=trust, origin_session=origin.id,
+            origin_senders=None if writers is None else json.dumps(list(dict.fromkeys((creator, *writers)))),
             status=ScheduleStatus.PENDING_DESTINATION, created_at=self.clock.now(),
         ))
         self._spawn(self._await_destination(schedule))
@@ -238,8 +243,20 @@ def destination_args(schedule: ScheduleRow) -> dict[str, Any]:
     """What the destination approval shows, and (by ``destination_id`` and ``creator``) what its grant
     is keyed by: another person's schedules to the same channel are asked again."""
     return {"schedule": schedule.id, "destination": schedule.destination, "destination_id": schedule.destination_id,
-            "creator": schedule.creator, "when": schedule_view(schedule).describe(),
-            "prompt": schedule.prompt}
+            "creator": schedule.creator, "personal_connections": personal_connections(schedule),
+            "when": schedule_view(schedule).describe(), "prompt": schedule.prompt}
+
+
+def personal_connections(schedule: ScheduleRow) -> str:
+    """Whose personal connections (``owner = "user"``) its firings may act through, as the destination card says:
+    the creator's, only if nobody else had written where it was asked for."""
+    writers = recorded_senders(schedule)
+    others = [who for who in writers or () if who != schedule.creator]
+    if writers is not None and not others:
+        return f"{schedule.creator}'s own, where a call needs one (nobody else had written where it was asked for)"
+    why = (f"{', '.join(others[:5])} had also written where it was asked for" if others
+           else "who had written where it was asked for is not recorded")
+    return f"none: {why}, so its firings act through nobody's personal account"
 
 
 async def creator_demoted(levels: SenderTrust, conversations: ConversationStore,

@@ -12,12 +12,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from core.model import ConnectionGap, ConnectionRequestInfo, ConnectionStatus, InputKind, SessionStatus
+from core.model import ConnectionGap, ConnectionRequestInfo, ConnectionStatus, SessionStatus
 from core.store.approvals import audit_row
 from core.store.connection_tables import ConnectionRequestRow, ConnectionRow, OAuthStateRow
 from core.store.database import Database
 from core.store.row_views import session_info
-from core.store.tables import InputRow, SessionRow
+from core.store.schedules import conversation_writers
+from core.store.tables import SessionRow
 
 Connected = tuple[ConnectionRow, ConnectionRequestInfo | None]
 # Why a state was not usable: unknown (never minted, or minted for nothing we keep), used, or expired.
@@ -207,14 +208,11 @@ class ConnectionStore:
                 ConnectionRequestRow.turn_id == turn_id).order_by(col(ConnectionRequestRow.id).desc()))).first()
             return (await _info(s, row), row.resumed_at is not None) if row is not None else None
 
-    async def conversation_senders(self, session_id: str) -> list[str]:
-        """Everyone whose words the model may read in this conversation (asked, steered or recorded as
-        context), in order of their first message."""
+    async def conversation_senders(self, session_id: str) -> tuple[str, ...] | None:
+        """Everyone whose words the model may read in this conversation, a firing's included
+        (``core.store.schedules.conversation_writers``); None: not known."""
         async with self.db.read() as s:
-            senders = (await s.exec(select(InputRow.sender).where(
-                InputRow.session_id == session_id, InputRow.kind != InputKind.CONTROL)
-                .order_by(col(InputRow.id)))).all()
-            return list(dict.fromkeys(sender for sender in senders if sender))
+            return await conversation_writers(s, session_id)
 
     async def pending(self, *, due_before: datetime | None = None) -> list[ConnectionRequestInfo]:
         async with self.db.read() as s:

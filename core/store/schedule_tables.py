@@ -26,6 +26,10 @@ class ScheduleRow(SQLModel, table=True):
     # The creator's trust level at creation (core.trust); None: created before levels existed (a member's).
     creator_trust: str | None = Field(default=None, max_length=16)
     origin_session: str | None = Field(default=None, max_length=255)  # where it was asked for
+    # Everyone who had written in that conversation when it was created (JSON list, the creator included): a
+    # firing acts through the creator's personal connections only if nobody else had. None: not recorded (a
+    # schedule from before this was), so never taken as alone.
+    origin_senders: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     status: str = Field(max_length=32)  # pending_destination, active, paused, cancelled, done
     approval_id: int | None = Field(default=None)
     created_at: datetime = _ts()

@@ -8,8 +8,9 @@ from datetime import datetime
 from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
 
-from core.model import FiringStatus, ScheduleStatus
+from core.model import FiringStatus, InputKind, ScheduleStatus, thread_of
 from core.store.approvals import audit_row
 from core.store.database import Database
 from core.store.tables import FiringRow, InputRow, ScheduleRow, TurnRow
@@ -32,11 +33,14 @@ class ScheduleStore:
     async def firing_level(self, session_id: str) -> str | None:
         """The trust level a firing's turns run at (core.trust): its schedule's creator's at creation (a member's
         for one made before levels existed); None for a session that is not a firing."""
-        parts = session_id.split(":")
-        if len(parts) != 3 or parts[0] != "schedule" or not parts[1].isdigit() or int(parts[1]) > MAX_ID:
-            return None
-        schedule = await self.get(int(parts[1]))
+        schedule_id = firing_schedule(session_id)
+        schedule = await self.get(schedule_id) if schedule_id is not None else None
         return None if schedule is None else (schedule.creator_trust or "member")
+
+    async def writers(self, session_id: str) -> tuple[str, ...] | None:
+        """Who had written in the conversation ``session_id`` belongs to (``conversation_writers``)."""
+        async with self.db.read() as s:
+            return await conversation_writers(s, session_id)
 
     async def get(self, schedule_id: int) -> ScheduleRow | None:
         async with self.db.read() as s:
@@ -127,3 +131,41 @@ class ScheduleStore:
             rows = (await s.exec(select(FiringRow).where(FiringRow.schedule_id == schedule_id)
                                  .order_by(col(FiringRow.n).desc()).limit(limit))).all()
             return list(rows)
+
+
+def firing_schedule(session_id: str) -> int | None:
+    """The schedule whose firing ``session_id`` is (``schedule:<id>:<n>``, minted by core only), or None."""
+    parts = session_id.split(":")
+    if (len(parts) != 3 or parts[0] != "schedule" or not (parts[1].isascii() and parts[1].isdigit())
+            or len(parts[1]) > 19 or int(parts[1]) > MAX_ID):  # (a longer run of digits is no id, and slow to read)
+        return None
+    return int(parts[1])
+
+
+def recorded_senders(schedule: ScheduleRow) -> tuple[str, ...] | None:
+    """Who had written where the schedule was asked for, as recorded when it was created; None: not recorded."""
+    try:
+        senders = json.loads(schedule.origin_senders) if schedule.origin_senders is not None else None
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(senders, list) or not all(isinstance(who, str) and who for who in senders):
+        return None
+    return tuple(senders)
+
+
+async def conversation_writers(s: AsyncSession, session_id: str) -> tuple[str, ...] | None:
+    """Everyone whose words the model may read in the conversation ``session_id`` belongs to (a sub-agent's:
+    its parent's), asked, steered or recorded as context (never controls), in order of their first message.
+    A firing's session holds only its creator's prompt, but its schedule was shaped where it was asked for: the
+    people recorded there count too. None: not known (a firing of a schedule that recorded nobody), never
+    "the creator alone"."""
+    thread = thread_of(session_id)
+    senders = (await s.exec(select(InputRow.sender).where(
+        InputRow.session_id == thread, InputRow.kind != InputKind.CONTROL).order_by(col(InputRow.id)))).all()
+    here = tuple(dict.fromkeys(sender for sender in senders if sender))
+    if not thread.startswith("schedule:"):
+        return here
+    schedule_id = firing_schedule(thread)
+    schedule = await s.get(ScheduleRow, schedule_id) if schedule_id is not None else None
+    recorded = recorded_senders(schedule) if schedule is not None else None
+    return None if recorded is None else tuple(dict.fromkeys((*recorded, *here)))
