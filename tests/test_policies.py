@@ -356,6 +356,25 @@ def test_policies_check_names_the_deciding_rule(tmp_path: Path, monkeypatch: pyt
     assert main(["policies", "check", "my_plugin", "not json"]) != 0
 
 
+def test_policies_check_takes_a_call_s_headers_and_body(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    path = _file(tmp_path, '[[policies]]\ntool = "http_request"\nmatch = "GET https://status.example.com/*"\n'
+                           'action = "allow"\nheaders = ["Accept: *"]\n')
+    monkeypatch.setenv("BOT_CONFIG", str(path))
+    monkeypatch.setenv("BOT_HOME", str(tmp_path / "home"))
+    url = "https://status.example.com/health"
+    assert main(["policies", "check", "http_request", f"GET {url}", "--header", "accept: text/plain"]) == 0
+    assert capsys.readouterr().out.startswith("ALLOW: rule 1")
+    assert main(["policies", "check", "http_request", f"GET {url}", "--header", "Accept: */*",
+                 "--header", "X-HTTP-Method-Override: DELETE"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ASK: rule 1") and "X-HTTP-Method-Override" in out
+    assert main(["policies", "check", "http_request", f"GET {url}", "--body", "x"]) == 0
+    assert capsys.readouterr().out.startswith("ASK: rule 1")
+    assert main(["policies", "check", "http_request", f"GET {url}", "--header", "no colon"]) != 0
+    assert main(["policies", "check", "shell_run", "echo hi", "--body", "x"]) != 0
+
+
 # -- the audit trail ------------------------------------------------------------------------------------
 
 async def test_audit_export_has_who_what_when_where_and_outcome_and_no_secret(
