@@ -168,9 +168,13 @@ def _matches(policy: Policy, tool: str, texts: tuple[str, ...], args: dict[str, 
     """Whether the rule covers the call, and how (or, for an allow rule whose text matches a call it will not
     run, why not)."""
     if policy.action is not PolicyAction.ALLOW:
-        if not _carries(policy, payload):
+        carried = _carried(policy, payload)
+        if carried is None:
             return False, ""
-        return _text_matches(policy, tool, texts, args)
+        matched, how = _text_matches(policy, tool, texts, args)
+        if matched and carried:
+            how = carried if policy.match is None else f"{how}, and {carried}"
+        return matched, how
     matched, how = _text_matches(policy, tool, texts, args)
     if matched and (uncovered := _uncovered(policy, payload)):
         return False, uncovered
@@ -237,12 +241,22 @@ def _uncovered(policy: Policy, payload: Payload) -> str:
     return ""
 
 
-def _carries(policy: Policy, payload: Payload) -> bool:
-    """Whether a deny or ask rule's ``headers`` and ``body`` (conditions: each that it names must hold) hold for
-    the call: a header matching one of its globs, a body matching its glob. Unreadable headers count as
-    matching (the rule refuses or asks rather than letting them by)."""
-    if policy.headers and payload.headers is not None and not any(
-            _header_matches(glob, name, value, every=False) for glob in policy.headers
-            for name, value in payload.headers):
-        return False
-    return policy.body is None or (payload.body is not None and fnmatch.fnmatchcase(payload.body, policy.body))
+def _carried(policy: Policy, payload: Payload) -> str | None:
+    """Whether a deny or ask rule's ``headers`` and ``body`` hold for the call (each that it names must): a
+    header matching one of its globs, a body matching its glob. None: they do not; "": it names neither; else
+    what the call carries that they name. Unreadable headers count as matching (refused or asked, not let by)."""
+    found: list[str] = []
+    if policy.headers:
+        if payload.headers is None:
+            found.append("the call's headers are not a table of names and values")
+        else:
+            hit = next((glob for glob in policy.headers for name, value in payload.headers
+                        if _header_matches(glob, name, value, every=False)), None)
+            if hit is None:
+                return None
+            found.append(f"the call carries a header matching {hit!r}")
+    if policy.body is not None:
+        if payload.body is None or not fnmatch.fnmatchcase(payload.body, policy.body):
+            return None
+        found.append(f"its body matches {policy.body!r}")
+    return ", and ".join(found)

@@ -247,6 +247,9 @@ def test_deny_and_ask_rules_that_name_headers_or_a_body_match_only_calls_that_ca
                     Policy(tool="http_request", match="* https://status.example.com/*", action=ALLOW,
                            headers=("*: *",), body="*"))
     assert http_call(policies, {"COOKIE": "a=b"}) is DENY
+    why = policies.rule("http_request", {"method": "GET", "url": STATUS, "headers": {"Cookie": "a=b"}},
+                        risk=Risk.GATED).why
+    assert why.endswith("decides: the call carries a header matching 'cookie: *'") and "a=b" not in why
     assert http_call(policies, {"X-HTTP-Method-Override": " DELETE"}) is DENY
     assert http_call(policies, body='{"password": "x"}', method="POST") is DENY
     asked = policies.rule("http_request", {"method": "GET", "url": STATUS, "headers": {"Authorization": "x"}},
