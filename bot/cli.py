@@ -154,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     pcheck.add_argument("text", help="the call's text, e.g. 'echo hello'")
     pcheck.add_argument("--risk", choices=["gated", "safe"], default=None,
                         help="the tool's built-in risk (default: known for built-in tools, else gated)")
+    pcheck.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                        help="a header the http_request call sends (repeatable)")
+    pcheck.add_argument("--body", default=None, help="the body the http_request call sends")
     webp = _command(sub, "web", "web chat logins")
     wverbs = webp.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
     _command(wverbs, "logout-all", "end every web chat login (audited); browsers get the login page again")
@@ -248,7 +251,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "policies":
         from bot.policy_check import check_command
 
-        return check_command(args.tool, args.text, args.risk)
+        return check_command(args.tool, args.text, args.risk, args.header, args.body)
     if args.command == "feedback":
         from bot.operator import feedback_command
 

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import fnmatch
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 from bot.agents_config import PERSON
 from bot.config_file import read_config, strings
 from bot.errors import SettingsError
-from core.policies import NOTIFY_CHOICES, TRUST_LEVELS, Policy, PolicyAction
+from core.policies import HTTP_TOOL, NOTIFY_CHOICES, TRUST_LEVELS, Policy, PolicyAction
 
 _KEYS = {"tool", "match", "action", "approvers", "quorum", "notify", "remind_after_s", "escalate_to", "timeout_s",
-         "trust"}
+         "trust", "headers", "body"}
 _ASKING_KEYS = {"approvers", "quorum", "notify", "remind_after_s", "escalate_to", "timeout_s"}
 MAX_QUORUM = 20
 MAX_WAIT_S = 7 * 24 * 3600  # a week: longer is surely a slip (a value in ms)
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # no header holds these (bot/tools/http.py refuses them)
 
 
 def load_policies(path: Path) -> list[Policy]:
@@ -64,6 +67,13 @@ def _policy(where: str, number: int, entry: Any) -> Policy:
         raise SettingsError(f"{where}.trust is empty: list the sender levels it applies to, or remove it")
     if any(t not in TRUST_LEVELS for t in trust):
         raise SettingsError(f"{where}.trust must list levels among {', '.join(TRUST_LEVELS)}")
+    headers = _header_globs(where, entry.get("headers"))
+    body = entry.get("body")
+    if body is not None and (not isinstance(body, str) or not body):
+        raise SettingsError(f"{where}.body must be a non-empty glob over the request body, e.g. '{{\"q\": *}}'")
+    if (headers or body is not None) and not fnmatch.fnmatchcase(HTTP_TOOL, tool.strip()):
+        raise SettingsError(f"{where}: headers and body apply only to http_request calls, and tool {tool!r} "
+                            "does not match it")
     remind_after_s = _seconds(where, "remind_after_s", entry.get("remind_after_s"))
     timeout_s = _seconds(where, "timeout_s", entry.get("timeout_s"))
     if remind_after_s is not None and timeout_s is not None and remind_after_s >= timeout_s:
@@ -74,7 +84,28 @@ def _policy(where: str, number: int, entry: Any) -> Policy:
     return Policy(tool=tool.strip(), number=number, match=match, action=action, approvers=approvers,
                   quorum=quorum, notify=tuple(dict.fromkeys(notify)), escalate_to=escalate_to,
                   remind_after_s=remind_after_s,
-                  timeout_s=timeout_s, trust=trust)
+                  timeout_s=timeout_s, trust=trust, headers=headers, body=body)
+
+
+def _header_globs(where: str, value: Any) -> tuple[str, ...]:
+    """``headers``: globs over one header's ``Name: value`` (core.policies matches names in any case)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise SettingsError(f"{where}.headers must be a list of globs over one header's 'Name: value', "
+                            "e.g. [\"Accept: *\"]")
+    if not value:
+        raise SettingsError(f"{where}.headers is empty: list the headers the rule covers (e.g. \"Accept: *\"), "
+                            "or remove it")
+    for glob in value:
+        name, colon, _ = glob.partition(":")
+        if not colon or not name.strip():
+            raise SettingsError(f"{where}.headers: {glob!r} is not 'Name: value' (a glob for each, e.g. "
+                                "\"Accept: *\" or \"X-Request-Id: *\")")
+        if _CONTROL.search(glob):
+            raise SettingsError(f"{where}.headers: {glob!r} holds a line break or another control character, "
+                                "which no header can")
+    return tuple(value)
 
 
 def _people(where: str, key: str, value: Any) -> list[str]:

@@ -1,4 +1,5 @@
-"""``bot policies check TOOL TEXT``: which ``[[policies]]`` rule decides a call, and why (a dry run)."""
+"""``bot policies check TOOL TEXT [--header 'Name: value']… [--body TEXT]``: which ``[[policies]]`` rule decides a
+call, and why (a dry run)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from bot.errors import BotError
 from bot.policies_config import load_policies
 from bot.settings import load_settings
+from bot.tools.http import header_problem
 from core.policies import PolicyAction, PolicyBook
 from core.tools import Risk
 
@@ -38,7 +40,26 @@ def call_arguments(tool: str, text: str) -> dict[str, Any]:
     return args
 
 
-def check_command(tool: str, text: str, risk: str | None) -> int:
+def with_payload(tool: str, args: dict[str, Any], headers: list[str], body: str | None) -> dict[str, Any]:
+    """``args`` with the headers (each ``Name: value``) and body an http_request call would send."""
+    if not headers and body is None:
+        return args
+    if tool != "http_request":
+        raise BotError("--header and --body are what an http_request call sends; other tools have neither")
+    table: dict[str, str] = {}
+    for line in headers:
+        name, colon, value = line.partition(":")
+        if not colon or not name.strip():
+            raise BotError(f"--header {line!r}: write it as 'Name: value', e.g. 'Accept: application/json'")
+        table[name.strip()] = value.strip()
+    if (problem := header_problem(table)) is not None:
+        raise BotError(f"--header: {problem}")
+    return {**args, **({"headers": table} if table else {}), **({"body": body} if body is not None else {})}
+
+
+def check_command(tool: str, text: str, risk: str | None, headers: list[str] | None = None,
+                  body: str | None = None) -> int:
+    args = with_payload(tool, call_arguments(tool, text), headers or [], body)
     settings = load_settings()
     book = PolicyBook(load_policies(settings.bot_config))
     assumed = ""
@@ -48,7 +69,7 @@ def check_command(tool: str, text: str, risk: str | None) -> int:
         level = BUILTIN_RISK[tool]
     else:
         level, assumed = Risk.GATED, f" ({tool} is not a built-in tool: taken as gated; pass --risk safe if not)"
-    ruling = book.rule(tool, call_arguments(tool, text), risk=level)
+    ruling = book.rule(tool, args, risk=level)
     print(f"{ruling.action.upper()}: {ruling.why}{assumed}")
     policy = ruling.policy
     if ruling.action is PolicyAction.ASK:

@@ -6,6 +6,13 @@ the call's canonical text (``core.tools.canonical_text``) and on the sender's tr
 ``shell_run`` an ``allow`` rule matches only a plain simple command (``core.shell_syntax``), so a glob
 such as ``echo allowed-*`` never lets ``echo allowed-2; rm x`` through; a ``deny`` rule is checked against
 every simple command inside a compound line.
+
+``http_request``'s text is ``METHOD URL``; what else it sends is covered by a rule's ``headers`` (globs over one
+header's ``Name: value``, names in any case) and ``body`` (a glob). For an ``allow`` rule they are what it
+permits: a call carrying a header or a body the rule does not name is not run unasked. For ``deny`` and ``ask``
+rules they narrow the calls the rule matches (``headers = ["Cookie: *"]``: calls that carry a cookie). An
+``allow`` rule whose text matches a call it will not run (a compound command, a credential, unnamed headers or
+body) leaves it to a later ``deny`` or ``ask`` rule, never to a later ``allow`` rule: with none, it is asked.
 """
 
 from __future__ import annotations
@@ -18,9 +25,12 @@ from typing import Any
 from yarl import URL
 
 from core.shell_syntax import command_variants, simple_command
-from core.tools import Risk, canonical_text
+from core.tools import Risk, canonical_call, canonical_text
 
 SHELL_TOOL = "shell_run"
+# The one tool whose matched text leaves out what it sends besides the method and URL: headers and a body. (Every
+# other tool's text is all its arguments.)
+HTTP_TOOL = "http_request"
 # Arguments that hand a call a secret: an allow rule never lets such a call run unasked (its text does not
 # show them, and a person approving the call sees them on the card).
 SECRET_ARGUMENTS = ("credential", "credentials", "connection")
@@ -49,11 +59,40 @@ class Policy:
     escalate_to: tuple[str, ...] = ()
     timeout_s: float | None = None  # None: APPROVAL_TIMEOUT_S
     trust: tuple[str, ...] = ()  # empty: every sender
+    headers: tuple[str, ...] = ()  # globs over one header's "Name: value" (http_request); empty: names none
+    body: str | None = None  # a glob over the request body (http_request); None: names none
 
     def describe(self) -> str:
         where = f" matching {self.match!r}" if self.match is not None else ""
+        if self.headers:
+            where += f" with headers {', '.join(repr(h) for h in self.headers)}"
+        if self.body is not None:
+            where += f" with body {self.body!r}"
         who = f" from {', '.join(self.trust)} senders" if self.trust else ""
         return f"rule {self.number} ({self.action} {self.tool!r}{where}{who})"
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What an ``http_request`` call sends besides ``METHOD URL``. ``headers``: (name, value) pairs, None when
+    they are not a table of names and values (no allow rule covers them); ``body``: None when there is none."""
+
+    headers: tuple[tuple[str, str], ...] | None = ()
+    body: str | None = None
+
+    @classmethod
+    def of(cls, tool: str, args: dict[str, Any]) -> Payload:
+        if tool != HTTP_TOOL:
+            return cls()
+        raw_headers, raw_body = args.get("headers"), args.get("body")
+        headers: tuple[tuple[str, str], ...] | None = ()
+        if isinstance(raw_headers, dict):
+            headers = tuple((str(name), str(value)) for name, value in raw_headers.items())
+        elif raw_headers:
+            headers = None
+        body = None if raw_body is None or raw_body == "" else \
+            raw_body if isinstance(raw_body, str) else canonical_call({"body": raw_body})
+        return cls(headers, body)
 
 
 @dataclass(frozen=True)
@@ -76,15 +115,22 @@ class PolicyBook:
         """The ruling on one call. ``trust``: the sender's level (None when unknown: only rules that name no
         trust level apply)."""
         texts = policy_texts(tool, args)
+        payload = Payload.of(tool, args)
         notes: list[str] = []
+        declined = False  # an allow rule's text matched a call it will not run
         for policy in self.policies:
             if not fnmatch.fnmatchcase(tool, policy.tool) or (policy.trust and trust not in policy.trust):
                 continue
-            matched, how = _matches(policy, tool, texts, args)
+            if declined and policy.action is PolicyAction.ALLOW:
+                continue  # the first allow rule that matched turned it down: a looser one later does not run it
+            matched, how = _matches(policy, tool, texts, args, payload)
             if matched:
                 return Ruling(policy.action, policy, "; ".join([*notes, f"{policy.describe()} decides: {how}"]))
             if how:
                 notes.append(f"{policy.describe()} does not apply: {how}")
+                declined = declined or policy.action is PolicyAction.ALLOW
+        if declined and risk is not Risk.GATED:
+            return Ruling(PolicyAction.ASK, None, "; ".join([*notes, "no other rule decides it, so it asks"]))
         action = PolicyAction.ASK if risk is Risk.GATED else PolicyAction.ALLOW
         verb = "asks" if action is PolicyAction.ASK else "runs"
         return Ruling(action, None, "; ".join([*notes, f"no rule matches: {tool} is {risk.value}, so it {verb}"]))
@@ -117,7 +163,25 @@ def _whole_numbers(value: Any) -> Any:
     return value
 
 
-def _matches(policy: Policy, tool: str, texts: tuple[str, ...], args: dict[str, Any]) -> tuple[bool, str]:
+def _matches(policy: Policy, tool: str, texts: tuple[str, ...], args: dict[str, Any],
+             payload: Payload) -> tuple[bool, str]:
+    """Whether the rule covers the call, and how (or, for an allow rule whose text matches a call it will not
+    run, why not)."""
+    if policy.action is not PolicyAction.ALLOW:
+        carried = _carried(policy, payload)
+        if carried is None:
+            return False, ""
+        matched, how = _text_matches(policy, tool, texts, args)
+        if matched and carried:
+            how = carried if policy.match is None else f"{how}, and {carried}"
+        return matched, how
+    matched, how = _text_matches(policy, tool, texts, args)
+    if matched and (uncovered := _uncovered(policy, payload)):
+        return False, uncovered
+    return matched, how
+
+
+def _text_matches(policy: Policy, tool: str, texts: tuple[str, ...], args: dict[str, Any]) -> tuple[bool, str]:
     """Whether the rule's ``match`` covers the call, and how (or, for a refused match, why not). ``texts``:
     the call's text as written first, then as it acts (``policy_texts``). A deny rule matches if any of
     them does; an allow rule only if all of them do."""
@@ -146,3 +210,53 @@ def _matches(policy: Policy, tool: str, texts: tuple[str, ...], args: dict[str, 
         if fnmatch.fnmatchcase(variant, policy.match):
             return True, f"{variant!r} matches" if variant == text.strip() else f"the command {variant!r} in it matches"
     return False, ""
+
+
+def _header_matches(glob: str, name: str, value: str, *, every: bool) -> bool:
+    """Whether one header is one the glob ``Name: value`` names. Names are matched in lower case (HTTP reads them
+    in any case), the value as written and as a server reads it (spaces around it dropped): an allow rule
+    (``every``) needs both to match, a deny or ask rule either."""
+    name_glob, _, value_glob = glob.partition(":")
+    if not fnmatch.fnmatchcase(name.lower(), name_glob.strip().lower()):
+        return False
+    value_glob = value_glob.strip(" \t")
+    forms = (fnmatch.fnmatchcase(form, value_glob) for form in (value, value.strip(" \t")))
+    return all(forms) if every else any(forms)
+
+
+def _uncovered(policy: Policy, payload: Payload) -> str:
+    """What an http_request call carries that an allow rule does not name ("" for nothing): it is not run unasked."""
+    if payload.headers is None:
+        return "the call's headers are not a table of names and values"
+    why = "(an allow rule covers only the headers and body it names)"
+    for name, value in payload.headers:
+        if not any(_header_matches(glob, name, value, every=True) for glob in policy.headers):
+            # The name only: a header's value may be a secret (a cookie), and this text is shown and logged.
+            return f"the call carries a header {name!r}, which the rule does not name {why}"
+    if payload.body is not None:
+        if policy.body is None:
+            return f"the call carries a body, which the rule does not name {why}"
+        if not fnmatch.fnmatchcase(payload.body, policy.body):
+            return f"the call's body does not match the rule's body {policy.body!r} {why}"
+    return ""
+
+
+def _carried(policy: Policy, payload: Payload) -> str | None:
+    """Whether a deny or ask rule's ``headers`` and ``body`` hold for the call (each that it names must): a
+    header matching one of its globs, a body matching its glob. None: they do not; "": it names neither; else
+    what the call carries that they name. Unreadable headers count as matching (refused or asked, not let by)."""
+    found: list[str] = []
+    if policy.headers:
+        if payload.headers is None:
+            found.append("the call's headers are not a table of names and values")
+        else:
+            hit = next((glob for glob in policy.headers for name, value in payload.headers
+                        if _header_matches(glob, name, value, every=False)), None)
+            if hit is None:
+                return None
+            found.append(f"the call carries a header matching {hit!r}")
+    if policy.body is not None:
+        if payload.body is None or not fnmatch.fnmatchcase(payload.body, policy.body):
+            return None
+        found.append(f"its body matches {policy.body!r}")
+    return ", and ".join(found)

@@ -171,6 +171,103 @@ def test_a_rule_for_some_trust_levels_applies_only_to_those_senders() -> None:
     assert shell(policies, "echo hi", trust=None) is ASK  # unknown: only rules naming no level apply
 
 
+# -- http_request headers and body ----------------------------------------------------------------------
+
+STATUS = "https://status.example.com/health"
+
+
+def http_call(policies: PolicyBook, headers: dict[str, str] | None = None, body: str | None = None,
+              method: str = "GET", url: str = STATUS) -> PolicyAction:
+    args: dict[str, object] = {"method": method, "url": url}
+    if headers is not None:
+        args["headers"] = headers
+    if body is not None:
+        args["body"] = body
+    return policies.rule("http_request", args, risk=Risk.GATED).action
+
+
+def test_an_allow_rule_covers_headers_and_a_body_only_if_it_names_them() -> None:
+    policies = book(Policy(tool="http_request", match="GET https://status.example.com/*", action=ALLOW))
+    assert http_call(policies) is ALLOW
+    assert http_call(policies, headers={}, body="") is ALLOW  # nothing carried: nothing to cover
+    assert http_call(policies, {"X-HTTP-Method-Override": "DELETE"}) is ASK
+    assert http_call(policies, {"Cookie": "session=abc"}) is ASK
+    assert http_call(policies, body='{"confirm": true}') is ASK
+    ruling = policies.rule("http_request", {"method": "GET", "url": STATUS, "headers": {"Cookie": "a=b"}},
+                           risk=Risk.GATED)
+    assert ruling.policy is None and "Cookie" in ruling.why and "does not name" in ruling.why
+
+
+def test_an_allow_rule_that_names_headers_covers_only_those() -> None:
+    policies = book(Policy(tool="http_request", match="GET https://status.example.com/*", action=ALLOW,
+                           headers=("Accept: *", "X-Trace-Id: [0-9a-f]*")))
+    assert http_call(policies, {"Accept": "application/json"}) is ALLOW
+    assert http_call(policies, {"accept": "text/html", "X-TRACE-ID": "abc123"}) is ALLOW  # names: any case
+    assert http_call(policies) is ALLOW
+    assert http_call(policies, {"Accept": "*/*", "Cookie": "a=b"}) is ASK  # every header must be covered
+    assert http_call(policies, {"X-Trace-Id": "zz"}) is ASK  # the value is matched too
+    assert http_call(policies, {"Accept-Encoding": "gzip"}) is ASK  # a name glob is not a prefix
+    assert http_call(policies, {"Accept": "*/*"}, body="x") is ASK  # no body named: a body is asked about
+
+
+def test_an_allow_rule_that_names_a_body_covers_only_bodies_it_matches() -> None:
+    policies = book(Policy(tool="http_request", match="POST https://status.example.com/search", action=ALLOW,
+                           headers=("Content-Type: application/json",), body='{"q": *}'))
+    search = "https://status.example.com/search"
+    assert http_call(policies, {"Content-Type": "application/json"}, '{"q": "disk"}', "POST", search) is ALLOW
+    assert http_call(policies, {"Content-Type": "application/json"}, '{"delete": 1}', "POST", search) is ASK
+    assert http_call(policies, {"Content-Type": "text/plain"}, '{"q": "disk"}', "POST", search) is ASK
+    assert http_call(policies, None, None, "POST", search) is ALLOW
+
+
+def test_an_allow_rule_that_turns_a_call_down_for_its_headers_lets_no_later_allow_rule_run_it() -> None:
+    """First matching rule wins: the narrow rule matched and did not cover the headers, so the call is asked,
+    even if a looser allow rule follows; a later deny or ask rule still decides it."""
+    policies = book(Policy(tool="http_request", match="GET https://status.example.com/*", action=ALLOW),
+                    Policy(tool="http_request", match="* https://status.example.com/*", action=ALLOW,
+                           headers=("*: *",), body="*"),
+                    Policy(tool="http_request", match="GET https://other.example.com/*", action=ALLOW,
+                           headers=("*: *",)))
+    assert http_call(policies, {"X-HTTP-Method-Override": "DELETE"}) is ASK
+    assert http_call(policies, body="x") is ASK
+    assert http_call(policies, {"Cookie": "a=b"}, url="https://other.example.com/x") is ALLOW  # rule 1 is silent
+    denied = book(Policy(tool="http_request", match="GET https://status.example.com/*", action=ALLOW),
+                  Policy(tool="http_request", action=DENY, headers=("Cookie: *",)),
+                  Policy(tool="http_request", action=ASK, approvers=("U9",)))
+    assert http_call(denied, {"Cookie": "a=b"}) is DENY
+    ruling = denied.rule("http_request", {"method": "GET", "url": STATUS, "headers": {"Accept": "*/*"}},
+                         risk=Risk.GATED)
+    assert ruling.action is ASK and ruling.policy is not None and ruling.policy.approvers == ("U9",)
+
+
+def test_deny_and_ask_rules_that_name_headers_or_a_body_match_only_calls_that_carry_them() -> None:
+    policies = book(Policy(tool="http_request", action=DENY, headers=("cookie: *", "X-HTTP-Method-Override: *")),
+                    Policy(tool="http_request", action=DENY, body="*password*"),
+                    Policy(tool="*", action=ASK, approvers=("U9",), headers=("Authorization: *",)),
+                    Policy(tool="http_request", match="* https://status.example.com/*", action=ALLOW,
+                           headers=("*: *",), body="*"))
+    assert http_call(policies, {"COOKIE": "a=b"}) is DENY
+    why = policies.rule("http_request", {"method": "GET", "url": STATUS, "headers": {"Cookie": "a=b"}},
+                        risk=Risk.GATED).why
+    assert why.endswith("decides: the call carries a header matching 'cookie: *'") and "a=b" not in why
+    assert http_call(policies, {"X-HTTP-Method-Override": " DELETE"}) is DENY
+    assert http_call(policies, body='{"password": "x"}', method="POST") is DENY
+    asked = policies.rule("http_request", {"method": "GET", "url": STATUS, "headers": {"Authorization": "x"}},
+                          risk=Risk.GATED)
+    assert asked.action is ASK and asked.policy is not None and asked.policy.number == 3
+    assert http_call(policies, {"Accept": "*/*"}, body="hello", method="POST") is ALLOW  # none of them match
+    assert http_call(policies) is ALLOW
+    # A shell command carries no headers: rule 3 does not apply (the built-in risk asks).
+    assert policies.rule("shell_run", {"command": "echo hi"}, risk=Risk.GATED).policy is None
+
+
+def test_a_non_http_tool_is_not_narrowed_by_headers_or_body() -> None:
+    """For other tools every argument is in the matched text already; only http_request carries headers."""
+    policies = book(Policy(tool="*", action=DENY, headers=("*: *",)),
+                    Policy(tool="my_plugin", match="*", action=ALLOW))
+    assert policies.rule("my_plugin", {"headers": {"Cookie": "x"}}, risk=Risk.GATED).action is ALLOW
+
+
 # -- bot.toml -------------------------------------------------------------------------------------------
 
 def _file(tmp_path: Path, text: str) -> Path:
@@ -193,6 +290,15 @@ def test_a_file_with_only_policies_loads_them_and_the_default_agent(tmp_path: Pa
     assert load_policies(tmp_path / "absent.toml") == []
 
 
+def test_headers_and_body_are_read_from_the_file(tmp_path: Path) -> None:
+    path = _file(tmp_path, '[[policies]]\ntool = "http_*"\nmatch = "POST https://api.example.com/search"\n'
+                           'action = "allow"\nheaders = ["Accept: *", "Content-Type: application/json"]\n'
+                           'body = \'{"q": *}\'\n')
+    [rule] = load_policies(path)
+    assert (rule.headers, rule.body) == (("Accept: *", "Content-Type: application/json"), '{"q": *}')
+    assert "headers" in rule.describe() and "body" in rule.describe()
+
+
 @pytest.mark.parametrize(("text", "problem"), [
     ('[[policies]]\nmatch = "x"\n', "tool must be"),
     ('[[policies]]\ntool = "shell_run"\naction = "maybe"\n', "action must be one of"),
@@ -213,6 +319,16 @@ def test_a_file_with_only_policies_loads_them_and_the_default_agent(tmp_path: Pa
     ('[[policies]]\ntool = "shell_run"\nescalate_to = ["U3"]\n', "needs remind_after_s"),
     ('[[policies]]\ntool = "shell_run"\nescalate_to = ["bob"]\nremind_after_s = 5\n', "is not a user id"),
     ('[[policies]]\ntool = "shell_run"\nmach = "x"\n', "unknown keys"),
+    ('[[policies]]\ntool = "http_request"\naction = "allow"\nheaders = "Accept: *"\n', "headers must be a list"),
+    ('[[policies]]\ntool = "http_request"\naction = "allow"\nheaders = [1]\n', "headers must be a list"),
+    ('[[policies]]\ntool = "http_request"\naction = "allow"\nheaders = []\n', "headers is empty"),
+    ('[[policies]]\ntool = "http_request"\naction = "allow"\nheaders = ["Accept"]\n', "'Name: value'"),
+    ('[[policies]]\ntool = "http_request"\naction = "allow"\nheaders = [": x"]\n', "'Name: value'"),
+    ('[[policies]]\ntool = "http_request"\naction = "allow"\nheaders = ["Accept: a\\nb"]\n', "line break"),
+    ('[[policies]]\ntool = "http_request"\naction = "allow"\nbody = 3\n', "body must be"),
+    ('[[policies]]\ntool = "http_request"\naction = "allow"\nbody = ""\n', "body must be"),
+    ('[[policies]]\ntool = "http_request"\naction = "allow"\nbody = ["*"]\n', "body must be"),
+    ('[[policies]]\ntool = "shell_run"\naction = "deny"\nheaders = ["Cookie: *"]\n', "apply only to http_request"),
     ('[[policy]]\ntool = "shell_run"\n', "unknown tables"),
     ("policies = 3\n", "array of tables"),
 ])
@@ -241,6 +357,25 @@ def test_policies_check_names_the_deciding_rule(tmp_path: Path, monkeypatch: pyt
     assert main(["policies", "check", "time_now", "{}"]) == 0
     assert capsys.readouterr().out.startswith("ALLOW: no rule matches: time_now is safe")
     assert main(["policies", "check", "my_plugin", "not json"]) != 0
+
+
+def test_policies_check_takes_a_call_s_headers_and_body(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    path = _file(tmp_path, '[[policies]]\ntool = "http_request"\nmatch = "GET https://status.example.com/*"\n'
+                           'action = "allow"\nheaders = ["Accept: *"]\n')
+    monkeypatch.setenv("BOT_CONFIG", str(path))
+    monkeypatch.setenv("BOT_HOME", str(tmp_path / "home"))
+    url = "https://status.example.com/health"
+    assert main(["policies", "check", "http_request", f"GET {url}", "--header", "accept: text/plain"]) == 0
+    assert capsys.readouterr().out.startswith("ALLOW: rule 1")
+    assert main(["policies", "check", "http_request", f"GET {url}", "--header", "Accept: */*",
+                 "--header", "X-HTTP-Method-Override: DELETE"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ASK: rule 1") and "X-HTTP-Method-Override" in out
+    assert main(["policies", "check", "http_request", f"GET {url}", "--body", "x"]) == 0
+    assert capsys.readouterr().out.startswith("ASK: rule 1")
+    assert main(["policies", "check", "http_request", f"GET {url}", "--header", "no colon"]) != 0
+    assert main(["policies", "check", "shell_run", "echo hi", "--body", "x"]) != 0
 
 
 # -- the audit trail ------------------------------------------------------------------------------------

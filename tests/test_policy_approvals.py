@@ -5,11 +5,17 @@ many distinct approvers (progress on the card, one Deny settles it)."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+from aiohttp import web
+
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
+from tests.fakes.server import RunningServer
 from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import block_action, mention
 
@@ -230,3 +236,81 @@ async def test_dm_only_cards_fall_back_to_the_thread_when_the_list_is_cut(
     posts = await fake_slack.wait_for("chat.postMessage", 26)
     channels = [p.params["channel"] for p in posts[:26]]
     assert channels[0] == "DU9X" and channels[-1] == "C1" and len(set(channels[:25])) == 25
+
+
+
+@dataclass
+class Site:
+    """A local HTTP server (the test's status page) and what reached it: method, path, headers, body."""
+
+    url: str
+    seen: list[tuple[str, str, dict[str, str], str]]
+
+
+@pytest.fixture
+async def site() -> AsyncIterator[Site]:
+    seen: list[tuple[str, str, dict[str, str], str]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        seen.append((request.method, request.path, dict(request.headers), await request.text()))
+        return web.Response(text="all systems go")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", record)
+    server = await RunningServer(app).start()
+    yield Site(server.url, seen)
+    await server.stop()
+
+
+async def test_an_http_allow_rule_asks_about_headers_and_a_body_it_does_not_name(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path, site: Site
+) -> None:
+    """`allow "GET <status>/*"` runs a plain GET unasked, but a GET that carries a method override, a cookie or a
+    body is asked about (its card shows them) and nothing is sent."""
+    gateway = await _start(make_settings, start_gateway, tmp_path,
+                           f'[[policies]]\ntool = "http_request"\nmatch = "GET {site.url}/status/*"\n'
+                           'action = "allow"\n', http_allow_hosts="127.0.0.1")
+    fake_llm.then(Reply(tool_calls=[("http_request", {"method": "GET", "url": f"{site.url}/status/now"})]),
+                  Reply("status fetched"))
+    await gateway.send_event(mention("status?"))
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert "all systems go" in _tool_result(fake_llm)  # ran, nobody asked
+    assert [(m, p) for m, p, _h, _b in site.seen] == [("GET", "/status/now")]
+
+    asked = [{"headers": {"X-HTTP-Method-Override": "DELETE"}}, {"headers": {"Cookie": "session=abc"}},
+             {"body": '{"purge": true}'}]
+    for n, extra in enumerate(asked, 1):
+        fake_llm.then(Reply(tool_calls=[("http_request", {"method": "GET", "url": f"{site.url}/status/now",
+                                                           **extra})]))
+        await gateway.send_event(mention(f"status {n}?"))
+        card = (await fake_slack.wait_for("chat.postMessage", 1 + n))[-1]
+        shown = json.dumps(card.params["blocks"])
+        assert "approval:approve" in shown, f"call {n} ran unasked"
+        assert ("X-HTTP-Method-Override", "Cookie", "purge")[n - 1] in shown  # the approver sees it
+    assert len(site.seen) == 1  # nothing more was sent
+    audit = [row.action for row in await gateway.app.approvals.store.audit_log()]
+    assert audit.count("policy.allow") == 1
+
+
+async def test_an_http_allow_rule_that_names_a_header_runs_a_call_carrying_only_that_header(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path, site: Site
+) -> None:
+    gateway = await _start(make_settings, start_gateway, tmp_path,
+                           f'[[policies]]\ntool = "http_request"\nmatch = "GET {site.url}/status/*"\n'
+                           'action = "allow"\nheaders = ["Accept: *"]\n', http_allow_hosts="127.0.0.1")
+    fake_llm.then(Reply(tool_calls=[("http_request", {"method": "GET", "url": f"{site.url}/status/now",
+                                                       "headers": {"accept": "application/json"}})]),
+                  Reply("accepted"))
+    await gateway.send_event(mention("status as json?"))
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert "all systems go" in _tool_result(fake_llm)
+    [(method, path, headers, _body)] = site.seen
+    assert (method, path, headers.get("Accept")) == ("GET", "/status/now", "application/json")
+
+    fake_llm.then(Reply(tool_calls=[("http_request", {"method": "GET", "url": f"{site.url}/status/now",
+                                                       "headers": {"Accept": "*/*", "Cookie": "a=b"}})]))
+    await gateway.send_event(mention("status with a cookie?"))
+    [_answer, card] = await fake_slack.wait_for("chat.postMessage", 2)
+    assert "approval:approve" in json.dumps(card.params["blocks"]) and len(site.seen) == 1
