@@ -40,8 +40,15 @@ def to_chat(rows: Sequence[Any], asked: Collection[int] = ()) -> list[ChatMessag
     messages: list[ChatMessage] = []
     for row in rows:
         calls = tuple(ToolCall(**c) for c in json.loads(row.tool_calls)) if row.tool_calls else ()
-        messages.append(ChatMessage(row.role, row.content, calls, row.tool_call_id,
-                                    asked=bool(asked) and getattr(row, "id", None) in asked))
+        messages.append(ChatMessage(row.role, row.content, calls, row.tool_call_id))
+    unmarked = set(asked)
+    for index in range(len(rows) - 1, -1, -1):  # the turn's own rows are the newest: a few steps back
+        if not unmarked:
+            break
+        ident = getattr(rows[index], "id", None)
+        if ident in unmarked:
+            unmarked.discard(ident)
+            messages[index] = replace(messages[index], asked=True)
     # A window that starts mid-exchange would hand the model results without their calls.
     while messages and messages[0].role != "user":
         messages.pop(0)

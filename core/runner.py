@@ -144,7 +144,7 @@ class AgentRunner:
         # Read where the turn was taken, in the same transaction, unless the caller did not.
         rows = transcript if transcript is not None else await self.store.transcript(session_id,
                                                                                      self.limits.history_messages)
-        history = await self._close_dangling_calls(to_chat(rows, frozenset(turn.asked)), allowed_names, ctx, checking)
+        history = await self._close_dangling_calls(to_chat(rows, turn.asked), allowed_names, ctx, checking)
         # This turn's messages begin here (resumed or not): older ones are left out first to fit the context window,
         # and its newest question (``asked``) never.
         keep_from, tight = turn_start(rows, turn.id, history), False
