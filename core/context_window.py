@@ -1,11 +1,19 @@
 """Fitting a thread into the model's context window (LLM_CONTEXT_TOKENS).
 
-Long chat-ops threads (logs, incidents) outgrow any window. Before each model call the replayed
-transcript is fitted: old tool results are shortened first, then the oldest messages are left out, a tool
-call always together with its results. What was left out is replaced by a note that says so, with a short
-summary of it (one model call, stored with the conversation and reused while the same messages are left
-out). Tokens are estimated conservatively (UTF-8 bytes / 3, an image as 1,000): no tokenizer needed, and
-a provider's own count is rarely above it.
+Long chat-ops threads (logs, incidents) outgrow any window. Before each model call the replayed transcript is
+fitted, oldest first, and never at the cost of the turn's newest question:
+
+1. earlier turns: old tool results are shortened, then the oldest messages are left out, a tool call always
+   together with its results. What was left out is replaced by a note that says so, with a short summary of it
+   (one model call, stored with the conversation and reused while the same messages are left out);
+2. this turn: the messages it took in as context (thread replies, a shared file's text, older questions of a
+   merged batch) are left out oldest first, each gap marked where it was, and the one at the boundary keeps its
+   end, so the window is filled; then the turn's own tool results are shortened;
+3. last, whatever is still too long (a message longer than the whole window) keeps its start and its end.
+
+The newest message that addressed the bot (``ChatMessage.asked``: the mention or DM the turn answers, and the
+newest one steered in) is never left out, and cut only in step 3. Tokens are estimated conservatively (UTF-8
+bytes / 3, an image as 1,000): no tokenizer needed, and a provider's own count is rarely above it.
 """
 
 from __future__ import annotations
@@ -28,7 +36,13 @@ MESSAGE_OVERHEAD = 4  # role and separators, per message
 SHORT_RESULT_CHARS = 1_000  # an old tool result is cut to this before any message is left out
 SUMMARY_MAX_CHARS = 1_200
 NOTE_RESERVE = 1_400  # tokens kept for the note and its summary (1,200 characters of 3 bytes each, and framing)
+MIN_TAIL = 100  # tokens: less of a context message's end than this is not worth keeping; it is left out whole
+MIN_CUT = 300  # tokens a message cut in its middle keeps at least
 SHORTENED = "… [shortened from {n} characters to fit the model's context window]"
+LEFT_OUT = "[{n} earlier message{s} of this conversation left out here to fit the model's context window]"
+START_LEFT_OUT = "[… the start of this message was left out to fit the model's context window …]\n"
+MIDDLE_LEFT_OUT = ("\n\n[… {n} characters of this message were left out here: it is longer than the model's "
+                   "context window …]\n\n")
 
 
 def estimate(text: str) -> int:
@@ -47,24 +61,36 @@ def request_tokens(request: Any) -> int:
             + sum(message_tokens(m) for m in request.messages))
 
 
+MARK_TOKENS = MESSAGE_OVERHEAD + estimate(LEFT_OUT.format(n=10**9, s="s"))  # a gap's mark, at most
+
+
 @dataclass(frozen=True)
 class Fitted:
     messages: list[ChatMessage]
-    left_out: list[ChatMessage]  # the oldest messages, not replayed (the summary's subject)
-    shortened: int  # old tool results cut short
+    left_out: list[ChatMessage]  # the oldest messages (earlier turns'), not replayed: the summary's subject
+    shortened: int  # tool results cut short, and messages cut in their middle
+    dropped: int = 0  # this turn's context messages left out (each gap marked where it was)
+    start: int = 0  # where this turn's messages begin in ``messages``
 
 
 def fit(history: Sequence[ChatMessage], budget: int, *, keep_from: int, leave_to: int | None = None) -> Fitted:
-    """``history`` within ``budget`` tokens: old tool results shortened (oldest first), then the oldest
-    whole units left out (a user or plain assistant message; an assistant message with its tool calls and
-    their results) until it fits ``leave_to`` (below ``budget``: what is left out then stays the same for a
-    while, and so does its summary). Messages from ``keep_from`` on (this turn's) are never left out; their
-    results, and as a last resort any long message, are shortened when nothing older is left."""
+    """``history`` within ``budget`` tokens: earlier turns made room first (``leave_out``), then this turn's
+    context, oldest first (``fill``). Messages from ``keep_from`` on are this turn's."""
+    return fill(leave_out(history, budget, keep_from=keep_from, leave_to=leave_to), budget)
+
+
+def leave_out(history: Sequence[ChatMessage], budget: int, *, keep_from: int, leave_to: int | None = None
+              ) -> Fitted:
+    """Earlier turns' part of ``history`` made smaller until all fits ``budget``: old tool results shortened
+    (oldest first), then the oldest whole units left out (a user or plain assistant message; an assistant message
+    with its tool calls and their results) until it fits ``leave_to`` (below ``budget``: what is left out then
+    stays the same for a while, and so does its summary). Messages from ``keep_from`` on (this turn's) are never
+    touched here; ``fill`` fits them."""
     messages = list(history)
+    older = min(keep_from, len(messages))
     total = sum(message_tokens(m) for m in messages)
     if total <= budget:
-        return Fitted(messages, [], 0)
-    older = min(keep_from, len(messages))
+        return Fitted(messages, [], 0, start=older)
     total, shortened = _shorten(messages, range(older), total, budget)
     units = _units(messages)
     left_out: list[ChatMessage] = []
@@ -74,22 +100,132 @@ def fit(history: Sequence[ChatMessage], budget: int, *, keep_from: int, leave_to
         for message in messages[start:end]:
             total -= message_tokens(message)
             left_out.append(message)
-    kept = messages[len(left_out):]
-    if total > budget:  # only this turn's messages are left: cut its results, then anything long
-        total, more = _shorten(kept, range(len(kept)), total, budget)
-        total, last = _shorten(kept, range(len(kept)), total, budget, roles=("user", "assistant", "tool"))
-        shortened += more + last
-    return Fitted(kept, left_out, shortened)
+    return Fitted(messages[len(left_out):], left_out, shortened, start=older - len(left_out))
 
 
-def _shorten(messages: list[ChatMessage], indexes: range, total: int, budget: int, *,
-             roles: tuple[str, ...] = ("tool",)) -> tuple[int, int]:
+def fill(fitted: Fitted, budget: int) -> Fitted:
+    """``fitted`` within ``budget`` once nothing older is left to leave out: this turn's context left out oldest
+    first (the boundary message keeps its end: the window is used up to ``budget``), then its tool results
+    shortened, then what is still too long cut in its middle, the newest question last of all."""
+    messages = list(fitted.messages)
+    total = sum(message_tokens(m) for m in messages)
+    if total <= budget:
+        return fitted
+    messages, keep, total, dropped = _drop_context(messages, fitted.start, total, budget)
+    total, results = _shorten(messages, range(len(messages)), total, budget)
+    total, cut = _cut_middles(messages, keep, total, budget)
+    return Fitted(messages, fitted.left_out, fitted.shortened + results + cut, dropped, fitted.start)
+
+
+def protected(messages: Sequence[ChatMessage], start: int) -> set[int]:
+    """Which of this turn's messages (from ``start``) are never left out: the newest that addressed the bot in
+    the batch that started the turn (without flags, e.g. a sub-agent's task: that batch's last message) and the
+    newest that addressed it at all (a steered one)."""
+    first = start
+    while first < len(messages) and messages[first].role == "user":
+        first += 1
+    batch = range(start, first)
+    keep = {next((i for i in reversed(batch) if messages[i].asked), first - 1)} if first > start else set()
+    newest = next((i for i in range(len(messages) - 1, first - 1, -1) if messages[i].asked), None)
+    if newest is not None:
+        keep.add(newest)
+    return keep
+
+
+def _drop_context(messages: list[ChatMessage], start: int, total: int, budget: int
+                  ) -> tuple[list[ChatMessage], set[int], int, int]:
+    """This turn's user messages other than ``protected`` ones, left out oldest first until all fits; each run
+    of them replaced by one mark. Returns the messages, where the protected ones are now, the total, how many."""
+    keep = protected(messages, start)
+    gone: set[int] = set()
+    marks = 0
+    for index in range(start, len(messages)):
+        if total + marks <= budget:
+            break
+        message = messages[index]
+        if message.role != "user" or index in keep:
+            continue
+        without = total - message_tokens(message)
+        spare = budget - without - marks  # what its end may use (it says itself what it lost: no mark)
+        if spare >= MIN_TAIL:
+            messages[index] = _tail(message, spare)
+            total = without + message_tokens(messages[index])
+            break
+        gone.add(index)
+        total = without
+        marks += 0 if index - 1 in gone else MARK_TOKENS
+    if not gone:
+        return messages, keep, total, 0
+    shown: list[ChatMessage] = []
+    moved: set[int] = set()
+    run = 0
+    for index, message in enumerate(messages):
+        if index in gone:
+            run += 1
+            continue
+        if run:
+            shown.append(_mark(run))
+            run = 0
+        if index in keep:
+            moved.add(len(shown))
+        shown.append(message)
+    if run:
+        shown.append(_mark(run))
+    return shown, moved, sum(message_tokens(m) for m in shown), len(gone)
+
+
+def _mark(left_out: int) -> ChatMessage:
+    return ChatMessage("user", LEFT_OUT.format(n=left_out, s="" if left_out == 1 else "s"))
+
+
+def _tail(message: ChatMessage, tokens: int) -> ChatMessage:
+    """``message`` cut to its last ``tokens`` (at most), saying that its start is missing."""
+    fixed = message_tokens(replace(message, content="", images=())) + estimate(START_LEFT_OUT)
+    data = message.content.encode("utf-8", "replace")
+    room = max(0, (tokens - fixed) * 3)
+    return replace(message, content=START_LEFT_OUT + data[len(data) - room:].decode("utf-8", "ignore"), images=())
+
+
+def _cut_middles(messages: list[ChatMessage], keep: set[int], total: int, budget: int) -> tuple[int, int]:
+    """The last resort: what is still too long keeps its start and its end (where a pasted log's question
+    usually is), others before the protected ones, each only as much as needed."""
+    cut = 0
+    for index in [i for i in range(len(messages)) if i not in keep] + sorted(keep):
+        if total <= budget:
+            break
+        message = messages[index]
+        if len(message.content) <= SHORT_RESULT_CHARS:
+            continue
+        cost = message_tokens(message)
+        short = _middle_out(message, max(MIN_CUT, cost - (total - budget)))
+        if short is not message:
+            total += message_tokens(short) - cost
+            messages[index] = short
+            cut += 1
+    return total, cut
+
+
+def _middle_out(message: ChatMessage, tokens: int) -> ChatMessage:
+    """``message`` within ``tokens`` (at most): its start and its end, and how much is missing between them."""
+    fixed = message_tokens(replace(message, content="")) + estimate(MIDDLE_LEFT_OUT.format(n=f"{10**12:,}"))
+    data = message.content.encode("utf-8", "replace")
+    room = (tokens - fixed) * 3
+    if room <= 0 or len(data) <= room:
+        return message
+    head = data[:room // 2].decode("utf-8", "ignore")
+    tail = data[len(data) - room // 2:].decode("utf-8", "ignore")
+    missing = len(message.content) - len(head) - len(tail)
+    return replace(message, content=head + MIDDLE_LEFT_OUT.format(n=f"{missing:,}") + tail)
+
+
+def _shorten(messages: list[ChatMessage], indexes: range, total: int, budget: int) -> tuple[int, int]:
+    """Tool results at ``indexes`` cut to their start, oldest first, until all fits."""
     shortened = 0
     for index in indexes:
         if total <= budget:
             break
         message = messages[index]
-        if message.role in roles and len(message.content) > SHORT_RESULT_CHARS:
+        if message.role == "tool" and len(message.content) > SHORT_RESULT_CHARS:
             short = replace(message, content=message.content[:SHORT_RESULT_CHARS]
                             + SHORTENED.format(n=len(message.content)))
             total -= message_tokens(message) - message_tokens(short)
@@ -172,22 +308,27 @@ class ContextWindow:
                   ) -> list[ChatMessage]:
         if sum(message_tokens(m) for m in messages) <= room:
             return messages  # the common case: nothing to fit, nothing read
-        room = max(1_000, room - NOTE_RESERVE)  # the note (and its summary) takes its share if one is needed
         known = await self._known_summary(session_id)
         if known is not None:  # the summary still covers where the oldest kept message begins: no new call
             digest, summary = known
             # The first match: a message repeated later ("ok") never makes the summary cover what it does not.
             for end in range(min(keep_from, len(messages))):
                 if left_out_key(messages[end:end + 1])[:48] == digest:
-                    rest = fit(messages[end + 1:], room, keep_from=keep_from - end - 1)
+                    shown = note(end + 1, await self.mask(summary))
+                    rest = fit(messages[end + 1:], max(1_000, room - message_tokens(shown)),
+                               keep_from=keep_from - end - 1)
                     if not rest.left_out and rest.messages[:1] and rest.messages[0].role != "tool":
-                        return [note(end + 1, await self.mask(summary)), *rest.messages]
+                        return [shown, *rest.messages]
                     break
-        fitted = fit(messages, room, keep_from=keep_from, leave_to=room * 7 // 10)
-        if not fitted.left_out:
-            return fitted.messages
-        made = await self._summary(session_id, fitted.left_out, room)
-        return [note(len(fitted.left_out), await self.mask(made) if made else None), *fitted.messages]
+        # Earlier turns make room first, as if the note (and its summary) took all it may; then this turn is
+        # fitted into what the note really leaves.
+        reserved = max(1_000, room - NOTE_RESERVE)
+        earlier = leave_out(messages, reserved, keep_from=keep_from, leave_to=reserved * 7 // 10)
+        if not earlier.left_out:
+            return fill(earlier, room).messages
+        made = await self._summary(session_id, earlier.left_out, reserved)
+        shown = note(len(earlier.left_out), await self.mask(made) if made else None)
+        return [shown, *fill(earlier, max(1_000, room - message_tokens(shown))).messages]
 
     async def _known_summary(self, session_id: str) -> tuple[str, str] | None:
         """(the digest of the last message it covers, the summary) last made, from this process's cache or the

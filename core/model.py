@@ -171,6 +171,9 @@ class TurnInfo:
     # Everyone whose words are in the conversation (this turn's senders first), when read in the transaction that
     # started the turn; None: not read (a resumed turn), the runner reads it.
     everyone: tuple[str, ...] | None = None
+    # The transcript messages (ids) of the inputs that addressed the bot (not context): the newest of them is
+    # never cut to fit the context window (core.context_window).
+    asked: tuple[int, ...] = ()
 
 
 class ApprovalStatus(enum.StrEnum):

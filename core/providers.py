@@ -31,6 +31,9 @@ class ChatMessage:
     tool_call_id: str | None = None
     images: tuple[str, ...] = ()  # image URLs or data: URIs (user messages)
     senders: tuple[str, ...] = ()  # who wrote a user message taken in mid-turn (trust; never sent to a model)
+    # It addressed the bot (a mention, a DM: not context): the newest such is never cut to fit the context window
+    # (core.context_window). Never sent to a model.
+    asked: bool = False
 
 
 @dataclass(frozen=True)

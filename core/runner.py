@@ -144,19 +144,20 @@ class AgentRunner:
         # Read where the turn was taken, in the same transaction, unless the caller did not.
         rows = transcript if transcript is not None else await self.store.transcript(session_id,
                                                                                      self.limits.history_messages)
-        history = await self._close_dangling_calls(to_chat(rows), allowed_names, ctx, checking)
-        if images and history and history[-1].role == "user":
-            history[-1] = replace(history[-1], images=images)
-
-        # This turn's messages (from its first, resumed or not) are never left out to fit the context window.
+        history = await self._close_dangling_calls(to_chat(rows, turn.asked), allowed_names, ctx, checking)
+        # This turn's messages begin here (resumed or not): older ones are left out first to fit the context window,
+        # and its newest question (``asked``) never.
         keep_from, tight = turn_start(rows, turn.id, history), False
+        if images and history and history[-1].role == "user":  # on the question, which keeps them
+            at = next((i for i in range(len(history) - 1, keep_from - 1, -1) if history[i].asked), len(history) - 1)
+            history[at] = replace(history[at], images=images)
         # Nothing of the live text leaves before the masks are current (the check started above).
         live = None if on_text is None else AnswerStream(on_text, self.redactor, checking)
         for _step in range(max_steps):
             if self.budget is not None:  # used up: parked until Continue (or ended by Stop), before any call
                 await self.budget.before_call(ctx)
             room = self.window.room(agent.instructions, specs, tight=tight)
-            messages = await self.window.fit(session_id, merge_user_runs(history), room, keep_from=keep_from)
+            messages = merge_user_runs(await self.window.fit(session_id, history, room, keep_from=keep_from))
             request = CompletionRequest(instructions=agent.instructions, messages=messages, tools=specs)
             try:
                 reply = await complete_with_retries(self.provider, request, self.retry, on_text=live)

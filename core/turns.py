@@ -12,7 +12,7 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -343,11 +343,20 @@ class TurnDrivers:
             driver.steered = True
         self.bus.emit(InputsTaken(turn.session, turn.id, taken.refs, steered=True))
         log.info("turn %s took %d waiting message(s) in at a tool step", turn.id, len(taken.refs))
-        images, text = taken.images, taken.text
+        # One message per input, as the transcript holds them: the newest that addressed the bot is never cut to
+        # fit the context window, and the context with it goes oldest first (core.context_window).
+        steered = [ChatMessage("user", text, asked=asked) for text, asked in taken.parts]
+        images = taken.images
         if taken.attachments:
             read, files_text = await self._read_files(turn.session, turn.id, taken.attachments)
-            images, text = images + read, "\n\n".join(t for t in (text, files_text) if t)
-        return [ChatMessage("user", text, images=images, senders=taken.senders)]
+            images += read
+            if files_text:
+                steered.append(ChatMessage("user", files_text))
+        if not steered:
+            steered.append(ChatMessage("user", taken.text))
+        at = next((i for i in range(len(steered) - 1, -1, -1) if steered[i].asked), len(steered) - 1)
+        steered[at] = replace(steered[at], images=images, senders=taken.senders)  # what the runner reads of them
+        return steered
 
     # -- how a turn ended -----------------------------------------------------------------------
 

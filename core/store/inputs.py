@@ -57,6 +57,8 @@ class Taken:
     more: bool = False  # messages still wait behind this batch (followup, or past the budget)
     resumed: bool = False  # an interrupted turn continued (it takes nothing new)
     senders: tuple[str, ...] = ()  # who wrote the inputs taken now (trust: a steered turn runs at the lowest)
+    # Each input taken now: its text, and whether it addressed the bot (a message, not context), in arrival order.
+    parts: tuple[tuple[str, bool], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -271,15 +273,17 @@ def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, n
         session_id=session_id, agent=session.agent, status=TurnStatus.RUNNING, attempts=1, created_at=now,
         started_at=now)).inserted_primary_key[0])  # type: ignore[index]
     conn.execute(st.UPDATE_SESSION, {"b_session": session_id, "status": SessionStatus.RUNNING})
-    _take(s, turn_id, batch, now)
+    written = _take(s, turn_id, batch, now)
     # A new turn holds exactly this batch (context and control inputs are never "waiting" controls).
     messages = [i for i in batch if i.kind == InputKind.MESSAGE]
+    asked = tuple(m for i, m in zip(batch, written, strict=True) if i.kind == InputKind.MESSAGE)
     more = len(waiting) >= st.WAITING_READ or any(i.kind == InputKind.MESSAGE for i in waiting[len(batch):])
     info = replace(session_info(session), status=SessionStatus.RUNNING)
     refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in batch)
     sender = messages[0].sender if messages else batch[0].sender
     turn = TurnInfo(id=turn_id, session=info, inputs=refs, sender=sender, input_ids=tuple(i.id for i in batch),
-                    senders=senders_of(batch), everyone=conversation_senders(s, session_id, senders_of(batch)))
+                    senders=senders_of(batch), everyone=conversation_senders(s, session_id, senders_of(batch)),
+                    asked=asked)
     return replace(_taken(turn, batch), more=more)
 
 
@@ -294,9 +298,10 @@ def senders_of(inputs: Sequence[Row[Any]]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(i.sender for i in inputs if i.sender and i.kind != InputKind.CONTROL))
 
 
-def _take(s: Session, turn_id: int, batch: Sequence[Row[Any]], now: datetime) -> None:
-    """The batch joins the turn: each input becomes a user message of the transcript (once)."""
+def _take(s: Session, turn_id: int, batch: Sequence[Row[Any]], now: datetime) -> list[int]:
+    """The batch joins the turn: each input becomes a user message of the transcript (once). Returns their ids."""
     conn = s.connection()
+    written = []
     for item in batch:
         message_id = item.message_id
         if message_id is None:
@@ -307,6 +312,8 @@ def _take(s: Session, turn_id: int, batch: Sequence[Row[Any]], now: datetime) ->
             )).inserted_primary_key[0]  # type: ignore[index]
         conn.execute(st.UPDATE_INPUT, dict(
             b_input=item.id, status=InputStatus.TAKEN, turn_id=turn_id, taken_at=now, message_id=message_id))
+        written.append(int(message_id))
+    return written
 
 
 def _taken(turn: TurnInfo, batch: Sequence[Row[Any]]) -> Taken:
@@ -314,7 +321,8 @@ def _taken(turn: TurnInfo, batch: Sequence[Row[Any]]) -> Taken:
     attachments = tuple(a for i in batch if i.attachments for a in _attachments(i.attachments))
     text = "\n\n".join(i.text for i in batch if i.text)
     refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in batch)
-    return Taken(turn, text, images, refs, attachments=attachments, senders=senders_of(batch))
+    parts = tuple((i.text or "", i.kind == InputKind.MESSAGE) for i in batch)
+    return Taken(turn, text, images, refs, attachments=attachments, senders=senders_of(batch), parts=parts)
 
 
 def _attachments(raw: str) -> list[Attachment]:

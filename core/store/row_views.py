@@ -33,14 +33,16 @@ def turn_info(s: Session, turn_id: int, input_message_id: int | None, session: S
     refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in inputs)
     ids = tuple(i.id for i in inputs)
     sender = next((i.sender for i in inputs if i.kind == "message"), inputs[0].sender if inputs else None)
+    asked = tuple(i.message_id for i in inputs if i.kind == "message" and i.message_id is not None)
     if not inputs and input_message_id is not None:  # a turn from before merged turns existed
         msg = s.get(MessageRow, input_message_id)
         if msg is not None:
-            refs, sender = (MessageRef(msg.platform_channel, msg.platform_ts),), msg.sender
+            refs, sender, asked = (MessageRef(msg.platform_channel, msg.platform_ts),), msg.sender, (input_message_id,)
     senders = tuple(dict.fromkeys(i.sender for i in inputs if i.sender and i.kind != "control"))
     if not senders and sender is not None:
         senders = (sender,)
-    return TurnInfo(id=turn_id, session=session, inputs=refs, sender=sender, input_ids=ids, senders=senders)
+    return TurnInfo(id=turn_id, session=session, inputs=refs, sender=sender, input_ids=ids, senders=senders,
+                    asked=asked)
 
 
 def turn_outcome(turn: TurnRow) -> Outcome | None:
