@@ -113,8 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where it may be sent (repeat for several; api.github.com, *.example.com, an IP); "
                            "default: any host")
     _command(cverbs, "delete", "delete a credential (every scope of that name)").add_argument("name", help=name)
-    _command(cverbs, "rotate", "re-seal every credential under the first key in BOT_SECRET_KEYS",
-             "Safe to interrupt; a second run does nothing.")
+    _command(cverbs, "rotate", "re-seal every sealed value (credentials, connections, Slack installs) under the "
+             "first key in BOT_SECRET_KEYS", "Safe to interrupt; a second run does nothing. `bot doctor` names what is "
+             "still under another key.")
     _command(cverbs, "link", "print a one-time link (15 min) to answer a pending credential request").add_argument(
         "request_id", type=_id, help="the credential request's id (shown with the request in the thread)")
     conns = _command(sub, "connections", "OAuth accounts connected through [[connections]] (tokens never printed)")

@@ -118,11 +118,10 @@ async def _deliveries(settings: Settings) -> list[Check]:
 
 
 async def _keys(settings: Settings) -> list[Check]:
+    """The keys load, every sealed value opens, and each is under the current key (else: rotate)."""
     from bot.keys import KEY_FILE, load_keyring
-    from core.errors import StoreError
-    from core.store import CredentialStore, Database
-    from core.stored_secrets import open_secret
-    from core.vault import VaultError
+    from core.sealed_values import Unsettled, sealed_kinds, unsettled
+    from core.store import Database
 
     try:
         if not settings.bot_secret_keys and not (settings.bot_home / KEY_FILE).exists():
@@ -132,26 +131,33 @@ async def _keys(settings: Settings) -> list[Check]:
     except BotError as exc:
         return [Check("encryption keys", False, str(exc), "fix BOT_SECRET_KEYS or the key file's permissions")]
     db = Database(settings.resolved_database_url)
-    problems: list[str] = []
-    count = 0
+    count, found = 0, list[Unsettled]()  # as they stay if the database cannot be read
     try:
-        for row in await CredentialStore(db).all_secrets():
-            count += 1
-            try:
-                open_secret(keys, row)  # bound to its row (or, sealed before 0007, to its name)
-            except VaultError as exc:
-                problems.append(str(exc))
-    except (StoreError, Exception):
-        pass  # the database check reports an unreachable database
+        count, found = await unsettled(sealed_kinds(db), keys)
+    except Exception:
+        pass  # the database check reports an unreachable database (or one `bot run` has not created yet)
     finally:
         await db.close()
     source = "BOT_SECRET_KEYS" if settings.bot_secret_keys else f"{settings.bot_home / KEY_FILE} (generated)"
-    if problems:
-        return [Check("encryption keys", False, "; ".join(problems),
-                      "add the missing key to BOT_SECRET_KEYS (after the current one), then `bot credentials rotate`")]
-    warning = not settings.bot_secret_keys
-    return [Check("encryption keys", True, f"current key {keys.current!r} from {source}; {count} credential(s) open",
-                  "in production set BOT_SECRET_KEYS and keep a copy" if warning else "", warning=warning)]
+    checks = []
+    if broken := [u.problem for u in found if u.problem is not None]:
+        checks.append(Check("encryption keys", False, "; ".join(broken),
+                            "add the missing key to BOT_SECRET_KEYS (after the current one), then `bot credentials "
+                            "rotate`; a value no key opens must be stored again (bot credentials set, reconnect, "
+                            "or install the app into that workspace again)"))
+    if old := [u for u in found if u.problem is None]:
+        named = ", ".join(f"{u.label} (key {u.key_id!r})" if u.key_id != keys.current
+                          else f"{u.label} (bound to its name only)" for u in old)
+        checks.append(Check("sealed values", True, f"{len(old)} value(s) not under the current key {keys.current!r} "
+                            f"(or not bound to their row): {named}",
+                            f"run `bot credentials rotate` (it re-seals them under {keys.current!r}); only then "
+                            "remove the old key(s) from BOT_SECRET_KEYS", warning=True))
+    if not broken:
+        warning = not settings.bot_secret_keys
+        checks.insert(0, Check("encryption keys", True, f"current key {keys.current!r} from {source}; {count} sealed "
+                               "value(s) open", "in production set BOT_SECRET_KEYS and keep a copy" if warning else "",
+                               warning=warning))
+    return checks
 
 
 def _trust_boundary(settings: Settings) -> list[Check]:

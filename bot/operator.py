@@ -164,9 +164,7 @@ async def credentials_command(args: argparse.Namespace, value: str | None) -> in
             print(f"deleted {args.name}")
             return 0
         if args.verb == "rotate":
-            moved, current = await service.rotate(lambda line: print(line, flush=True))
-            print(f"done: {moved} re-sealed, {current} already under key {service.keys.current!r}")
-            return 0
+            return await _rotate(service)
         if args.verb == "link":
             token = await CredentialLinks(service).create_link(args.request_id)  # refusals: bot.cli's exit codes
             base = core.settings.bot_public_url or f"http://{core.settings.host}:{core.settings.port}"
@@ -174,6 +172,30 @@ async def credentials_command(args: argparse.Namespace, value: str | None) -> in
             print("(one use, 15 minutes at most; it opens only over HTTPS or on this machine)", file=sys.stderr)
             return 0
     return 2
+
+
+async def _rotate(service: CredentialService) -> int:
+    """``bot credentials rotate``: every sealed value (credentials, connections, Slack installs) under the
+    current key, each kind summed up; what could not be moved is named, and the exit code says so."""
+    from core.sealed_values import reseal_all, sealed_kinds
+
+    current = service.keys.current
+    reports = await reseal_all(sealed_kinds(service.store.db), service.keys, SystemClock(),
+                               lambda line: print(line, flush=True))
+    for report in reports:
+        print(report.summary(current))
+    unopened = [why for report in reports for why in report.unopened]
+    busy = [label for report in reports for label in report.busy]
+    if unopened or busy:
+        problems = []
+        if unopened:
+            problems.append(f"{len(unopened)} value(s) no configured key opens (named above): add their key to "
+                            "BOT_SECRET_KEYS after the current one and run this again, or store them again")
+        if busy:
+            problems.append(f"{len(busy)} changed while this ran: run it again")
+        raise Failed("not everything was re-sealed: " + "; ".join(problems) + ". Keep the old keys until then.")
+    print(f"done: every sealed value is under key {current!r}; the other keys in BOT_SECRET_KEYS can be removed")
+    return 0
 
 
 async def schedules_command(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from slack_sdk.oauth.installation_store.async_installation_store import AsyncIns
 from slack_sdk.oauth.state_store.async_state_store import AsyncOAuthStateStore
 
 from core.clock import Clock, SystemClock
+from core.sealed_values import install_context, install_label
 from core.store.slack_installs import SlackInstallStore
 from core.store.slack_tables import SlackInstallationRow
 from core.vault import KeyRing, Sealed
@@ -33,11 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATE_TTL_S = 600  # an install link works for ten minutes (bolt's default)
-
-
-def install_context(row: SlackInstallationRow) -> str:
-    """The associated data a workspace's tokens are sealed with: the blob opens only in its own row."""
-    return f"slack-install|v1|{row.enterprise_id}|{row.team_id}|{row.id}"
 
 
 class VaultInstallationStore(AsyncInstallationStore):
@@ -142,9 +138,8 @@ class VaultInstallationStore(AsyncInstallationStore):
 
     def bot_of(self, row: SlackInstallationRow) -> Bot:
         """The row with its tokens opened (VaultError if its key is not configured)."""
-        label = f"the Slack install of {row.team_id or row.enterprise_id}"
         tokens: dict[str, Any] = json.loads(self.keys.open(Sealed(row.key_id, row.ciphertext), install_context(row),
-                                                           label=label))
+                                                           label=install_label(row)))
         self._learned(row, str(tokens["bot_token"]))
         return Bot(app_id=row.app_id, enterprise_id=row.enterprise_id or None, team_id=row.team_id or None,
                    team_name=row.team_name, bot_token=str(tokens["bot_token"]), bot_id=row.bot_id or "",

@@ -27,6 +27,7 @@ from core.hosts import parse_hosts
 from core.model import CredentialRequestInfo, CredentialStatus
 from core.parking import Waiters
 from core.redaction import Redactor
+from core.sealed_values import bind_legacy_credentials
 from core.store import CredentialStore
 from core.store.tables import CredentialRequestRow, SecretRow
 from core.stored_secrets import NAME, CredentialUse, env_name, hosts_of, how_to_use, open_secret, preferred
@@ -357,42 +358,5 @@ class CredentialService:
         return row.key_id
 
     async def upgrade_legacy(self) -> int:
-        """Bind rows sealed before revision 0007 (name-only associated data) to their row. Run at
-        start: one row per commit, each only if unchanged since read, so it is safe to run twice or
-        on several replicas at once. A row whose key is missing stays as it is, with a warning."""
-        upgraded = 0
-        for row in await self.store.all_secrets():
-            if row.aad_version == ROW_AAD:
-                continue
-            try:
-                if await self._reseal(row):
-                    upgraded += 1
-            except VaultError as exc:
-                log.warning("%s; it is bound to its name only until that is fixed (then restart, or run "
-                            "`bot credentials rotate`)", exc)
-        if upgraded:
-            log.info("bound %d credential(s) sealed before revision 0007 to their rows", upgraded)
-        return upgraded
-
-    async def rotate(self, progress: Callable[[str], None]) -> tuple[int, int]:
-        """Re-seal every secret not under the current key, or not bound to its row yet, one at a time.
-        Returns (re-sealed, already current). Safe to interrupt: each secret is committed on its own,
-        and a second run finds nothing to do."""
-        moved = current = 0
-        for row in await self.store.all_secrets():
-            if row.key_id == self.keys.current and row.aad_version == ROW_AAD:
-                current += 1
-                continue
-            if await self._reseal(row):
-                moved += 1
-                bound = " and bound it to its row" if row.aad_version != ROW_AAD else ""
-                progress(f"re-sealed {row.name} ({row.scope}{': ' + row.agent if row.agent else ''}) "
-                         f"from key {row.key_id!r} to {self.keys.current!r}{bound}")
-        return moved, current
-
-    async def _reseal(self, row: SecretRow) -> bool:
-        """Seal a row's value again under the current key and its row context; False if it changed meanwhile."""
-        assert row.id is not None
-        sealed = self.keys.seal(self._open(row), context=row_context(row.name, row.scope, row.agent, row.id))
-        return await self.store.reseal(row.id, expected_ciphertext=row.ciphertext, key_id=sealed.key_id,
-                                       ciphertext=sealed.blob, aad_version=ROW_AAD, now=self.clock.now())
+        """Bind rows sealed before revision 0007 to their row (at start; core.sealed_values)."""
+        return await bind_legacy_credentials(self.store, self.keys, self.clock)

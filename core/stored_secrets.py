@@ -59,17 +59,24 @@ def preferred(rows: list[SecretRow]) -> SecretRow:
     return min(rows, key=lambda row: row.scope != "agent")
 
 
-def open_secret(keys: KeyRing, row: SecretRow) -> str:
-    """The plaintext of a stored row. The associated data binds the row (aad_version 2), so a blob
-    copied to another row does not open; rows sealed before revision 0007 bind only their name."""
-    label = f"credential {row.name!r} ({row.scope} scope{', agent ' + row.agent if row.agent else ''})"
+def secret_label(row: SecretRow) -> str:
+    """How errors and operators name a stored row (never its value)."""
+    return f"credential {row.name!r} ({row.scope} scope{', agent ' + row.agent if row.agent else ''})"
+
+
+def secret_context(row: SecretRow) -> str:
+    """The associated data a row is sealed with: the row itself (aad_version 2), so a blob copied to another
+    row does not open; rows sealed before revision 0007 bind only their name."""
     if row.aad_version == ROW_AAD and row.id is not None:
-        context = row_context(row.name, row.scope, row.agent, row.id)
-    elif row.aad_version == LEGACY_AAD:
-        context = row.name
-    else:
-        raise VaultError(f"{label} has an unknown aad_version {row.aad_version}")
-    return keys.open(Sealed(row.key_id, row.ciphertext), context, label=label)
+        return row_context(row.name, row.scope, row.agent, row.id)
+    if row.aad_version == LEGACY_AAD:
+        return row.name
+    raise VaultError(f"{secret_label(row)} has an unknown aad_version {row.aad_version}")
+
+
+def open_secret(keys: KeyRing, row: SecretRow) -> str:
+    """The plaintext of a stored row."""
+    return keys.open(Sealed(row.key_id, row.ciphertext), secret_context(row), label=secret_label(row))
 
 
 @dataclass(frozen=True)

@@ -1063,6 +1063,43 @@ async def test_secret_reseal_touch_and_delete(db: Database) -> None:
     assert await store.all_secrets() == [] and await count(db, SecretGrantRow) == 0
 
 
+async def test_connection_and_slack_install_reseal_only_what_was_read(db: Database) -> None:
+    """Key rotation re-seals other tables too: never over a newer value, nor over a refresh in flight."""
+    from core.store.connection_tables import ConnectionRow
+    from core.store.connections import ConnectionStore
+    from core.store.slack_installs import SlackInstallStore
+    from core.store.slack_tables import SlackInstallationRow
+
+    def sealed(row: Any) -> None:
+        row.key_id, row.ciphertext = "k1", f"k1:{row.id}"
+
+    connections = ConnectionStore(db)
+    account, _ = await connections.connect(ConnectionRow(name="github", owner="U1", key_id="", ciphertext="",
+                                                         scopes="null", connected_by="U1", created_at=T0,
+                                                         updated_at=T0),
+                                           seal=sealed, request_id=None, by="U1", now=T0, audit={})
+    assert account.id is not None
+    assert await connections.claim_refresh(account.id, expected_ciphertext="k1:1", now=T0,
+                                           until=T0 + timedelta(days=30))
+    assert not await connections.reseal(account.id, expected_ciphertext="k1:1", key_id="k2", ciphertext="k2:1",
+                                        now=T0 + timedelta(seconds=10))  # a refresh holds it: its tokens win
+    results = await asyncio.gather(*(connections.reseal(account.id, expected_ciphertext="k1:1", key_id="k2",
+                                                        ciphertext=f"k2:{n}", now=T0 + timedelta(days=31))
+                                     for n in range(3)))  # the claim ran out: one re-seal, the others lose
+    assert sorted(results) == [False, False, True]
+    stored = await connections.get("github", "U1")
+    assert stored is not None and stored.key_id == "k2" and stored.ciphertext.startswith("k2:")
+
+    installs = SlackInstallStore(db)
+    install = await installs.save(SlackInstallationRow(team_id="T1", key_id="", ciphertext="", installed_at=T0,
+                                                       updated_at=T0), seal=sealed, now=T0)
+    assert install.id is not None
+    assert not await installs.reseal(install.id, expected_ciphertext="stale", key_id="k2", ciphertext="k2:x")
+    assert await installs.reseal(install.id, expected_ciphertext=install.ciphertext, key_id="k2", ciphertext="k2:x")
+    found = await installs.find_team("T1")
+    assert found is not None and (found.key_id, found.ciphertext) == ("k2", "k2:x")
+
+
 def credential_request(session_id: str = SID, **values: Any) -> CredentialRequestRow:
     row: dict[str, Any] = dict(session_id=session_id, tool_call_id="call-1", name="github.token", reason="to push",
                                scope="agent", agent="default", requester="U1", status="pending", created_at=T0,

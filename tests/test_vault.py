@@ -16,6 +16,7 @@ from core.clock import SystemClock
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
 from core.events import EventBus
+from core.sealed_values import reseal_all, sealed_kinds, unsettled
 from core.store import CredentialStore, Database
 from core.stored_secrets import env_name
 from core.tools import ToolError
@@ -78,14 +79,18 @@ async def test_rotation_moves_every_secret_and_resumes_when_interrupted(tmp_path
     def stop_after_first(_line: str) -> None:
         raise Interrupted
 
+    async def rotate(progress: Any) -> tuple[int, int]:
+        [report, *_others] = await reseal_all(sealed_kinds(db), rotating.keys, SystemClock(), progress)
+        return report.resealed, report.current
+
     with pytest.raises(Interrupted):
-        await rotating.rotate(stop_after_first)  # killed right after the first secret was committed
+        await rotate(stop_after_first)  # killed right after the first secret was committed
     keys = [r.key_id for r in await rotating.store.all_secrets()]
     assert keys.count("k2") == 1 and keys.count("k1") == 2
     lines: list[str] = []
-    assert await rotating.rotate(lines.append) == (2, 1)  # it resumes with what is left
+    assert await rotate(lines.append) == (2, 1)  # it resumes with what is left
     assert len(lines) == 2 and all("from key 'k1' to 'k2'" in line for line in lines)
-    assert await rotating.rotate(lines.append) == (0, 3)  # a second run is a no-op
+    assert await rotate(lines.append) == (0, 3)  # a second run is a no-op
     await db.close()
 
     only_new, db = await _service(tmp_path, k2)  # the old key can now be removed
@@ -198,3 +203,163 @@ async def test_http_request_gets_the_credential_as_a_header(
         assert "HTTP 200" in result and "you sent Bearer [redacted:api.token]" in result
     finally:
         await server.stop()
+
+
+# -- rotation covers every sealed value (issue 32, point 5) ------------------------------------------------
+
+
+def _cli_env(settings: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, keys: str) -> dict[str, str]:
+    """What an operator's shell holds for this deployment: multi-workspace Slack, the connection's client secret."""
+    from tests.conftest import CLIENT_SECRET_ENV
+    from tests.slack_requests import SIGNING_SECRET
+
+    return {"BOT_HOME": str(settings.bot_home), "BOT_CONFIG": str(settings.bot_config), "BOT_SECRET_KEYS": keys,
+            "SLACK_CLIENT_ID": fake_slack.client_id, "SLACK_CLIENT_SECRET": fake_slack.client_secret,
+            "SLACK_SIGNING_SECRET": SIGNING_SECRET, "SLACK_ALLOWED_TEAMS": "T1",
+            "SLACK_API_URL": f"{fake_slack.url}/api/", "LLM_BASE_URL": f"{fake_llm.url}/v1",  # type: ignore[attr-defined]
+            "LLM_API_KEY": "sk-test-key-abcdef", "LLM_MODEL": "fake-model",
+            CLIENT_SECRET_ENV: os.environ[CLIENT_SECRET_ENV]}
+
+
+async def test_rotation_reseals_connections_and_slack_installs_so_the_old_key_can_go(
+    connected_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, oauth: Any,
+    tmp_path: Path,
+) -> None:
+    from tests.slack_workspaces import install
+    from tests.test_cli import bot
+    from tests.test_connections import approve, call, connect_first, resource_calls
+
+    k1, k2 = key("k1"), key("k2")
+    oauth_mode = {"slack_bot_token": None, "slack_client_id": fake_slack.client_id,
+                  "slack_client_secret": fake_slack.client_secret, "slack_allowed_teams": "T1"}
+    settings = connected_settings(bot_secret_keys=k1, **oauth_mode)
+    first: GatewayClient = await start_gateway(settings)
+    await install(first, fake_slack, "T1")  # the workspace's bot token, sealed under k1
+    await connect_first(first, fake_slack, fake_llm, oauth)  # U1's github tokens, sealed under k1
+    await first.app.credentials.set_secret("api.token", "api-secret-5", scope="agent", agent="default", by="U1")
+    await first.app.stop()
+    [connected_with] = {r["headers"]["Authorization"] for r in resource_calls(oauth)}
+
+    both = _cli_env(settings, fake_slack, fake_llm, f"{k2},{k1}")
+    code, out, err = await bot(tmp_path, "doctor", env=both)
+    old = [line for line in out.splitlines() if "not under the current key" in line]
+    assert len(old) == 1, out + err  # every row still under k1, by kind and name, and what to run
+    assert "credential 'api.token'" in old[0] and "connection 'github' (U1)" in old[0], old
+    assert "Slack install of T1" in old[0] and "'k1'" in old[0], old
+    assert "bot credentials rotate" in out
+    sealed = [connected_with.removeprefix("Bearer "), fake_slack.token_of("T1"), "api-secret-5"]
+    assert not any(value in out + err for value in sealed)
+
+    code, out, err = await bot(tmp_path, "credentials", "rotate", env=both)
+    assert code == 0, out + err
+    for kind in ("credentials: 1 re-sealed", "connections: 1 re-sealed", "slack installs: 1 re-sealed"):
+        assert kind in out, out
+    assert not any(value in out + err for value in sealed)
+    code, out, err = await bot(tmp_path, "credentials", "rotate", env=both)
+    assert code == 0 and "0 re-sealed" in out and "1 re-sealed" not in out, out + err  # a second run moves nothing
+    after = Database(settings.resolved_database_url)
+    assert await unsettled(sealed_kinds(after), KeyRing.parse(k2)) == (3, [])  # what the doctor reads: all under k2
+    await after.close()
+
+    # The old key is dropped: the workspace is still answered with its token, the account still used.
+    second: GatewayClient = await start_gateway(connected_settings(bot_secret_keys=k2, **oauth_mode))
+    fake_llm.then(call(oauth), Reply("still octocat"))
+    posts = len(fake_slack.posts())
+    await second.send_event(mention("who am I now?"))
+    await approve(second, fake_slack, posts + 1)
+    answer = (await fake_slack.wait_for("chat.postMessage", posts + 2))[posts + 1]
+    assert answer.params["text"] == "still octocat" and answer.token == fake_slack.token_of("T1")
+    await second.idle()
+    assert resource_calls(oauth)[-1]["headers"]["Authorization"] == connected_with  # no new consent
+    assert "HTTP 200" in fake_llm.requests[-1]["messages"][-1]["content"]
+    assert (await second.app.credentials.env_for(_ctx(), ["api.token"])) == {"API_TOKEN": "api-secret-5"}
+
+
+async def test_rotation_goes_past_a_value_no_key_opens_and_names_it(tmp_path: Path, fake_llm: FakeLLM) -> None:
+    from tests.test_cli import bot
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    gone, k1, k2 = key("gone"), key("k1"), key("k2")
+    lost, db = await _service(home, gone)  # a value sealed under a key nobody kept (listed first)
+    await lost.set_secret("broken.token", "broken-value-1", scope="agent", agent="default", by="U1")
+    await db.close()
+    kept, db = await _service(home, k1)
+    await kept.set_secret("kept.token", "kept-value-2", scope="agent", agent="default", by="U1")
+    await db.close()
+
+    env = {"BOT_HOME": str(home), "DATABASE_URL": f"sqlite:///{home / 'vault.db'}", "BOT_SECRET_KEYS": f"{k2},{k1}",
+           "LLM_BASE_URL": f"{fake_llm.url}/v1", "LLM_MODEL": "fake-model"}  # type: ignore[attr-defined]
+    code, out, err = await bot(tmp_path, "doctor", env=env)
+    assert code == 1 and "✗ encryption keys: credential 'broken.token'" in out and "'gone'" in out, out + err
+    assert "! sealed values: 1 value(s) not under the current key 'k2'" in out and "'kept.token'" in out, out
+    code, out, err = await bot(tmp_path, "credentials", "rotate", env=env)
+    assert code == 1, out + err  # not done: said at the end, after everything else was re-sealed
+    assert "credential 'broken.token'" in out + err and "'gone'" in out + err, out + err
+    assert "broken-value-1" not in out + err and "kept-value-2" not in out + err
+    assert "credentials: 1 re-sealed" in out, out
+    rotated, db = await _service(home, k2)
+    assert await rotated.env_for(_ctx(), ["kept.token"]) == {"KEPT_TOKEN": "kept-value-2"}
+    await db.close()
+
+
+async def test_rotation_never_overwrites_a_value_written_meanwhile(tmp_path: Path) -> None:
+    import json
+    from dataclasses import replace
+    from datetime import UTC, datetime, timedelta
+
+    from core.connections.service import seal_context
+    from core.store.connection_tables import ConnectionRow
+    from core.store.connections import ConnectionStore
+    from core.vault import Sealed
+
+    k1, k2 = key("k1"), key("k2")
+    old, db = await _service(tmp_path, k1)  # the running bot, still sealing under k1
+    await old.set_secret("a.token", "first-value", scope="agent", agent="default", by="U1")
+    connections, now = ConnectionStore(db), datetime.now(UTC)
+
+    def seal(row: ConnectionRow) -> None:
+        assert row.id is not None
+        sealed = old.keys.seal(json.dumps({"access_token": "at-1", "refresh_token": "rt-1"}),
+                               seal_context(row.name, row.owner, row.id))
+        row.key_id, row.ciphertext = sealed.key_id, sealed.blob
+
+    account, _ = await connections.connect(
+        ConnectionRow(name="github", owner="U1", key_id="", ciphertext="", scopes="null", connected_by="U1",
+                      created_at=now, updated_at=now), seal=seal, request_id=None, by="U1", now=now, audit={})
+    assert account.id is not None
+    # A refresh is in flight: its new refresh token replaces this one when it lands (the old one works once).
+    assert await connections.claim_refresh(account.id, expected_ciphertext=account.ciphertext, now=now,
+                                           until=now + timedelta(minutes=1))
+
+    rotating, rotating_db = await _service(tmp_path, f"{k2},{k1}")
+    kinds = sealed_kinds(rotating_db)
+    credentials = kinds[0]
+    read_first = [await credentials.rows()]  # rotation read the credentials, then the bot replaced one
+
+    async def read_before_the_write() -> Any:
+        return read_first.pop() if read_first else await credentials.rows()
+
+    kinds[0] = replace(kinds[0], rows=read_before_the_write)
+    await old.set_secret("a.token", "second-value", scope="agent", agent="default", by="U1")
+    lines: list[str] = []
+    reports = {r.kind: r for r in await reseal_all(kinds, rotating.keys, SystemClock(), lines.append)}
+    assert reports["credentials"].resealed == 1  # the value read again, never the stale one written back
+    assert reports["connections"].resealed == 0 and reports["connections"].busy == ["connection 'github' (U1)"]
+    assert (await connections.get("github", "U1")).ciphertext == account.ciphertext  # type: ignore[union-attr]
+
+    await connections.release_refresh(account.id)  # the refresh ended: now it can move
+    reports = {r.kind: r for r in await reseal_all(sealed_kinds(rotating_db), rotating.keys, SystemClock(),
+                                                   lines.append)}
+    assert (reports["credentials"].resealed, reports["credentials"].current) == (0, 1)
+    assert reports["connections"].resealed == 1 and not reports["connections"].busy
+    await db.close()
+    await rotating_db.close()
+
+    only_new, db = await _service(tmp_path, k2)
+    assert await only_new.env_for(_ctx(), ["a.token"]) == {"A_TOKEN": "second-value"}
+    row = await ConnectionStore(db).get("github", "U1")
+    assert row is not None and row.id is not None
+    opened = only_new.keys.open(Sealed(row.key_id, row.ciphertext), seal_context(row.name, row.owner, row.id))
+    assert json.loads(opened) == {"access_token": "at-1", "refresh_token": "rt-1"}
+    await db.close()

@@ -43,6 +43,11 @@ def seal_context(name: str, owner: str, row_id: int) -> str:
     return f"conn|{name}|{owner}|{row_id}"
 
 
+def connection_label(row: ConnectionRow) -> str:
+    """How errors and operators name a connected account (never its tokens)."""
+    return f"connection {row.name!r} ({row.owner or 'shared'})"
+
+
 class ConnectionService:
     def __init__(self, specs: dict[str, ConnectionSpec], store: ConnectionStore, keys: KeyRing,
                  client: OAuthClient, bus: EventBus, clock: Clock, policy: ApprovalPolicy, *,
@@ -354,7 +359,7 @@ class ConnectionService:
     def open(self, row: ConnectionRow) -> dict[str, object]:
         assert row.id is not None
         text = self.keys.open(Sealed(row.key_id, row.ciphertext), seal_context(row.name, row.owner, row.id),
-                              label=f"connection {row.name!r} ({row.owner or 'shared'})")
+                              label=connection_label(row))
         opened = json.loads(text)
         return opened if isinstance(opened, dict) else {}
 

@@ -106,6 +106,17 @@ class ConnectionStore:
                 s.add(audit_row(now, by, "connection.refresh", f"connection:{row.name}", {"owner": row.owner}))
             return bool(result.rowcount)
 
+    async def reseal(self, row_id: int, *, expected_ciphertext: str, key_id: str, ciphertext: str,
+                     now: datetime) -> bool:
+        """The same tokens under another key (``bot credentials rotate``): only if they are still the ones read
+        and no refresh is in flight, whose new tokens must not be lost (a rotating refresh token works once)."""
+        async with self.db.write() as s:
+            result = await s.exec(update(ConnectionRow).where(
+                col(ConnectionRow.id) == row_id, col(ConnectionRow.ciphertext) == expected_ciphertext,
+                or_(col(ConnectionRow.refreshing_until).is_(None), col(ConnectionRow.refreshing_until) <= now))
+                .values(key_id=key_id, ciphertext=ciphertext))
+            return bool(result.rowcount)
+
     async def mark_expired(self, row_id: int, *, expected_ciphertext: str, now: datetime, why: str) -> None:
         """The grant is dead (a refresh was refused): the account needs consent again."""
         async with self.db.write() as s:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy import delete
+from sqlalchemy import delete, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
@@ -57,6 +57,15 @@ class SlackInstallStore:
             await s.flush()
             await s.refresh(row)
             return row
+
+    async def reseal(self, row_id: int, *, expected_ciphertext: str, key_id: str, ciphertext: str) -> bool:
+        """The same tokens under another key (``bot credentials rotate``), only if they are still the ones read: a
+        re-install or a token refresh meanwhile stands."""
+        async with self.db.write() as s:
+            result = await s.exec(update(SlackInstallationRow).where(
+                col(SlackInstallationRow.id) == row_id, col(SlackInstallationRow.ciphertext) == expected_ciphertext)
+                .values(key_id=key_id, ciphertext=ciphertext))
+            return bool(result.rowcount)
 
     async def find(self, enterprise_id: str, team_id: str) -> SlackInstallationRow | None:
         """The install serving this workspace: its own, else its org's org-wide install."""

@@ -29,6 +29,7 @@ from core.clock import SystemClock
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
 from core.events import EventBus
+from core.sealed_values import reseal_all, sealed_kinds
 from core.store import CredentialStore, Database
 from core.store.tables import SecretRow
 from core.tools import ToolContext, ToolError
@@ -158,10 +159,16 @@ async def test_rotate_also_upgrades_legacy_rows(tmp_path: Path) -> None:
     await _insert_legacy(db, service.keys, "old.token", "default", "legacy-value-1")
     await service.set_secret("new.token", "new-value-2", scope="agent", agent="default", by="U1")
     lines: list[str] = []
-    assert await service.rotate(lines.append) == (1, 1)  # under the current key already, but name-only AAD
+
+    async def rotate() -> tuple[int, int]:
+        [report, *_others] = await reseal_all(sealed_kinds(db), service.keys, SystemClock(), lines.append)
+        return report.resealed, report.current
+
+    assert await rotate() == (1, 1)  # under the current key already, but name-only AAD
     assert len(lines) == 1 and "old.token" in lines[0] and "legacy-value-1" not in lines[0]
+    assert "bound it to its row" in lines[0]
     assert {r.name: r.aad_version for r in await service.store.all_secrets()} == {"old.token": 2, "new.token": 2}
-    assert await service.rotate(lines.append) == (0, 2)  # a second run is a no-op
+    assert await rotate() == (0, 2)  # a second run is a no-op
     assert await _opens_as(service, "default", "old.token") == "legacy-value-1"
     await db.close()
 
