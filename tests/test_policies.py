@@ -3,6 +3,7 @@ reads them, the file's validation, and the dry run (`bot policies check`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -372,5 +373,52 @@ async def test_a_rule_that_asks_is_not_skipped_by_a_firing_s_preapproved_destina
         assert (await broker().authorize(ctx, tool, args)).allowed  # no rule: the firing's approval covers it
         asked = await broker(Policy(tool="message_send", approvers=("U7", "U8"), quorum=2)).authorize(ctx, tool, args)
         assert not asked.allowed and "nobody can be asked" in asked.result
+    finally:
+        await db.close()
+
+
+async def test_the_gate_says_whether_a_person_approved_this_very_call(tmp_path: Path) -> None:
+    """Core decides who was asked (shell_run gives an unasked command a fresh HOME): an allow rule, a grant and
+    a firing's preapproval run a call unasked; a person's approval of the call is the only "asked"."""
+    from datetime import UTC, datetime
+
+    from core.agents import Agent, AgentDirectory
+    from core.approvals import ApprovalBroker, ApprovalPolicy
+    from core.clock import SystemClock
+    from core.events import EventBus
+    from core.store import ApprovalStore, Database
+    from core.store.tables import SessionRow, TurnRow
+    from core.tools import Tool, ToolContext
+
+    async def run(_ctx: ToolContext, _args: dict[str, object]) -> str:
+        return "ran"
+
+    tool = Tool("shell_run", "run", {"type": "object"}, Risk.GATED, run, pattern_arg="command")
+    db = Database(f"sqlite:///{tmp_path}/x.db")
+    await db.migrate()
+    try:
+        now = datetime.now(UTC)
+        async with db.write() as s:
+            s.add(SessionRow(id="s", channel="slack", agent="default", status="idle", reply_ref="{}", place="p",
+                             created_at=now, updated_at=now))
+            await s.flush()
+            s.add(TurnRow(id=1, session_id="s", agent="default", status="running", created_at=now))
+        broker = ApprovalBroker(ApprovalStore(db), EventBus(), SystemClock(), ApprovalPolicy(("U1",), ()),
+                                AgentDirectory([Agent()]), timeout_s=5,
+                                policies=book(Policy(tool="shell_run", match="echo allowed-*", action=ALLOW)))
+        ctx = ToolContext(session_id="s", turn_id=1, agent="default", sender="U1", place="p", call_id="c1",
+                          preapproved=(("shell_run", "echo preapproved"),))
+        ruled = await broker.authorize(ctx, tool, {"command": "echo allowed-1"})
+        preapproved = await broker.authorize(ctx, tool, {"command": "echo preapproved"})
+        assert ruled.allowed and not ruled.asked and preapproved.allowed and not preapproved.asked
+
+        args = {"command": "echo by-hand"}
+        request = await broker.request(session_id="s", turn_id=1, call_id="c1", tool="shell_run", args=args,
+                                       agent="default", place="p", requester="U1")
+        assert (await broker.decide(request.id, "always", by="U1")).won
+        approved = await broker.recover(ctx, tool, args)  # the person's approval of this very call
+        assert approved is not None and approved.allowed and approved.asked
+        granted = await broker.authorize(replace(ctx, call_id="c2"), tool, args)  # the same call again: the grant
+        assert granted.allowed and not granted.asked
     finally:
         await db.close()
