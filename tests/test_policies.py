@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -242,6 +243,62 @@ def test_policies_check_names_the_deciding_rule(tmp_path: Path, monkeypatch: pyt
     assert main(["policies", "check", "time_now", "{}"]) == 0
     assert capsys.readouterr().out.startswith("ALLOW: no rule matches: time_now is safe")
     assert main(["policies", "check", "my_plugin", "not json"]) != 0
+
+
+# -- allow rules whose glob admits flags that load files (issue 32, point 7) ------------------------------
+
+KUBECTL = ("--kubeconfig", "-f", "--filename", "-k", "--kustomize")
+GIT = ("-c", "--config-env", "--exec-path", "-C")  # before the subcommand only
+
+
+@pytest.mark.parametrize(("match", "flags"), [
+    ("kubectl get *", KUBECTL),
+    ("kubectl get pods -n *", KUBECTL),  # a * anywhere takes any words, flags included
+    ("kubectl get pods*", KUBECTL),
+    ("/usr/local/bin/kubectl get *", KUBECTL),
+    ("kubectl get pods", ()),
+    ("kubectl get pods -o json", ()),
+    ("git *", GIT),
+    ("git log *", ()),  # git's -c and -C load files only before the subcommand
+    ("helm list *", ("--kubeconfig", "-f", "--values", "--post-renderer")),
+    ("npm view *", ("--userconfig", "--globalconfig", "--prefix")),
+    ("terraform plan *", ("-var-file", "-plugin-dir")),  # -chdir only before the subcommand
+    ("terraform *", ("-var-file", "-plugin-dir", "-chdir")),
+    ("git*", GIT),
+    ("echo *", ()),
+])
+def test_an_allow_glob_that_admits_flags_that_load_files_is_named(match: str, flags: tuple[str, ...]) -> None:
+    from bot.policy_check import loading_flags
+
+    found = loading_flags(Policy(tool="shell_run", match=match, action=ALLOW))
+    assert (found[1] if found else ()) == flags
+    assert loading_flags(Policy(tool="shell_run", match=match, action=DENY)) is None
+    assert loading_flags(Policy(tool="shell_run", match=match, action=ASK)) is None
+
+
+def test_policies_check_and_the_start_warn_about_flags_that_load_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _file(tmp_path, '[[policies]]\ntool = "shell_run"\nmatch = "kubectl get pods"\naction = "allow"\n\n'
+                           '[[policies]]\ntool = "shell_*"\nmatch = "kubectl get *"\naction = "allow"\n')
+    monkeypatch.setenv("BOT_CONFIG", str(path))
+    monkeypatch.setenv("BOT_HOME", str(tmp_path / "home"))
+    assert main(["policies", "check", "shell_run", "kubectl get pods"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ALLOW: rule 1")
+    [warning] = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert "rule 2 (allow 'shell_*' matching 'kubectl get *')" in warning and "--kubeconfig" in warning
+    assert "-f" in warning and "--kustomize" in warning and "rule 1" not in warning
+
+
+async def test_the_bot_warns_at_start_about_flags_that_load_files(
+        make_settings: Any, start_gateway: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    path = _file(tmp_path, '[[policies]]\ntool = "shell_run"\nmatch = "kubectl get *"\naction = "allow"\n')
+    caplog.set_level(logging.WARNING)
+    await start_gateway(make_settings(bot_config=path))
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("rule 1 (allow 'shell_run' matching 'kubectl get *')" in m and "--kubeconfig" in m for m in logged)
 
 
 # -- the audit trail ------------------------------------------------------------------------------------
