@@ -116,15 +116,16 @@ def _work_folder(root: Path, agent: str) -> Path:
         root.mkdir(mode=0o700, parents=True)
     with contextlib.suppress(FileExistsError):
         folder.mkdir(mode=0o700)
-    for path in (root, folder):
-        info = os.lstat(path)
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-            log.warning("shell_run refused: %s is not a plain folder of the bot's user (a link, a file or another "
-                        "user's); move it away", path)
-            raise ToolError(f"the work folder of agent {agent} ($BOT_HOME/{WORK_DIR}/{agent}) is not a plain folder "
-                            "of the bot's own, so the command did not run; an operator must move it away")
-        if stat.S_IMODE(info.st_mode) & 0o077:  # made looser since (by an approved command): others keep out
-            os.chmod(path, 0o700)
+    # Only the agent's folder: $BOT_HOME/work itself may be an operator's link to another disk, and no sandboxed
+    # command can reach it (each sees its own folder only).
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        log.warning("shell_run refused: %s is not a plain folder of the bot's user (a link, a file or another "
+                    "user's); move it away", folder)
+        raise ToolError(f"the work folder of agent {agent} ($BOT_HOME/{WORK_DIR}/{agent}) is not a plain folder "
+                        "of the bot's own, so the command did not run; an operator must move it away")
+    if stat.S_IMODE(info.st_mode) & 0o077:  # made looser since (by an approved command): others keep out
+        os.chmod(folder, 0o700)
     return folder
 
 
