@@ -10,7 +10,8 @@ from bot.config_file import read_config, strings
 from bot.errors import SettingsError
 from core.agents import DEFAULT_INSTRUCTIONS, Agent
 
-_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+# One plain path component too: an agent's work folder is $BOT_HOME/work/<name> (bot.tools.shell).
+AGENT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 PERSON = re.compile(r"requester|web|[UWS][A-Z0-9]+")  # fullmatch: "U1\n" is not U1
 
 
@@ -40,8 +41,8 @@ def _agent(path: Path, index: int, entry: Any, default_instructions: str | None)
     if unknown:
         raise SettingsError(f"{where}: unknown keys {sorted(unknown)}")
     name = entry.get("name")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise SettingsError(f"{where}.name must match {_NAME.pattern}")
+    if not isinstance(name, str) or not AGENT_NAME.fullmatch(name):
+        raise SettingsError(f"{where}.name must match {AGENT_NAME.pattern}")
     tools = strings(where, "tools", entry.get("tools", ["*"]))
     approvers = strings(where, "approvers", entry.get("approvers", []))
     for person in approvers:

@@ -23,6 +23,7 @@ from bot.mcp.manager import McpServers, audit_to
 from bot.mcp.spec import load_mcp_servers
 from bot.metrics import Metrics
 from bot.policies_config import load_policies
+from bot.policy_check import flag_warnings
 from bot.providers import build_provider
 from bot.sandbox import probe as probe_sandbox
 from bot.sandbox_peers import SandboxPeers
@@ -223,9 +224,12 @@ def build_application(
     # Senders' trust levels: labelled by each channel's port, decided in core (audited in the audit log).
     trust = SenderTrust(ports, settings.admins, audit=approval_store.audit, now=clock.now)
     policy = ApprovalPolicy(settings.approvers, settings.admins, groups=ports, trust=trust)
+    policies = PolicyBook(load_policies(settings.bot_config))
+    for warning in flag_warnings(policies.policies):  # a glob wider than meant: said, not refused
+        log.warning("%s", warning)
     approvals = ApprovalBroker(approval_store, bus, clock, policy, agents,
                                timeout_s=settings.approval_timeout_s, poll_s=settings.approval_poll_s,
-                               policies=PolicyBook(load_policies(settings.bot_config)))
+                               policies=policies)
     credentials = CredentialService(
         CredentialStore(db), load_keyring(settings), bus, clock, policy, agents,
         timeout_s=settings.credential_timeout_s, max_bytes=settings.credential_max_bytes,

@@ -189,6 +189,7 @@ def _config_file(settings: Settings) -> list[Check]:
     from bot.agents_config import load_agents
     from bot.connections_config import load_connections
     from bot.policies_config import load_policies
+    from bot.policy_check import flag_warnings
     from bot.slack_config import load_suggested_prompts
     from core.policies import PolicyAction
 
@@ -210,6 +211,9 @@ def _config_file(settings: Settings) -> list[Check]:
         checks.append(Check("approval rules", False, "; ".join(f"{p.describe()} lets every call of {p.tool!r} run "
                                                                "without asking" for p in wide),
                             "give each allow rule a `match` (e.g. match = \"echo hello*\"), or remove it"))
+    if flagged := flag_warnings(policies):
+        checks.append(Check("approval rules", True, "; ".join(flagged),
+                            "README: Approval policies (flags that load files)", warning=True))
     if connections:
         checks.append(_connections(settings, list(connections.values())))
     return checks

@@ -1,22 +1,84 @@
 """``bot policies check TOOL TEXT [--header 'Name: value']… [--body TEXT]``: which ``[[policies]]`` rule decides a
-call, and why (a dry run)."""
+call, and why (a dry run); and the warning (there, in ``bot doctor`` and at start) about ``shell_run`` allow
+rules whose glob admits flags that make a well-known program load a file."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from bot.errors import BotError
 from bot.policies_config import load_policies
 from bot.settings import load_settings
 from bot.tools.http import header_problem
-from core.policies import PolicyAction, PolicyBook
+from core.policies import SHELL_TOOL, Policy, PolicyAction, PolicyBook
+from core.shell_syntax import simple_command
 from core.tools import Risk
 
 # The built-in tools' risk (a plugin's is its own: pass --risk).
 BUILTIN_RISK = {"shell_run": Risk.GATED, "http_request": Risk.GATED, "message_send": Risk.GATED,
                 "schedule_create": Risk.GATED, "time_now": Risk.SAFE, "schedule_list": Risk.SAFE,
                 "schedule_cancel": Risk.SAFE, "credential_request": Risk.SAFE}
+
+
+# Flags that make a program load a file (a config, manifests, values, plugins, a program to run): an earlier,
+# approved command may have left one in the work folder, and an allow rule would then run it unasked. "Global"
+# flags count only right after the program's name (before its subcommand); the others anywhere.
+LOADING_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # program: (anywhere, global only)
+    "kubectl": (("--kubeconfig", "-f", "--filename", "-k", "--kustomize"), ()),
+    "git": ((), ("-c", "--config-env", "--exec-path", "-C")),
+    "helm": (("--kubeconfig", "-f", "--values", "--post-renderer"), ()),
+    "npm": (("--userconfig", "--globalconfig", "--prefix"), ()),
+    "terraform": (("-var-file", "-plugin-dir"), ("-chdir",)),
+}
+
+
+def loading_flags(policy: Policy) -> tuple[str, tuple[str, ...]] | None:
+    """For a ``shell_run`` allow rule whose glob admits any of a well-known program's file-loading flags: the
+    program and those flags, in LOADING_FLAGS' order (global ones last). A ``*`` matches any words, so every
+    ``*`` after the program's name admits them."""
+    if policy.action is not PolicyAction.ALLOW or policy.match is None \
+            or not fnmatch.fnmatchcase(SHELL_TOOL, policy.tool):
+        return None
+    head, _, rest = policy.match.strip().partition(" ")
+    if head.endswith("*"):  # "git*": the star takes the space and whatever follows
+        head, rest = head[:-1], f"*{rest}"
+    program = head.rsplit("/", 1)[-1]
+    if program not in LOADING_FLAGS or "*" not in rest:
+        return None
+    anywhere, global_only = LOADING_FLAGS[program]
+    found = [flag for flag in anywhere if _admits(policy.match, head, rest, flag, first=False)]
+    found += [flag for flag in global_only if _admits(policy.match, head, rest, flag, first=True)]
+    return (program, tuple(found)) if found else None
+
+
+def _admits(glob: str, head: str, rest: str, flag: str, *, first: bool) -> bool:
+    """Whether the glob matches a plain command carrying ``flag`` as a word in place of one of its ``*`` (only
+    the first thing after the program's name, with ``first``)."""
+    stars = [i for i, c in enumerate(rest) if c == "*"]
+    for at in stars[:1] if first else stars:
+        if first and rest[:at].strip():
+            return False
+        words = rest[:at].replace("*", "") + f" {flag} x " + rest[at + 1:].replace("*", "")
+        candidate = f"{head} {' '.join(words.split())}"
+        if simple_command(candidate) and fnmatch.fnmatchcase(candidate, glob.strip()):  # as the rule would match
+            return True
+    return False
+
+
+def flag_warnings(policies: Iterable[Policy]) -> list[str]:
+    """One line per allow rule that would run a well-known program with a file-loading flag unasked."""
+    lines = []
+    for policy in policies:
+        found = loading_flags(policy)
+        if found is not None:
+            program, flags = found
+            lines.append(f"{policy.describe()} also lets {program} run unasked with {', '.join(flags)}, which load "
+                         "a file that an earlier, approved command may have left in the work folder: allow the exact "
+                         "commands instead, or put a deny rule for those flags before it")
+    return lines
 
 
 def call_arguments(tool: str, text: str) -> dict[str, Any]:
@@ -80,4 +142,6 @@ def check_command(tool: str, text: str, risk: str | None, headers: list[str] | N
               f"{f'{policy.timeout_s:g} s' if policy and policy.timeout_s else 'APPROVAL_TIMEOUT_S'}")
     if not book.policies:
         print(f"  ({settings.bot_config} has no [[policies]])")
+    for line in flag_warnings(book.policies):
+        print(f"warning: {line}")
     return 0

@@ -1,10 +1,15 @@
 """Where ``shell_run`` commands run (SPEC §16): a bubblewrap sandbox, or (``SHELL_SANDBOX=none``) the host.
 
-In the sandbox a command sees the system read-only, its work folder read-write (as ``/work``, its home),
-an empty ``/tmp``, its own ``/proc`` (own PID, IPC and UTS namespaces), and no part of BOT_HOME besides
-``work``: not the bot's environment, database or keys. Killing the namespace's first process kills
-everything the command started, however it detached, so nothing outlives the call; and once that first
-process has exited, the kernel has already reaped every other process of the namespace.
+In the sandbox a command sees the system read-only, its agent's work folder read-write (as ``/work``), an
+empty ``/tmp``, its own ``/proc`` (own PID, IPC and UTS namespaces), and no part of BOT_HOME besides that
+folder: not the bot's environment, database or keys. Its HOME is the work folder when a person approved the
+call; a call that runs unasked (an allow rule, a grant) gets a new, empty HOME instead (``fresh_home``), so no
+dotfile an earlier command left there (``.gitconfig``, ``.kube/config``, ``.npmrc``) is loaded. Nothing else
+of the bot's environment reaches a command (no ``KUBECONFIG``, ``XDG_CONFIG_HOME``…), in either mode.
+
+Killing the namespace's first process kills everything the command started, however it detached, so nothing
+outlives the call; and once that first process has exited, the kernel has already reaped every other process
+of the namespace.
 
 Without a sandbox the same kill is best effort: the command's process group, then every process
 that still carries the call's marker in its environment. A process that clears or rewrites its
@@ -33,7 +38,7 @@ import subprocess
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +47,7 @@ from bot.sandbox_peers import SandboxPeers
 log = logging.getLogger(__name__)
 
 WORK = "/work"  # where the work folder appears inside the sandbox
+FRESH_HOME = "/home/sandbox"  # inside the sandbox: an unasked call's HOME, a tmpfs of its own that ends with it
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FIX = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) where unprivileged user namespaces "
        "are allowed, or set SHELL_SANDBOX=none to run commands unsandboxed (accepting that an approved "
@@ -93,21 +99,29 @@ class Sandbox(ABC):
     reports_init = False  # bwrap tells which process is its namespace's first (--info-fd)
 
     @abstractmethod
-    def environment(self, workdir: Path) -> dict[str, str]:
-        """The whole environment a command gets, before the credentials the call names."""
+    def environment(self, workdir: Path, *, home: str | None = None) -> dict[str, str]:
+        """The whole environment a command gets, before the credentials the call names. ``home``: a fresh HOME
+        (``fresh_home``) instead of the work folder."""
 
     @abstractmethod
     def inside(self, workdir: Path) -> str:
         """The work folder's path as the command sees it."""
 
     @abstractmethod
-    def argv(self, command: Sequence[str], workdir: Path, *, info_fd: int | None = None) -> list[str]:
-        """What to execute on the host for ``command`` (``info_fd``: where bwrap reports its first process)."""
+    def argv(self, command: Sequence[str], workdir: Path, *, info_fd: int | None = None,
+             home: str | None = None) -> list[str]:
+        """What to execute on the host for ``command`` (``info_fd``: where bwrap reports its first process;
+        ``home``: the fresh HOME from ``fresh_home``, if the call has one)."""
+
+    @abstractmethod
+    def fresh_home(self) -> contextlib.AbstractAsyncContextManager[str]:
+        """A new, empty HOME for one call (its path as the command sees it), gone once the call has ended."""
 
     @abstractmethod
     def _kill_all(self, proc: asyncio.subprocess.Process, env: Mapping[str, str], init: int | None) -> None: ...
 
-    async def spawn(self, command: Sequence[str], workdir: Path, env: Mapping[str, str]) -> Started:
+    async def spawn(self, command: Sequence[str], workdir: Path, env: Mapping[str, str], *,
+                    home: str | None = None) -> Started:
         # Output goes to a pipe of our own, not asyncio's: its wait() would also wait for every process
         # holding the pipe (a background child), and we want the command's own exit.
         read_fd, write_fd = os.pipe()
@@ -115,7 +129,7 @@ class Sandbox(ABC):
         ended = self._begin(env)  # before the fork: the command may connect to us at once
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.argv(command, workdir, info_fd=info_write if info_write >= 0 else None), cwd=workdir,
+                *self.argv(command, workdir, info_fd=info_write if info_write >= 0 else None, home=home), cwd=workdir,
                 env=dict(env), stdin=asyncio.subprocess.DEVNULL, stdout=write_fd, stderr=write_fd,
                 start_new_session=True, umask=_UMASK, pass_fds=(info_write,) if info_write >= 0 else (),
             )
@@ -179,10 +193,15 @@ class Bubblewrap(Sandbox):
     def inside(self, workdir: Path) -> str:
         return WORK
 
-    def environment(self, workdir: Path) -> dict[str, str]:
-        return {"PATH": SANDBOX_PATH, "HOME": WORK, "LANG": os.environ.get("LANG") or "C.UTF-8"}
+    def environment(self, workdir: Path, *, home: str | None = None) -> dict[str, str]:
+        return {"PATH": SANDBOX_PATH, "HOME": home or WORK, "LANG": os.environ.get("LANG") or "C.UTF-8"}
 
-    def argv(self, command: Sequence[str], workdir: Path, *, info_fd: int | None = None) -> list[str]:
+    @contextlib.asynccontextmanager
+    async def fresh_home(self) -> AsyncIterator[str]:
+        yield FRESH_HOME  # a tmpfs in the call's own mount namespace (argv): nothing on the host to remove
+
+    def argv(self, command: Sequence[str], workdir: Path, *, info_fd: int | None = None,
+             home: str | None = None) -> list[str]:
         args = [self.bwrap, *self.user_flags, "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--new-session",
                 "--cap-drop", "ALL"]
@@ -201,11 +220,15 @@ class Bubblewrap(Sandbox):
             for entry in sorted(glob.glob(f"/etc/{pattern}")):
                 args += ["--ro-bind-try", entry, entry]
         bound = ["/usr", "/etc", *(f"/{n}" for n in _SYSTEM_DIRS)]
-        home = workdir.resolve().parent
-        if any(home.is_relative_to(b) for b in bound):  # BOT_HOME inside a system directory: hide it
-            args += ["--tmpfs", str(home)]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp",
-                 "--bind", str(workdir.resolve()), WORK, "--chdir", WORK, "--remount-ro", "/", *command]
+        # BOT_HOME inside a system directory: hide it whole. Every folder a command runs in is two below it
+        # ($BOT_HOME/work/<agent>, $BOT_HOME/mcp/<server>).
+        bot_home = workdir.resolve().parent.parent
+        if any(bot_home.is_relative_to(b) for b in bound):
+            args += ["--tmpfs", str(bot_home)]
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+        if home is not None:
+            args += ["--tmpfs", home]
+        args += ["--bind", str(workdir.resolve()), WORK, "--chdir", WORK, "--remount-ro", "/", *command]
         return args
 
     def _kill_all(self, proc: asyncio.subprocess.Process, env: Mapping[str, str], init: int | None) -> None:
@@ -230,13 +253,24 @@ class Unsandboxed(Sandbox):
     def inside(self, workdir: Path) -> str:
         return str(workdir)
 
-    def environment(self, workdir: Path) -> dict[str, str]:
-        env = {"PATH": os.environ.get("PATH") or SANDBOX_PATH, "HOME": str(workdir),
-               "LANG": os.environ.get("LANG") or "C.UTF-8"}
+    def environment(self, workdir: Path, *, home: str | None = None) -> dict[str, str]:
+        # The bot's PATH, but never a relative entry ("." or an empty one): a command would run a program an
+        # earlier command left in the work folder under a well-known name.
+        path = ":".join(p for p in (os.environ.get("PATH") or "").split(":") if os.path.isabs(p))
+        env = {"PATH": path or SANDBOX_PATH, "HOME": home or str(workdir), "LANG": os.environ.get("LANG") or "C.UTF-8"}
         env[_MARKER] = secrets.token_hex(12)
         return env
 
-    def argv(self, command: Sequence[str], workdir: Path, *, info_fd: int | None = None) -> list[str]:
+    @contextlib.asynccontextmanager
+    async def fresh_home(self) -> AsyncIterator[str]:
+        made = tempfile.TemporaryDirectory(prefix="bot-home-", ignore_cleanup_errors=True)  # 0700, a new name
+        try:
+            yield made.name
+        finally:  # after the kill: a command may have filled it (a cache), so not on the event loop
+            await asyncio.to_thread(made.cleanup)
+
+    def argv(self, command: Sequence[str], workdir: Path, *, info_fd: int | None = None,
+             home: str | None = None) -> list[str]:
         return list(command)
 
     def _kill_all(self, proc: asyncio.subprocess.Process, env: Mapping[str, str], init: int | None) -> None:

@@ -362,8 +362,8 @@ def _subject(tool: Tool, args: dict[str, Any]) -> str | None:
 
 
 def _decision(request: ApprovalInfo) -> GateDecision:
-    if request.status == ApprovalStatus.APPROVED:
-        return GateDecision(True, request_id=request.id, already_started=request.started)
+    if request.status == ApprovalStatus.APPROVED:  # by a person (or an operator): this call was asked about
+        return GateDecision(True, request_id=request.id, already_started=request.started, asked=True)
     if request.status == ApprovalStatus.DENIED:
         reason = request.reason or "no reason given"
         return GateDecision(False, f"error: the user denied `{request.tool}`: {reason}; do not retry it; "

@@ -252,7 +252,7 @@ class AgentRunner:
         tool = self.tools.get(call.name)
         if tool is None or call.name not in allowed:
             return f"error: there is no tool named {call.name!r} available to you"
-        ctx = replace(ctx, call_id=call.id)
+        ctx = replace(ctx, call_id=call.id, asked=False)
         try:
             args = tool.parse_arguments(call.arguments)
             if self.gate is not None:  # every call: approval policies may refuse or ask about safe tools too
@@ -260,6 +260,7 @@ class AgentRunner:
                 if not decision.allowed:
                     return await self.redact(decision.result)
                 await self.gate.started(decision)  # the decision is on record before the tool runs
+                ctx = replace(ctx, asked=decision.asked)  # whether a person approved this very call
             elif tool.risk is Risk.GATED:
                 raise ToolError(f"{tool.name} needs a person's approval, and nobody can approve here")
             if on_tool is not None:
@@ -337,6 +338,7 @@ class AgentRunner:
         if self.gate is None:
             return INTERRUPTED_RESULT
         decision = await self.gate.recover(ctx, tool, args)  # a safe tool too: a policy may have asked
+        ctx = replace(ctx, asked=decision is not None and decision.asked)
         parked = self.resumable is not None and await self.resumable(ctx)
         if parked and (decision is None or decision.already_started):
             return await self._execute(tool, ctx, args)  # it sent nothing yet: it waited for consent

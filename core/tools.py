@@ -42,6 +42,9 @@ class ToolContext:
     preapproved: tuple[tuple[str, str], ...] = ()  # (tool, subject) that need no approval here
     trust: str | None = None  # the sender's trust level (admin, member, guest, external, bot), when known
     subagent: bool = False  # a sub-agent's call (core.subagents): it never asks anyone, it returns to its parent
+    # A person approved this very call (GateDecision.asked). False: it runs unasked (an allow rule, a grant, a
+    # firing's preapproval, a safe tool), so a tool must not load what earlier calls left (shell_run: a fresh HOME).
+    asked: bool = False
 
 
 ToolFunction = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
@@ -164,6 +167,7 @@ class GateDecision:
     result: str = ""
     request_id: int | None = None
     already_started: bool = False  # approved before a crash and begun: never run it twice
+    asked: bool = False  # a person approved this very call; False: it runs without anyone being asked
 
 
 class ToolGate(Protocol):

@@ -102,7 +102,7 @@ async def test_kill_during_a_tool_call_never_runs_it_again(
     tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
     env = slack_env(fake_slack, fake_llm, unused_port)
-    log = tmp_path / ".bot" / "work" / "runs.log"
+    log = tmp_path / ".bot" / "work" / "default" / "runs.log"
     fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo started >> runs.log; sleep 3; echo done"})]))
     bot = await BotProcess(tmp_path, env).start()
     await send_event(bot, mention("run the slow thing"), "EvTool")

@@ -83,3 +83,14 @@ async def test_connections_are_checked_and_the_callback_to_register_is_named(
     code, out = await run_cli(tmp_path, env | {"GH_SECRET": "s3cret-value"}, "doctor")
     assert "! connections: " in out and "no authorize_url: github (calls fail, never ask)" in out
     assert "tokens may go to every name below the token server's domain: github (*.github.com)" in out
+
+
+async def test_an_allow_rule_that_admits_flags_that_load_files_is_a_warning(
+    tmp_path: Path, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    (tmp_path / "bot.toml").write_text('[[policies]]\ntool = "shell_run"\nmatch = "kubectl get *"\naction = "allow"\n')
+    env = slack_env(fake_slack, fake_llm, 3000) | {"BOT_SECRET_KEYS": "k1:" + "A" * 43 + "="}
+    code, out = await run_cli(tmp_path, env, "doctor")
+    assert code == 0, out  # a warning: the rule may be meant
+    [line] = [line for line in out.splitlines() if line.startswith("! approval rules:")]
+    assert "rule 1 (allow 'shell_run' matching 'kubectl get *')" in line and "--kubeconfig" in line, out

@@ -103,7 +103,7 @@ async def test_sigterm_keeps_a_parked_approval_through_two_redeploys(
     tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
     env = _env(fake_slack, fake_llm, unused_port)
-    runs = tmp_path / ".bot" / "work" / "runs.log"
+    runs = tmp_path / ".bot" / "work" / "default" / "runs.log"
     fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo ran >> runs.log"})]))
     bot = await BotProcess(tmp_path, env).start()
     assert await send_event(bot, mention("run it"), "EvParkTerm") == 200
@@ -272,7 +272,7 @@ async def test_sigterm_while_starting_keeps_a_parked_turn_parked(
     """SIGTERM during start-up, after recovery resumed the parked turn, is a redeploy too: start-up
     finishes, then the bot stops as on any SIGTERM. Killed there, the resume counted as a crash."""
     env = _env(fake_slack, fake_llm, unused_port)
-    runs = tmp_path / ".bot" / "work" / "runs.log"
+    runs = tmp_path / ".bot" / "work" / "default" / "runs.log"
     fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo ran >> runs.log"})]))
     bot = await BotProcess(tmp_path, env).start()
     assert await send_event(bot, mention("run it"), "EvStartTerm") == 200
@@ -584,7 +584,7 @@ async def test_on_postgresql_a_turn_parked_on_a_stopped_replica_continues_on_ano
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
     envs = [_env(fake_slack, fake_llm, port) for port in ports]
-    runs = tmp_path / ".bot" / "work" / "runs.log"
+    runs = tmp_path / ".bot" / "work" / "default" / "runs.log"
     fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo ran >> runs.log"})]), Reply("ran on b"))
     first = await BotProcess(tmp_path, envs[0]).start()
     second = await BotProcess(tmp_path, envs[1]).start()

@@ -3,7 +3,9 @@ reads them, the file's validation, and the dry run (`bot policies check`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -378,6 +380,62 @@ def test_policies_check_takes_a_call_s_headers_and_body(tmp_path: Path, monkeypa
     assert main(["policies", "check", "shell_run", "echo hi", "--body", "x"]) != 0
 
 
+# -- allow rules whose glob admits flags that load files (issue 32, point 7) ------------------------------
+
+KUBECTL = ("--kubeconfig", "-f", "--filename", "-k", "--kustomize")
+GIT = ("-c", "--config-env", "--exec-path", "-C")  # before the subcommand only
+
+
+@pytest.mark.parametrize(("match", "flags"), [
+    ("kubectl get *", KUBECTL),
+    ("kubectl get pods -n *", KUBECTL),  # a * anywhere takes any words, flags included
+    ("kubectl get pods*", KUBECTL),
+    ("/usr/local/bin/kubectl get *", KUBECTL),
+    ("kubectl get pods", ()),
+    ("kubectl get pods -o json", ()),
+    ("git *", GIT),
+    ("git log *", ()),  # git's -c and -C load files only before the subcommand
+    ("helm list *", ("--kubeconfig", "-f", "--values", "--post-renderer")),
+    ("npm view *", ("--userconfig", "--globalconfig", "--prefix")),
+    ("terraform plan *", ("-var-file", "-plugin-dir")),  # -chdir only before the subcommand
+    ("terraform *", ("-var-file", "-plugin-dir", "-chdir")),
+    ("git*", GIT),
+    ("echo *", ()),
+])
+def test_an_allow_glob_that_admits_flags_that_load_files_is_named(match: str, flags: tuple[str, ...]) -> None:
+    from bot.policy_check import loading_flags
+
+    found = loading_flags(Policy(tool="shell_run", match=match, action=ALLOW))
+    assert (found[1] if found else ()) == flags
+    assert loading_flags(Policy(tool="shell_run", match=match, action=DENY)) is None
+    assert loading_flags(Policy(tool="shell_run", match=match, action=ASK)) is None
+
+
+def test_policies_check_and_the_start_warn_about_flags_that_load_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _file(tmp_path, '[[policies]]\ntool = "shell_run"\nmatch = "kubectl get pods"\naction = "allow"\n\n'
+                           '[[policies]]\ntool = "shell_*"\nmatch = "kubectl get *"\naction = "allow"\n')
+    monkeypatch.setenv("BOT_CONFIG", str(path))
+    monkeypatch.setenv("BOT_HOME", str(tmp_path / "home"))
+    assert main(["policies", "check", "shell_run", "kubectl get pods"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ALLOW: rule 1")
+    [warning] = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert "rule 2 (allow 'shell_*' matching 'kubectl get *')" in warning and "--kubeconfig" in warning
+    assert "-f" in warning and "--kustomize" in warning and "rule 1" not in warning
+
+
+async def test_the_bot_warns_at_start_about_flags_that_load_files(
+        make_settings: Any, start_gateway: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    path = _file(tmp_path, '[[policies]]\ntool = "shell_run"\nmatch = "kubectl get *"\naction = "allow"\n')
+    caplog.set_level(logging.WARNING)
+    await start_gateway(make_settings(bot_config=path))
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("rule 1 (allow 'shell_run' matching 'kubectl get *')" in m and "--kubeconfig" in m for m in logged)
+
+
 # -- the audit trail ------------------------------------------------------------------------------------
 
 async def test_audit_export_has_who_what_when_where_and_outcome_and_no_secret(
@@ -507,5 +565,52 @@ async def test_a_rule_that_asks_is_not_skipped_by_a_firing_s_preapproved_destina
         assert (await broker().authorize(ctx, tool, args)).allowed  # no rule: the firing's approval covers it
         asked = await broker(Policy(tool="message_send", approvers=("U7", "U8"), quorum=2)).authorize(ctx, tool, args)
         assert not asked.allowed and "nobody can be asked" in asked.result
+    finally:
+        await db.close()
+
+
+async def test_the_gate_says_whether_a_person_approved_this_very_call(tmp_path: Path) -> None:
+    """Core decides who was asked (shell_run gives an unasked command a fresh HOME): an allow rule, a grant and
+    a firing's preapproval run a call unasked; a person's approval of the call is the only "asked"."""
+    from datetime import UTC, datetime
+
+    from core.agents import Agent, AgentDirectory
+    from core.approvals import ApprovalBroker, ApprovalPolicy
+    from core.clock import SystemClock
+    from core.events import EventBus
+    from core.store import ApprovalStore, Database
+    from core.store.tables import SessionRow, TurnRow
+    from core.tools import Tool, ToolContext
+
+    async def run(_ctx: ToolContext, _args: dict[str, object]) -> str:
+        return "ran"
+
+    tool = Tool("shell_run", "run", {"type": "object"}, Risk.GATED, run, pattern_arg="command")
+    db = Database(f"sqlite:///{tmp_path}/x.db")
+    await db.migrate()
+    try:
+        now = datetime.now(UTC)
+        async with db.write() as s:
+            s.add(SessionRow(id="s", channel="slack", agent="default", status="idle", reply_ref="{}", place="p",
+                             created_at=now, updated_at=now))
+            await s.flush()
+            s.add(TurnRow(id=1, session_id="s", agent="default", status="running", created_at=now))
+        broker = ApprovalBroker(ApprovalStore(db), EventBus(), SystemClock(), ApprovalPolicy(("U1",), ()),
+                                AgentDirectory([Agent()]), timeout_s=5,
+                                policies=book(Policy(tool="shell_run", match="echo allowed-*", action=ALLOW)))
+        ctx = ToolContext(session_id="s", turn_id=1, agent="default", sender="U1", place="p", call_id="c1",
+                          preapproved=(("shell_run", "echo preapproved"),))
+        ruled = await broker.authorize(ctx, tool, {"command": "echo allowed-1"})
+        preapproved = await broker.authorize(ctx, tool, {"command": "echo preapproved"})
+        assert ruled.allowed and not ruled.asked and preapproved.allowed and not preapproved.asked
+
+        args = {"command": "echo by-hand"}
+        request = await broker.request(session_id="s", turn_id=1, call_id="c1", tool="shell_run", args=args,
+                                       agent="default", place="p", requester="U1")
+        assert (await broker.decide(request.id, "always", by="U1")).won
+        approved = await broker.recover(ctx, tool, args)  # the person's approval of this very call
+        assert approved is not None and approved.allowed and approved.asked
+        granted = await broker.authorize(replace(ctx, call_id="c2"), tool, args)  # the same call again: the grant
+        assert granted.allowed and not granted.asked
     finally:
         await db.close()

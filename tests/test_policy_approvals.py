@@ -62,7 +62,7 @@ async def test_an_allow_glob_never_lets_a_compound_command_through(
 ) -> None:
     gateway = await _start(make_settings, start_gateway, tmp_path,
                            '[[policies]]\ntool = "shell_run"\nmatch = "echo allowed-*"\naction = "allow"\n')
-    marker = tmp_path / "home" / "work" / "x"
+    marker = tmp_path / "home" / "work" / "default" / "x"
     fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo allowed-2; touch x"})]))
     await gateway.send_event(mention("go"))
     [card] = await fake_slack.wait_for("chat.postMessage")
@@ -128,7 +128,7 @@ async def test_one_deny_settles_a_quorum_request(
     await fake_slack.wait_for("chat.postMessage", 2)
     await gateway.idle()
     assert "denied `shell_run`: not today" in _tool_result(fake_llm)
-    assert not (tmp_path / "home" / "work" / "never").exists()
+    assert not (tmp_path / "home" / "work" / "default" / "never").exists()
 
 
 async def test_a_rule_s_timeout_and_approvers_replace_the_defaults(

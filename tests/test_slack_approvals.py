@@ -71,7 +71,7 @@ async def test_approver_click_runs_the_command_once(
 async def test_deny_without_a_reason_never_runs_the_tool(
     gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
 ) -> None:
-    marker = tmp_path / "home" / "work" / "ran"
+    marker = tmp_path / "home" / "work" / "default" / "ran"
     _root, _request, request_id = await _ask_for(gateway, fake_slack, fake_llm, "touch ran")
     await gateway.interact(block_action("approval:deny", request_id, user="U1"))
     opened = await fake_slack.wait_for("views.open")

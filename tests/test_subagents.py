@@ -254,6 +254,29 @@ async def test_stopping_the_parent_stops_its_sub_agents_and_those_waiting(
     assert f"researcher (sub:{session}:1) stopped" in await _status(gateway, session)
 
 
+async def test_a_sub_agent_s_commands_run_in_its_parent_agent_s_work_folder(
+    make_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+    tmp_path: Path,
+) -> None:
+    """A sub-agent works for its parent, with the parent agent's credentials and grants: what it leaves is in the
+    parent agent's work folder (``$BOT_HOME/work/default``), not the helper's."""
+    config = tmp_path / "bot.toml"
+    config.write_text(AGENTS + '\n[[policies]]\ntool = "shell_run"\nmatch = "touch from-*"\naction = "allow"\n',
+                      encoding="utf-8")
+    gateway: GatewayClient = await start_gateway(make_settings(bot_config=config))
+    fake_llm.then(
+        Reply(tool_calls=[_delegate("researcher", "leave a note")]),  # the parent
+        Reply(tool_calls=[("shell_run", {"command": "touch from-helper"})]),  # the sub-agent, allowed by the rule
+        Reply("left it"), Reply("my helper left a note"),
+    )
+    await gateway.send_event(mention("ask the researcher for a note"))
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    work = tmp_path / "home" / "work"
+    assert (work / "default" / "from-helper").exists()
+    assert not (work / "researcher").exists()
+
+
 # -- settings -----------------------------------------------------------------------------------------
 
 

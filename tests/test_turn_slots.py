@@ -62,7 +62,7 @@ async def _approved_behind_busy_turns(
     """A shell_run parked in CA, every slot then busy, and the call approved: its turn waits for a slot,
     the call not yet run. ``then`` answers the approved turn once it runs. (gateway, its marker file, the
     request id, the busy turns' gates)"""
-    ran = tmp_path / "home" / "work" / "ran"
+    ran = tmp_path / "home" / "work" / "default" / "ran"
     gateway = await start_gateway(make_settings(max_concurrent_turns=SLOTS))
     request_id = await _park(gateway, fake_slack, fake_llm, "CA", "echo once >> ran", cards=1)
     gates = await _fill_slots(gateway, fake_llm)

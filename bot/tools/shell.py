@@ -1,16 +1,27 @@
-"""``shell_run``: a command with ``/bin/sh -c`` in the sandbox (bot.sandbox), with a timeout, in the work
-folder under BOT_HOME, with only the credentials the call names (SPEC §16)."""
+"""``shell_run``: a command with ``/bin/sh -c`` in the sandbox (bot.sandbox), with a timeout, in its agent's own
+work folder ``$BOT_HOME/work/<agent>``, with only the credentials the call names (SPEC §16, §17). A call nobody
+was asked about (core's gate says so in ``ToolContext.asked``) gets a fresh, empty HOME.
+
+A sub-agent's calls carry its parent's agent (core.subagents), so they run in the parent agent's folder: it works
+for the parent, with the parent's credentials and grants, and hands its files back there."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bot.agents_config import AGENT_NAME
+from bot.home import WORK_DIR
 from bot.sandbox import Sandbox, Started
 from core.tools import Risk, Tool, ToolContext, ToolError
+
+log = logging.getLogger(__name__)
 
 # The named credentials, as environment variables (core.credentials.CredentialService.env_for).
 EnvFor = Callable[[ToolContext, list[str]], Awaitable[dict[str, str]]]
@@ -20,7 +31,7 @@ _DRAIN_S = 0.3  # after the kill: how long to wait for the last output
 
 def shell_run_tool(home: Path, sandbox: Sandbox, *, default_timeout_s: int = 60, max_timeout_s: int = 600,
                    output_limit: int = 16_000, env_for: EnvFor | None = None) -> Tool:
-    workdir = home / "work"
+    root = home / WORK_DIR
 
     async def shell_run(ctx: ToolContext, args: dict[str, Any]) -> str:
         command = str(args["command"]).strip()
@@ -28,41 +39,47 @@ def shell_run_tool(home: Path, sandbox: Sandbox, *, default_timeout_s: int = 60,
             raise ToolError("command is empty")
         timeout = min(int(args.get("timeout_s") or default_timeout_s), max_timeout_s)
         names = list(dict.fromkeys(args.get("credentials") or []))
-        workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        env = sandbox.environment(workdir)
-        if names:
-            if env_for is None:
-                raise ToolError("no credentials can be passed to shell_run here")
-            secrets = await env_for(ctx, names)  # a name not stored and granted: ToolError, nothing runs
-            if clash := sorted(set(secrets) & set(env)):
-                raise ToolError(f"a credential would replace ${clash[0]}; rename the credential")
-            env |= secrets
-        started = await sandbox.spawn(["/bin/sh", "-c", command], workdir, env)
-        output = _Capped(output_limit)
-        reader = asyncio.create_task(output.read(started.output))
-        timed_out = False
-        try:
-            await asyncio.wait_for(started.proc.wait(), timeout)
-        except TimeoutError:
-            timed_out = True
-        except asyncio.CancelledError:  # the turn was stopped: the command stops with it
+        workdir = _work_folder(root, ctx.agent)
+        # Nobody asked about this call: whatever an earlier (approved) command left in the work folder's dotfiles
+        # must not configure it. A person-approved call keeps the work folder as its HOME.
+        fresh = sandbox.fresh_home() if not ctx.asked else contextlib.nullcontext(None)
+        async with fresh as fresh_home:
+            env = sandbox.environment(workdir, home=fresh_home)
+            if names:
+                if env_for is None:
+                    raise ToolError("no credentials can be passed to shell_run here")
+                secrets = await env_for(ctx, names)  # a name not stored and granted: ToolError, nothing runs
+                if clash := sorted(set(secrets) & set(env)):
+                    raise ToolError(f"a credential would replace ${clash[0]}; rename the credential")
+                env |= secrets
+            started = await sandbox.spawn(["/bin/sh", "-c", command], workdir, env, home=fresh_home)
+            output = _Capped(output_limit)
+            reader = asyncio.create_task(output.read(started.output))
+            timed_out = False
+            try:
+                await asyncio.wait_for(started.proc.wait(), timeout)
+            except TimeoutError:
+                timed_out = True
+            except asyncio.CancelledError:  # the turn was stopped: the command stops with it
+                await _end(sandbox, started, reader)
+                raise
+            # Also after a normal exit: background children die with the call, and stop holding the pipe.
             await _end(sandbox, started, reader)
-            raise
-        # Also after a normal exit: background children die with the call, and stop holding the pipe.
-        await _end(sandbox, started, reader)
         text = output.text()
         status = f"timed out after {timeout} s (killed)" if timed_out else f"exit code {started.proc.returncode}"
         return f"{status}\n--- output ---\n{text}" if text else f"{status}\n(no output)"
 
     sandboxed = sandbox.name != "none"
     where = "in a sandbox on the bot's host" if sandboxed else "on the bot's host"
+    folder = sandbox.inside(root / "<agent>")
     tmp = "; /tmp starts empty each time" if sandboxed else ""
     return Tool(
         name="shell_run",
         description=(f"Run a shell command (/bin/sh -c) {where} and return its exit code and output. It runs in "
-                     f"{sandbox.inside(workdir)}, which is also $HOME and keeps its files between calls{tmp}; "
-                     "every process it starts is killed when it ends. Stored credentials are not in its "
-                     "environment unless you name them in `credentials` (github.token becomes $GITHUB_TOKEN): "
+                     f"{folder}, your agent's own work folder, which keeps its files between calls{tmp}. $HOME is "
+                     "that folder when a person approved the call; a call that runs without anyone being asked gets "
+                     "a new, empty $HOME. Every process it starts is killed when it ends. Stored credentials are not "
+                     "in its environment unless you name them in `credentials` (github.token becomes $GITHUB_TOKEN): "
                      "name only the ones this command needs. A person must approve each call."),
         parameters={
             "type": "object",
@@ -85,6 +102,31 @@ def shell_run_tool(home: Path, sandbox: Sandbox, *, default_timeout_s: int = 60,
         timeout_s=max_timeout_s + 10,
         pattern_arg="command",
     )
+
+
+def _work_folder(root: Path, agent: str) -> Path:
+    """The agent's own work folder, ``$BOT_HOME/work/<agent>``, created 0700 on first use. Refused (nothing runs):
+    an agent name that is not one plain path component, and a folder that is not a plain folder of the bot's user.
+    The old shared work folder may hold what earlier commands left, such as a link named like an agent: bound as
+    ``/work``, it would hand a command what it points to (BOT_HOME itself)."""
+    if not AGENT_NAME.fullmatch(agent):
+        raise ToolError(f"the agent name {agent!r} cannot name a work folder, so the command did not run")
+    folder = root / agent
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=0o700, parents=True)
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    # Only the agent's folder: $BOT_HOME/work itself may be an operator's link to another disk, and no sandboxed
+    # command can reach it (each sees its own folder only).
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        log.warning("shell_run refused: %s is not a plain folder of the bot's user (a link, a file or another "
+                    "user's); move it away", folder)
+        raise ToolError(f"the work folder of agent {agent} ($BOT_HOME/{WORK_DIR}/{agent}) is not a plain folder "
+                        "of the bot's own, so the command did not run; an operator must move it away")
+    if stat.S_IMODE(info.st_mode) & 0o077:  # made looser since (by an approved command): others keep out
+        os.chmod(folder, 0o700)
+    return folder
 
 
 async def _end(sandbox: Sandbox, started: Started, reader: asyncio.Task[None]) -> None:

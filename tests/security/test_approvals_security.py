@@ -189,7 +189,7 @@ async def test_a_click_after_expiry_is_told_so_and_nothing_runs(
     request = await gateway.app.approvals.get(request_id)
     assert request is not None and request.status == ApprovalStatus.EXPIRED
     assert "expired: nobody decided within" in fake_llm.requests[-1]["messages"][-1]["content"]
-    assert not (tmp_path / "home" / "work" / "clicked-too-late").exists()
+    assert not (tmp_path / "home" / "work" / "default" / "clicked-too-late").exists()
     assert await gateway.app.approvals.grants() == []
     # The web chat's way in (the broker) refuses just the same.
     late = await gateway.app.approvals.decide(request_id, "approve", by="web", operator=True)
@@ -200,7 +200,7 @@ async def test_the_cli_cannot_approve_after_expiry_even_while_the_bot_is_down(
     tmp_path: Path, unused_port: int, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
     env = slack_env(fake_slack, fake_llm, unused_port) | {"APPROVAL_POLL_S": "0.1", "SHELL_SANDBOX": "none"}
-    marker = tmp_path / ".bot" / "work" / "approved-too-late"
+    marker = tmp_path / ".bot" / "work" / "default" / "approved-too-late"
     fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "touch approved-too-late"})]))
     bot = await BotProcess(tmp_path, env).start()
     await send_event(bot, mention("run it"), "EvLate")
@@ -285,7 +285,7 @@ async def test_a_call_whose_arguments_cannot_be_shown_is_refused(
     told = str(fake_llm.requests[-1]["messages"][-1]["content"])
     assert "too long to show" in told and "did not run" in told
     pending = await gateway.app.approvals.pending()
-    assert pending == [] and not (tmp_path / "home" / "work" / "refused").exists()
+    assert pending == [] and not (tmp_path / "home" / "work" / "default" / "refused").exists()
 
 
 # -- point 8: destination grants ------------------------------------------------------------------
@@ -410,7 +410,7 @@ async def test_a_turn_failed_by_restarts_takes_its_pending_approval_with_it(
 
     env = slack_env(fake_slack, fake_llm, unused_port) | {"APPROVAL_POLL_S": "0.1", "BOT_APPROVERS": "UAPPROVER",
                                                              "LEASE_TTL_S": "1"}  # PostgreSQL: a dead holder's lease
-    log = tmp_path / ".bot" / "work" / "log"
+    log = tmp_path / ".bot" / "work" / "default" / "log"
     thread = "1712345678.000100"
     bot = BotProcess(tmp_path, env)
     reader = Database(bot.env.get("DATABASE_URL") or f"sqlite:///{tmp_path / '.bot' / 'bot.db'}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
@@ -50,18 +51,23 @@ def test_bubblewrap_works_where_it_is_required() -> None:
     assert BWRAP, "BOT_REQUIRE_SANDBOX=1 but bubblewrap is missing or cannot create namespaces"
 
 
-def _ctx(agent: str = "default") -> Any:
+def _ctx(agent: str = "default", *, asked: bool = True) -> Any:
     from core.tools import ToolContext
 
-    return ToolContext(session_id="s", turn_id=1, agent=agent, sender="U1")
+    return ToolContext(session_id="s", turn_id=1, agent=agent, sender="U1", asked=asked)
 
 
-async def _run(gateway: GatewayClient, args: dict[str, Any], agent: str = "default") -> str:
-    """Call the shell_run tool the wiring registered, as the runner would after an approval."""
+async def _run(gateway: GatewayClient, args: dict[str, Any], agent: str = "default", *, asked: bool = True) -> str:
+    """Call the shell_run tool the wiring registered, as the runner would after a person's approval (``asked``),
+    or after an allow rule or a grant let it run unasked."""
     tool = gateway.app.dispatcher.runner.tools.get("shell_run")
     assert tool is not None, "shell_run is not registered"
-    result: str = await tool.function(_ctx(agent), tool.parse_arguments(args))
+    result: str = await tool.function(_ctx(agent, asked=asked), tool.parse_arguments(args))
     return result
+
+
+def _output(result: str) -> str:
+    return result.split("--- output ---\n", 1)[1] if "--- output ---\n" in result else ""
 
 
 @pytest.fixture(params=["bwrap", "none"])
@@ -166,14 +172,14 @@ async def test_tmp_is_empty_work_persists_and_home_is_work(bwrapped: GatewayClie
     assert home == pwd
     second = await _run(bwrapped, {"command": "cat note.txt; ls -A /tmp | wc -l"})
     assert second.split("--- output ---\n")[1].split() == ["kept", "0"]
-    assert (tmp_path / "home" / "work" / "note.txt").read_text() == "kept\n"
+    assert (tmp_path / "home" / "work" / "default" / "note.txt").read_text() == "kept\n"
 
 
 async def test_what_a_command_creates_is_the_bot_users_alone(sandboxed: GatewayClient, tmp_path: Path) -> None:
     """Files under BOT_HOME are 0600 and folders 0700 (issue 12, point 10): commands run with umask 077."""
     out = await _run(sandboxed, {"command": "umask; mkdir made; echo x > made/file; stat -c '%a %n' made made/file"})
     assert out.split("--- output ---\n")[1].splitlines() == ["0077", "700 made", "600 made/file"], out
-    made = tmp_path / "home" / "work" / "made"
+    made = tmp_path / "home" / "work" / "default" / "made"
     assert (made.stat().st_mode & 0o777, (made / "file").stat().st_mode & 0o777) == (0o700, 0o600)
 
 
@@ -186,6 +192,149 @@ async def test_only_the_environment_it_needs(sandboxed: GatewayClient, monkeypat
     shell_own = {"PWD", "SHLVL", "_", "OLDPWD"}
     assert names - shell_own - {"BOT_SHELL_RUN"} == {"PATH", "HOME", "LANG"}, names
     assert MARKER not in out
+
+
+# -- who was asked: an unasked command loads nothing an earlier command left (issue 32, point 7) ----------
+
+# What points programs at files to load; none of it reaches a command from the bot's own environment.
+CONFIG_VARIABLES = ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "KUBECONFIG", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM",
+                    "NPM_CONFIG_USERCONFIG", "DOCKER_CONFIG", "HELM_CONFIG_HOME", "TF_CLI_CONFIG_FILE", "BASH_ENV")
+WRITE = {"command": "git config --global user.name Mallory"}  # leaves ~/.gitconfig behind
+READ = {"command": "git config --global --get user.name"}
+
+
+def _card_id(call: Any) -> str:
+    return str(call.params["blocks"][-1]["elements"][0]["value"])
+
+
+def _tool_results(fake_llm: FakeLLM) -> list[str]:
+    return [str(m["content"]) for m in fake_llm.requests[-1]["messages"] if m["role"] == "tool"]
+
+
+@pytest.fixture(params=["bwrap", "none"])
+async def ruled(request: pytest.FixtureRequest, make_settings: Any, start_gateway: Any,
+                tmp_path: Path) -> GatewayClient:
+    """A bot whose rules let ``git config --global --get …`` run unasked (the README's kind of allow rule)."""
+    if request.param == "bwrap" and not BWRAP and not REQUIRED:
+        pytest.skip("bubblewrap is missing or cannot run here")
+    config = tmp_path / "bot.toml"
+    config.write_text('[[policies]]\ntool = "shell_run"\nmatch = "git config --global --get *"\naction = "allow"\n')
+    gateway: GatewayClient = await start_gateway(make_settings(shell_sandbox=request.param, bot_config=config))
+    return gateway
+
+
+async def test_a_command_an_allow_rule_runs_loads_no_dotfile_an_approved_one_left(
+    ruled: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path,
+) -> None:
+    fake_llm.then(Reply(tool_calls=[("shell_run", WRITE)]))
+    await ruled.send_event(mention("set my git name"))
+    [card] = await fake_slack.wait_for("chat.postMessage")
+    fake_llm.then(Reply(tool_calls=[("shell_run", READ)]), Reply("done"))
+    await ruled.interact(block_action("approval:approve", _card_id(card)))
+    await fake_slack.wait_for("chat.postMessage", 2)
+    await ruled.idle()
+    approved, unasked = _tool_results(fake_llm)
+    assert approved.startswith("exit code 0"), approved
+    assert "Mallory" not in unasked, unasked  # the allow rule ran it with a fresh, empty HOME
+    posted = [json.dumps(c.params) for c in fake_slack.of("chat.postMessage")]
+    assert sum("approval:approve" in p for p in posted) == 1  # the second call was not asked
+    # The approved command kept today's HOME, the agent's work folder: the file is there, and stays.
+    assert "Mallory" in (tmp_path / "home" / "work" / "default" / ".gitconfig").read_text()
+
+
+async def test_a_command_a_grant_runs_loads_no_dotfile_an_approved_one_left(
+    sandboxed: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM,
+) -> None:
+    fake_llm.then(Reply(tool_calls=[("shell_run", WRITE)]))
+    await sandboxed.send_event(mention("set my git name"))
+    [write_card] = await fake_slack.wait_for("chat.postMessage")
+    fake_llm.then(Reply(tool_calls=[("shell_run", READ)]))
+    await sandboxed.interact(block_action("approval:approve", _card_id(write_card)))
+    read_card = (await fake_slack.wait_for("chat.postMessage", 2))[1]
+    fake_llm.then(Reply("read it"))
+    await sandboxed.interact(block_action("approval:always", _card_id(read_card)))  # a person said yes: this once
+    await fake_slack.wait_for("chat.postMessage", 3)
+    await sandboxed.idle()
+    asked = _tool_results(fake_llm)[-1]
+    assert "Mallory" in asked, asked  # approved by a person: today's HOME, the work folder
+
+    fake_llm.then(Reply(tool_calls=[("shell_run", READ)]), Reply("read it again"))
+    await sandboxed.send_event(mention("read it again"))
+    await fake_slack.wait_for("chat.postMessage", 4)
+    await sandboxed.idle()
+    granted = _tool_results(fake_llm)[-1]
+    assert granted.startswith("exit code"), granted
+    assert "Mallory" not in granted, granted  # the grant ran it, nobody was asked: a fresh HOME
+    posted = [json.dumps(c.params) for c in fake_slack.of("chat.postMessage")]
+    assert sum("approval:approve" in p for p in posted) == 2
+
+
+async def test_an_unasked_command_gets_a_new_empty_home_and_no_config_variables(
+    sandboxed: GatewayClient, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    planted = tmp_path / "planted"
+    for name in CONFIG_VARIABLES:  # in the bot's own environment (this process is the bot)
+        monkeypatch.setenv(name, str(planted))
+    monkeypatch.setenv("PATH", f".:{os.environ['PATH']}:")  # "." and "" would run ./kubectl from the work folder
+    left = await _run(sandboxed, {"command": "mkdir -p .kube && echo x > .kube/config && echo y > .npmrc"})
+    assert left.startswith("exit code 0"), left
+    first = _output(await _run(sandboxed, {"command": 'echo "$HOME"; pwd; ls -A "$HOME" | wc -l; '
+                                                      'touch "$HOME/.left-by-the-first"; env'}, asked=False))
+    home, pwd, count, *env = first.splitlines()
+    assert home != pwd and count.strip() == "0", first  # not the work folder, and empty
+    names = {line.split("=", 1)[0] for line in env if "=" in line}
+    assert names - {"PWD", "SHLVL", "_", "OLDPWD", "BOT_SHELL_RUN"} == {"PATH", "HOME", "LANG"}, names
+    assert str(planted) not in first
+    [path] = [line.removeprefix("PATH=") for line in env if line.startswith("PATH=")]
+    assert all(entry.startswith("/") for entry in path.split(":")), path
+    second = _output(await _run(sandboxed, {"command": 'ls -A "$HOME" | wc -l'}, asked=False))
+    assert second.strip() == "0"  # each unasked call has a HOME of its own
+    if sandboxed.app.settings.shell_sandbox == "none":
+        assert not await asyncio.to_thread(os.path.exists, home)  # removed after the call
+    again = _output(await _run(sandboxed, {"command": 'echo "$HOME"; pwd'}))
+    assert len(set(again.split())) == 1  # a person-approved command: HOME is still the work folder
+
+
+# -- one work folder per agent ---------------------------------------------------------------------------
+
+
+async def test_each_agent_has_its_own_work_folder(sandboxed: GatewayClient, tmp_path: Path) -> None:
+    wrote = await _run(sandboxed, {"command": "echo mine > note.txt"}, agent="default")
+    assert wrote.startswith("exit code 0"), wrote
+    other = await _run(sandboxed, {"command": "ls -A; cat note.txt"}, agent="ops")
+    assert "mine" not in other, other
+    work = tmp_path / "home" / "work"
+    assert (work / "default" / "note.txt").read_text() == "mine\n"
+    assert (work / "ops").is_dir() and not (work / "ops" / "note.txt").exists()
+    assert {(work / a).stat().st_mode & 0o777 for a in ("default", "ops")} == {0o700}
+
+
+async def test_a_work_folder_that_is_not_a_folder_of_the_bots_own_is_refused(
+    sandboxed: GatewayClient, tmp_path: Path,
+) -> None:
+    """The old shared work folder may hold what earlier commands left, such as a link named like an agent:
+    it never becomes that agent's work folder (it would mount what it points to, BOT_HOME itself here)."""
+    from core.tools import ToolError
+
+    home = tmp_path / "home"
+    (home / "work" / "ops").symlink_to(home)
+    with pytest.raises(ToolError, match="work folder"):
+        await _run(sandboxed, {"command": "cat secret.key > stolen"}, agent="ops")
+    with pytest.raises(ToolError, match="agent"):
+        await _run(sandboxed, {"command": "touch escaped"}, agent="../x")
+    assert not (home / "stolen").exists() and not (home / "x").exists()
+    assert not (home / "work" / "escaped").exists()
+
+
+def test_a_bot_home_inside_a_system_folder_is_hidden_whole() -> None:
+    """The work folder is two below BOT_HOME now: what is hidden is BOT_HOME (its key, its database), not just
+    the folder that holds the agents' work folders."""
+    from bot.sandbox import Bubblewrap
+
+    argv = Bubblewrap("/usr/bin/bwrap", network=True).argv(["true"], Path("/usr/local/bot/work/default"),
+                                                           home="/home/sandbox")
+    hidden = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--tmpfs"]
+    assert "/usr/local/bot" in hidden and "/home/sandbox" in hidden
 
 
 # -- credentials ------------------------------------------------------------------------------------
@@ -206,7 +355,7 @@ async def test_only_named_credentials_are_exported(sandboxed: GatewayClient) -> 
 
     from core.tools import ToolError
 
-    work = sandboxed.app.settings.bot_home / "work"
+    work = sandboxed.app.settings.bot_home / "work" / "default"
     for missing in (["acc.token", "nope.token"], ["ops.token"]):  # not stored; another agent's
         with pytest.raises(ToolError, match=r"no credential named '(nope|ops)\.token'"):
             await _run(sandboxed, {"command": "touch ran", "credentials": missing})
@@ -241,7 +390,7 @@ async def test_a_finished_command_leaves_nothing_running(sandboxed: GatewayClien
 
 
 async def test_cancelling_kills_every_process(sandboxed: GatewayClient, sleeper: str) -> None:
-    work = sandboxed.app.settings.bot_home / "work"
+    work = sandboxed.app.settings.bot_home / "work" / "default"
     call = asyncio.create_task(_run(sandboxed, {
         "command": ESCAPES.format(s=sleeper) + "touch started; sleep " + sleeper, "timeout_s": 60}))
     async with asyncio.timeout(5):

@@ -99,8 +99,8 @@ async def test_a_command_cannot_use_the_bots_own_listener(
 ) -> None:
     # A proxy on this machine is trusted: a command could claim to be it (X-Forwarded-Proto: https).
     gw: GatewayClient = await start_gateway(make_settings(shell_sandbox=mode, bot_trusted_proxies="127.0.0.1"))
-    work = tmp_path / "home" / "work"
-    work.mkdir(exist_ok=True)
+    work = tmp_path / "home" / "work" / "default"
+    work.mkdir(parents=True, exist_ok=True)
     (work / "probe.py").write_text(PROBE)
     base = gw.base
     victim = await _parked(gw, OTHER_CID, "fetch it", "http_request",
@@ -289,8 +289,8 @@ async def test_a_command_killed_while_it_sends_is_never_served(
     peers = gw.app.sandbox_peers
     tool = gw.app.dispatcher.runner.tools.get("shell_run")
     assert peers is not None and tool is not None
-    work = tmp_path / "home" / "work"
-    work.mkdir(exist_ok=True)
+    work = tmp_path / "home" / "work" / "default"
+    work.mkdir(parents=True, exist_ok=True)
     (work / "send.py").write_text(KEEP_SENDING)
     command = f"python3 send.py {gw.app.bound_port} {CID}"
     out = await tool.function(_ctx(), tool.parse_arguments({"command": command, "timeout_s": 1}))
@@ -310,8 +310,8 @@ async def test_a_flood_from_a_command_does_not_delay_a_local_user(
     gw: GatewayClient = await start_gateway(make_settings(shell_sandbox="bwrap"))
     tool = gw.app.dispatcher.runner.tools.get("shell_run")
     assert tool is not None
-    work = tmp_path / "home" / "work"
-    work.mkdir(exist_ok=True)
+    work = tmp_path / "home" / "work" / "default"
+    work.mkdir(parents=True, exist_ok=True)
     (work / "flood.py").write_text(FLOOD)
     port = gw.app.bound_port
     call = asyncio.ensure_future(tool.function(_ctx(), tool.parse_arguments(
@@ -342,8 +342,8 @@ async def test_a_call_ends_only_once_its_sandbox_is_empty(
     peers = gw.app.sandbox_peers
     tool = gw.app.dispatcher.runner.tools.get("shell_run")
     assert peers is not None and tool is not None
-    work = tmp_path / "home" / "work"
-    work.mkdir(exist_ok=True)
+    work = tmp_path / "home" / "work" / "default"
+    work.mkdir(parents=True, exist_ok=True)
     left: list[list[int]] = []
     begin = peers.begin
 
