@@ -3,16 +3,19 @@
 A tool's JSON Schema may come from an MCP server, i.e. from a stranger. Validation runs on the event loop,
 before any approval and at any trust level, so it must never resolve a reference (jsonschema's default
 fetches a remote ``$ref`` with ``urlopen``: a request from the bot's own process, past the egress policy)
-and never run a regular expression without a bound (``"pattern": "^(a+)+$"`` against a model-chosen
-string takes minutes). Hence: an empty reference registry, a non-local reference refused when the tool
-is read, and ``pattern`` / ``patternProperties`` matched by ``regex`` under one time budget per call.
+and never run for long: ``"pattern": "^(a|aa)+$"`` against a model-chosen string takes minutes, local
+references can fan out (17 definitions each checking the next twice: 2**17 checks) or loop for ever
+(``{"allOf": [{"$ref": "#"}]}``), and jsonschema's ``uniqueItems`` compares every pair of items that do
+not sort. Hence: an empty reference registry, a non-local reference refused when the tool is read, every
+keyword checked against one time budget per call (patterns matched by ``regex`` under what is left of
+it), ``uniqueItems`` in linear time, and a recursion that runs too deep refused like a timeout.
 """
 
 from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jsonschema
@@ -22,8 +25,9 @@ from jsonschema.protocols import Validator
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
-# Every pattern match of one call's validation shares this much time; past it the arguments are refused.
-PATTERN_BUDGET_S = 0.25
+# One call's whole check (every keyword, every pattern) shares this much time; past it the arguments are refused.
+CHECK_BUDGET_S = 0.25
+_TOO_LONG = "checking the arguments took too long (the tool's schema is too costly)"
 REFERENCE_KEYS = ("$ref", "$dynamicRef", "$recursiveRef")
 # A registry that knows no document and retrieves none: only references inside the schema itself resolve.
 _NOTHING = Registry()
@@ -34,14 +38,18 @@ class SchemaCheckError(Exception):
     """The arguments could not be checked against the schema (an unresolvable reference, a costly pattern)."""
 
 
-def _search(pattern: str, text: str) -> bool:
+def _remaining() -> float:
     remaining = _deadline.get() - time.monotonic()
     if remaining <= 0:
-        raise SchemaCheckError("checking the arguments' patterns took too long")
+        raise SchemaCheckError(_TOO_LONG)
+    return remaining
+
+
+def _search(pattern: str, text: str) -> bool:
     try:
-        return regex.search(pattern, text, timeout=remaining) is not None
+        return regex.search(pattern, text, timeout=_remaining()) is not None
     except TimeoutError as exc:
-        raise SchemaCheckError("checking the arguments' patterns took too long") from exc
+        raise SchemaCheckError(_TOO_LONG) from exc
     except regex.error as exc:
         raise SchemaCheckError(f"the schema's pattern {pattern[:80]!r} is not a valid regular expression") from exc
 
@@ -61,8 +69,50 @@ def _pattern_properties(validator: Validator, patterns: dict[str, Any], instance
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
+def _unique_key(value: Any) -> Any:
+    """A hashable stand-in equal for exactly the values JSON Schema calls equal: 1 == 1.0, True != 1,
+    objects whatever their key order."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return (type(value).__name__, value)
+    if isinstance(value, int | float):
+        return ("number", value)  # Python already has 1 == 1.0 and hash(1) == hash(1.0)
+    if isinstance(value, list):
+        return ("array", tuple(_unique_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("object", frozenset((k, _unique_key(v)) for k, v in value.items()))
+    return ("other", repr(value))
+
+
+def _unique_items(validator: Validator, unique: bool, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if not unique or not validator.is_type(instance, "array"):
+        return
+    seen: set[Any] = set()
+    for item in instance:
+        key = _unique_key(item)
+        if key in seen:
+            yield ValidationError(f"{str(instance)[:200]} has non-unique elements")
+            return
+        seen.add(key)
+
+
+Keyword = Callable[[Validator, Any, Any, Any], Iterable[ValidationError] | None]
+
+
+def _on_budget(keyword: Keyword) -> Keyword:
+    """``keyword`` checked against the call's deadline first: a schema whose references fan out reaches
+    its keywords an exponential number of times, and each reach costs at least this check."""
+
+    def bounded(validator: Validator, value: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+        _remaining()
+        yield from keyword(validator, value, instance, schema) or ()
+
+    return bounded
+
+
+_KEYWORDS: dict[str, Keyword] = {**Draft202012Validator.VALIDATORS, "pattern": _pattern,
+                                 "patternProperties": _pattern_properties, "uniqueItems": _unique_items}
 _BoundedValidator = jsonschema.validators.extend(
-    Draft202012Validator, {"pattern": _pattern, "patternProperties": _pattern_properties})
+    Draft202012Validator, {name: _on_budget(check) for name, check in _KEYWORDS.items()})
 
 
 def nonlocal_reference(schema: Any) -> str | None:
@@ -90,10 +140,12 @@ class ArgumentSchema:
 
     def first_error(self, args: dict[str, Any]) -> ValidationError | None:
         """The most relevant violation, or None; SchemaCheckError when the check itself cannot be done."""
-        token = _deadline.set(time.monotonic() + PATTERN_BUDGET_S)
+        token = _deadline.set(time.monotonic() + CHECK_BUDGET_S)
         try:
             return jsonschema.exceptions.best_match(self._validator.iter_errors(args))
         except Unresolvable as exc:
             raise SchemaCheckError(f"the schema refers to {str(exc)[:120]}, which is not resolved") from exc
+        except RecursionError as exc:  # a reference that leads back to itself without descending
+            raise SchemaCheckError("the tool's schema refers to itself without end") from exc
         finally:
             _deadline.reset(token)

@@ -96,11 +96,16 @@ class Tool:
                 args = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise ToolError(f"arguments for {self.name} are not valid JSON: {exc.msg}") from exc
+            except RecursionError as exc:  # thousands of nested brackets: refused like any bad argument
+                raise ToolError(f"arguments for {self.name} are nested too deeply") from exc
         if not isinstance(args, dict):
             raise ToolError(f"arguments for {self.name} must be a JSON object")
         # Refused, not repaired: a repaired command is not the one written, and a NUL or a lone
         # surrogate could never be stored (grants, cards) nor run.
-        problem = tree_problem(args)
+        try:
+            problem = tree_problem(args)
+        except RecursionError as exc:
+            raise ToolError(f"arguments for {self.name} are nested too deeply") from exc
         if problem is not None:
             raise ToolError(f"arguments for {self.name} contain {problem}")
         try:

@@ -314,3 +314,24 @@ async def test_an_http_allow_rule_that_names_a_header_runs_a_call_carrying_only_
     await gateway.send_event(mention("status with a cookie?"))
     [_answer, card] = await fake_slack.wait_for("chat.postMessage", 2)
     assert "approval:approve" in json.dumps(card.params["blocks"]) and len(site.seen) == 1
+
+
+async def test_an_http_allow_rule_asks_about_an_authorization_header_hidden_in_the_url(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path, site: Site
+) -> None:
+    """Attack on 32.3: credentials in the URL (``user:password@``) are sent by aiohttp as an Authorization header
+    the rule never names, and a deny rule on that header does not see it either. A rule with a host glob
+    (``GET https://*.example.com/*``, here ``GET http://*/status/*``) runs it unasked."""
+    port = site.url.rsplit(":", 1)[1]
+    gateway = await _start(make_settings, start_gateway, tmp_path,
+                           '[[policies]]\ntool = "http_request"\nmatch = "*"\naction = "deny"\n'
+                           'headers = ["Authorization: *"]\n\n'
+                           '[[policies]]\ntool = "http_request"\nmatch = "GET http://*/status/*"\naction = "allow"\n',
+                           http_allow_hosts="127.0.0.1")
+    url = f"http://admin:s3cret@127.0.0.1:{port}/status/now"
+    fake_llm.then(Reply(tool_calls=[("http_request", {"method": "GET", "url": url})]), Reply("fetched"))
+    await gateway.send_event(mention("status?"))
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    sent = [headers.get("Authorization") for _m, _p, headers, _b in site.seen]
+    assert sent == [], f"sent unasked, past a deny rule on Authorization: {sent}"

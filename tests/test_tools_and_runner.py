@@ -100,7 +100,7 @@ def test_a_backtracking_pattern_is_cut_off_not_run_for_minutes(where: str) -> No
     else:
         tool = make_tool("redos", parameters={"type": "object", "patternProperties": {bad: {"type": "string"}}})
         args = {subject: "x"}
-    with pytest.raises(ToolError, match="could not be checked: checking the arguments' patterns took too long"):
+    with pytest.raises(ToolError, match="could not be checked: checking the arguments took too long"):
         tool.parse_arguments(args)
     # Ordinary patterns still decide as before.
     good = make_tool("ok", parameters={"type": "object", "properties": {"q": {"type": "string", "pattern": "^a+$"}}})

@@ -68,6 +68,8 @@ def redirect_refusal(current: URL, target: URL) -> str | None:
         return "redirected from https to http (the request would travel in clear)"
     if target.port != current.port and not (current.scheme == "http" and target.scheme == "https"):
         return "redirected to another port"
+    if target.raw_user is not None or target.raw_password is not None:
+        return "redirected to a URL with a user name or password in it (it would be sent as Authorization)"
     return None
 
 
@@ -88,6 +90,10 @@ def http_request_tool(*, timeout_s: float = 30, max_bytes: int = 1_000_000,
             raise ToolError("url is not a valid URL") from None
         if url.scheme not in ("http", "https") or not url.raw_host:
             raise ToolError("url must be an absolute http:// or https:// URL")
+        if url.raw_user is not None or url.raw_password is not None:
+            # aiohttp would send it as an Authorization header that no policy rule saw (core.policies: headers)
+            raise ToolError("http_request refused: the url carries a user name or password (user:password@host); "
+                            "name a stored credential with credential=NAME instead")
         headers = {str(k): str(v) for k, v in (args.get("headers") or {}).items()}
         if (problem := header_problem(headers)) is not None:
             raise ToolError(f"http_request refused: {problem}")

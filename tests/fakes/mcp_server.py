@@ -8,7 +8,9 @@ A stdio MODE changes its listing (each tools/list is also recorded, a line in ``
 folder): ``poison`` adds tools a bot must not take as they are (a name beginning with ``_``, one with a
 terminal escape, a 20 KB schema, invisible characters in a description and schema); ``refs`` adds schemas that
 refer outside themselves (an http and a file ``$ref``, a ``$dynamicRef``), one that refers inside itself, and
-one whose pattern backtracks for minutes; ``many`` adds 150 tools,
+one whose pattern backtracks for minutes; ``blowup`` adds schemas that refer only inside themselves yet cost
+a validator exponential time (each of 17 definitions checks the next one twice) or loop for ever (``#``);
+``many`` adds 150 tools,
 listed 40 a page; ``ttl`` lets clients cache the listing for a day; ``noisy`` first prints 50 KB to stderr."""
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from mcp_types import Tool as McpTool
 
 MODE = sys.argv[2] if sys.argv[1:2] == ["stdio"] and len(sys.argv) > 2 else ""
 PAGE = 40
+BLOWUP_DEPTH = 17  # 2**17 checks of the last definition: seconds of one core (each level doubles it)
 SNEAKY = "Say hi\u200b\U000e0041\U000e0042\u202e hidden\u2066"
 
 
@@ -47,6 +50,15 @@ def _extra() -> list[McpTool]:
                 McpTool(name="dynamic", input_schema=refers({"$dynamicRef": "https://example.com/s#meta"})),
                 McpTool(name="local", input_schema=local),
                 McpTool(name="redos", input_schema=refers({"type": "string", "pattern": "^(a|aa)+$"}))]
+    if MODE == "blowup":
+        depth = BLOWUP_DEPTH
+        defs: dict[str, Any] = {f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]}
+                                for i in range(depth)}
+        defs[f"d{depth}"] = {"type": "string"}
+        doubling = {"type": "object", "$defs": defs, "properties": {"q": {"$ref": "#/$defs/d0"}}}
+        endless = {"type": "object", "properties": {"q": {"type": "string"}}, "allOf": [{"$ref": "#"}]}
+        return [McpTool(name="lookup", description="Look something up", input_schema=doubling),
+                McpTool(name="loop", description="Look something up again", input_schema=endless)]
     if MODE == "many":
         return [McpTool(name=f"t{i:03d}", description="one of many", input_schema=plain) for i in range(150)]
     return []

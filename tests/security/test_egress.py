@@ -312,6 +312,9 @@ def test_redirect_rule() -> None:
     assert not refused("https://api.example/a", "https://API.example/b")
     assert not refused("http://api.example/a", "https://api.example/b")  # an upgrade is fine
     assert not refused("http://api.example:8080/a", "http://api.example:8080/b")
+    # user:password@ would go out as an Authorization header no policy rule saw (review of issue 32.3)
+    assert refused("https://api.example/a", "https://admin:pw@api.example/b")
+    assert refused("https://api.example/a", "https://admin@api.example/b")
 
 
 def _self_signed(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
