@@ -16,7 +16,7 @@ from bot.connections_config import build_connections
 from bot.egress import EgressPolicy
 from bot.errors import Failed
 from bot.health import healthz, readyz_handler, until_ready
-from bot.home import secure_home
+from bot.home import sandbox_hidden, secure_home
 from bot.http_headers import server_app
 from bot.keys import load_keyring
 from bot.mcp.manager import McpServers, audit_to
@@ -237,7 +237,7 @@ def build_application(
     )
     credentials.redactor.add_static(setting_secrets(settings))
     egress = EgressPolicy.from_settings(settings)
-    shell = probe_sandbox(settings.shell_sandbox, network=settings.shell_network)
+    shell = probe_sandbox(settings.shell_sandbox, network=settings.shell_network, hide=sandbox_hidden(settings))
     shell.log()  # without a working sandbox shell_run is off, and the log says how to fix it
     peers = SandboxPeers()  # a command's processes must not be "this machine" to our own server
     if shell.sandbox is not None:

@@ -162,9 +162,10 @@ async def _keys(settings: Settings) -> list[Check]:
 
 def _trust_boundary(settings: Settings) -> list[Check]:
     """The sandbox shell_run runs in, where http_request may connect, and who may approve commands."""
+    from bot.home import sandbox_hidden
     from bot.sandbox import Bubblewrap, probe
 
-    found = probe(settings.shell_sandbox, network=settings.shell_network)
+    found = probe(settings.shell_sandbox, network=settings.shell_network, hide=sandbox_hidden(settings))
     checks = [Check("sandbox", True, found.summary, found.fix, warning=not isinstance(found.sandbox, Bubblewrap)),
               _egress(settings)]
     if found.sandbox is not None and settings.slack_mode is not None:  # shell_run is offered
@@ -351,6 +352,7 @@ _MCP_FIX = {
 
 async def _mcp_servers(settings: Settings) -> list[Check]:
     """Start each [[mcp_servers]] entry once, list its tools, stop it: what `bot run` would get."""
+    from bot.home import sandbox_hidden
     from bot.mcp.manager import McpServers
     from bot.mcp.spec import load_mcp_servers
     from bot.sandbox import probe
@@ -370,8 +372,8 @@ async def _mcp_servers(settings: Settings) -> list[Check]:
 
     try:
         async with _core() as core:
-            servers = McpServers(specs, home=settings.bot_home.resolve(),
-                                 sandbox=probe(settings.shell_sandbox, network=settings.shell_network).sandbox,
+            found = probe(settings.shell_sandbox, network=settings.shell_network, hide=sandbox_hidden(settings))
+            servers = McpServers(specs, home=settings.bot_home.resolve(), sandbox=found.sandbox,
                                  audit=nothing, env_for=core.credentials.env_for,
                                  credential_headers=core.credentials.headers_for)
             try:

@@ -27,6 +27,7 @@ from bot.settings import Settings
 log = logging.getLogger(__name__)
 
 WORK_DIR = "work"
+HOMES_DIR = "homes"  # the agents' kept HOMEs, seen only by the shell_run calls people approved (bot.tools.shell)
 _SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
@@ -59,6 +60,14 @@ def home_problems(settings: Settings) -> list[str]:
         if mode & 0o077:
             found.append(f"{path} is open to other users (mode {mode:o})")
     return found
+
+
+def sandbox_hidden(settings: Settings) -> list[Path]:
+    """What a ``shell_run`` command must never see, by the paths settings name (bot.sandbox hides those under a
+    system folder it shows): BOT_HOME, the SQLite files, and the ``.env`` the settings were read from."""
+    database = sqlite_path(settings)
+    sqlite = [Path(f"{database}{side}") for side in ("", *_SQLITE_SIDE_FILES)] if database is not None else []
+    return [settings.bot_home.absolute(), *sqlite, Path(".env").absolute()]
 
 
 def sqlite_path(settings: Settings) -> Path | None:

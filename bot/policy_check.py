@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,14 +26,20 @@ BUILTIN_RISK = {"shell_run": Risk.GATED, "http_request": Risk.GATED, "message_se
 
 # Flags that make a program load a file (a config, manifests, values, plugins, a program to run): an earlier,
 # approved command may have left one in the work folder, and an allow rule would then run it unasked. "Global"
-# flags count only right after the program's name (before its subcommand); the others anywhere.
+# flags count only right after the program's name (before its subcommand); the others anywhere. Not a complete
+# list: a warning for the common ways in, never a guarantee.
 LOADING_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # program: (anywhere, global only)
     "kubectl": (("--kubeconfig", "-f", "--filename", "-k", "--kustomize"), ()),
-    "git": ((), ("-c", "--config-env", "--exec-path", "-C")),
-    "helm": (("--kubeconfig", "-f", "--values", "--post-renderer"), ()),
-    "npm": (("--userconfig", "--globalconfig", "--prefix"), ()),
+    # after the subcommand: programs to run (grep -O, fetch/ls-remote/clone --upload-pack or -u, push
+    # --receive-pack/--exec) and a template or config for a new repository (clone)
+    "git": (("-O", "--open-files-in-pager", "--upload-pack", "-u", "--receive-pack", "--exec", "--template",
+             "--config"),
+            ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-tree")),
+    "helm": (("--kubeconfig", "-f", "--values", "--post-renderer", "--repository-config", "--registry-config"), ()),
+    "npm": (("--userconfig", "--globalconfig", "--prefix", "--script-shell"), ()),
     "terraform": (("-var-file", "-plugin-dir"), ("-chdir",)),
 }
+_CLASS = re.compile(r"\[!?\]?[^\]]*\]")  # a glob's character class, as fnmatch reads it
 
 
 def loading_flags(policy: Policy) -> tuple[str, tuple[str, ...]] | None:
@@ -42,7 +49,10 @@ def loading_flags(policy: Policy) -> tuple[str, tuple[str, ...]] | None:
     if policy.action is not PolicyAction.ALLOW or policy.match is None \
             or not fnmatch.fnmatchcase(SHELL_TOOL, policy.tool):
         return None
-    head, _, rest = policy.match.strip().partition(" ")
+    # A character class or a "?" stands for one character the glob admits: one it admits takes its place, so
+    # "kubectl get [a-z]*" is read as "kubectl get a*" (and admits "kubectl get a --kubeconfig=x").
+    plain = _CLASS.sub(lambda found: _admitted(found.group()), policy.match.strip()).replace("?", "a")
+    head, _, rest = plain.partition(" ")
     if head.endswith("*"):  # "git*": the star takes the space and whatever follows
         head, rest = head[:-1], f"*{rest}"
     program = head.rsplit("/", 1)[-1]
@@ -51,7 +61,14 @@ def loading_flags(policy: Policy) -> tuple[str, tuple[str, ...]] | None:
     anywhere, global_only = LOADING_FLAGS[program]
     found = [flag for flag in anywhere if _admits(policy.match, head, rest, flag, first=False)]
     found += [flag for flag in global_only if _admits(policy.match, head, rest, flag, first=True)]
+    found = list(dict.fromkeys(found))
     return (program, tuple(found)) if found else None
+
+
+def _admitted(char_class: str) -> str:
+    """One character ``char_class`` (``[a-z]``, ``[!0-9]``) matches, preferring a letter; itself when none does."""
+    return next((c for c in "abcdefghijklmnopqrstuvwxyz0123456789-_./=" if fnmatch.fnmatchcase(c, char_class)),
+                char_class)
 
 
 def _admits(glob: str, head: str, rest: str, flag: str, *, first: bool) -> bool:

@@ -2,10 +2,12 @@
 
 In the sandbox a command sees the system read-only, its agent's work folder read-write (as ``/work``), an
 empty ``/tmp``, its own ``/proc`` (own PID, IPC and UTS namespaces), and no part of BOT_HOME besides that
-folder: not the bot's environment, database or keys. Its HOME is the work folder when a person approved the
-call; a call that runs unasked (an allow rule, a grant) gets a new, empty HOME instead (``fresh_home``), so no
-dotfile an earlier command left there (``.gitconfig``, ``.kube/config``, ``.npmrc``) is loaded. Nothing else
-of the bot's environment reaches a command (no ``KUBECONFIG``, ``XDG_CONFIG_HOME``…), in either mode.
+folder: not the bot's environment, database or keys. Its HOME is never the work folder, which unasked commands
+write to: a call a person approved gets its agent's own kept HOME (``kept_home``: ``$BOT_HOME/homes/<agent>``,
+mounted only for such calls), a call that runs unasked (an allow rule, a grant) a new, empty one
+(``fresh_home``). So no dotfile one kind of call left (``.gitconfig``, ``.kube/config``, ``.npmrc``)
+configures the other. Nothing else of the bot's environment reaches a command (no ``KUBECONFIG``,
+``XDG_CONFIG_HOME``…), in either mode.
 
 Killing the namespace's first process kills everything the command started, however it detached, so nothing
 outlives the call; and once that first process has exited, the kernel has already reaped every other process
@@ -47,7 +49,7 @@ from bot.sandbox_peers import SandboxPeers
 log = logging.getLogger(__name__)
 
 WORK = "/work"  # where the work folder appears inside the sandbox
-FRESH_HOME = "/home/sandbox"  # inside the sandbox: an unasked call's HOME, a tmpfs of its own that ends with it
+CALL_HOME = "/home/sandbox"  # inside the sandbox: a call's HOME (its agent's kept one, or a tmpfs of its own)
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FIX = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) where unprivileged user namespaces "
        "are allowed, or set SHELL_SANDBOX=none to run commands unsandboxed (accepting that an approved "
@@ -90,6 +92,15 @@ class Started:
         _release(init, self.ended)
 
 
+@dataclass(frozen=True)
+class Home:
+    """The HOME one call gets: ``inside``, its path as the command sees it; ``kept``, the host folder mounted there
+    (the agent's own, kept between the calls people approved), or None for a new, empty one."""
+
+    inside: str
+    kept: Path | None = None
+
+
 class Sandbox(ABC):
     """Starts a command with its work folder and environment; kills it and everything it started."""
 
@@ -99,9 +110,9 @@ class Sandbox(ABC):
     reports_init = False  # bwrap tells which process is its namespace's first (--info-fd)
 
     @abstractmethod
-    def environment(self, workdir: Path, *, home: str | None = None) -> dict[str, str]:
-        """The whole environment a command gets, before the credentials the call names. ``home``: a fresh HOME
-        (``fresh_home``) instead of the work folder."""
+    def environment(self, workdir: Path, *, home: Home | None = None) -> dict[str, str]:
+        """The whole environment a command gets, before the credentials the call names. ``home``: the call's own
+        (``kept_home`` or ``fresh_home``); None (an MCP server): its work folder."""
 
     @abstractmethod
     def inside(self, workdir: Path) -> str:
@@ -109,19 +120,23 @@ class Sandbox(ABC):
 
     @abstractmethod
     def argv(self, command: Sequence[str], workdir: Path, *, info_fd: int | None = None,
-             home: str | None = None) -> list[str]:
+             home: Home | None = None) -> list[str]:
         """What to execute on the host for ``command`` (``info_fd``: where bwrap reports its first process;
-        ``home``: the fresh HOME from ``fresh_home``, if the call has one)."""
+        ``home``: the call's HOME, if it has one of its own)."""
 
     @abstractmethod
-    def fresh_home(self) -> contextlib.AbstractAsyncContextManager[str]:
-        """A new, empty HOME for one call (its path as the command sees it), gone once the call has ended."""
+    def fresh_home(self) -> contextlib.AbstractAsyncContextManager[Home]:
+        """A new, empty HOME for one call, gone once the call has ended."""
+
+    @abstractmethod
+    def kept_home(self, folder: Path) -> Home:
+        """``folder`` (the agent's kept HOME on the host) as a call's HOME."""
 
     @abstractmethod
     def _kill_all(self, proc: asyncio.subprocess.Process, env: Mapping[str, str], init: int | None) -> None: ...
 
     async def spawn(self, command: Sequence[str], workdir: Path, env: Mapping[str, str], *,
-                    home: str | None = None) -> Started:
+                    home: Home | None = None) -> Started:
         # Output goes to a pipe of our own, not asyncio's: its wait() would also wait for every process
         # holding the pipe (a background child), and we want the command's own exit.
         read_fd, write_fd = os.pipe()
@@ -185,23 +200,30 @@ class Bubblewrap(Sandbox):
     name = "bwrap"
     reports_init = True
 
-    def __init__(self, bwrap: str, *, network: bool, user_flags: Sequence[str] = ()) -> None:
+    def __init__(self, bwrap: str, *, network: bool, user_flags: Sequence[str] = (), hide: Sequence[Path] = ()) -> None:
         self.bwrap = bwrap
         self.network = network
         self.user_flags = tuple(user_flags)  # the user-namespace flags the probe found working
+        # The bot's own files (BOT_HOME, the database, .env) by the paths settings name them: hidden wherever they
+        # sit under a system folder the sandbox shows, whatever links lead from or to them.
+        self.hide = tuple(hide)
 
     def inside(self, workdir: Path) -> str:
         return WORK
 
-    def environment(self, workdir: Path, *, home: str | None = None) -> dict[str, str]:
-        return {"PATH": SANDBOX_PATH, "HOME": home or WORK, "LANG": os.environ.get("LANG") or "C.UTF-8"}
+    def environment(self, workdir: Path, *, home: Home | None = None) -> dict[str, str]:
+        return {"PATH": SANDBOX_PATH, "HOME": home.inside if home else WORK,
+                "LANG": os.environ.get("LANG") or "C.UTF-8"}
 
     @contextlib.asynccontextmanager
-    async def fresh_home(self) -> AsyncIterator[str]:
-        yield FRESH_HOME  # a tmpfs in the call's own mount namespace (argv): nothing on the host to remove
+    async def fresh_home(self) -> AsyncIterator[Home]:
+        yield Home(CALL_HOME)  # a tmpfs in the call's own mount namespace (argv): nothing on the host to remove
+
+    def kept_home(self, folder: Path) -> Home:
+        return Home(CALL_HOME, folder)
 
     def argv(self, command: Sequence[str], workdir: Path, *, info_fd: int | None = None,
-             home: str | None = None) -> list[str]:
+             home: Home | None = None) -> list[str]:
         args = [self.bwrap, *self.user_flags, "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--new-session",
                 "--cap-drop", "ALL"]
@@ -219,15 +241,17 @@ class Bubblewrap(Sandbox):
         for pattern in _ETC:
             for entry in sorted(glob.glob(f"/etc/{pattern}")):
                 args += ["--ro-bind-try", entry, entry]
-        bound = ["/usr", "/etc", *(f"/{n}" for n in _SYSTEM_DIRS)]
-        # BOT_HOME inside a system directory: hide it whole. Every folder a command runs in is two below it
-        # ($BOT_HOME/work/<agent>, $BOT_HOME/mcp/<server>).
-        bot_home = workdir.resolve().parent.parent
-        if any(bot_home.is_relative_to(b) for b in bound):
-            args += ["--tmpfs", str(bot_home)]
+        bound = [Path(p) for p in ("/usr", "/etc", *(f"/{n}" for n in _SYSTEM_DIRS))]
+        # The bot's files inside a system directory: hidden whole, by every path that names them (BOT_HOME as set
+        # and as resolved; every folder a command runs in is two below it: $BOT_HOME/work/<agent>,
+        # $BOT_HOME/mcp/<server>, whose own links may lead anywhere).
+        for path in _hidden(bound, (*self.hide, workdir.absolute().parent.parent, workdir.resolve().parent.parent)):
+            args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
-        if home is not None:
-            args += ["--tmpfs", home]
+        if home is not None and home.kept is not None:
+            args += ["--bind", str(home.kept.resolve()), home.inside]
+        elif home is not None:
+            args += ["--tmpfs", home.inside]
         args += ["--bind", str(workdir.resolve()), WORK, "--chdir", WORK, "--remount-ro", "/", *command]
         return args
 
@@ -253,24 +277,28 @@ class Unsandboxed(Sandbox):
     def inside(self, workdir: Path) -> str:
         return str(workdir)
 
-    def environment(self, workdir: Path, *, home: str | None = None) -> dict[str, str]:
+    def environment(self, workdir: Path, *, home: Home | None = None) -> dict[str, str]:
         # The bot's PATH, but never a relative entry ("." or an empty one): a command would run a program an
         # earlier command left in the work folder under a well-known name.
         path = ":".join(p for p in (os.environ.get("PATH") or "").split(":") if os.path.isabs(p))
-        env = {"PATH": path or SANDBOX_PATH, "HOME": home or str(workdir), "LANG": os.environ.get("LANG") or "C.UTF-8"}
+        env = {"PATH": path or SANDBOX_PATH, "HOME": home.inside if home else str(workdir),
+               "LANG": os.environ.get("LANG") or "C.UTF-8"}
         env[_MARKER] = secrets.token_hex(12)
         return env
 
     @contextlib.asynccontextmanager
-    async def fresh_home(self) -> AsyncIterator[str]:
+    async def fresh_home(self) -> AsyncIterator[Home]:
         made = tempfile.TemporaryDirectory(prefix="bot-home-", ignore_cleanup_errors=True)  # 0700, a new name
         try:
-            yield made.name
+            yield Home(made.name)
         finally:  # after the kill: a command may have filled it (a cache), so not on the event loop
             await asyncio.to_thread(made.cleanup)
 
+    def kept_home(self, folder: Path) -> Home:
+        return Home(str(folder), folder)
+
     def argv(self, command: Sequence[str], workdir: Path, *, info_fd: int | None = None,
-             home: str | None = None) -> list[str]:
+             home: Home | None = None) -> list[str]:
         return list(command)
 
     def _kill_all(self, proc: asyncio.subprocess.Process, env: Mapping[str, str], init: int | None) -> None:
@@ -336,8 +364,9 @@ class Probe:
             log.warning("%s; to fix: %s", self.summary, self.fix)
 
 
-def probe(mode: str, *, network: bool = True) -> Probe:
-    """Find a working sandbox once, at start, by running a trivial command in it."""
+def probe(mode: str, *, network: bool = True, hide: Sequence[Path] = ()) -> Probe:
+    """Find a working sandbox once, at start, by running a trivial command in it. ``hide``: the bot's own files
+    (``bot.home.private_paths``), never shown to a command."""
     if mode == "none":
         return Probe(mode, Unsandboxed())
     bwrap = shutil.which("bwrap")
@@ -351,7 +380,7 @@ def probe(mode: str, *, network: bool = True) -> Probe:
     errors: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bot-sandbox-probe-") as scratch:
         for flags in candidates:
-            sandbox = Bubblewrap(bwrap, network=network, user_flags=flags)
+            sandbox = Bubblewrap(bwrap, network=network, user_flags=flags, hide=hide)
             try:
                 done = subprocess.run(sandbox.argv(["/bin/sh", "-c", "exit 0"], Path(scratch)), capture_output=True,
                                       text=True, timeout=10, env=sandbox.environment(Path(scratch)), check=False)
@@ -362,6 +391,17 @@ def probe(mode: str, *, network: bool = True) -> Probe:
                 return Probe(mode, sandbox, version=_version(bwrap))
             errors.append((done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1])
     return Probe(mode, None, f"bubblewrap cannot create its namespaces here ({errors[0]})")
+
+
+def _hidden(bound: Sequence[Path], paths: Sequence[Path]) -> list[Path]:
+    """Those of ``paths`` that exist strictly below a folder the sandbox shows (a folder once, with nothing
+    below it listed again)."""
+    found: list[Path] = []
+    for path in sorted({p for p in (*paths, *(p.resolve() for p in paths)) if p.is_absolute()}):
+        if (any(path.is_relative_to(b) and path != b for b in bound) and path.exists()
+                and not any(path.is_relative_to(f) for f in found)):
+            found.append(path)
+    return found
 
 
 def _version(bwrap: str) -> str:

@@ -383,7 +383,9 @@ def test_policies_check_takes_a_call_s_headers_and_body(tmp_path: Path, monkeypa
 # -- allow rules whose glob admits flags that load files (issue 32, point 7) ------------------------------
 
 KUBECTL = ("--kubeconfig", "-f", "--filename", "-k", "--kustomize")
-GIT = ("-c", "--config-env", "--exec-path", "-C")  # before the subcommand only
+GIT_ANYWHERE = ("-O", "--open-files-in-pager", "--upload-pack", "-u", "--receive-pack", "--exec", "--template",
+                "--config")  # after the subcommand too: programs to run, a template or config for a clone
+GIT = (*GIT_ANYWHERE, "-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-tree")  # the rest: first only
 
 
 @pytest.mark.parametrize(("match", "flags"), [
@@ -394,9 +396,14 @@ GIT = ("-c", "--config-env", "--exec-path", "-C")  # before the subcommand only
     ("kubectl get pods", ()),
     ("kubectl get pods -o json", ()),
     ("git *", GIT),
-    ("git log *", ()),  # git's -c and -C load files only before the subcommand
-    ("helm list *", ("--kubeconfig", "-f", "--values", "--post-renderer")),
-    ("npm view *", ("--userconfig", "--globalconfig", "--prefix")),
+    ("git log *", GIT_ANYWHERE),  # git's -c and -C load files only before the subcommand
+    ("git log -1", ()),
+    ("helm list *", ("--kubeconfig", "-f", "--values", "--post-renderer", "--repository-config",
+                     "--registry-config")),
+    ("npm view *", ("--userconfig", "--globalconfig", "--prefix", "--script-shell")),
+    ("kubectl get [a-z]*", KUBECTL),  # a character class is one character the glob admits, then the star
+    ("kubectl get pods -[no] *", KUBECTL),
+    ("kubectl get pod?", ()),
     ("terraform plan *", ("-var-file", "-plugin-dir")),  # -chdir only before the subcommand
     ("terraform *", ("-var-file", "-plugin-dir", "-chdir")),
     ("git*", GIT),

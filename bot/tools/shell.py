@@ -1,6 +1,8 @@
 """``shell_run``: a command with ``/bin/sh -c`` in the sandbox (bot.sandbox), with a timeout, in its agent's own
-work folder ``$BOT_HOME/work/<agent>``, with only the credentials the call names (SPEC §16, §17). A call nobody
-was asked about (core's gate says so in ``ToolContext.asked``) gets a fresh, empty HOME.
+work folder ``$BOT_HOME/work/<agent>``, with only the credentials the call names (SPEC §16, §17). Its HOME is
+never that folder, which commands nobody was asked about write to: a call a person approved (core's gate says
+so in ``ToolContext.asked``) gets its agent's kept HOME, ``$BOT_HOME/homes/<agent>``, which only such calls
+see; any other call a fresh, empty one. Neither kind of call can leave a dotfile that configures the other.
 
 A sub-agent's calls carry its parent's agent (core.subagents), so they run in the parent agent's folder: it works
 for the parent, with the parent's credentials and grants, and hands its files back there."""
@@ -17,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from bot.agents_config import AGENT_NAME
-from bot.home import WORK_DIR
-from bot.sandbox import Sandbox, Started
+from bot.home import HOMES_DIR, WORK_DIR
+from bot.sandbox import Home, Sandbox, Started
 from core.tools import Risk, Tool, ToolContext, ToolError
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,7 @@ _DRAIN_S = 0.3  # after the kill: how long to wait for the last output
 def shell_run_tool(home: Path, sandbox: Sandbox, *, default_timeout_s: int = 60, max_timeout_s: int = 600,
                    output_limit: int = 16_000, env_for: EnvFor | None = None) -> Tool:
     root = home / WORK_DIR
+    homes = home / HOMES_DIR
 
     async def shell_run(ctx: ToolContext, args: dict[str, Any]) -> str:
         command = str(args["command"]).strip()
@@ -39,11 +42,15 @@ def shell_run_tool(home: Path, sandbox: Sandbox, *, default_timeout_s: int = 60,
             raise ToolError("command is empty")
         timeout = min(int(args.get("timeout_s") or default_timeout_s), max_timeout_s)
         names = list(dict.fromkeys(args.get("credentials") or []))
-        workdir = _work_folder(root, ctx.agent)
-        # Nobody asked about this call: whatever an earlier (approved) command left in the work folder's dotfiles
-        # must not configure it. A person-approved call keeps the work folder as its HOME.
-        fresh = sandbox.fresh_home() if not ctx.asked else contextlib.nullcontext(None)
-        async with fresh as fresh_home:
+        workdir = _own_folder(root, ctx.agent, "work folder")
+        # Nobody asked about this call: whatever an earlier (approved) command left in its HOME must not configure
+        # it. A person-approved call gets the agent's kept HOME, out of reach of the calls nobody looked at.
+        if ctx.asked:
+            call_home: contextlib.AbstractAsyncContextManager[Home] = contextlib.nullcontext(
+                sandbox.kept_home(_own_folder(homes, ctx.agent, "home folder")))
+        else:
+            call_home = sandbox.fresh_home()
+        async with call_home as fresh_home:
             env = sandbox.environment(workdir, home=fresh_home)
             if names:
                 if env_for is None:
@@ -77,10 +84,11 @@ def shell_run_tool(home: Path, sandbox: Sandbox, *, default_timeout_s: int = 60,
         name="shell_run",
         description=(f"Run a shell command (/bin/sh -c) {where} and return its exit code and output. It runs in "
                      f"{folder}, your agent's own work folder, which keeps its files between calls{tmp}. $HOME is "
-                     "that folder when a person approved the call; a call that runs without anyone being asked gets "
-                     "a new, empty $HOME. Every process it starts is killed when it ends. Stored credentials are not "
-                     "in its environment unless you name them in `credentials` (github.token becomes $GITHUB_TOKEN): "
-                     "name only the ones this command needs. A person must approve each call."),
+                     "another folder: your agent's own, kept between the calls a person approved; a call that runs "
+                     "without anyone being asked gets a new, empty $HOME. Every process it starts is killed when it "
+                     "ends. Stored credentials are not in its environment unless you name them in `credentials` "
+                     "(github.token becomes $GITHUB_TOKEN): name only the ones this command needs. A person must "
+                     "approve each call."),
         parameters={
             "type": "object",
             "properties": {
@@ -104,13 +112,14 @@ def shell_run_tool(home: Path, sandbox: Sandbox, *, default_timeout_s: int = 60,
     )
 
 
-def _work_folder(root: Path, agent: str) -> Path:
-    """The agent's own work folder, ``$BOT_HOME/work/<agent>``, created 0700 on first use. Refused (nothing runs):
-    an agent name that is not one plain path component, and a folder that is not a plain folder of the bot's user.
-    The old shared work folder may hold what earlier commands left, such as a link named like an agent: bound as
-    ``/work``, it would hand a command what it points to (BOT_HOME itself)."""
+def _own_folder(root: Path, agent: str, what: str) -> Path:
+    """The agent's own folder under ``root`` (its work folder ``$BOT_HOME/work/<agent>``, its kept HOME
+    ``$BOT_HOME/homes/<agent>``), created 0700 on first use. Refused (nothing runs): an agent name that is not one
+    plain path component, and a folder that is not a plain folder of the bot's user. The old shared work folder may
+    hold what earlier commands left, such as a link named like an agent: bound in the sandbox, it would hand a
+    command what it points to (BOT_HOME itself)."""
     if not AGENT_NAME.fullmatch(agent):
-        raise ToolError(f"the agent name {agent!r} cannot name a work folder, so the command did not run")
+        raise ToolError(f"the agent name {agent!r} cannot name a {what}, so the command did not run")
     folder = root / agent
     with contextlib.suppress(FileExistsError):
         root.mkdir(mode=0o700, parents=True)
@@ -122,7 +131,7 @@ def _work_folder(root: Path, agent: str) -> Path:
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
         log.warning("shell_run refused: %s is not a plain folder of the bot's user (a link, a file or another "
                     "user's); move it away", folder)
-        raise ToolError(f"the work folder of agent {agent} ($BOT_HOME/{WORK_DIR}/{agent}) is not a plain folder "
+        raise ToolError(f"the {what} of agent {agent} ($BOT_HOME/{root.name}/{agent}) is not a plain folder "
                         "of the bot's own, so the command did not run; an operator must move it away")
     if stat.S_IMODE(info.st_mode) & 0o077:  # made looser since (by an approved command): others keep out
         os.chmod(folder, 0o700)

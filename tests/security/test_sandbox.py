@@ -150,29 +150,31 @@ async def test_system_is_read_only_and_the_bot_is_not_mounted(bwrapped: GatewayC
     probes = [Path(f"/usr/.bot-sandbox-test-{os.getpid()}"), Path(f"/.bot-sandbox-test-{os.getpid()}")]
     try:
         out = await _run(bwrapped, {"command": f"touch {probes[0]} {probes[1]} 2>&1; echo ::; ls /; echo ::; "
-                                               "ls /proc | grep -c '^[0-9]'"})
+                                               "ls /proc | grep -c '^[0-9]'; echo ::; ls -A /home"})
         assert not any(p.exists() for p in probes)
     finally:
         for p in probes:  # unsandboxed (as before the fix) the command really wrote them
             p.unlink(missing_ok=True)
-    denied, listing, count = out.split("--- output ---\n")[1].split("::")
+    denied, listing, count, homes = out.split("--- output ---\n")[1].split("::")
     assert denied.count("Read-only file system") == 2, out
-    assert not {"root", "home", "opt", "srv", "mnt", "run", "sys", "boot"} & set(listing.split()), listing
+    assert not {"root", "opt", "srv", "mnt", "run", "sys", "boot"} & set(listing.split()), listing
+    assert homes.split() == ["sandbox"], homes  # /home holds the call's own HOME, nothing of the host
     assert int(count) <= 4, out  # its own PID namespace: bwrap's init, sh, ls, grep
 
 
 @needs_bwrap
-async def test_tmp_is_empty_work_persists_and_home_is_work(bwrapped: GatewayClient, tmp_path: Path) -> None:
+async def test_tmp_is_empty_work_persists_and_home_is_the_agents_own(bwrapped: GatewayClient, tmp_path: Path) -> None:
     first = await _run(bwrapped, {"command": "ls -A /tmp | wc -l; echo kept > note.txt; touch /tmp/gone; "
-                                             "echo \"home=$HOME pwd=$(pwd)\""})
+                                             "echo mine > ~/.dot; echo \"home=$HOME pwd=$(pwd)\""})
     assert first.startswith("exit code 0"), first
     lines = first.split("--- output ---\n")[1].splitlines()
     assert lines[0].strip() == "0"
     home, pwd = lines[1].removeprefix("home=").split(" pwd=")
-    assert home == pwd
-    second = await _run(bwrapped, {"command": "cat note.txt; ls -A /tmp | wc -l"})
-    assert second.split("--- output ---\n")[1].split() == ["kept", "0"]
+    assert (home, pwd) == ("/home/sandbox", "/work")  # never the work folder, which unasked commands write to
+    second = await _run(bwrapped, {"command": "cat note.txt ~/.dot; ls -A /tmp | wc -l"})
+    assert second.split("--- output ---\n")[1].split() == ["kept", "mine", "0"]
     assert (tmp_path / "home" / "work" / "default" / "note.txt").read_text() == "kept\n"
+    assert (tmp_path / "home" / "homes" / "default" / ".dot").read_text() == "mine\n"  # kept between approved calls
 
 
 async def test_what_a_command_creates_is_the_bot_users_alone(sandboxed: GatewayClient, tmp_path: Path) -> None:
@@ -238,8 +240,9 @@ async def test_a_command_an_allow_rule_runs_loads_no_dotfile_an_approved_one_lef
     assert "Mallory" not in unasked, unasked  # the allow rule ran it with a fresh, empty HOME
     posted = [json.dumps(c.params) for c in fake_slack.of("chat.postMessage")]
     assert sum("approval:approve" in p for p in posted) == 1  # the second call was not asked
-    # The approved command kept today's HOME, the agent's work folder: the file is there, and stays.
-    assert "Mallory" in (tmp_path / "home" / "work" / "default" / ".gitconfig").read_text()
+    # The approved command's HOME is the agent's kept one (not the work folder): the file is there, and stays.
+    assert "Mallory" in (tmp_path / "home" / "homes" / "default" / ".gitconfig").read_text()
+    assert not (tmp_path / "home" / "work" / "default" / ".gitconfig").exists()
 
 
 async def test_a_command_a_grant_runs_loads_no_dotfile_an_approved_one_left(
@@ -256,7 +259,7 @@ async def test_a_command_a_grant_runs_loads_no_dotfile_an_approved_one_left(
     await fake_slack.wait_for("chat.postMessage", 3)
     await sandboxed.idle()
     asked = _tool_results(fake_llm)[-1]
-    assert "Mallory" in asked, asked  # approved by a person: today's HOME, the work folder
+    assert "Mallory" in asked, asked  # approved by a person: the agent's kept HOME
 
     fake_llm.then(Reply(tool_calls=[("shell_run", READ)]), Reply("read it again"))
     await sandboxed.send_event(mention("read it again"))
@@ -291,8 +294,9 @@ async def test_an_unasked_command_gets_a_new_empty_home_and_no_config_variables(
     assert second.strip() == "0"  # each unasked call has a HOME of its own
     if sandboxed.app.settings.shell_sandbox == "none":
         assert not await asyncio.to_thread(os.path.exists, home)  # removed after the call
-    again = _output(await _run(sandboxed, {"command": 'echo "$HOME"; pwd'}))
-    assert len(set(again.split())) == 1  # a person-approved command: HOME is still the work folder
+    again = _output(await _run(sandboxed, {"command": 'echo "$HOME"; pwd; ls -A "$HOME"'}))
+    kept, where, *inside = again.split()
+    assert kept != where and ".left-by-the-first" not in inside  # the agent's kept HOME, not the unasked one's
 
 
 # -- one work folder per agent ---------------------------------------------------------------------------
@@ -329,12 +333,16 @@ async def test_a_work_folder_that_is_not_a_folder_of_the_bots_own_is_refused(
 def test_a_bot_home_inside_a_system_folder_is_hidden_whole() -> None:
     """The work folder is two below BOT_HOME now: what is hidden is BOT_HOME (its key, its database), not just
     the folder that holds the agents' work folders."""
-    from bot.sandbox import Bubblewrap
+    from bot.sandbox import Bubblewrap, Home
 
-    argv = Bubblewrap("/usr/bin/bwrap", network=True).argv(["true"], Path("/usr/local/bot/work/default"),
-                                                           home="/home/sandbox")
+    # /usr/share stands for a BOT_HOME there (it must exist to be hidden); the work folder itself need not.
+    argv = Bubblewrap("/usr/bin/bwrap", network=True).argv(["true"], Path("/usr/share/work/default"),
+                                                           home=Home("/home/sandbox"))
     hidden = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--tmpfs"]
-    assert "/usr/local/bot" in hidden and "/home/sandbox" in hidden
+    assert "/usr/share" in hidden and "/home/sandbox" in hidden
+    kept = Bubblewrap("/usr/bin/bwrap", network=True).argv(["true"], Path("/srv/bot/work/default"),
+                                                           home=Home("/home/sandbox", Path("/srv/bot/homes/default")))
+    assert ["--bind", "/srv/bot/homes/default", "/home/sandbox"] == kept[kept.index("/srv/bot/homes/default") - 1:][:3]
 
 
 # -- credentials ------------------------------------------------------------------------------------
