@@ -8,6 +8,7 @@ decoded from JSON): either would turn an odd message into a crash. Input is repa
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -51,10 +52,19 @@ def clean_tree(value: Any) -> Any:
     return value
 
 
+MAX_INTEGER_BITS = 1024  # about 308 digits: an argument's integer past this is refused, not stored or printed
+
+
 def tree_problem(value: Any) -> str | None:
-    """The first unstorable text anywhere in a decoded JSON value (keys too), or None."""
+    """The first unstorable value anywhere in a decoded JSON value (keys too), or None: a text with a NUL or a
+    lone surrogate, a number that is not finite (``NaN``, ``Infinity``: ``json.loads`` takes them, JSON has
+    none), or an integer too large to check or print (a 5,000-digit one cannot even be turned into text)."""
     if isinstance(value, str):
         return text_problem(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"a number that is not finite ({value})"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > MAX_INTEGER_BITS:
+        return f"an integer of more than {MAX_INTEGER_BITS} bits"
     items: list[Any] = []
     if isinstance(value, list):
         items = value

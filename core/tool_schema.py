@@ -8,7 +8,11 @@ references can fan out (17 definitions each checking the next twice: 2**17 check
 (``{"allOf": [{"$ref": "#"}]}``), and jsonschema's ``uniqueItems`` compares every pair of items that do
 not sort. Hence: an empty reference registry, a non-local reference refused when the tool is read, every
 keyword checked against one time budget per call (patterns matched by ``regex`` under what is left of
-it), ``uniqueItems`` in linear time, and a recursion that runs too deep refused like a timeout.
+it, ``additionalProperties``' look at the patterns too), ``uniqueItems`` in linear time, and a recursion
+that runs too deep refused like a timeout. ``unevaluatedProperties`` / ``unevaluatedItems`` are refused
+when the tool is read: jsonschema works out what was evaluated by walking the schema itself, outside any
+keyword (so outside the budget), with unbounded patterns and in quadratic time. Numbers that are not
+finite (``NaN``, which ``json.loads`` accepts) or arithmetic that overflows are refused, not crashes.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from referencing.exceptions import Unresolvable
 CHECK_BUDGET_S = 0.25
 _TOO_LONG = "checking the arguments took too long (the tool's schema is too costly)"
 REFERENCE_KEYS = ("$ref", "$dynamicRef", "$recursiveRef")
+# Keywords whose check walks the schema outside the bounded keywords (see above): a schema using one is refused.
+UNBOUNDED_KEYWORDS = ("unevaluatedProperties", "unevaluatedItems")
+_NAME_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # keys are names
 # A registry that knows no document and retrieves none: only references inside the schema itself resolve.
 _NOTHING = Registry()
 _deadline: contextvars.ContextVar[float] = contextvars.ContextVar("tool_schema_deadline", default=0.0)
@@ -67,6 +74,23 @@ def _pattern_properties(validator: Validator, patterns: dict[str, Any], instance
         for key, value in instance.items():
             if _search(pattern, key):
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties(validator: Validator, additional: Any, instance: Any,
+                           schema: Any) -> Iterator[ValidationError]:
+    # jsonschema's own matches patternProperties with plain ``re``, before (or without) the bounded keyword.
+    if not validator.is_type(instance, "object"):
+        return
+    known, patterns = schema.get("properties", {}), list(schema.get("patternProperties", {}))
+    extras = [name for name in instance
+              if name not in known and not any(_search(pattern, name) for pattern in patterns)]
+    if validator.is_type(additional, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], additional, path=extra)
+    elif not additional and extras:
+        shown = ", ".join(repr(name[:80]) for name in sorted(extras)[:10])
+        verb = "was" if len(extras) == 1 else "were"
+        yield ValidationError(f"Additional properties are not allowed ({shown} {verb} unexpected)")
 
 
 def _unique_key(value: Any) -> Any:
@@ -110,24 +134,29 @@ def _on_budget(keyword: Keyword) -> Keyword:
 
 
 _KEYWORDS: dict[str, Keyword] = {**Draft202012Validator.VALIDATORS, "pattern": _pattern,
-                                 "patternProperties": _pattern_properties, "uniqueItems": _unique_items}
+                                 "patternProperties": _pattern_properties, "uniqueItems": _unique_items,
+                                 "additionalProperties": _additional_properties}
 _BoundedValidator = jsonschema.validators.extend(
     Draft202012Validator, {name: _on_budget(check) for name, check in _KEYWORDS.items()})
 
 
-def nonlocal_reference(schema: Any) -> str | None:
-    """The first reference in ``schema`` that points outside it (anything but ``#…``), or None."""
-    stack = [schema]
+def schema_problem(schema: Any) -> str | None:
+    """Why arguments cannot be checked against ``schema`` safely, or None: a reference that points outside it
+    (anything but ``#…``: checking would mean fetching it), or a keyword checked outside the time budget. Keys of
+    ``properties`` and the like are names, not keywords (a property may be called ``unevaluatedItems``)."""
+    stack: list[tuple[Any, bool]] = [(schema, False)]
     while stack:
-        node = stack.pop()
+        node, names = stack.pop()
         if isinstance(node, dict):
             for key, value in node.items():
-                if key in REFERENCE_KEYS and isinstance(value, str) and not value.startswith("#"):
-                    return f"{key} {value[:120]!r}"
+                if not names and key in REFERENCE_KEYS and isinstance(value, str) and not value.startswith("#"):
+                    return f"it refers outside itself ({key} {value[:120]!r})"
+                if not names and key in UNBOUNDED_KEYWORDS:
+                    return f"it uses {key}, which the bot does not check (its cost has no bound)"
                 if isinstance(value, dict | list):
-                    stack.append(value)
+                    stack.append((value, not names and key in _NAME_MAPS))
         elif isinstance(node, list):
-            stack.extend(node)
+            stack.extend((item, False) for item in node)
     return None
 
 
@@ -147,5 +176,7 @@ class ArgumentSchema:
             raise SchemaCheckError(f"the schema refers to {str(exc)[:120]}, which is not resolved") from exc
         except RecursionError as exc:  # a reference that leads back to itself without descending
             raise SchemaCheckError("the tool's schema refers to itself without end") from exc
+        except (ArithmeticError, ValueError) as exc:  # multipleOf against a huge or non-finite number
+            raise SchemaCheckError(f"a number in them cannot be checked ({type(exc).__name__})") from exc
         finally:
             _deadline.reset(token)

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from core.errors import CoreError
 from core.text import clean_text, text_problem, tree_problem
-from core.tool_schema import ArgumentSchema, SchemaCheckError, nonlocal_reference
+from core.tool_schema import ArgumentSchema, SchemaCheckError, schema_problem
 
 
 class Risk(enum.StrEnum):
@@ -72,10 +72,9 @@ class Tool:
     schema: ArgumentSchema = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        reference = nonlocal_reference(self.parameters)
-        if reference is not None:
-            raise CoreError(f"tool {self.name!r}: its schema refers outside itself ({reference}); "
-                            "only references inside the schema (#…) are allowed")
+        problem = schema_problem(self.parameters)
+        if problem is not None:
+            raise CoreError(f"tool {self.name!r} cannot have this schema: {problem}")
         object.__setattr__(self, "schema", ArgumentSchema(self.parameters))
 
     def spec(self) -> dict[str, Any]:
@@ -98,6 +97,8 @@ class Tool:
                 raise ToolError(f"arguments for {self.name} are not valid JSON: {exc.msg}") from exc
             except RecursionError as exc:  # thousands of nested brackets: refused like any bad argument
                 raise ToolError(f"arguments for {self.name} are nested too deeply") from exc
+            except ValueError as exc:  # an integer of more than 4,300 digits (Python's limit on reading one)
+                raise ToolError(f"arguments for {self.name} hold a number too large to read") from exc
         if not isinstance(args, dict):
             raise ToolError(f"arguments for {self.name} must be a JSON object")
         # Refused, not repaired: a repaired command is not the one written, and a NUL or a lone

@@ -444,7 +444,8 @@ async def test_a_schema_that_refers_outside_itself_is_left_out_and_nothing_is_fe
         assert {"fake__remote", "fake__disk", "fake__dynamic"}.isdisjoint(names)
         for tool, ref in (("remote", "$ref 'http://169.254.169.254/latest/meta-data'"),
                           ("disk", "$ref 'file:///etc/passwd'"), ("dynamic", "$dynamicRef 'https://example.com/s#meta'")):
-            assert f"tool '{tool}' left out: its input schema refers outside itself ({ref})" in caplog.text
+            assert (f"tool '{tool}' left out: its input schema cannot be checked safely: it refers outside itself "
+                    f"({ref})") in caplog.text
         local, redos = registry.get("fake__local"), registry.get("fake__redos")
         assert local is not None and redos is not None
         assert local.parse_arguments({"q": "short"}) == {"q": "short"}

@@ -22,7 +22,7 @@ from bot.mcp.servers import TOOLS_MAX, McpServer, ServerFailed
 from bot.mcp.spec import SEPARATOR
 from core.connections.spec import ConnectionSpec
 from core.stored_secrets import CredentialUse
-from core.tool_schema import nonlocal_reference
+from core.tool_schema import schema_problem
 from core.tools import Risk, Tool, ToolContext, ToolError
 
 log = logging.getLogger(__name__)
@@ -90,9 +90,9 @@ def server_tools(server: McpServer, access: Access, audit: Audit, *, extra_timeo
         schema = clean(schema) if problem is None else schema
         if problem is None and schema.get("type") != "object":
             problem = "its input schema is not an object"
-        if problem is None and (reference := nonlocal_reference(schema)) is not None:
-            # validating would mean fetching it (a request from the bot itself, before any approval)
-            problem = f"its input schema refers outside itself ({reference})"
+        if problem is None and (unsafe := schema_problem(schema)) is not None:
+            # checking arguments against it would fetch something, or run without a bound, before any approval
+            problem = f"its input schema cannot be checked safely: {unsafe}"
         if problem is None:
             try:
                 jsonschema.Draft202012Validator.check_schema(schema)

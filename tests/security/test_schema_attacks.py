@@ -12,6 +12,7 @@ budget is 0.25 s, the unbounded check took 7 s here."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -112,3 +113,99 @@ def test_unique_items_on_a_model_written_array_is_not_quadratic_on_the_loop() ->
     with pytest.raises(ToolError, match="non-unique"):
         tool.parse_arguments({"tags": [*tags, {"a": 1, "b": [1.0]}, {"b": [1], "a": 1.0}]})
     assert tool.parse_arguments({"tags": [1, True, "1", [1], {"a": 1}]})  # JSON Schema's equality: True != 1
+
+
+# -- attack review 3: what the per-keyword budget did not reach (each test failed before its fix) --------------
+
+def _tool(parameters: dict[str, Any]) -> Any:
+    from core.tools import Risk, Tool
+
+    async def nothing(_ctx: Any, _args: dict[str, Any]) -> str:
+        return ""
+
+    return Tool(name="t", description="", risk=Risk.SAFE, function=nothing, parameters=parameters)
+
+
+def _timed(tool: Any, raw: str) -> float:
+    """Seconds parse_arguments held the caller; any outcome but a result or a ToolError fails the test."""
+    from core.tools import ToolError
+
+    started = time.monotonic()
+    with contextlib.suppress(ToolError):
+        tool.parse_arguments(raw)
+    return time.monotonic() - started
+
+
+async def test_a_huge_integer_in_the_arguments_is_refused_not_a_crash_of_the_turn(
+    make_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+    tmp_path: Path,
+) -> None:
+    """json.loads refuses an integer of more than 4,300 digits with a plain ValueError (Python's int/str
+    conversion limit), not a JSONDecodeError: it escapes parse_arguments for every tool, whatever its schema,
+    the turn fails, and the call left without a result is re-parsed (and fails again) on every later turn."""
+    gateway = await _start(make_settings, start_gateway, tmp_path)
+    fake_llm.then(Reply(tool_calls=[("fake__lookup", '{"q": ' + "9" * 5000 + "}")]), Reply("looked up"))
+    await gateway.send_event(mention("look it up", ts="1700000000.000200"))
+    await fake_slack.wait_for("chat.postMessage", timeout=60)
+    await gateway.idle(60)
+    fake_llm.then(Reply("hello"))
+    await gateway.send_event(mention("are you there?", thread_ts="1700000000.000200"))
+    await fake_slack.wait_for("chat.postMessage", 2, timeout=60)
+    await gateway.idle(60)
+    posts = [str(p.params.get("text", "")) for p in fake_slack.posts()]
+    assert not any("ValueError" in text or "4300" in text for text in posts), posts
+    assert posts[-1] == "hello", posts
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1" + "0" * 400])
+def test_multiple_of_a_fraction_against_nan_infinity_or_a_big_integer_is_refused_not_a_crash(number: str) -> None:
+    """json.loads accepts NaN and Infinity; jsonschema's multipleOf with a float divisor then calls int(nan)
+    (ValueError) or Fraction(inf) (OverflowError), and a 401-digit integer divided by a float overflows
+    before its try. A listed tool with ``"multipleOf": 0.5`` (a step) and one model-written number crash the
+    turn (and its recovery) like the RecursionError did."""
+    tool = _tool({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.5}}})
+    _timed(tool, '{"n": ' + number + "}")  # only ToolError (or a result) may come out
+
+
+def test_pattern_properties_seen_through_additional_properties_are_bounded() -> None:
+    """The budget bounds ``pattern`` and ``patternProperties`` (regex with a timeout), but jsonschema's
+    additionalProperties matched patternProperties' patterns itself, with the stdlib ``re`` and no timeout.
+    Listed first, it ran before the bounded keyword: one 38-character property name held the loop for many
+    seconds (x1.6 per character: 44 is minutes). unevaluatedProperties did the same: it is refused (below)."""
+    tool = _tool({"type": "object", "additionalProperties": False, "patternProperties": {"^(a|aa)+$": {}}})
+    took = _timed(tool, json.dumps({"a" * 38 + "!": 1}))
+    assert took < 2.0, f"checking one property name held the event loop for {took:.1f} s"
+    assert tool.parse_arguments({"aa": 1}) == {"aa": 1}  # a name a pattern covers is no additional property
+    from core.tools import ToolError
+
+    with pytest.raises(ToolError, match="Additional properties are not allowed"):
+        tool.parse_arguments({"b": 1})
+
+
+def test_unevaluated_properties_cannot_walk_a_fanned_out_schema_unbounded() -> None:
+    """unevaluatedProperties collects what the rest of the schema evaluated (find_evaluated_property_keys_by_schema)
+    by walking $ref and dependentSchemas itself, outside every keyword's budget check: 18 definitions, each whose
+    dependentSchemas name the next twice (1.7 KB, far under the 8 KB an MCP schema may have), walk 2**18 times
+    for a 13-byte call. 21 definitions held the loop for 104 s here."""
+    depth = 18
+    defs: dict[str, Any] = {f"d{i}": {"dependentSchemas": {"a": {"$ref": f"#/$defs/d{i + 1}"},
+                                                           "b": {"$ref": f"#/$defs/d{i + 1}"}}}
+                            for i in range(depth)}
+    defs[f"d{depth}"] = {}
+    schema = {"type": "object", "unevaluatedProperties": False, "$ref": "#/$defs/d0", "$defs": defs}
+    assert len(json.dumps(schema)) < 8192
+    from core.errors import CoreError
+
+    with pytest.raises(CoreError, match="unevaluatedProperties, which the bot does not check"):
+        _tool(schema)  # refused when the tool is read (an MCP listing leaves it out)
+    fine = {"type": "object", "properties": {"unevaluatedProperties": {"type": "string"}}}  # a property's name
+    assert _tool(fine).parse_arguments({"unevaluatedProperties": "x"}) == {"unevaluatedProperties": "x"}
+
+
+def test_unevaluated_items_is_not_quadratic_on_the_loop() -> None:
+    """unevaluatedItems looks each index up in a list of the evaluated ones (``index not in [...]``): quadratic
+    in one keyword call, past the budget. 25,000 items (50 KB, the size of the uniqueItems case above)."""
+    from core.errors import CoreError
+
+    with pytest.raises(CoreError, match="unevaluatedItems"):
+        _tool({"type": "object", "properties": {"a": {"items": True, "unevaluatedItems": False}}})
