@@ -161,7 +161,7 @@ def schema_problem(schema: Any) -> str | None:
 
 
 class ArgumentSchema:
-    """One tool's parameters schema, compiled once; ``errors`` checks a call's arguments against it."""
+    """One tool's parameters schema, compiled once; ``first_error`` checks a call's arguments against it."""
 
     def __init__(self, schema: dict[str, Any]) -> None:
         Draft202012Validator.check_schema(schema)
