@@ -218,7 +218,9 @@ def _cli_env(settings: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, keys: str)
             "SLACK_SIGNING_SECRET": SIGNING_SECRET, "SLACK_ALLOWED_TEAMS": "T1",
             "SLACK_API_URL": f"{fake_slack.url}/api/", "LLM_BASE_URL": f"{fake_llm.url}/v1",  # type: ignore[attr-defined]
             "LLM_API_KEY": "sk-test-key-abcdef", "LLM_MODEL": "fake-model",
-            CLIENT_SECRET_ENV: os.environ[CLIENT_SECRET_ENV]}
+            CLIENT_SECRET_ENV: os.environ[CLIENT_SECRET_ENV],
+            # the test's own database (PostgreSQL under TEST_DATABASE_URL; else SQLite in BOT_HOME, the default)
+            **({"DATABASE_URL": settings.database_url} if settings.database_url else {})}
 
 
 async def test_rotation_reseals_connections_and_slack_installs_so_the_old_key_can_go(
