@@ -213,16 +213,22 @@ def _tool_results(fake_llm: FakeLLM) -> list[str]:
     return [str(m["content"]) for m in fake_llm.requests[-1]["messages"] if m["role"] == "tool"]
 
 
+async def allowing(match: str, sandbox: str, make_settings: Any, start_gateway: Any, tmp_path: Path) -> GatewayClient:
+    """A bot in ``sandbox`` (bwrap or none) whose one rule lets ``shell_run`` commands matching ``match`` run
+    unasked."""
+    if sandbox == "bwrap" and not BWRAP and not REQUIRED:
+        pytest.skip("bubblewrap is missing or cannot run here")
+    config = tmp_path / "bot.toml"
+    config.write_text(f'[[policies]]\ntool = "shell_run"\nmatch = "{match}"\naction = "allow"\n')
+    gateway: GatewayClient = await start_gateway(make_settings(shell_sandbox=sandbox, bot_config=config))
+    return gateway
+
+
 @pytest.fixture(params=["bwrap", "none"])
 async def ruled(request: pytest.FixtureRequest, make_settings: Any, start_gateway: Any,
                 tmp_path: Path) -> GatewayClient:
     """A bot whose rules let ``git config --global --get …`` run unasked (the README's kind of allow rule)."""
-    if request.param == "bwrap" and not BWRAP and not REQUIRED:
-        pytest.skip("bubblewrap is missing or cannot run here")
-    config = tmp_path / "bot.toml"
-    config.write_text('[[policies]]\ntool = "shell_run"\nmatch = "git config --global --get *"\naction = "allow"\n')
-    gateway: GatewayClient = await start_gateway(make_settings(shell_sandbox=request.param, bot_config=config))
-    return gateway
+    return await allowing("git config --global --get *", request.param, make_settings, start_gateway, tmp_path)
 
 
 async def test_a_command_an_allow_rule_runs_loads_no_dotfile_an_approved_one_left(

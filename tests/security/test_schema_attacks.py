@@ -98,13 +98,9 @@ async def test_a_self_referring_schema_is_refused_not_a_crash_of_the_turn(
 def test_unique_items_on_a_model_written_array_is_not_quadratic_on_the_loop() -> None:
     """uniqueItems falls back to comparing every pair when the items do not sort (ints and strings mixed):
     6,000 items (about 40 KB of arguments a model can write) hold the loop for seconds, 4x per doubling."""
-    from core.tools import Risk, Tool, ToolError
+    from core.tools import ToolError
 
-    async def nothing(_ctx: Any, _args: dict[str, Any]) -> str:
-        return ""
-
-    tool = Tool(name="tags", description="", risk=Risk.SAFE, function=nothing,
-                parameters={"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}})
+    tool = _tool({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}})
     tags: list[Any] = [x for i in range(3000) for x in (i, str(i))]
     started = time.monotonic()
     tool.parse_arguments({"tags": tags})

@@ -18,7 +18,7 @@ from core.tools import Risk
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
-from tests.security.test_sandbox import BWRAP, REQUIRED
+from tests.security.test_sandbox import BWRAP, REQUIRED, allowing
 from tests.slack_requests import block_action, mention
 
 # -- point 7: a command an allow rule runs unasked plants a dotfile that a person-approved command then loads ----
@@ -31,19 +31,14 @@ APPROVED = {"command": "git status --short"}  # what the approver reads on the c
 @pytest.fixture(params=["bwrap", "none"])
 async def git_log_allowed(request: pytest.FixtureRequest, make_settings: Any, start_gateway: Any,
                           tmp_path: Path) -> GatewayClient:
-    if request.param == "bwrap" and not BWRAP and not REQUIRED:
-        pytest.skip("bubblewrap is missing or cannot run here")
-    config = tmp_path / "bot.toml"
-    config.write_text('[[policies]]\ntool = "shell_run"\nmatch = "git log *"\naction = "allow"\n')
-    gateway: GatewayClient = await start_gateway(make_settings(shell_sandbox=request.param, bot_config=config))
-    return gateway
+    return await allowing("git log *", request.param, make_settings, start_gateway, tmp_path)
 
 
 async def test_an_unasked_command_cannot_plant_a_dotfile_that_an_approved_command_loads(
     git_log_allowed: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path,
 ) -> None:
-    """The fresh HOME protects unasked commands from what approved ones left, not the other way round: an
-    approved command's HOME is still the work folder, which every unasked command can write. So whatever an
+    """The fresh HOME protected unasked commands from what approved ones left, but not the other way round: an
+    approved command's HOME was the work folder, which every unasked command can write. So whatever an
     allow rule admits that writes a file (git log --output, curl -o …) sets up the next *approved* command,
     the one a person read, with that person's trust and the credentials the call names."""
     work = tmp_path / "home" / "work" / "default"
