@@ -102,7 +102,7 @@ def _one_host(entry: str, position: int = 1) -> tuple[str | None, str | None]:
         except ValueError:
             return None, f"Allowed hosts: {shown} is not a valid IP address."
     if wildcard and len(labels) < 2:
-        return None, f"Allowed hosts: {entry!r} covers a whole top-level domain; name a domain (*.example.com)."
+        return None, f"Allowed hosts: {shown} covers a whole top-level domain; name a domain (*.example.com)."
     if len(labels) < 2 and name != "localhost":  # "sk-live-…", "xoxb-…", a hex token: shaped like one label
         return None, (f"Allowed hosts: {shown} is a single word, not a host name: write the full name "
                       "such as api.corp.example).")
@@ -110,7 +110,7 @@ def _one_host(entry: str, position: int = 1) -> tuple[str | None, str | None]:
     if not (top.isalpha() or top.startswith("xn--")):  # top-level domains are words: "eyJ0.c2lnbmF0dXJlMQ"
         return None, bad
     if wildcard and _public_under(name):
-        return None, (f"Allowed hosts: {entry!r} covers names anyone can register ({name} is or holds a public "
+        return None, (f"Allowed hosts: {shown} covers names anyone can register (it is or holds a public "
                       "suffix such as co.uk or github.io); list the exact hosts, or a wildcard below a domain "
                       "you own (*.yours.github.io).")
     return ("*." if wildcard else "") + name, None
