@@ -203,7 +203,7 @@ def _config_file(settings: Settings) -> list[Check]:
         connections = load_connections(settings.bot_config)
     except BotError as exc:
         return [Check("bot.toml", False, str(exc),
-                      f"correct {settings.bot_config} (README: Agents, Approval policies)")]
+                      f"correct {settings.bot_config} (docs/schedules-and-agents.md, docs/tools-and-approvals.md)")]
     checks = [Check("bot.toml", True, f"{len(agents)} agent(s), {len(policies)} approval rule(s), "
                                       f"{len(prompts)} suggested prompt(s)")]
     # A rule that lets every call of a tool run unasked: a glob slip (``match`` forgotten) opens the host.
@@ -214,7 +214,7 @@ def _config_file(settings: Settings) -> list[Check]:
                             "give each allow rule a `match` (e.g. match = \"echo hello*\"), or remove it"))
     if flagged := flag_warnings(policies):
         checks.append(Check("approval rules", True, "; ".join(flagged),
-                            "README: Approval policies (flags that load files)", warning=True))
+                            "docs/tools-and-approvals.md: Allow rules and files a command loads", warning=True))
     if connections:
         checks.append(_connections(settings, list(connections.values())))
     return checks

@@ -4,7 +4,7 @@ from enum import IntEnum
 
 
 class Exit(IntEnum):
-    """One exit code per kind of outcome (listed in ``bot --help`` and the README)."""
+    """One exit code per kind of outcome (listed in ``bot --help`` and docs/operations.md)."""
 
     OK = 0
     FAILED = 1  # it could not be done now (database unreachable, port busy), or `bot doctor` found a problem

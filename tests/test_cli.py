@@ -12,7 +12,7 @@ import pytest
 from bot.cli import EXIT_CODES, build_parser, main, masked
 from tests.bot_process import BotProcess
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+COMMANDS_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "operations.md"  # the `bot` command
 
 
 @pytest.fixture(autouse=True)
@@ -73,7 +73,7 @@ def test_bot_help_lists_the_exit_codes_and_the_readme_shows_the_same(capsys: pyt
         assert f"\n  {code}    {kind}" in out
     table = EXIT_CODES.split("\n\n")[0]
     assert table in out
-    assert table in README.read_text(), "README's CLI section must show the exit codes `bot --help` lists"
+    assert table in COMMANDS_GUIDE.read_text(), "the guide's CLI section must show the exit codes `bot --help` lists"
 
 
 async def test_usage_errors_exit_2_with_argparse_s_message(tmp_path: Path) -> None:
