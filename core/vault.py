@@ -68,9 +68,6 @@ class KeyRing:
 
         return hmac.new(self._keys[self.current], purpose.encode(), hashlib.sha256).digest()
 
-    def has(self, key_id: str) -> bool:
-        return key_id in self._keys
-
     def seal(self, plaintext: str, context: str) -> Sealed:
         """``context`` (the associated data, e.g. :func:`row_context`) is bound to the ciphertext: the
         blob opens only with the same context, so it cannot be moved to another row."""
