@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from core import current, logcontext
 from core.agents import Agent, AgentDirectory
 from core.attachments import AttachmentReader
-from core.budget import BudgetExhausted
 from core.delivery import EMPTY_ANSWER
-from core.errors import ProviderError, StepLimitReached
+from core.errors import BudgetExhausted, ProviderError, StepLimitReached
 from core.events import (
     AnswerDelta,
     EventBus,

@@ -14,13 +14,9 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from core.errors import CoreError
+from core.errors import VaultError
 
 _NONCE_BYTES = 12
-
-
-class VaultError(CoreError):
-    """A secret cannot be sealed or opened; the message names the key id, never the value."""
 
 
 @dataclass(frozen=True)
