@@ -178,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _exit_code(exc: BotError | CoreError) -> Exit:
-    from core.errors import InvalidInput, NotFound
-    from core.vault import VaultError
+    from core.errors import InvalidInput, NotFound, VaultError
 
     if isinstance(exc, BotError):
         return exc.exit_code

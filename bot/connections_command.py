@@ -14,11 +14,10 @@ from bot.settings import load_settings
 from core.approvals import ApprovalPolicy
 from core.clock import SystemClock
 from core.connections.service import ConnectionService
-from core.errors import InvalidInput, NotFound, StoreError
+from core.errors import InvalidInput, NotFound, StoreError, VaultError
 from core.events import EventBus
 from core.store import Database
 from core.store.connections import ConnectionStore
-from core.vault import VaultError
 
 
 async def connections_command(args: argparse.Namespace) -> int:

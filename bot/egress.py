@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp.abc import AbstractCookieJar, AbstractResolver, ResolveResult
 
+from bot.errors import EgressRefused
 from core.hosts import normalize_host
 
 if TYPE_CHECKING:
@@ -42,10 +43,6 @@ _SPECIAL = tuple(ipaddress.ip_network(n) for n in (
 _METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
 # What inet_aton reads as an IPv4 address: 2130706433, 0x7f.1, 127.1, 017700000001.
 _NUMERIC_HOST = re.compile(r"[0-9][0-9a-fA-FxX.]*")
-
-
-class EgressRefused(OSError):
-    """http_request may not connect there. The message is for the model (and the person reading it)."""
 
 
 def literal_address(host: str) -> Address | None:

@@ -1,6 +1,13 @@
-"""The one exception root of ``bot``, and the exit codes of the ``bot`` command line."""
+"""The one exception root of ``bot``, the other exceptions bot raises, and the exit codes of the ``bot``
+command line."""
+
+from __future__ import annotations
 
 from enum import IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bot.mcp.challenge import Diagnosis
 
 
 class Exit(IntEnum):
@@ -39,3 +46,15 @@ class NotFoundError(BotError):
 
 class Refused(BotError):
     exit_code = Exit.REFUSED
+
+
+class ServerFailed(Exception):
+    """The server could not be reached, or failed the request: ``diagnosis`` says which."""
+
+    def __init__(self, diagnosis: Diagnosis) -> None:
+        super().__init__(diagnosis.message)
+        self.diagnosis = diagnosis
+
+
+class EgressRefused(OSError):
+    """http_request may not connect there. The message is for the model (and the person reading it)."""

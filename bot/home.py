@@ -49,19 +49,6 @@ def secure_home(settings: Settings) -> None:
             _tighten(path)
 
 
-def home_problems(settings: Settings) -> list[str]:
-    """What is open to other users, without changing anything (for ``bot doctor``)."""
-    home = settings.bot_home.resolve()
-    if not home.is_dir():
-        return []
-    found = []
-    for path in _private_paths(home, sqlite_path(settings)):
-        mode = stat.S_IMODE(path.stat().st_mode)
-        if mode & 0o077:
-            found.append(f"{path} is open to other users (mode {mode:o})")
-    return found
-
-
 def sandbox_hidden(settings: Settings) -> list[Path]:
     """What a ``shell_run`` command must never see, by the paths settings name (bot.sandbox hides those under a
     system folder it shows): BOT_HOME, the SQLite files, and the ``.env`` the settings were read from."""

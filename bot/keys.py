@@ -9,7 +9,8 @@ from pathlib import Path
 
 from bot.errors import SettingsError
 from bot.settings import Settings
-from core.vault import KeyRing, VaultError
+from core.errors import VaultError
+from core.vault import KeyRing
 
 log = logging.getLogger(__name__)
 KEY_FILE = "secret.key"

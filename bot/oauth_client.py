@@ -16,7 +16,8 @@ from urllib.parse import parse_qsl
 
 import aiohttp
 
-from core.connections.spec import ConnectionSpec, OAuthError, TokenSet
+from core.connections.spec import ConnectionSpec, TokenSet
+from core.errors import OAuthError
 from core.text import clean_text
 
 _TEN_YEARS_S = 10 * 365 * 86_400  # a longer lifetime is a provider's slip, not a reason to crash

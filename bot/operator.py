@@ -21,7 +21,7 @@ from core.clock import SystemClock
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
 from core.display import visible
-from core.errors import InvalidInput, StoreError
+from core.errors import InvalidInput, StoreError, VaultError
 from core.events import EventBus
 from core.hosts import parse_hosts
 from core.policies import PolicyBook
@@ -29,7 +29,6 @@ from core.replies import asked_by
 from core.store import ApprovalStore, CredentialStore, Database
 from core.stored_secrets import credential_views
 from core.tools import canonical_call
-from core.vault import VaultError
 
 
 @dataclass

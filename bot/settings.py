@@ -147,7 +147,8 @@ class Settings(BaseSettings):
     @classmethod
     def _keys(cls, value: str | None) -> str | None:
         if value is not None:
-            from core.vault import KeyRing, VaultError
+            from core.errors import VaultError
+            from core.vault import KeyRing
 
             try:
                 KeyRing.parse(value)

@@ -34,8 +34,8 @@ async def _installations(settings: Settings, allowed: frozenset[str] | None) -> 
     from bot.doctor import Check
     from bot.keys import load_keyring
     from bot.slack_installs import VaultInstallationStore
+    from core.errors import VaultError
     from core.store import Database, SlackInstallStore
-    from core.vault import VaultError
 
     try:
         keys = load_keyring(settings)

@@ -14,8 +14,9 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from core.errors import FetchFailed, FileTooBig
 from core.model import Attachment, SessionInfo
-from core.ports import FetchFailed, FileTooBig, Ports
+from core.ports import Ports
 
 log = logging.getLogger(__name__)
 

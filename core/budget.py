@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from core.errors import CoreError
+from core.errors import BudgetExhausted
 from core.model import BUDGET_RISK, ApprovalStatus, thread_of
 from core.store.budgets import BudgetStore
 from core.tools import SUBAGENT_CANNOT_ASK, ToolContext
@@ -21,10 +21,6 @@ if TYPE_CHECKING:
     from core.approvals import ApprovalBroker
 
 BUDGET_TOOL = "thread_budget"  # what a budget park is filed under (its card has Continue and Stop)
-
-
-class BudgetExhausted(CoreError):
-    """The thread used its token budget and nobody chose Continue: the turn ends with this message."""
 
 
 class ThreadBudget:

@@ -14,6 +14,3 @@ class SystemClock:
     def now(self) -> datetime:
         return datetime.now(UTC)
 
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)

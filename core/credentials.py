@@ -21,7 +21,7 @@ from typing import Any
 from core.agents import AgentDirectory
 from core.approvals import ApprovalPolicy
 from core.clock import Clock
-from core.errors import InvalidInput
+from core.errors import InvalidInput, ToolError, VaultError
 from core.events import CredentialRequested, CredentialResolved, EventBus
 from core.hosts import parse_hosts
 from core.model import CredentialRequestInfo, CredentialStatus
@@ -31,9 +31,9 @@ from core.sealed_values import bind_legacy_credentials
 from core.store import CredentialStore
 from core.store.tables import CredentialRequestRow, SecretRow
 from core.stored_secrets import NAME, CredentialUse, env_name, hosts_of, how_to_use, open_secret, preferred
-from core.tools import SUBAGENT_CANNOT_ASK, Risk, Tool, ToolContext, ToolError
+from core.tools import SUBAGENT_CANNOT_ASK, Risk, Tool, ToolContext
 from core.trust import NOT_ALLOWED, restricted
-from core.vault import ROW_AAD, KeyRing, VaultError, row_context
+from core.vault import ROW_AAD, KeyRing, row_context
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from core.clock import Clock
+from core.errors import DeliveryFailed
 from core.events import Event, EventBus, TurnFinished
 from core.leasing import holder_name
 from core.model import LIVE_TURN_STATUSES, DeliveryStatus, SessionInfo, TurnStatus
-from core.ports import ChannelPort, DeliveryFailed, DeliveryId, Ports, Receipt
+from core.ports import ChannelPort, DeliveryId, Ports, Receipt
 from core.store.deliveries import DeliveryStore, OutboxClaim
 from core.waiting import Waiters
 

@@ -219,9 +219,6 @@ class Dispatcher:
 
     # -- operator controls ----------------------------------------------------------------------
 
-    async def set_paused(self, paused: bool) -> None:
-        await self.control.set_intake_paused(paused, self.clock.now())
-
     async def paused(self) -> bool:
         return await self.control.intake_paused()
 

@@ -1,4 +1,4 @@
-"""The one exception root of ``core`` and its few subclasses (refusals typed by kind)."""
+"""Every exception core raises on purpose: the root, refusals typed by kind, and the failures of its parts."""
 
 from __future__ import annotations
 
@@ -70,3 +70,51 @@ class ProviderError(CoreError):
 
 class StepLimitReached(CoreError):
     """The agent used ``max_steps`` model calls without giving a final answer."""
+
+
+class BudgetExhausted(CoreError):
+    """The thread used its token budget and nobody chose Continue: the turn ends with this message."""
+
+
+class ToolError(CoreError):
+    """A tool call that could not run as asked; the message goes back to the model as the result."""
+
+
+class SchemaCheckError(Exception):
+    """The arguments could not be checked against the schema (an unresolvable reference, a costly pattern)."""
+
+
+class DeliveryFailed(CoreError):
+    """The platform did not take a message. ``retryable``: trying again later may work (a 5xx, a
+    timeout, a rate limit); otherwise it never will (the channel is gone, the bot was removed)."""
+
+    def __init__(self, error: str, *, retryable: bool, retry_after_s: float | None = None) -> None:
+        super().__init__(error)
+        self.error = error
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+
+
+class FetchFailed(CoreError):
+    """A shared file could not be read; the reason is said to the person who shared it."""
+
+
+class FileTooBig(FetchFailed):
+    """A shared file is larger than the limit it was read with (nothing past the limit was read)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"it is over the limit of {limit} bytes")
+        self.limit = limit
+
+
+class OAuthError(CoreError):
+    """A token endpoint refused or could not be reached. ``invalid_grant``: the grant itself is dead (a
+    refresh token revoked or expired), which calls for consent again; anything else is reported as it is."""
+
+    def __init__(self, message: str, *, invalid_grant: bool = False) -> None:
+        super().__init__(message)
+        self.invalid_grant = invalid_grant
+
+
+class VaultError(CoreError):
+    """A secret cannot be sealed or opened; the message names the key id, never the value."""

@@ -14,7 +14,7 @@ from core.clock import Clock
 from core.errors import InvalidInput, NotFound
 from core.events import Event, EventBus
 from core.store.conversations import ConversationStore
-from core.store.feedback import FeedbackEntry, FeedbackStore
+from core.store.feedback import FeedbackStore
 
 VERDICTS = {"positive": True, "negative": False}
 MAX_ID = 2**31 - 1  # the largest id the tables hold (INTEGER on PostgreSQL)
@@ -76,9 +76,3 @@ class FeedbackBook:
             raise NotFound("no such answer here")
         self.bus.emit(FeedbackGiven(turn.session, turn_id, by, positive, changed))
         return FeedbackResult(positive, changed)
-
-    async def recent(self, *, limit: int = 50) -> list[FeedbackEntry]:
-        return await self.store.recent(limit=limit)
-
-    async def counts(self) -> dict[bool, int]:
-        return await self.store.counts()

@@ -35,7 +35,7 @@ from core.model import (
 from core.replies import PLAIN, Marks
 from core.schedules import ScheduleService
 from core.store import Accepted, AcceptOutcome
-from core.store.feedback import FeedbackEntry, FeedbackStore
+from core.store.feedback import FeedbackStore
 from core.views import ConnectionView, GrantView, ScheduleView
 
 # What adapters may name without importing the services that produce them.
@@ -258,9 +258,6 @@ class Gateway:
         place's id, or the conversation)."""
         return await self._feedback.give(turn_id, verdict, by, channel=channel, posted_in=posted_in,
                                          session_id=session_id)
-
-    async def recent_feedback(self, *, limit: int = 50) -> list[FeedbackEntry]:
-        return await self._feedback.recent(limit=limit)
 
     # -- schedules ------------------------------------------------------------------------------
 

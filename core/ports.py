@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from core.errors import CoreError, InvalidInput
+from core.errors import InvalidInput
 from core.model import SessionInfo
 
 
@@ -31,29 +31,6 @@ class DeliveryId:
     install: str
     turn_id: int
     written_at: datetime
-
-
-class DeliveryFailed(CoreError):
-    """The platform did not take a message. ``retryable``: trying again later may work (a 5xx, a
-    timeout, a rate limit); otherwise it never will (the channel is gone, the bot was removed)."""
-
-    def __init__(self, error: str, *, retryable: bool, retry_after_s: float | None = None) -> None:
-        super().__init__(error)
-        self.error = error
-        self.retryable = retryable
-        self.retry_after_s = retry_after_s
-
-
-class FetchFailed(CoreError):
-    """A shared file could not be read; the reason is said to the person who shared it."""
-
-
-class FileTooBig(FetchFailed):
-    """A shared file is larger than the limit it was read with (nothing past the limit was read)."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"it is over the limit of {limit} bytes")
-        self.limit = limit
 
 
 class ChannelPort(Protocol):

@@ -15,7 +15,7 @@ from core.budget import ThreadBudget
 from core.chat_history import merge_user_runs, to_chat, turn_start
 from core.clock import Clock
 from core.context_window import ContextWindow, estimate, request_tokens
-from core.errors import ProviderError, StepLimitReached
+from core.errors import ProviderError, StepLimitReached, ToolError
 from core.model import TurnInfo
 from core.providers import (
     ChatMessage,
@@ -29,7 +29,7 @@ from core.redaction import Redactor
 from core.store import ConversationStore
 from core.store.summaries import SummaryStore
 from core.text import clean_text
-from core.tools import Risk, Tool, ToolContext, ToolError, ToolGate, ToolRegistry, run_tool
+from core.tools import Risk, Tool, ToolContext, ToolGate, ToolRegistry, run_tool
 from core.trust import SenderTrust, Trust, least_trusted
 
 log = logging.getLogger(__name__)

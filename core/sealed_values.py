@@ -14,6 +14,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from core.clock import Clock
 from core.connections.service import connection_label, seal_context
+from core.errors import VaultError
 from core.store.connection_tables import ConnectionRow
 from core.store.connections import ConnectionStore
 from core.store.credentials import CredentialStore
@@ -22,7 +23,7 @@ from core.store.slack_installs import SlackInstallStore
 from core.store.slack_tables import SlackInstallationRow
 from core.store.tables import SecretRow
 from core.stored_secrets import secret_context, secret_label
-from core.vault import ROW_AAD, KeyRing, Sealed, VaultError, row_context
+from core.vault import ROW_AAD, KeyRing, Sealed, row_context
 
 log = logging.getLogger(__name__)
 

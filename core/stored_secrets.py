@@ -9,10 +9,11 @@ import json
 import re
 from dataclasses import dataclass
 
+from core.errors import VaultError
 from core.hosts import host_allowed
 from core.store.credentials import CredentialStore
 from core.store.tables import SecretRow
-from core.vault import LEGACY_AAD, ROW_AAD, KeyRing, Sealed, VaultError, row_context
+from core.vault import LEGACY_AAD, ROW_AAD, KeyRing, Sealed, row_context
 from core.views import CredentialView
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")

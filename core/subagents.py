@@ -20,13 +20,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from core.agents import DELEGATE_TOOL, Agent, AgentDirectory
-from core.budget import BudgetExhausted
 from core.clock import Clock
-from core.errors import ProviderError, StepLimitReached
+from core.errors import BudgetExhausted, ProviderError, StepLimitReached, ToolError
 from core.model import TurnInfo, TurnStatus
 from core.runner import AgentRunner
 from core.store.subagents import INTERRUPTED, SubAgentStore
-from core.tools import Risk, Tool, ToolContext, ToolError
+from core.tools import Risk, Tool, ToolContext
 
 log = logging.getLogger(__name__)
 

@@ -29,6 +29,8 @@ from jsonschema.protocols import Validator
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
+from core.errors import SchemaCheckError
+
 # One call's whole check (every keyword, every pattern) shares this much time; past it the arguments are refused.
 CHECK_BUDGET_S = 0.25
 _TOO_LONG = "checking the arguments took too long (the tool's schema is too costly)"
@@ -39,10 +41,6 @@ _NAME_MAPS = ("properties", "patternProperties", "$defs", "definitions", "depend
 # A registry that knows no document and retrieves none: only references inside the schema itself resolve.
 _NOTHING = Registry()
 _deadline: contextvars.ContextVar[float] = contextvars.ContextVar("tool_schema_deadline", default=0.0)
-
-
-class SchemaCheckError(Exception):
-    """The arguments could not be checked against the schema (an unresolvable reference, a costly pattern)."""
 
 
 def _remaining() -> float:

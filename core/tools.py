@@ -10,18 +10,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from core.errors import CoreError
+from core.errors import CoreError, SchemaCheckError, ToolError
 from core.text import clean_text, text_problem, tree_problem
-from core.tool_schema import ArgumentSchema, SchemaCheckError, schema_problem
+from core.tool_schema import ArgumentSchema, schema_problem
 
 
 class Risk(enum.StrEnum):
     SAFE = "safe"
     GATED = "gated"
-
-
-class ToolError(CoreError):
-    """A tool call that could not run as asked; the message goes back to the model as the result."""
 
 
 # What a sub-agent is told wherever a person would be asked (approvals, credentials, connections, budgets).

@@ -14,14 +14,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from core import current, logcontext
 from core.agents import Agent, AgentDirectory
 from core.attachments import AttachmentReader
-from core.budget import BudgetExhausted
 from core.delivery import EMPTY_ANSWER
-from core.errors import ProviderError, StepLimitReached
+from core.errors import BudgetExhausted, ProviderError, StepLimitReached
 from core.events import (
     AnswerDelta,
     EventBus,
@@ -40,15 +39,33 @@ from core.parking import HOLD, Hold, TurnSlot
 from core.ports import Ports
 from core.providers import ChatMessage
 from core.runner import AgentRunner
-from core.store import ConversationStore, HeldElsewhere, InputStore, Taken
+from core.store import Budget, ConversationStore, HeldElsewhere, InputStore, Taken
 
 if TYPE_CHECKING:
 
     from core.clock import Clock
-    from core.dispatcher import DispatchConfig
     from core.store.deliveries import OutboxClaim
 
 log = logging.getLogger(__name__)
+
+
+class TurnSettings(Protocol):
+    """The settings the drivers read; core.dispatcher.DispatchConfig has them (and the dispatcher's own)."""
+
+    @property
+    def max_concurrent_turns(self) -> int: ...
+
+    @property
+    def queue_mode(self) -> str: ...  # where a conversation set none
+
+    @property
+    def debounce_s(self) -> float: ...
+
+    @property
+    def budget(self) -> Budget: ...
+
+    @property
+    def lease_retry_s(self) -> float: ...
 
 
 @dataclass
@@ -86,7 +103,7 @@ class TurnDrivers:
         agents: AgentDirectory,
         bus: EventBus,
         clock: Clock,
-        config: DispatchConfig,
+        config: TurnSettings,
         leasing: SessionLeases,
         waiters: OutcomeWaiters,
         queue_mode: Callable[[str], Awaitable[str]],

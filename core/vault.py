@@ -14,13 +14,9 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from core.errors import CoreError
+from core.errors import VaultError
 
 _NONCE_BYTES = 12
-
-
-class VaultError(CoreError):
-    """A secret cannot be sealed or opened; the message names the key id, never the value."""
 
 
 @dataclass(frozen=True)
@@ -67,9 +63,6 @@ class KeyRing:
         import hmac
 
         return hmac.new(self._keys[self.current], purpose.encode(), hashlib.sha256).digest()
-
-    def has(self, key_id: str) -> bool:
-        return key_id in self._keys
 
     def seal(self, plaintext: str, context: str) -> Sealed:
         """``context`` (the associated data, e.g. :func:`row_context`) is bound to the ciphertext: the

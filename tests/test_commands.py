@@ -52,10 +52,10 @@ async def test_help_status_stop_and_queue_replies(admin_gateway: GatewayClient) 
     assert await _say(gateway, "fo`o *bold* `x") == "I don't know `/bot fo'o *bold* 'x`.\n" + HELP  # stays one span
     assert await _say(gateway, "status") == (
         "I'm up and taking messages; 0 conversation(s) working now. Default queue mode: steer.")
-    await gateway.app.dispatcher.set_paused(True)
+    await gateway.app.dispatcher.control.set_intake_paused(True, gateway.app.dispatcher.clock.now())
     assert await _say(gateway, "STATUS") == (
         "I'm up and paused by an operator; 0 conversation(s) working now. Default queue mode: steer.")
-    await gateway.app.dispatcher.set_paused(False)
+    await gateway.app.dispatcher.control.set_intake_paused(False, gateway.app.dispatcher.clock.now())
     assert await _say(gateway, "stop") == "Nothing to stop in this channel."
     assert await _say(gateway, "queue bogus") == "unknown queue mode 'bogus': use steer, collect or followup"
     assert await _say(gateway, "queue collect", user="UADMIN") == (

@@ -18,8 +18,9 @@ import pytest
 
 from bot.settings import Settings
 from core.connections.service import ConnectionService
+from core.errors import ToolError
 from core.store.schedules import ScheduleStore
-from core.tools import ToolContext, ToolError
+from core.tools import ToolContext
 from tests.conftest import GatewayClient, connections_toml
 from tests.fakes.core import until
 from tests.fakes.llm import FakeLLM, Gate, Reply

@@ -17,16 +17,17 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bot.errors import SettingsError
+from bot.errors import ServerFailed, SettingsError
 from bot.mcp import servers as mcp_servers
 from bot.mcp import stderr as mcp_stderr
 from bot.mcp.challenge import Diagnosis, diagnose
 from bot.mcp.manager import McpServers
-from bot.mcp.servers import HttpServer, ServerFailed
+from bot.mcp.servers import HttpServer
 from bot.mcp.spec import McpServerSpec, load_mcp_servers
 from bot.sandbox import Unsandboxed
 from bot.settings import Settings
-from core.tools import ToolError, ToolRegistry
+from core.errors import ToolError
+from core.tools import ToolRegistry
 from tests.bot_process import run_cli, slack_env
 from tests.conftest import GatewayClient, connections_toml, sandbox_mode
 from tests.fakes.llm import FakeLLM, Reply

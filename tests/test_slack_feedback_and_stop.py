@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from channels.slack.blocks import FEEDBACK_ACTION, STOP_ACTION, STOP_SHORTCUT
+from core.store.feedback import FeedbackStore
 from tests.bot_process import run_cli
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Gate, Reply
@@ -73,7 +74,7 @@ async def test_an_answer_carries_feedback_buttons_and_a_click_is_recorded_once_p
     await gateway.interact(block_action(FEEDBACK_ACTION, good, user="U3", message_ts=answer["ts"], thread_ts=thread))
     await fake_slack.wait_for("chat.postEphemeral", 4)
 
-    entries = await gateway.app.gateway.recent_feedback()
+    entries = await FeedbackStore(gateway.app.db).recent()
     assert sorted((e.user, e.positive) for e in entries) == [("U2", True), ("U3", True)]  # U3 changed their mind
     turn_id = int(good.split(":")[1])
     assert {e.turn_id for e in entries} == {turn_id} and all(e.session_id.endswith(thread) for e in entries)
@@ -115,7 +116,7 @@ async def test_feedback_naming_an_answer_from_elsewhere_or_not_an_answer_is_refu
         response = await gateway.interact(block_action(FEEDBACK_ACTION, value, user="U2", channel=channel))
         assert response.status == 200
     await fake_slack.wait_for("chat.postEphemeral", 5)
-    assert await gateway.app.gateway.recent_feedback() == []
+    assert await FeedbackStore(gateway.app.db).recent() == []
     assert all("nothing was recorded" in text for text in fake_slack.ephemerals("U2"))
 
 
@@ -127,7 +128,7 @@ async def test_feedback_on_a_turn_still_running_is_refused(
     await fake_slack.wait_for("chat.postEphemeral")
     gate.opened.set()
     await gateway.idle()
-    assert await gateway.app.gateway.recent_feedback() == []
+    assert await FeedbackStore(gateway.app.db).recent() == []
 
 
 async def test_model_text_cannot_mention_anyone_but_code_stays_as_written(

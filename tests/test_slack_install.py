@@ -20,9 +20,10 @@ from sqlmodel import select
 from bot.errors import SettingsError
 from bot.settings import Settings, load_settings
 from bot.slack_installs import DatabaseStateStore, VaultInstallationStore, install_context
+from core.errors import VaultError
 from core.store import Database, SlackInstallStore
 from core.store.slack_tables import SlackInstallationRow, SlackOAuthStateRow
-from core.vault import KeyRing, Sealed, VaultError
+from core.vault import KeyRing, Sealed
 from tests.fakes.slack_api import FakeSlack
 
 SIGNING = "signing-secret-abcdef"

@@ -172,7 +172,7 @@ async def test_paused_intake_replies_and_finishes_accepted_work(
     gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
     root, gate = await _busy_thread(gateway, fake_llm, Reply("finished anyway"))
-    await gateway.app.dispatcher.set_paused(True)
+    await gateway.app.dispatcher.control.set_intake_paused(True, gateway.app.dispatcher.clock.now())
     await gateway.send_event(mention("new request", thread_ts=root["ts"]))
     posts = await fake_slack.wait_for("chat.postMessage")
     assert "paused" in posts[0].params["text"]
@@ -180,7 +180,7 @@ async def test_paused_intake_replies_and_finishes_accepted_work(
     await fake_slack.wait_for("chat.postMessage", 2)
     await gateway.idle()
     assert fake_slack.posts()[1].params["text"] == "finished anyway"
-    await gateway.app.dispatcher.set_paused(False)
+    await gateway.app.dispatcher.control.set_intake_paused(False, gateway.app.dispatcher.clock.now())
     await gateway.send_event(mention("after resume", thread_ts=root["ts"]))
     await fake_slack.wait_for("chat.postMessage", 3)
     assert fake_slack.posts()[2].params["text"].endswith("after resume")

@@ -15,8 +15,8 @@ from bot.errors import SettingsError
 from bot.settings import Settings, load_settings
 from channels.slack.payloads import thread_session
 from core import subagents
-from core.budget import BudgetExhausted
 from core.commands import Command
+from core.errors import BudgetExhausted
 from core.model import SessionInfo, SessionStatus, TurnStatus
 from core.store import ConversationStore, Database
 from core.store.subagents import INTERRUPTED, SubAgentStore

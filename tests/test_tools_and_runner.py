@@ -15,10 +15,10 @@ from aiohttp import web
 from bot.providers.demo import HELP, DemoProvider
 from bot.providers.openai_compat import classify
 from bot.tools.time_now import time_now_tool
-from core.errors import CoreError, ProviderError
+from core.errors import CoreError, ProviderError, SchemaCheckError, ToolError
 from core.providers import ChatMessage, CompletionRequest, RetryPolicy, complete_with_retries
-from core.tool_schema import ArgumentSchema, SchemaCheckError
-from core.tools import Risk, Tool, ToolContext, ToolError, ToolRegistry, run_tool
+from core.tool_schema import ArgumentSchema
+from core.tools import Risk, Tool, ToolContext, ToolRegistry, run_tool
 from tests.fakes.core import FlakyProvider
 
 try:  # the installed openai client may be built on the renamed ``httpx2`` package

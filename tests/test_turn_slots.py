@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import func
+from sqlmodel import select
 
+from core.store.tables import TurnRow
 from core.turns import TurnDrivers
 from tests.conftest import GatewayClient
 from tests.fakes.core import until
@@ -26,6 +29,11 @@ def _turns(gateway: GatewayClient) -> TurnDrivers:
 
 def _free(gateway: GatewayClient) -> int:
     return _turns(gateway)._slots._value  # the semaphore itself: a leaked slot shows here
+
+
+async def _count_turns(gateway: GatewayClient, status: str) -> int:
+    async with gateway.app.db.read() as s:
+        return int((await s.exec(select(func.count()).select_from(TurnRow).where(TurnRow.status == status))).one())
 
 
 def _waiting_for_a_slot(gateway: GatewayClient) -> int:
@@ -125,7 +133,7 @@ async def test_stop_while_waiting_for_a_slot(
         gate.opened.set()
     await gateway.idle()
     assert not ran.exists() and len(fake_llm.requests) == 1 + SLOTS  # the stopped turn never ran on
-    assert await gateway.app.dispatcher.conversations.count_turns("cancelled") == 1
+    assert await _count_turns(gateway, "cancelled") == 1
     approval = await gateway.app.approvals.get(request_id)
     assert approval is not None and approval.status == "approved" and not approval.started
     assert _free(gateway) == SLOTS
@@ -144,6 +152,6 @@ async def test_shutdown_sets_aside_a_turn_waiting_for_a_slot(
         gate.opened.set()
     assert (report.set_aside, report.interrupted, report.drained) == (1, SLOTS, 0)
     assert not ran.exists() and _free(gateway) == SLOTS
-    assert await gateway.app.dispatcher.conversations.count_turns("queued") == 1  # continued at the next start
+    assert await _count_turns(gateway, "queued") == 1  # continued at the next start
     approval = await gateway.app.approvals.get(request_id)
     assert approval is not None and approval.status == "approved" and not approval.started

@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 
+from core.store.feedback import FeedbackStore
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Gate, HttpError, Reply
 from tests.fakes.slack_api import FakeSlack
@@ -114,7 +115,7 @@ async def test_feedback_on_an_answer_is_recorded_for_this_conversation_only(gate
     assert (await _post(gateway, f"/api/conversations/{CID}/feedback", too_big))[0] == 400
     status, body = await _post(gateway, f"/api/conversations/{CID}/feedback", {"turn": turn, "verdict": "negative"})
     assert status == 200 and body["positive"] is False and "Thanks for the feedback" in body["text"]
-    [entry] = await gateway.app.gateway.recent_feedback()
+    [entry] = await FeedbackStore(gateway.app.db).recent()
     assert (entry.turn_id, entry.user, entry.positive, entry.session_id) == (turn, "web", False, f"web:{CID}")
 
 

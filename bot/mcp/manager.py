@@ -18,8 +18,9 @@ from bot.mcp.spec import SEPARATOR, McpServerSpec
 from bot.mcp.tools import Access, Audit, Connections, server_tools
 from bot.sandbox import Sandbox, Unsandboxed
 from core.display import visible
+from core.errors import ToolError
 from core.stored_secrets import CredentialUse
-from core.tools import ToolContext, ToolError, ToolRegistry
+from core.tools import ToolContext, ToolRegistry
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 30.0

@@ -18,6 +18,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, Tool
 
+from bot.errors import ServerFailed
 from bot.mcp.challenge import Diagnosis, diagnose
 from bot.mcp.spec import McpServerSpec
 from bot.mcp.stderr import StderrLog
@@ -27,14 +28,6 @@ log = logging.getLogger(__name__)
 BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 PING_S = 2.0  # a stdio server that stops answering (or dies) is found this soon, and restarted
 TOOLS_MAX = 100  # a server's tools beyond these are not read (every tool reaches every model request)
-
-
-class ServerFailed(Exception):
-    """The server could not be reached, or failed the request: ``diagnosis`` says which."""
-
-    def __init__(self, diagnosis: Diagnosis) -> None:
-        super().__init__(diagnosis.message)
-        self.diagnosis = diagnosis
 
 
 class McpServer(ABC):

@@ -18,12 +18,14 @@ from mcp_types import CallToolResult
 from mcp_types import Tool as McpTool
 from yarl import URL
 
-from bot.mcp.servers import TOOLS_MAX, McpServer, ServerFailed
+from bot.errors import ServerFailed
+from bot.mcp.servers import TOOLS_MAX, McpServer
 from bot.mcp.spec import SEPARATOR
 from core.connections.spec import ConnectionSpec
+from core.errors import ToolError
 from core.stored_secrets import CredentialUse
 from core.tool_schema import schema_problem
-from core.tools import Risk, Tool, ToolContext, ToolError
+from core.tools import Risk, Tool, ToolContext
 
 log = logging.getLogger(__name__)
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what model APIs accept as a function name

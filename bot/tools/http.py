@@ -18,11 +18,13 @@ from typing import Any, Protocol
 import aiohttp
 from yarl import URL
 
-from bot.egress import EgressPolicy, EgressRefused
+from bot.egress import EgressPolicy
+from bot.errors import EgressRefused
 from core.connections.spec import ConnectionSpec
+from core.errors import ToolError
 from core.hosts import normalize_host
 from core.stored_secrets import CredentialUse
-from core.tools import Risk, Tool, ToolContext, ToolError
+from core.tools import Risk, Tool, ToolContext
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"]
 MAX_REDIRECTS = 5

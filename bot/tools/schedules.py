@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.errors import InvalidInput, NotAllowed
+from core.errors import InvalidInput, NotAllowed, ToolError
 from core.schedules import ScheduleService
 from core.store import ConversationStore
-from core.tools import SUBAGENT_CANNOT_ASK, Risk, Tool, ToolContext, ToolError
+from core.tools import SUBAGENT_CANNOT_ASK, Risk, Tool, ToolContext
 from core.triggers import TriggerSpec
 
 

@@ -21,7 +21,8 @@ from typing import Any
 from bot.agents_config import AGENT_NAME
 from bot.home import HOMES_DIR, WORK_DIR
 from bot.sandbox import Home, Sandbox, Started
-from core.tools import Risk, Tool, ToolContext, ToolError
+from core.errors import ToolError
+from core.tools import Risk, Tool, ToolContext
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from core.clock import Clock, SystemClock
-from core.tools import Risk, Tool, ToolContext, ToolError
+from core.errors import ToolError
+from core.tools import Risk, Tool, ToolContext
 
 
 def time_now_tool(clock: Clock | None = None) -> Tool:

@@ -8,7 +8,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.workspaces import bot_token
-from core.ports import FetchFailed, FileTooBig
+from core.errors import FetchFailed, FileTooBig
 
 FILE_HOSTS = frozenset({"files.slack.com"})  # where shared files live (url_private_download)
 _FILE_TIMEOUT = aiohttp.ClientTimeout(total=30.0)

@@ -28,10 +28,9 @@ from channels.slack.workspaces import (
     session_team,
     team_of,
 )
-from core.errors import InvalidInput
+from core.errors import DeliveryFailed, InvalidInput, ToolError
 from core.model import SessionInfo
-from core.ports import DeliveryFailed, DeliveryId, Receipt
-from core.tools import ToolError
+from core.ports import DeliveryId, Receipt
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from core.errors import InvalidInput
+from core.errors import FetchFailed, InvalidInput
 from core.model import SessionInfo
-from core.ports import DeliveryId, FetchFailed, Receipt
+from core.ports import DeliveryId, Receipt
 
 
 class WebPort:

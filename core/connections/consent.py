@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from core.connections.service import ConnectionService, seal_context
-from core.connections.spec import ConnectionSpec, OAuthError, TokenSet, pkce_challenge, pkce_verifier, state_hash
-from core.errors import NotFound
+from core.connections.spec import ConnectionSpec, TokenSet, pkce_challenge, pkce_verifier, state_hash
+from core.errors import NotFound, OAuthError
 from core.model import ConnectionRequestInfo, ConnectionStatus
 from core.store.connection_tables import ConnectionRow, OAuthStateRow
 

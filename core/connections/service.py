@@ -18,8 +18,8 @@ from datetime import timedelta
 
 from core.approvals import ApprovalPolicy
 from core.clock import Clock
-from core.connections.spec import ConnectionSpec, OAuthClient, OAuthError, TokenSet
-from core.errors import InvalidInput, NotFound
+from core.connections.spec import ConnectionSpec, OAuthClient, TokenSet
+from core.errors import InvalidInput, NotFound, OAuthError, ToolError, VaultError
 from core.events import ConnectionRequested, ConnectionResolved, EventBus
 from core.model import ConnectionGap, ConnectionRequestInfo, ConnectionStatus, thread_of
 from core.parking import Waiters
@@ -27,9 +27,9 @@ from core.store.connection_tables import ConnectionRequestRow, ConnectionRow
 from core.store.connections import ConnectionStore
 from core.store.schedules import firing_schedule
 from core.stored_secrets import CredentialUse
-from core.tools import SUBAGENT_CANNOT_ASK, ToolContext, ToolError
+from core.tools import SUBAGENT_CANNOT_ASK, ToolContext
 from core.trust import NOT_ALLOWED, restricted
-from core.vault import KeyRing, Sealed, VaultError
+from core.vault import KeyRing, Sealed
 from core.views import ConnectionView
 
 log = logging.getLogger(__name__)

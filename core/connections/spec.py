@@ -14,7 +14,6 @@ from typing import Any, Literal, Protocol
 
 from yarl import URL
 
-from core.errors import CoreError
 from core.hosts import host_allowed
 
 Owner = Literal["user", "shared"]
@@ -73,15 +72,6 @@ class TokenSet:
     scopes: tuple[str, ...] | None = None
     token_type: str = "bearer"
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. a cloud id the provider disclosed
-
-
-class OAuthError(CoreError):
-    """A token endpoint refused or could not be reached. ``invalid_grant``: the grant itself is dead (a
-    refresh token revoked or expired), which calls for consent again; anything else is reported as it is."""
-
-    def __init__(self, message: str, *, invalid_grant: bool = False) -> None:
-        super().__init__(message)
-        self.invalid_grant = invalid_grant
 
 
 class OAuthClient(Protocol):

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from core.store.tables import _ts
+from core.store.tables import timestamp
 
 
 class ConnectionRow(SQLModel, table=True):
@@ -24,15 +24,15 @@ class ConnectionRow(SQLModel, table=True):
     key_id: str = Field(max_length=64)
     ciphertext: str = Field(sa_column=Column(Text, nullable=False))
     scopes: str = Field(sa_column=Column(Text, nullable=False))  # JSON list granted; "null": not told
-    expires_at: datetime | None = _ts(nullable=True)  # of the access token; None: not told
+    expires_at: datetime | None = timestamp(nullable=True)  # of the access token; None: not told
     refreshable: bool = Field(default=False)
     meta: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # JSON: what else the provider said
     connected_by: str = Field(max_length=64)
-    created_at: datetime = _ts()
-    updated_at: datetime = _ts()
-    refreshed_at: datetime | None = _ts(nullable=True)
-    refreshing_until: datetime | None = _ts(nullable=True)  # one refresh at a time, across replicas
-    last_used_at: datetime | None = _ts(nullable=True)
+    created_at: datetime = timestamp()
+    updated_at: datetime = timestamp()
+    refreshed_at: datetime | None = timestamp(nullable=True)
+    refreshing_until: datetime | None = timestamp(nullable=True)  # one refresh at a time, across replicas
+    last_used_at: datetime | None = timestamp(nullable=True)
 
 
 class ConnectionRequestRow(SQLModel, table=True):
@@ -51,11 +51,11 @@ class ConnectionRequestRow(SQLModel, table=True):
     scopes: str = Field(sa_column=Column(Text, nullable=False))  # JSON list the call needs
     agent: str = Field(max_length=64)
     status: str = Field(max_length=16)  # pending, connected, expired, cancelled
-    created_at: datetime = _ts()
-    expires_at: datetime = _ts()
-    settled_at: datetime | None = _ts(nullable=True)
+    created_at: datetime = timestamp()
+    expires_at: datetime = timestamp()
+    settled_at: datetime | None = timestamp(nullable=True)
     settled_by: str | None = Field(default=None, max_length=64)
-    resumed_at: datetime | None = _ts(nullable=True)  # the parked call went on (never twice)
+    resumed_at: datetime | None = timestamp(nullable=True)  # the parked call went on (never twice)
     announcement: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
@@ -71,7 +71,7 @@ class OAuthStateRow(SQLModel, table=True):
     principal: str = Field(max_length=64)
     request_id: int | None = Field(default=None, foreign_key="connection_requests.id")
     channel: str = Field(max_length=16)  # where it was minted (slack, web, cli)
-    created_at: datetime = _ts()
-    expires_at: datetime = _ts()
-    opened_at: datetime | None = _ts(nullable=True)  # the personal link was opened (once)
-    used_at: datetime | None = _ts(nullable=True)  # the callback came back with it (once)
+    created_at: datetime = timestamp()
+    expires_at: datetime = timestamp()
+    opened_at: datetime | None = timestamp(nullable=True)  # the personal link was opened (once)
+    used_at: datetime | None = timestamp(nullable=True)  # the callback came back with it (once)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Row, func, true, update
+from sqlalchemy import Row, true, update
 from sqlmodel import Session, col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -313,11 +313,6 @@ class ConversationStore:
                 s.add(SessionRow(id=info.id, channel=info.channel, agent=info.agent, status=SessionStatus.IDLE,
                                  reply_ref=json.dumps(info.reply_ref), place=info.place, preapproved=preapproved,
                                  created_at=now, updated_at=now))
-
-    async def count_turns(self, status: str) -> int:
-        async with self.db.read() as s:
-            result = await s.exec(select(func.count()).select_from(TurnRow).where(TurnRow.status == status))
-            return int(result.one())
 
 
 def resume_interrupted(s: Session, session_id: str, now: datetime) -> TurnInfo | None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, delete, func, update
+from sqlalchemy import Row, delete, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -169,26 +169,6 @@ class InputStore:
                                                 col(InputRow.kind) == InputKind.MESSAGE)
                          .values(status=InputStatus.CANCELLED, note=note))
 
-    async def cancel_input(self, input_id: int, note: str) -> int | None:
-        """Cancel one input. Returns the running turn's id when that turn has nothing left uncancelled."""
-        async with self.db.write() as s:
-            row = await s.get(InputRow, input_id)
-            if row is None or row.status not in (InputStatus.WAITING, InputStatus.TAKEN):
-                return None
-            was_waiting = row.status == InputStatus.WAITING
-            row.status, row.note = InputStatus.CANCELLED, note
-            s.add(row)
-            if was_waiting or row.turn_id is None:
-                return None
-            turn = await s.get(TurnRow, row.turn_id)
-            if turn is None or turn.status != TurnStatus.RUNNING:
-                return None
-            await s.flush()
-            left = await s.exec(select(func.count()).select_from(InputRow).where(
-                InputRow.turn_id == row.turn_id, InputRow.kind == InputKind.MESSAGE,
-                InputRow.status != InputStatus.CANCELLED))
-            return row.turn_id if int(left.one()) == 0 else None
-
     # -- outcomes -------------------------------------------------------------------------------
 
     async def outcome(self, input_id: int) -> Outcome | None:
@@ -211,11 +191,6 @@ class InputStore:
             # Once taken, an input shares its turn's outcome: if the turn answered (a stop lost the race,
             # or others in a merged turn still wanted it), this message was answered too.
             return turn_outcome(turn)
-
-    async def input_ids_of_turn(self, turn_id: int) -> list[int]:
-        async with self.db.read() as s:
-            rows = await s.exec(select(InputRow.id).where(InputRow.turn_id == turn_id))
-            return [i for i in rows.all() if i is not None]
 
     async def note(self, input_id: int, text: str) -> None:
         async with self.db.write() as s:

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import Column, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from core.store.tables import _ts
+from core.store.tables import timestamp
 
 
 class SlackInstallationRow(SQLModel, table=True):
@@ -32,9 +32,9 @@ class SlackInstallationRow(SQLModel, table=True):
     installer: str | None = Field(default=None, max_length=32)  # the user who installed it
     key_id: str = Field(max_length=64)
     ciphertext: str = Field(sa_column=Column(Text, nullable=False))
-    bot_token_expires_at: datetime | None = _ts(nullable=True)  # token rotation; None: the token does not expire
-    installed_at: datetime = _ts()
-    updated_at: datetime = _ts()
+    bot_token_expires_at: datetime | None = timestamp(nullable=True)  # token rotation; None: the token does not expire
+    installed_at: datetime = timestamp()
+    updated_at: datetime = timestamp()
 
 
 class SlackOAuthStateRow(SQLModel, table=True):
@@ -43,5 +43,5 @@ class SlackOAuthStateRow(SQLModel, table=True):
     __tablename__ = "slack_oauth_states"
 
     state_hash: str = Field(primary_key=True, max_length=64)
-    created_at: datetime = _ts()
-    expires_at: datetime = _ts()
+    created_at: datetime = timestamp()
+    expires_at: datetime = timestamp()

@@ -28,7 +28,8 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def _ts(nullable: bool = False) -> Any:
+def timestamp(nullable: bool = False) -> Any:
+    """A UTC datetime column (UTCDateTime)."""
     return Field(sa_column=Column(UTCDateTime(), nullable=nullable))
 
 
@@ -50,8 +51,8 @@ class SessionRow(SQLModel, table=True):
     summary_key: str | None = Field(default=None, max_length=64)  # which messages: "count:digest"
     tokens_used: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))  # budget
     token_allowance: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
-    created_at: datetime = _ts()
-    updated_at: datetime = _ts()
+    created_at: datetime = timestamp()
+    updated_at: datetime = timestamp()
 
 
 class MessageRow(SQLModel, table=True):
@@ -72,7 +73,7 @@ class MessageRow(SQLModel, table=True):
     tool_calls: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     tool_call_id: str | None = Field(default=None, max_length=128)
     turn_id: int | None = Field(default=None)
-    created_at: datetime = _ts()
+    created_at: datetime = timestamp()
 
 
 class TurnRow(SQLModel, table=True):
@@ -88,9 +89,9 @@ class TurnRow(SQLModel, table=True):
     attempts: int = Field(default=0)
     answer: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
-    created_at: datetime = _ts()
-    started_at: datetime | None = _ts(nullable=True)
-    finished_at: datetime | None = _ts(nullable=True)
+    created_at: datetime = timestamp()
+    started_at: datetime | None = timestamp(nullable=True)
+    finished_at: datetime | None = timestamp(nullable=True)
     # What the channel reported after delivering the answer: the platform's message id, or the error.
     delivered_ref: str | None = Field(default=None, max_length=255)
     delivery_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
@@ -125,8 +126,8 @@ class InputRow(SQLModel, table=True):
     turn_id: int | None = Field(default=None, foreign_key="turns.id")
     message_id: int | None = Field(default=None, foreign_key="messages.id")
     note: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # why refused or cancelled
-    created_at: datetime = _ts()
-    taken_at: datetime | None = _ts(nullable=True)
+    created_at: datetime = timestamp()
+    taken_at: datetime | None = timestamp(nullable=True)
 
 
 class ControlRow(SQLModel, table=True):
@@ -136,7 +137,7 @@ class ControlRow(SQLModel, table=True):
 
     key: str = Field(primary_key=True, max_length=255)
     value: str = Field(sa_column=Column(Text, nullable=False))
-    updated_at: datetime = _ts()
+    updated_at: datetime = timestamp()
 
 
 class ProcessedEventRow(SQLModel, table=True):
@@ -167,21 +168,21 @@ class ApprovalRow(SQLModel, table=True):
     other_senders: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     risk: str = Field(max_length=16)
     status: str = Field(max_length=16)  # pending, approved, denied, expired, cancelled
-    parked_at: datetime = _ts()
-    expires_at: datetime = _ts()
+    parked_at: datetime = timestamp()
+    expires_at: datetime = timestamp()
     decided_by: str | None = Field(default=None, max_length=64)
-    decided_at: datetime | None = _ts(nullable=True)
+    decided_at: datetime | None = timestamp(nullable=True)
     reason: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     always: bool = Field(default=False)  # approved with "Always allow": a grant was recorded
     announcement: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # where it was posted
-    started_at: datetime | None = _ts(nullable=True)  # the approved call began to run
+    started_at: datetime | None = timestamp(nullable=True)  # the approved call began to run
     approvers: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # a rule's (JSON), else None
     quorum: int = Field(default=1, sa_column=Column(Integer, nullable=False, server_default="1"))  # distinct votes
     policy: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # the rule that asked
     notify: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # JSON: thread, dm
     escalate_to: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # JSON: who joins
-    remind_at: datetime | None = _ts(nullable=True)  # approvers are reminded then (and escalate_to join)
-    reminded_at: datetime | None = _ts(nullable=True)  # ...once: set by whoever reminded them
+    remind_at: datetime | None = timestamp(nullable=True)  # approvers are reminded then (and escalate_to join)
+    reminded_at: datetime | None = timestamp(nullable=True)  # ...once: set by whoever reminded them
 
 
 class ApprovalVoteRow(SQLModel, table=True):
@@ -193,7 +194,7 @@ class ApprovalVoteRow(SQLModel, table=True):
     approval_id: int = Field(foreign_key="approvals.id")
     voter: str = Field(max_length=64)
     verdict: str = Field(max_length=16)  # approve, deny
-    voted_at: datetime = _ts()
+    voted_at: datetime = timestamp()
 
 
 class GrantRow(SQLModel, table=True):
@@ -213,9 +214,9 @@ class GrantRow(SQLModel, table=True):
     arg_pattern: str | None = Field(default=None, max_length=500)
     call_text: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # the exact canonical call
     created_by: str = Field(max_length=64)
-    created_at: datetime = _ts()
+    created_at: datetime = timestamp()
     revoked_by: str | None = Field(default=None, max_length=64)
-    revoked_at: datetime | None = _ts(nullable=True)
+    revoked_at: datetime | None = timestamp(nullable=True)
 
 
 class AuditRow(SQLModel, table=True):
@@ -247,9 +248,9 @@ class SecretRow(SQLModel, table=True):
     aad_version: int = Field(default=2)
     hosts: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # JSON list; None = anywhere
     created_by: str = Field(max_length=64)
-    created_at: datetime = _ts()
-    updated_at: datetime = _ts()
-    last_used_at: datetime | None = _ts(nullable=True)
+    created_at: datetime = timestamp()
+    updated_at: datetime = timestamp()
+    last_used_at: datetime | None = timestamp(nullable=True)
 
 
 class SecretGrantRow(SQLModel, table=True):
@@ -260,7 +261,7 @@ class SecretGrantRow(SQLModel, table=True):
     secret_id: int = Field(foreign_key="secrets.id", primary_key=True)
     agent: str = Field(max_length=64, primary_key=True)
     granted_by: str = Field(max_length=64)
-    granted_at: datetime = _ts()
+    granted_at: datetime = timestamp()
 
 
 class CredentialRequestRow(SQLModel, table=True):
@@ -279,10 +280,10 @@ class CredentialRequestRow(SQLModel, table=True):
     agent: str = Field(max_length=64)
     requester: str | None = Field(default=None, max_length=64)
     status: str = Field(max_length=16)  # pending, provided, expired, cancelled
-    created_at: datetime = _ts()
-    expires_at: datetime = _ts()
+    created_at: datetime = timestamp()
+    expires_at: datetime = timestamp()
     provided_by: str | None = Field(default=None, max_length=64)
-    provided_at: datetime | None = _ts(nullable=True)
+    provided_at: datetime | None = timestamp(nullable=True)
     announcement: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
@@ -293,8 +294,8 @@ class CredentialLinkRow(SQLModel, table=True):
 
     jti: str = Field(primary_key=True, max_length=64)
     request_id: int = Field(foreign_key="credential_requests.id")
-    expires_at: datetime = _ts()
-    used_at: datetime | None = _ts(nullable=True)
+    expires_at: datetime = timestamp()
+    used_at: datetime | None = timestamp(nullable=True)
 
 
 class LeaseRow(SQLModel, table=True):
@@ -304,7 +305,7 @@ class LeaseRow(SQLModel, table=True):
 
     name: str = Field(primary_key=True, max_length=255)
     holder: str = Field(max_length=64)
-    expires_at: datetime = _ts()
+    expires_at: datetime = timestamp()
 
 
 class WebSessionRow(SQLModel, table=True):
@@ -313,9 +314,9 @@ class WebSessionRow(SQLModel, table=True):
     __tablename__ = "web_sessions"
 
     id_digest: str = Field(primary_key=True, max_length=64)  # sha256 hex of the cookie value
-    created_at: datetime = _ts()
-    expires_at: datetime = _ts()
-    revoked_at: datetime | None = _ts(nullable=True)
+    created_at: datetime = timestamp()
+    expires_at: datetime = timestamp()
+    revoked_at: datetime | None = timestamp(nullable=True)
 
 
 class DeliveryRow(SQLModel, table=True):
@@ -335,12 +336,12 @@ class DeliveryRow(SQLModel, table=True):
     attempts: int = Field(default=0)
     # When the next attempt may start; while one runs, when its claim runs out (a crashed claimer's row
     # is then taken over).
-    next_attempt_at: datetime = _ts()
+    next_attempt_at: datetime = timestamp()
     claimed_by: str | None = Field(default=None, max_length=64)
     ref: str | None = Field(default=None, max_length=255)  # where it landed (Slack: the first message's ts)
     last_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
-    created_at: datetime = _ts()
-    finished_at: datetime | None = _ts(nullable=True)
+    created_at: datetime = timestamp()
+    finished_at: datetime | None = timestamp(nullable=True)
     told: bool = Field(default=False)  # a given-up answer: the thread was told it was lost
     # Given up: how often telling the thread was tried (claimed_by / next_attempt_at then hold the try's claim).
     notice_tries: int = Field(default=0)
@@ -358,10 +359,49 @@ class FeedbackRow(SQLModel, table=True):
     session_id: str = Field(foreign_key="sessions.id", max_length=255)
     user: str = Field(max_length=255)
     positive: bool
-    created_at: datetime = _ts()
-    updated_at: datetime = _ts()
+    created_at: datetime = timestamp()
+    updated_at: datetime = timestamp()
 
 
-# Schedules live in their own module; imported here so every table is known wherever tables are.
-from core.store.schedule_tables import FiringRow as FiringRow  # noqa: E402
-from core.store.schedule_tables import ScheduleRow as ScheduleRow  # noqa: E402
+class ScheduleRow(SQLModel, table=True):
+    """A prompt that runs on a trigger and posts its answer to an approved destination (SPEC §9)."""
+
+    __tablename__ = "schedules"
+
+    id: int | None = Field(default=None, primary_key=True)
+    prompt: str = Field(sa_column=Column(Text, nullable=False))
+    trigger: str = Field(sa_column=Column(Text, nullable=False))  # JSON: {"cron"|"every_seconds"|"at", "timezone"}
+    destination: str = Field(max_length=255)  # as the person wrote it ("#ops")
+    destination_id: str = Field(max_length=255)  # as the channel knows it ("C123")
+    channel: str = Field(max_length=32)  # the adapter that delivers ("slack")
+    agent: str = Field(max_length=64)
+    creator: str = Field(max_length=64)
+    # The creator's trust level at creation (core.trust); None: created before levels existed (a member's).
+    creator_trust: str | None = Field(default=None, max_length=16)
+    origin_session: str | None = Field(default=None, max_length=255)  # where it was asked for
+    # Everyone who had written in that conversation when it was created (JSON list, the creator included): a
+    # firing acts through the creator's personal connections only if nobody else had. None: not recorded (a
+    # schedule from before this was), so never taken as alone.
+    origin_senders: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    status: str = Field(max_length=32)  # pending_destination, active, paused, cancelled, done
+    approval_id: int | None = Field(default=None)
+    created_at: datetime = timestamp()
+    firings: int = Field(default=0)
+    failures: int = Field(default=0)  # consecutive failed deliveries
+    last_fired_at: datetime | None = timestamp(nullable=True)
+    last_outcome: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class FiringRow(SQLModel, table=True):
+    __tablename__ = "firings"
+    __table_args__ = (UniqueConstraint("schedule_id", "n", name="uq_firings_schedule_n"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    schedule_id: int = Field(foreign_key="schedules.id")
+    n: int
+    session_id: str = Field(max_length=255)
+    status: str = Field(max_length=16)  # running, posted, failed, skipped
+    started_at: datetime = timestamp()
+    finished_at: datetime | None = timestamp(nullable=True)
+    ts: str | None = Field(default=None, max_length=64)
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))

@@ -28,9 +28,10 @@ from sqlmodel import col, select
 
 from bot.settings import Settings
 from core.credential_links import CredentialLinks
+from core.errors import ToolError
 from core.store.tables import CredentialRequestRow, SecretGrantRow, SecretRow
 from core.stored_secrets import hosts_of, open_secret
-from core.tools import Tool, ToolContext, ToolError
+from core.tools import Tool, ToolContext
 from tests.browser import chromium_or_skip
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply

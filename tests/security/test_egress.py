@@ -25,8 +25,9 @@ from sqlmodel import col
 
 from bot.settings import Settings
 from bot.tools.http import http_request_tool
+from core.errors import ToolError
 from core.store.tables import SecretRow
-from core.tools import Tool, ToolContext, ToolError
+from core.tools import Tool, ToolContext
 from tests.conftest import GatewayClient
 from tests.fakes.server import RunningServer
 
@@ -161,7 +162,8 @@ def test_special_purpose_space_is_refused_whatever_the_python_release(address: s
 def test_the_connect_time_check_sees_the_real_address() -> None:
     """The socket factory aiohttp uses checks the exact address a socket is about to connect to, so an
     answer that changes between a check and the connect (DNS rebinding) still meets the rule."""
-    from bot.egress import EgressPolicy, EgressRefused
+    from bot.egress import EgressPolicy
+    from bot.errors import EgressRefused
 
     make = EgressPolicy().socket_factory("rebind.example")
     with pytest.raises(EgressRefused, match=r"rebind\.example resolves to 127\.0\.0\.1, a loopback address"):

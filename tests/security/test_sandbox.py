@@ -324,7 +324,7 @@ async def test_a_work_folder_that_is_not_a_folder_of_the_bots_own_is_refused(
 ) -> None:
     """The old shared work folder may hold what earlier commands left, such as a link named like an agent:
     it never becomes that agent's work folder (it would mount what it points to, BOT_HOME itself here)."""
-    from core.tools import ToolError
+    from core.errors import ToolError
 
     home = tmp_path / "home"
     (home / "work" / "ops").symlink_to(home)
@@ -367,7 +367,7 @@ async def test_only_named_credentials_are_exported(sandboxed: GatewayClient) -> 
     nothing = await _run(sandboxed, {"command": "env"})
     assert "acc-value-1234" not in nothing and "other-value-5678" not in nothing
 
-    from core.tools import ToolError
+    from core.errors import ToolError
 
     work = sandboxed.app.settings.bot_home / "work" / "default"
     for missing in (["acc.token", "nope.token"], ["ops.token"]):  # not stored; another agent's

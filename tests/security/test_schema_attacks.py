@@ -98,7 +98,7 @@ async def test_a_self_referring_schema_is_refused_not_a_crash_of_the_turn(
 def test_unique_items_on_a_model_written_array_is_not_quadratic_on_the_loop() -> None:
     """uniqueItems falls back to comparing every pair when the items do not sort (ints and strings mixed):
     6,000 items (about 40 KB of arguments a model can write) hold the loop for seconds, 4x per doubling."""
-    from core.tools import ToolError
+    from core.errors import ToolError
 
     tool = _tool({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}})
     tags: list[Any] = [x for i in range(3000) for x in (i, str(i))]
@@ -124,7 +124,7 @@ def _tool(parameters: dict[str, Any]) -> Any:
 
 def _timed(tool: Any, raw: str) -> float:
     """Seconds parse_arguments held the caller; any outcome but a result or a ToolError fails the test."""
-    from core.tools import ToolError
+    from core.errors import ToolError
 
     started = time.monotonic()
     with contextlib.suppress(ToolError):
@@ -172,7 +172,7 @@ def test_pattern_properties_seen_through_additional_properties_are_bounded() -> 
     took = _timed(tool, json.dumps({"a" * 38 + "!": 1}))
     assert took < 2.0, f"checking one property name held the event loop for {took:.1f} s"
     assert tool.parse_arguments({"aa": 1}) == {"aa": 1}  # a name a pattern covers is no additional property
-    from core.tools import ToolError
+    from core.errors import ToolError
 
     with pytest.raises(ToolError, match="Additional properties are not allowed"):
         tool.parse_arguments({"b": 1})

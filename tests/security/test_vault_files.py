@@ -28,12 +28,13 @@ from core.approvals import ApprovalPolicy
 from core.clock import SystemClock
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
+from core.errors import ToolError, VaultError
 from core.events import EventBus
 from core.sealed_values import reseal_all, sealed_kinds
 from core.store import CredentialStore, Database
 from core.store.tables import SecretRow
-from core.tools import ToolContext, ToolError
-from core.vault import KeyRing, VaultError
+from core.tools import ToolContext
+from core.vault import KeyRing
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
