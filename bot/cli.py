@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     pcheck.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
                         help="a header the http_request call sends (repeatable)")
     pcheck.add_argument("--body", default=None, help="the body the http_request call sends")
-    config = _command(sub, "config", "bot.toml (BOT_CONFIG): its JSON Schema, and a check of the file")
+    config = _command(sub, "config", "print the JSON Schema of bot.toml (BOT_CONFIG), or check the file")
     cfverbs = config.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
     _command(cfverbs, "schema", "print the JSON Schema of bot.toml (every table and key), for editors")
     ccheck = _command(cfverbs, "check", "check bot.toml as `bot run` would, and say what it holds",

@@ -132,7 +132,7 @@ def _said(model: type[BaseModel], error: ErrorDetails) -> str:
             text = str(problem) if problem is not None else error["msg"]
         if text:
             return _joined(_path(model, loc), text)
-    field_loc, info = _field(model, loc)
+    _kind, field_loc, info = _walk(model, loc)
     if info is None:
         return f"{_path(model, loc)}: {error['msg']}"
     says = next((m.text for m in _metadata(info) if isinstance(m, Says)), None)
@@ -156,32 +156,27 @@ def _path(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
     return text
 
 
-def _field(model: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[tuple[int | str, ...], FieldInfo | None]:
-    """The deepest named key at or above ``loc`` (an item of a list is said of its list), and its field."""
+def _walk(model: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[Any, tuple[int | str, ...], FieldInfo | None]:
+    """What ``loc`` reaches: the type there, and the deepest named key at or above it with its field (an item of
+    a list is said of its list)."""
     kind: Any = model
-    found: tuple[tuple[int | str, ...], FieldInfo | None] = (loc, None)
+    field_loc: tuple[int | str, ...] = loc
+    info: FieldInfo | None = None
     for depth, part in enumerate(loc, start=1):
         kind = _bare(kind)
         if isinstance(part, int):
             kind = next(iter(get_args(kind)), None)
         elif isinstance(kind, type) and issubclass(kind, BaseModel) and part in kind.model_fields:
-            found = (loc[:depth], kind.model_fields[part])
-            kind = found[1].annotation if found[1] else None
+            field_loc, info = loc[:depth], kind.model_fields[part]
+            kind = info.annotation
         else:
-            break
-    return found
+            return None, field_loc, info
+    return _bare(kind), field_loc, info
 
 
 def _keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
     """The keys the table at ``loc`` accepts."""
-    kind: Any = model
-    for part in loc:
-        kind = _bare(kind)
-        if isinstance(part, int):
-            kind = next(iter(get_args(kind)), None)
-        elif isinstance(kind, type) and issubclass(kind, BaseModel) and part in kind.model_fields:
-            kind = kind.model_fields[part].annotation
-    kind = _bare(kind)
+    kind = _walk(model, loc)[0]
     return sorted(kind.model_fields) if isinstance(kind, type) and issubclass(kind, BaseModel) else []
 
 
