@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from dotenv import dotenv_values
-from pydantic import BaseModel, Field, ValidationError, create_model, field_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, create_model, field_validator
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import ErrorDetails, core_schema
@@ -61,8 +61,8 @@ class BotToml(Table):
 
     @field_validator("agents", "connections", "mcp_servers")
     @classmethod
-    def _unique_names(cls, tables: list[Any] | None, info: Any) -> list[Any] | None:
-        _unique(tables or [], info.field_name)
+    def _unique_names(cls, tables: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
+        _unique(tables or [], str(info.field_name))
         return tables
 
     def section(self, name: str) -> BaseModel | None:
