@@ -11,7 +11,7 @@ from typing import Protocol
 from aiohttp import web
 from yarl import URL
 
-from bot.agents_config import load_agents
+from bot.config.file import load_agents, load_mcp_servers, load_policies, load_suggested_prompts
 from bot.connections_config import build_connections
 from bot.egress import EgressPolicy
 from bot.errors import Failed
@@ -20,15 +20,12 @@ from bot.home import sandbox_hidden, secure_home
 from bot.http_headers import server_app
 from bot.keys import load_keyring
 from bot.mcp.manager import McpServers, audit_to
-from bot.mcp.spec import load_mcp_servers
 from bot.metrics import Metrics
-from bot.policies_config import load_policies
 from bot.policy_check import flag_warnings
 from bot.providers import build_provider
 from bot.sandbox import probe as probe_sandbox
 from bot.sandbox_peers import SandboxPeers
 from bot.settings import Settings
-from bot.slack_config import load_suggested_prompts
 from bot.slack_installs import slack_install
 from bot.tools import build_registry
 from bot.tools.message import message_send_tool

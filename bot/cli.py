@@ -158,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
     pcheck.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
                         help="a header the http_request call sends (repeatable)")
     pcheck.add_argument("--body", default=None, help="the body the http_request call sends")
+    config = _command(sub, "config", "print the JSON Schema of bot.toml (BOT_CONFIG), or check the file")
+    cfverbs = config.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
+    _command(cfverbs, "schema", "print the JSON Schema of bot.toml (every table and key), for editors")
+    ccheck = _command(cfverbs, "check", "check bot.toml as `bot run` would, and say what it holds",
+                      "Exit code 2 and the key's path when something is wrong.")
+    ccheck.add_argument("--config", default=None, metavar="PATH", help="the file (default: BOT_CONFIG, bot.toml)")
     webp = _command(sub, "web", "web chat logins")
     wverbs = webp.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
     _command(wverbs, "logout-all", "end every web chat login (audited); browsers get the login page again")
@@ -232,6 +238,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return 2
         sys.stdout.write(render_manifest(args.mode, distribution=args.distribution))
         return 0
+    if args.command == "config":
+        return _config(args.verb, args.config if args.verb == "check" else None)
     if args.command == "doctor":
         from bot.doctor import run_doctor
 
@@ -274,6 +282,32 @@ def _dispatch(args: argparse.Namespace) -> int:
         value = read_secret(args.name) if args.verb == "set" else None
         return asyncio.run(credentials_command(args, value))
     return asyncio.run(_run())
+
+
+def _config(verb: str, path: str | None) -> int:
+    import json
+    from pathlib import Path
+
+    from bot.config import file
+
+    if verb == "schema":
+        print(json.dumps(file.config_schema(), indent=2, ensure_ascii=False))
+        return 0
+    if path is None:
+        from bot.settings import load_settings
+
+        config = load_settings().bot_config
+    else:
+        config = Path(path)
+    if not config.exists():
+        print(f"bot: {config} does not exist: one default agent, no approval rules, connections or MCP servers")
+        return 0
+    agents = file.load_agents(config, default_instructions=None)
+    policies, connections = file.load_policies(config), file.load_connections(config)
+    servers, prompts = file.load_mcp_servers(config), file.load_suggested_prompts(config)
+    print(f"bot: {config} is valid: {len(agents)} agent(s), {len(policies)} approval rule(s), "
+          f"{len(connections)} connection(s), {len(servers)} MCP server(s), {len(prompts)} suggested prompt(s)")
+    return 0
 
 
 async def _web_logout_all() -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from bot.connections_config import load_connections
+from bot.config.file import load_connections
 from bot.errors import DB_HINT, BotError, Failed, NotFoundError, Refused
 from bot.home import secure_home
 from bot.keys import load_keyring

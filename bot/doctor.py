@@ -187,11 +187,8 @@ def _egress(settings: Settings) -> Check:
 
 def _config_file(settings: Settings) -> list[Check]:
     """``bot.toml`` (agents, ``[slack]``): what `bot run` would refuse, said before it is run."""
-    from bot.agents_config import load_agents
-    from bot.connections_config import load_connections
-    from bot.policies_config import load_policies
+    from bot.config.file import load_agents, load_connections, load_policies, load_suggested_prompts
     from bot.policy_check import flag_warnings
-    from bot.slack_config import load_suggested_prompts
     from core.policies import PolicyAction
 
     if not settings.bot_config.exists():
@@ -246,7 +243,7 @@ def _approvers(settings: Settings) -> list[Check]:
     """Approvers that are only the requester let anyone in a channel approve their own shell commands."""
     from fnmatch import fnmatchcase
 
-    from bot.agents_config import load_agents
+    from bot.config.file import load_agents
 
     try:
         agents = load_agents(settings.bot_config, default_instructions=settings.bot_instructions)
@@ -352,9 +349,9 @@ _MCP_FIX = {
 
 async def _mcp_servers(settings: Settings) -> list[Check]:
     """Start each [[mcp_servers]] entry once, list its tools, stop it: what `bot run` would get."""
+    from bot.config.file import load_mcp_servers
     from bot.home import sandbox_hidden
     from bot.mcp.manager import McpServers
-    from bot.mcp.spec import load_mcp_servers
     from bot.sandbox import probe
     from core.tools import ToolRegistry
 

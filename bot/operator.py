@@ -9,11 +9,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from bot.agents_config import load_agents
+from bot.config.file import load_agents, load_policies
 from bot.errors import DB_HINT, BotError, Failed, NotFoundError, Refused
 from bot.home import secure_home
 from bot.keys import load_keyring
-from bot.policies_config import load_policies
 from bot.settings import Settings, load_settings
 from core.agents import AgentDirectory
 from core.approvals import ApprovalBroker, ApprovalPolicy

@@ -10,8 +10,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from bot.config.file import load_policies
 from bot.errors import BotError
-from bot.policies_config import load_policies
 from bot.settings import load_settings
 from bot.tools.http import header_problem
 from core.policies import SHELL_TOOL, Policy, PolicyAction, PolicyBook

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bot.connections_config import load_connections
+from bot.config.file import load_connections
 from bot.errors import SettingsError
 from bot.settings import Settings
 from tests.bot_process import BotProcess, post_form, send_event, slack_env

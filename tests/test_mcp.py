@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from bot.config.file import load_mcp_servers
 from bot.errors import ServerFailed, SettingsError
 from bot.mcp import servers as mcp_servers
 from bot.mcp import stderr as mcp_stderr
 from bot.mcp.challenge import Diagnosis, diagnose
 from bot.mcp.manager import McpServers
 from bot.mcp.servers import HttpServer
-from bot.mcp.spec import McpServerSpec, load_mcp_servers
+from bot.mcp.spec import McpServerSpec
 from bot.sandbox import Unsandboxed
 from bot.settings import Settings
 from core.errors import ToolError

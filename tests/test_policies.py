@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from bot.cli import main
+from bot.config.file import load_policies
 from bot.errors import SettingsError
-from bot.policies_config import load_policies
 from core.policies import Policy, PolicyAction, PolicyBook
 from core.shell_syntax import command_variants, simple_command
 from core.tools import Risk
@@ -279,7 +279,7 @@ def _file(tmp_path: Path, text: str) -> Path:
 
 
 def test_a_file_with_only_policies_loads_them_and_the_default_agent(tmp_path: Path) -> None:
-    from bot.agents_config import load_agents
+    from bot.config.file import load_agents
 
     path = _file(tmp_path, '[[policies]]\ntool = "shell_run"\nmatch = "echo *"\naction = "allow"\n\n'
                            '[[policies]]\ntool = "shell_run"\napprovers = ["U1", "U2", "S9"]\nquorum = 2\n'

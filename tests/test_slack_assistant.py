@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from bot.config.file import load_suggested_prompts
 from bot.errors import SettingsError
-from bot.slack_config import DEFAULT_PROMPTS, load_suggested_prompts
+from channels.slack.toml import DEFAULT_PROMPTS
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
@@ -96,7 +97,7 @@ async def test_no_view_is_recorded_where_the_operator_turned_thread_context_off(
 
 
 def test_a_config_file_that_is_not_utf8_is_refused_with_where(tmp_path: Path) -> None:
-    from bot.agents_config import load_agents
+    from bot.config.file import load_agents
 
     config = tmp_path / "bot.toml"
     config.write_bytes(b"[slack]\nsuggested_prompts = []\n# \xff\xfe\n")
@@ -106,7 +107,7 @@ def test_a_config_file_that_is_not_utf8_is_refused_with_where(tmp_path: Path) ->
 
 
 def test_a_misspelt_table_is_refused_not_ignored(tmp_path: Path) -> None:
-    from bot.agents_config import load_agents
+    from bot.config.file import load_agents
 
     config = tmp_path / "bot.toml"
     config.write_text('[[agent]]\nname = "ops"\ntools = ["time_now"]\n')  # [[agents]] misspelt
@@ -115,7 +116,7 @@ def test_a_misspelt_table_is_refused_not_ignored(tmp_path: Path) -> None:
 
 
 def test_a_file_with_only_a_slack_table_keeps_the_default_agent(tmp_path: Path) -> None:
-    from bot.agents_config import load_agents
+    from bot.config.file import load_agents
 
     config = tmp_path / "bot.toml"
     config.write_text("[slack]\nsuggested_prompts = []\n")

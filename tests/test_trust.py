@@ -16,8 +16,8 @@ import pytest
 from sqlmodel import select
 
 import channels.slack.people as slack_people
+from bot.config.file import load_policies
 from bot.errors import SettingsError
-from bot.policies_config import load_policies
 from bot.settings import Settings
 from channels.slack.workspaces import in_workspace
 from core.model import SessionInfo, SessionStatus

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bot.agents_config import AGENT_NAME
+from bot.config.agents import AGENT_NAME
 from bot.home import HOMES_DIR, WORK_DIR
 from bot.sandbox import Home, Sandbox, Started
 from core.errors import ToolError

@@ -1,6 +1,6 @@
 """A ``[[connections]]`` entry (SPEC §16) as core uses it, and what the OAuth flow exchanges.
 
-The settings layer (bot/connections_config.py) reads and checks the file; core only trusts these values.
+The settings layer (bot/config/connections.py) reads and checks the file; core only trusts these values.
 """
 
 from __future__ import annotations

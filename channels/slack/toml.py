@@ -1,0 +1,49 @@
+"""The ``[slack]`` table of ``bot.toml`` (SPEC §16): what the assistant pane offers when a person opens a new chat.
+
+The bot reads and checks the whole file; this model is the Slack channel's own section of it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+MAX_PROMPTS = 4  # Slack shows at most four suggested prompts
+_TITLE_MAX, _MESSAGE_MAX = 75, 2_000
+
+DEFAULT_PROMPTS: tuple[tuple[str, str], ...] = (
+    ("What can you do?", "What can you do for me here, and what needs someone's approval?"),
+    ("Check a service", "Check whether our services look healthy and tell me what you find."),
+    ("Explain an error", "I'll paste an error message next: tell me what it means and how to fix it."),
+)
+
+_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class SuggestedPrompt(BaseModel):
+    """A button in the assistant pane: its title, and the message it sends."""
+
+    model_config = _STRICT
+
+    title: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=_TITLE_MAX)] = Field(
+        description=f"text of 1 to {_TITLE_MAX} characters")
+    message: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=_MESSAGE_MAX)] = Field(
+        description=f"text of 1 to {_MESSAGE_MAX} characters")
+
+
+class SlackSection(BaseModel):
+    """Slack's settings in bot.toml."""
+
+    model_config = _STRICT
+
+    suggested_prompts: list[SuggestedPrompt] | None = Field(
+        None, max_length=MAX_PROMPTS,
+        description=f"a list of at most {MAX_PROMPTS} tables with title and message: what a new assistant chat "
+                    "offers (default: three general prompts; [] offers none)")
+
+    def prompts(self) -> tuple[tuple[str, str], ...]:
+        """(title, message) pairs: the defaults when the key is absent, none for an empty list."""
+        if self.suggested_prompts is None:
+            return DEFAULT_PROMPTS
+        return tuple((p.title, p.message) for p in self.suggested_prompts)
