@@ -18,7 +18,7 @@ from bot.config_file import read_config, strings
 from bot.errors import SettingsError
 from bot.oauth_client import HttpOAuthClient
 from bot.settings import Settings
-from core.approvals import ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
 from core.clock import Clock
 from core.connections.consent import Consent
 from core.connections.service import ConnectionService

@@ -16,7 +16,8 @@ from bot.keys import load_keyring
 from bot.policies_config import load_policies
 from bot.settings import Settings, load_settings
 from core.agents import AgentDirectory
-from core.approvals import ApprovalBroker, ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
+from core.approvals import ApprovalBroker
 from core.clock import SystemClock
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.agents import AgentDirectory
-from core.approval_policy import REQUESTER, ApprovalPolicy, DecideResult, GroupResolver  # noqa: F401  (re-exported)
+from core.approval_policy import ApprovalPolicy, DecideResult
 from core.clock import Clock
 from core.errors import NotAllowed, NotFound
 from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus

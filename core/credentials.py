@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from core.agents import AgentDirectory
-from core.approvals import ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
 from core.clock import Clock
 from core.errors import InvalidInput
 from core.events import CredentialRequested, CredentialResolved, EventBus

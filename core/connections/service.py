@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 
-from core.approvals import ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
 from core.clock import Clock
 from core.connections.spec import ConnectionSpec, OAuthClient, OAuthError, TokenSet
 from core.errors import InvalidInput, NotFound

@@ -189,11 +189,6 @@ class ApprovalStore:
                 query = query.where(col(AuditRow.at) < until)
             return list((await s.exec(query.order_by(col(AuditRow.at), col(AuditRow.id)))).all())
 
-    async def audit_log(self, limit: int = 100) -> list[AuditRow]:
-        async with self.db.read() as s:
-            rows = (await s.exec(select(AuditRow).order_by(col(AuditRow.id).desc()).limit(limit))).all()
-            return list(reversed(rows))
-
 
 async def _settle_in(s: AsyncSession, request_id: int, status: str, *, by: str | None, reason: str | None,
                      now: datetime, grant_call: str | None = None) -> tuple[bool, ApprovalRow | None]:
