@@ -25,8 +25,8 @@ from core.errors import InvalidInput
 from core.events import CredentialRequested, CredentialResolved, EventBus
 from core.hosts import parse_hosts
 from core.model import CredentialRequestInfo, CredentialStatus
-from core.parking import Waiters
 from core.redaction import Redactor
+from core.requests import PersonRequests
 from core.sealed_values import bind_legacy_credentials
 from core.store import CredentialStore
 from core.store.tables import CredentialRequestRow, SecretRow
@@ -68,7 +68,9 @@ class CredentialService:
         self.timeout = timedelta(seconds=timeout_s)
         self.max_bytes = max_bytes
         self.on_secret = on_secret  # e.g. the log filter learning a value to mask
-        self._waiters = Waiters(clock, poll_s)
+        self.requests = PersonRequests("credential request", store.requests, bus, clock, poll_s=poll_s,
+                                       end=self._end, resolved=lambda request: CredentialResolved(request.session,
+                                                                                                  request))
         # Other stored secrets masked with these (connections' tokens): (label, value) loaders.
         self.also_masked: list[Callable[[], Awaitable[list[tuple[str, str]]]]] = []
         # The masks in effect: a cache of the stored values, told to ``on_secret`` as it learns them.
@@ -125,15 +127,15 @@ class CredentialService:
             status=CredentialStatus.PENDING, created_at=now, expires_at=now + self.timeout,
         ))
         log.info("credential %s requested (request %s, session %s)", name, request.id, ctx.session_id)
-        self.bus.emit(CredentialRequested(request.session, request))
-        return await self._result(await self._wait(request, ctx.turn_id))
+        self.requests.announce(CredentialRequested(request.session, request))
+        return await self._result(await self.requests.wait(request, ctx.turn_id))
 
     async def _recover(self, ctx: ToolContext, _args: dict[str, Any]) -> str | None:
         request = await self.store.for_call(ctx.session_id, ctx.call_id)
         if request is None or request.turn_id != ctx.turn_id:
             return None  # another turn's request (one failed after restarts), or a reused call id
         if request.status == CredentialStatus.PENDING:
-            request = await self._wait(request, ctx.turn_id)  # its Provide button keeps working after a restart
+            request = await self.requests.wait(request, ctx.turn_id)  # its Provide button works after a restart
         return await self._result(request)
 
     async def _result(self, request: CredentialRequestInfo) -> str:
@@ -149,28 +151,9 @@ class CredentialService:
             raise ToolError(_not_granted(name, request.agent))
         raise ToolError(f"the request for {name} was cancelled; continue without it")
 
-    async def _wait(self, request: CredentialRequestInfo, turn_id: int | None) -> CredentialRequestInfo:
-        async def expire(request_id: int) -> CredentialRequestInfo:
-            return await self._settle(request_id, CredentialStatus.EXPIRED)
-
-        async def cancel(request_id: int) -> object:
-            return await self._settle(request_id, CredentialStatus.CANCELLED)
-
-        return await self._waiters.wait(
-            request, turn_id=turn_id, load=self.store.get, expire=expire, cancel=cancel,
-            settled_elsewhere=lambda current: self.bus.emit(CredentialResolved(current.session, current)),
-        )
-
-    async def _settle(self, request_id: int, status: str) -> CredentialRequestInfo:
-        won, request = await self.store.settle(request_id, status, self.clock.now())
-        assert request is not None
-        if won:
-            self._announce_settled(request)
-        return request
-
-    def _announce_settled(self, request: CredentialRequestInfo) -> None:
-        self._waiters.wake(request.id)
-        self.bus.emit(CredentialResolved(request.session, request))
+    async def _end(self, request_id: int, status: str, _reason: str | None
+                   ) -> tuple[bool, CredentialRequestInfo | None]:
+        return await self.store.settle(request_id, status, self.clock.now())
 
     # -- providing ------------------------------------------------------------------------------
 
@@ -223,7 +206,7 @@ class CredentialService:
                            updated_at=now)
         outcome, settled = await self.store.provide(request_id, secret, seal=self._sealer(value), by=by, now=now)
         if outcome in ("expired", "exists") and settled is not None:
-            self._announce_settled(settled)  # settled by this refusal: the waiter and the card learn it now
+            self.requests.settled_here(settled)  # settled by this refusal: the waiter and the card learn it now
         if outcome == "expired":
             return ProvideResult(False, f"Too late: the request for {request.name} expired at "
                                         f"{request.expires_at:%Y-%m-%d %H:%M:%S} UTC; nothing was stored.",
@@ -242,23 +225,20 @@ class CredentialService:
         assert settled is not None
         self.redactor.learn(request.name, value)
         log.info("credential %s stored by %s (request %s)", request.name, by, request_id)
-        self._announce_settled(settled)
+        self.requests.settled_here(settled)
         return ProvideResult(True, f"{settled.name} stored, sealed with key {self.keys.current!r}.", request=settled)
 
     async def get(self, request_id: int) -> CredentialRequestInfo | None:
-        return await self.store.get(request_id)
+        return await self.requests.get(request_id)
 
     async def record_announcement(self, request_id: int, where: dict[str, Any]) -> None:
-        await self.store.record_announcement(request_id, where)
+        await self.requests.record_announcement(request_id, where)
 
     async def recent(self, session_id: str) -> list[CredentialRequestInfo]:
-        return await self.store.recent(session_id)
+        return await self.requests.recent(session_id)
 
     async def expire_overdue(self) -> int:
-        overdue = await self.store.pending(due_before=self.clock.now())
-        for request in overdue:
-            await self._settle(request.id, CredentialStatus.EXPIRED)
-        return len(overdue)
+        return await self.requests.expire_overdue()
 
     # -- use ------------------------------------------------------------------------------------
 
