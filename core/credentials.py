@@ -26,13 +26,13 @@ from core.events import CredentialRequested, CredentialResolved, EventBus
 from core.hosts import parse_hosts
 from core.model import CredentialRequestInfo, CredentialStatus
 from core.redaction import Redactor
-from core.requests import PersonRequests
+from core.requests import PersonRequests, why_nobody_is_asked
 from core.sealed_values import bind_legacy_credentials
 from core.store import CredentialStore
 from core.store.tables import CredentialRequestRow, SecretRow
 from core.stored_secrets import NAME, CredentialUse, env_name, hosts_of, how_to_use, open_secret, preferred
 from core.tools import SUBAGENT_CANNOT_ASK, Risk, Tool, ToolContext, ToolError
-from core.trust import NOT_ALLOWED, restricted
+from core.trust import NOT_ALLOWED
 from core.vault import ROW_AAD, KeyRing, VaultError, row_context
 
 log = logging.getLogger(__name__)
@@ -111,15 +111,12 @@ class CredentialService:
         # would shadow it for this agent (its own value is preferred). Nobody is asked.
         if await self.store.stored(name, "shared", "") is not None:
             raise ToolError(_not_granted(name, ctx.agent))
-        if ctx.subagent:
-            raise ToolError(f"{name} is not stored, and {SUBAGENT_CANNOT_ASK} (they can ask for it)")
-        # People are not asked for secrets on a guest's, an outsider's or a bot's word.
-        if await restricted(self.policy.trust, ctx.trust, ctx.sender or "agent", "request", f"credential:{name}",
-                            session=ctx.session_id):
-            raise ToolError(f"asking people for {name} is {NOT_ALLOWED} ({ctx.trust}); nobody was asked; continue "
-                            "without it")
-        if not ctx.interactive:
-            raise ToolError(f"{name} is not stored and nobody can be asked for it here")
+        if (why := await why_nobody_is_asked(ctx, self.policy.trust, "request", f"credential:{name}")) is not None:
+            raise ToolError({
+                "subagent": f"{name} is not stored, and {SUBAGENT_CANNOT_ASK} (they can ask for it)",
+                "restricted": f"asking people for {name} is {NOT_ALLOWED} ({ctx.trust}); nobody was asked; continue "
+                              "without it",
+                "not interactive": f"{name} is not stored and nobody can be asked for it here"}[why])
         now = self.clock.now()
         request = await self.store.park(CredentialRequestRow(
             session_id=ctx.session_id, turn_id=ctx.turn_id, tool_call_id=ctx.call_id, name=name,

@@ -14,13 +14,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from core.clock import Clock
 from core.events import Event, EventBus
 from core.model import SessionInfo
 from core.parking import Waiters
 from core.store.requests import RequestRows
+from core.tools import ToolContext
+from core.trust import SenderTrust, restricted
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,24 @@ class PersonRequest(Protocol):
 
 
 V = TypeVar("V", bound=PersonRequest)
+
+# Why nobody may be asked on a turn's behalf: a sub-agent's turn (its parent asks), a guest's, an outsider's or a
+# bot's words (refused and audited), or nobody there to answer (e.g. a schedule's firing).
+Unaskable = Literal["subagent", "restricted", "not interactive"]
+
+
+async def why_nobody_is_asked(ctx: ToolContext, trust: SenderTrust | None, action: str,
+                              subject: str) -> Unaskable | None:
+    """Whether a person may be asked for ``subject`` (what ``action`` would ask) on this call's behalf: None, or
+    why not, checked in this order for every kind."""
+    if ctx.subagent:
+        return "subagent"
+    if await restricted(trust, ctx.trust, ctx.sender or "agent", action, subject, session=ctx.session_id):
+        return "restricted"
+    if not ctx.interactive:
+        return "not interactive"
+    return None
+
 
 # How nobody settles one (status: EXPIRED or CANCELLED; a reason, for kinds that keep one): whether this call
 # did, and the request as it now stands.

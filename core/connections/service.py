@@ -22,13 +22,13 @@ from core.connections.spec import ConnectionSpec, OAuthClient, OAuthError, Token
 from core.errors import InvalidInput, NotFound
 from core.events import ConnectionRequested, ConnectionResolved, EventBus
 from core.model import ConnectionGap, ConnectionRequestInfo, ConnectionStatus, thread_of
-from core.requests import PersonRequests
+from core.requests import PersonRequests, why_nobody_is_asked
 from core.store.connection_tables import ConnectionRequestRow, ConnectionRow
 from core.store.connections import ConnectionStore
 from core.store.schedules import firing_schedule
 from core.stored_secrets import CredentialUse
 from core.tools import SUBAGENT_CANNOT_ASK, ToolContext, ToolError
-from core.trust import NOT_ALLOWED, restricted
+from core.trust import NOT_ALLOWED
 from core.vault import KeyRing, Sealed, VaultError
 from core.views import ConnectionView
 
@@ -233,16 +233,14 @@ class ConnectionService:
         if spec.authorize_url is None:
             raise ToolError(f"{problem}: but {spec.name} has no authorize_url, so nobody can be sent to connect "
                             "it; an operator must configure it. Continue without it.")
-        if ctx.subagent:
-            raise ToolError(f"{problem}: {SUBAGENT_CANNOT_ASK} (they can connect it)")
         # As for credentials: nobody is sent to connect an account on a guest's, an outsider's or a bot's word
         # (a risk = "safe" MCP server's call reaches here with no approval in between).
-        if await restricted(self.policy.trust, ctx.trust, ctx.sender or "agent", "connect", f"connection:{spec.name}",
-                            session=ctx.session_id):
-            raise ToolError(f"{problem}: asking people to connect {spec.name} is {NOT_ALLOWED} ({ctx.trust}); nobody "
-                            "was asked; continue without it")
-        if not ctx.interactive:
-            raise ToolError(f"{problem}: nobody can be asked to connect it here; continue without it")
+        if (why := await why_nobody_is_asked(ctx, self.policy.trust, "connect", f"connection:{spec.name}")) is not None:
+            raise ToolError(f"{problem}: " + {
+                "subagent": f"{SUBAGENT_CANNOT_ASK} (they can connect it)",
+                "restricted": f"asking people to connect {spec.name} is {NOT_ALLOWED} ({ctx.trust}); nobody was "
+                              "asked; continue without it",
+                "not interactive": "nobody can be asked to connect it here; continue without it"}[why])
         now = self.clock.now()
         request = await self.store.park(ConnectionRequestRow(
             session_id=ctx.session_id, turn_id=ctx.turn_id, tool_call_id=ctx.call_id, connection=spec.name,
