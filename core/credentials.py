@@ -61,7 +61,6 @@ class CredentialService:
     ) -> None:
         self.store = store
         self.keys = keys
-        self.bus = bus
         self.clock = clock
         self.policy = policy
         self.agents = agents

@@ -216,7 +216,7 @@ class Gateway:
     async def recent_connection_requests(self, session_id: str) -> list[ConnectionRequestInfo]:
         if self._consent is None:
             return []
-        return await self._consent.service.store.recent(session_id)
+        return await self._consent.service.requests.recent(session_id)
 
     async def connections_of(self, user: str) -> list[ConnectionView]:
         """``user``'s connected accounts and the shared ones (never a token)."""
