@@ -33,7 +33,8 @@ from bot.tools.schedules import schedule_tools
 from channels.web.credential_link import CredentialLinkPage
 from channels.web.oauth_pages import OAuthPages
 from core.agents import AgentDirectory
-from core.approvals import ApprovalBroker, ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
+from core.approvals import ApprovalBroker
 from core.attachments import AttachmentReader
 from core.budget import ThreadBudget
 from core.clock import Clock, SystemClock

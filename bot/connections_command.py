@@ -11,7 +11,7 @@ from bot.keys import load_keyring
 from bot.oauth_client import HttpOAuthClient
 from bot.operator import operator_name
 from bot.settings import load_settings
-from core.approvals import ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
 from core.clock import SystemClock
 from core.connections.service import ConnectionService
 from core.errors import InvalidInput, NotFound, StoreError, VaultError

@@ -5,7 +5,7 @@ from __future__ import annotations
 from bot.config.file import load_connections
 from bot.oauth_client import HttpOAuthClient
 from bot.settings import Settings
-from core.approvals import ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
 from core.clock import Clock
 from core.connections.consent import Consent
 from core.connections.service import ConnectionService

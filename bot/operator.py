@@ -15,7 +15,8 @@ from bot.home import secure_home
 from bot.keys import load_keyring
 from bot.settings import Settings, load_settings
 from core.agents import AgentDirectory
-from core.approvals import ApprovalBroker, ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
+from core.approvals import ApprovalBroker
 from core.clock import SystemClock
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService

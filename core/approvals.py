@@ -15,13 +15,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.agents import AgentDirectory
-from core.approval_policy import REQUESTER, ApprovalPolicy, DecideResult, GroupResolver  # noqa: F401  (re-exported)
+from core.approval_policy import ApprovalPolicy, DecideResult
 from core.clock import Clock
 from core.errors import NotAllowed, NotFound
 from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus
 from core.model import ApprovalInfo, ApprovalStatus
-from core.parking import Waiters
 from core.policies import Policy, PolicyAction, PolicyBook, Ruling
+from core.requests import PersonRequests
 from core.store import ApprovalStore
 from core.store.tables import ApprovalRow, GrantRow
 from core.tools import DESTINATION_TOOL, SUBAGENT_CANNOT_ASK, GateDecision, Risk, Tool, ToolContext, canonical_call
@@ -46,7 +46,8 @@ class ApprovalBroker:
         self.agents = agents
         self.timeout = timedelta(seconds=timeout_s)
         self.policies = policies or PolicyBook()  # [[policies]]: the first matching rule decides a call
-        self._waiters = Waiters(clock, poll_s)
+        self.requests = PersonRequests("approval", store.requests, bus, clock, poll_s=poll_s, end=self._end,
+                                       resolved=lambda request: ApprovalResolved(request.session, request))
 
     # -- the runner's side (core.tools.ToolGate) ------------------------------------------------
 
@@ -103,7 +104,7 @@ class ApprovalBroker:
         ))
         log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
         deciders = self.policy.deciders(requester, approvers or self.agents.get(agent).approvers)
-        self.bus.emit(ApprovalRequested(request.session, request, deciders))
+        self.requests.announce(ApprovalRequested(request.session, request, deciders))
         return request
 
     async def granted(self, *, agent: str, tool: str, place: str | None, args: dict[str, Any]) -> bool:
@@ -162,11 +163,11 @@ class ApprovalBroker:
         ruling = self.policies.rule(tool.name, args, risk=tool.risk, trust=ctx.trust)
         if _untrusted(ctx, tool, ruling) and not request.started:  # a less-trusted sender joined before the crash
             if not request.settled:
-                await self._settle(request.id, ApprovalStatus.CANCELLED, by=None, reason=NOT_ALLOWED)
+                await self.requests.end(request.id, ApprovalStatus.CANCELLED, NOT_ALLOWED)
             return await self._refuse_untrusted(ctx, tool)
         if ruling.action is PolicyAction.DENY and not request.started:  # a rule added since: it wins
             if not request.settled:
-                await self._settle(request.id, ApprovalStatus.CANCELLED, by=None, reason="refused by a policy rule")
+                await self.requests.end(request.id, ApprovalStatus.CANCELLED, "refused by a policy rule")
             return await self._ruled(ruling, ctx, tool)
         if request.status == ApprovalStatus.PENDING:
             request = await self._wait(request, ctx.turn_id)  # its buttons still work after a restart
@@ -177,20 +178,11 @@ class ApprovalBroker:
             await self.store.mark_started(decision.request_id, self.clock.now())
 
     async def _wait(self, request: ApprovalInfo, turn_id: int | None) -> ApprovalInfo:
-        """Until someone decides, the timeout (counted from parked_at), or the turn ``turn_id`` is stopped."""
-
-        async def expire(request_id: int) -> ApprovalInfo:
-            return (await self._settle(request_id, ApprovalStatus.EXPIRED, by=None, reason=None))[1]
-
-        async def cancel(request_id: int) -> object:
-            return await self._settle(request_id, ApprovalStatus.CANCELLED, by=None, reason="the turn was stopped")
-
+        """Until someone decides, the timeout (counted from parked_at), or the turn ``turn_id`` is stopped;
+        its approvers are reminded meanwhile when its rule says so."""
         reminder = asyncio.create_task(self._remind(request)) if request.remind_at and not request.reminded else None
         try:
-            return await self._waiters.wait(
-                request, turn_id=turn_id, load=self.store.get, expire=expire, cancel=cancel,
-                settled_elsewhere=lambda current: self.bus.emit(ApprovalResolved(current.session, current)),
-            )
+            return await self.requests.wait(request, turn_id)
         finally:
             if reminder is not None:
                 reminder.cancel()
@@ -235,7 +227,7 @@ class ApprovalBroker:
         won, settled = await self._settle(request_id, status, by=by,
                                           reason=(reason or None) if verdict == "deny" else None, grant=call)
         if not won and not settled.settled:  # the settle refused it only because it has run out of time
-            won_expiry, settled = await self._settle(request_id, ApprovalStatus.EXPIRED, by=None, reason=None)
+            won_expiry, settled = await self.requests.end(request_id, ApprovalStatus.EXPIRED)
             log.info("approval %s: %s decided after its expiry; settled as expired", request_id, by)
             return DecideResult(False, settled, late=won_expiry)
         return DecideResult(won, settled)
@@ -249,12 +241,10 @@ class ApprovalBroker:
         if current is None:
             return DecideResult(False, None)
         if not counted and not current.settled and current.expires_at <= self.clock.now():
-            won_expiry, current = await self._settle(request.id, ApprovalStatus.EXPIRED, by=None, reason=None)
+            won_expiry, current = await self.requests.end(request.id, ApprovalStatus.EXPIRED)
             return DecideResult(False, current, late=won_expiry)
         if won:
-            log.info("approval %s settled: %s", request.id, current.summary())
-            self._waiters.wake(request.id)
-            self.bus.emit(ApprovalResolved(current.session, current))
+            self.requests.settled_here(current)
         elif counted:
             log.info("approval %s: %s", request.id, current.progress())
             self.bus.emit(ApprovalVoted(current.session, current))
@@ -263,15 +253,14 @@ class ApprovalBroker:
     async def refuse(self, request_id: int, reason: str) -> bool:
         """A channel could not show the request as it must be shown (e.g. its arguments in full):
         nobody can decide on what they cannot see, so the call is cancelled and the model told why."""
-        won, _request = await self._settle(request_id, ApprovalStatus.CANCELLED, by=None, reason=reason)
+        won, _request = await self.requests.end(request_id, ApprovalStatus.CANCELLED, reason)
         return won
 
     async def get(self, request_id: int) -> ApprovalInfo | None:
-        return await self.store.get(request_id)
+        return await self.requests.get(request_id)
 
     async def record_announcement(self, request_id: int, where: dict[str, Any]) -> None:
-        """Where a channel showed the request, so its message can be updated when settled."""
-        await self.store.record_announcement(request_id, where)
+        await self.requests.record_announcement(request_id, where)
 
     async def pending(self, *, place: str | None = None, viewer: str | None = None) -> list[ApprovalInfo]:
         """Pending requests. A ``viewer`` (a person asking in a channel) sees those asked at ``place``
@@ -281,7 +270,7 @@ class ApprovalBroker:
         return await self.store.pending()
 
     async def recent(self, session_id: str) -> list[ApprovalInfo]:
-        return await self.store.recent(session_id)
+        return await self.requests.recent(session_id)
 
     async def grants(self, *, place: str | None = None, viewer: str | None = None) -> list[GrantView]:
         """Active grants; who sees which as for ``pending``."""
@@ -310,25 +299,24 @@ class ApprovalBroker:
 
     async def _settle(self, request_id: int, status: str, *, by: str | None, reason: str | None,
                       grant: str | None = None) -> tuple[bool, ApprovalInfo]:
-        """Settle if still pending (a decision: and not expired); returns whether this call did, and
+        """A person's decision, if still pending and not expired; returns whether this call settled it, and
         the request as it stands. ``grant``: the exact call an "Always allow" records."""
         won, request = await self.store.settle(request_id, status, by=by, reason=reason, grant_call=grant,
                                                now=self.clock.now())
         assert request is not None
         if won:
-            log.info("approval %s settled: %s", request_id, request.summary())
-            self._waiters.wake(request_id)
-            self.bus.emit(ApprovalResolved(request.session, request))
+            self.requests.settled_here(request)
         return won, request
+
+    async def _end(self, request_id: int, status: str, reason: str | None) -> tuple[bool, ApprovalInfo | None]:
+        """Expired or cancelled: nobody's decision."""
+        return await self.store.settle(request_id, status, by=None, reason=reason, now=self.clock.now())
 
     # -- recovery and housekeeping --------------------------------------------------------------
 
     async def expire_overdue(self) -> int:
         """Settle as expired every request whose time ran out (e.g. while the process was down)."""
-        overdue = await self.store.pending(due_before=self.clock.now())
-        for request in overdue:
-            await self._settle(request.id, ApprovalStatus.EXPIRED, by=None, reason=None)
-        return len(overdue)
+        return await self.requests.expire_overdue()
 
 
 def _same_call(request: ApprovalInfo, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from core.agents import AgentDirectory
-from core.approvals import ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
 from core.clock import Clock
 from core.errors import Conflict, InvalidInput, NotAllowed
 from core.model import QUEUE_MODES, SessionInfo

@@ -19,20 +19,20 @@ from datetime import timedelta
 from typing import Any
 
 from core.agents import AgentDirectory
-from core.approvals import ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
 from core.clock import Clock
 from core.errors import InvalidInput, ToolError, VaultError
 from core.events import CredentialRequested, CredentialResolved, EventBus
 from core.hosts import parse_hosts
 from core.model import CredentialRequestInfo, CredentialStatus
-from core.parking import Waiters
 from core.redaction import Redactor
+from core.requests import PersonRequests, why_nobody_is_asked
 from core.sealed_values import bind_legacy_credentials
 from core.store import CredentialStore
 from core.store.tables import CredentialRequestRow, SecretRow
 from core.stored_secrets import NAME, CredentialUse, env_name, hosts_of, how_to_use, open_secret, preferred
 from core.tools import SUBAGENT_CANNOT_ASK, Risk, Tool, ToolContext
-from core.trust import NOT_ALLOWED, restricted
+from core.trust import NOT_ALLOWED
 from core.vault import ROW_AAD, KeyRing, row_context
 
 log = logging.getLogger(__name__)
@@ -61,14 +61,15 @@ class CredentialService:
     ) -> None:
         self.store = store
         self.keys = keys
-        self.bus = bus
         self.clock = clock
         self.policy = policy
         self.agents = agents
         self.timeout = timedelta(seconds=timeout_s)
         self.max_bytes = max_bytes
         self.on_secret = on_secret  # e.g. the log filter learning a value to mask
-        self._waiters = Waiters(clock, poll_s)
+        self.requests = PersonRequests("credential request", store.requests, bus, clock, poll_s=poll_s,
+                                       end=self._end, resolved=lambda request: CredentialResolved(request.session,
+                                                                                                  request))
         # Other stored secrets masked with these (connections' tokens): (label, value) loaders.
         self.also_masked: list[Callable[[], Awaitable[list[tuple[str, str]]]]] = []
         # The masks in effect: a cache of the stored values, told to ``on_secret`` as it learns them.
@@ -109,15 +110,12 @@ class CredentialService:
         # would shadow it for this agent (its own value is preferred). Nobody is asked.
         if await self.store.stored(name, "shared", "") is not None:
             raise ToolError(_not_granted(name, ctx.agent))
-        if ctx.subagent:
-            raise ToolError(f"{name} is not stored, and {SUBAGENT_CANNOT_ASK} (they can ask for it)")
-        # People are not asked for secrets on a guest's, an outsider's or a bot's word.
-        if await restricted(self.policy.trust, ctx.trust, ctx.sender or "agent", "request", f"credential:{name}",
-                            session=ctx.session_id):
-            raise ToolError(f"asking people for {name} is {NOT_ALLOWED} ({ctx.trust}); nobody was asked; continue "
-                            "without it")
-        if not ctx.interactive:
-            raise ToolError(f"{name} is not stored and nobody can be asked for it here")
+        if (why := await why_nobody_is_asked(ctx, self.policy.trust, "request", f"credential:{name}")) is not None:
+            raise ToolError({
+                "subagent": f"{name} is not stored, and {SUBAGENT_CANNOT_ASK} (they can ask for it)",
+                "restricted": f"asking people for {name} is {NOT_ALLOWED} ({ctx.trust}); nobody was asked; continue "
+                              "without it",
+                "not interactive": f"{name} is not stored and nobody can be asked for it here"}[why])
         now = self.clock.now()
         request = await self.store.park(CredentialRequestRow(
             session_id=ctx.session_id, turn_id=ctx.turn_id, tool_call_id=ctx.call_id, name=name,
@@ -125,15 +123,15 @@ class CredentialService:
             status=CredentialStatus.PENDING, created_at=now, expires_at=now + self.timeout,
         ))
         log.info("credential %s requested (request %s, session %s)", name, request.id, ctx.session_id)
-        self.bus.emit(CredentialRequested(request.session, request))
-        return await self._result(await self._wait(request, ctx.turn_id))
+        self.requests.announce(CredentialRequested(request.session, request))
+        return await self._result(await self.requests.wait(request, ctx.turn_id))
 
     async def _recover(self, ctx: ToolContext, _args: dict[str, Any]) -> str | None:
         request = await self.store.for_call(ctx.session_id, ctx.call_id)
         if request is None or request.turn_id != ctx.turn_id:
             return None  # another turn's request (one failed after restarts), or a reused call id
         if request.status == CredentialStatus.PENDING:
-            request = await self._wait(request, ctx.turn_id)  # its Provide button keeps working after a restart
+            request = await self.requests.wait(request, ctx.turn_id)  # its Provide button works after a restart
         return await self._result(request)
 
     async def _result(self, request: CredentialRequestInfo) -> str:
@@ -149,28 +147,9 @@ class CredentialService:
             raise ToolError(_not_granted(name, request.agent))
         raise ToolError(f"the request for {name} was cancelled; continue without it")
 
-    async def _wait(self, request: CredentialRequestInfo, turn_id: int | None) -> CredentialRequestInfo:
-        async def expire(request_id: int) -> CredentialRequestInfo:
-            return await self._settle(request_id, CredentialStatus.EXPIRED)
-
-        async def cancel(request_id: int) -> object:
-            return await self._settle(request_id, CredentialStatus.CANCELLED)
-
-        return await self._waiters.wait(
-            request, turn_id=turn_id, load=self.store.get, expire=expire, cancel=cancel,
-            settled_elsewhere=lambda current: self.bus.emit(CredentialResolved(current.session, current)),
-        )
-
-    async def _settle(self, request_id: int, status: str) -> CredentialRequestInfo:
-        won, request = await self.store.settle(request_id, status, self.clock.now())
-        assert request is not None
-        if won:
-            self._announce_settled(request)
-        return request
-
-    def _announce_settled(self, request: CredentialRequestInfo) -> None:
-        self._waiters.wake(request.id)
-        self.bus.emit(CredentialResolved(request.session, request))
+    async def _end(self, request_id: int, status: str, _reason: str | None
+                   ) -> tuple[bool, CredentialRequestInfo | None]:
+        return await self.store.settle(request_id, status, self.clock.now())
 
     # -- providing ------------------------------------------------------------------------------
 
@@ -223,7 +202,7 @@ class CredentialService:
                            updated_at=now)
         outcome, settled = await self.store.provide(request_id, secret, seal=self._sealer(value), by=by, now=now)
         if outcome in ("expired", "exists") and settled is not None:
-            self._announce_settled(settled)  # settled by this refusal: the waiter and the card learn it now
+            self.requests.settled_here(settled)  # settled by this refusal: the waiter and the card learn it now
         if outcome == "expired":
             return ProvideResult(False, f"Too late: the request for {request.name} expired at "
                                         f"{request.expires_at:%Y-%m-%d %H:%M:%S} UTC; nothing was stored.",
@@ -242,23 +221,20 @@ class CredentialService:
         assert settled is not None
         self.redactor.learn(request.name, value)
         log.info("credential %s stored by %s (request %s)", request.name, by, request_id)
-        self._announce_settled(settled)
+        self.requests.settled_here(settled)
         return ProvideResult(True, f"{settled.name} stored, sealed with key {self.keys.current!r}.", request=settled)
 
     async def get(self, request_id: int) -> CredentialRequestInfo | None:
-        return await self.store.get(request_id)
+        return await self.requests.get(request_id)
 
     async def record_announcement(self, request_id: int, where: dict[str, Any]) -> None:
-        await self.store.record_announcement(request_id, where)
+        await self.requests.record_announcement(request_id, where)
 
     async def recent(self, session_id: str) -> list[CredentialRequestInfo]:
-        return await self.store.recent(session_id)
+        return await self.requests.recent(session_id)
 
     async def expire_overdue(self) -> int:
-        overdue = await self.store.pending(due_before=self.clock.now())
-        for request in overdue:
-            await self._settle(request.id, CredentialStatus.EXPIRED)
-        return len(overdue)
+        return await self.requests.expire_overdue()
 
     # -- use ------------------------------------------------------------------------------------
 

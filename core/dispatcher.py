@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from core.agents import AgentDirectory
-from core.approvals import ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
 from core.attachments import AttachmentReader
 from core.clock import Clock
 from core.controls import Controls, StopReport, is_command

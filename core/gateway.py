@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from core.approvals import TOO_LONG_TO_SHOW, ApprovalBroker, DecideResult
+from core.approval_policy import DecideResult
+from core.approvals import TOO_LONG_TO_SHOW, ApprovalBroker
 from core.clock import Clock
 from core.commands import Command, Commands, Status
 from core.connections.consent import NOT_YOURS, CallbackResult, Consent, Opened, Preview
@@ -141,9 +142,6 @@ class Gateway:
     async def recent_approvals(self, session_id: str) -> list[ApprovalInfo]:
         return await self._approvals.recent(session_id)
 
-    async def pending_approvals(self, *, place: str | None = None, viewer: str | None = None) -> list[ApprovalInfo]:
-        return await self._approvals.pending(place=place, viewer=viewer)
-
     async def grants(self, *, place: str | None = None, viewer: str | None = None) -> list[GrantView]:
         return await self._approvals.grants(place=place, viewer=viewer)
 
@@ -218,7 +216,7 @@ class Gateway:
     async def recent_connection_requests(self, session_id: str) -> list[ConnectionRequestInfo]:
         if self._consent is None:
             return []
-        return await self._consent.service.store.recent(session_id)
+        return await self._consent.service.requests.recent(session_id)
 
     async def connections_of(self, user: str) -> list[ConnectionView]:
         """``user``'s connected accounts and the shared ones (never a token)."""

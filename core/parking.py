@@ -1,4 +1,4 @@
-"""Waiting for something a person settles (an approval, a credential): shared by both brokers.
+"""Waiting for something a person settles (any kind of core.requests: an approval, a credential, a connection).
 
 The database holds the request; this process only waits, on core.waiting: a decision made here
 wakes the waiter at once, one made by another process (an operator's CLI, another replica) is seen

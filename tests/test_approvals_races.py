@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from core.model import ApprovalStatus
+from tests.audit import audit_log
 from tests.conftest import GatewayClient
 from tests.fakes.core import ShiftedClock
 from tests.fakes.llm import FakeLLM, Reply
@@ -40,7 +41,7 @@ async def test_two_approvers_at_once_run_the_call_once(
     await gateway.idle()
     assert len(fake_llm.requests) == 2  # the model was asked once more, whatever the outcome
     assert len(fake_slack.of("chat.update")) == 1
-    audit = await broker.store.audit_log()
+    audit = await audit_log(broker.store.db)
     assert [a.action for a in audit if a.subject == f"approval:{request_id}"] == [
         f"approval.{winner.request.status}"]  # type: ignore[union-attr]
 
@@ -64,7 +65,7 @@ async def test_a_click_racing_the_timeout_settles_once(
     assert click.won == (outcome == ApprovalStatus.APPROVED) and click.expired == (outcome == ApprovalStatus.EXPIRED)
     await fake_slack.wait_for("chat.postMessage", 2)
     await gateway.idle()
-    audit = await broker.store.audit_log()
+    audit = await audit_log(broker.store.db)
     assert [a.action for a in audit if a.subject == f"approval:{request_id}"] == [f"approval.{outcome}"]  # once
     assert len(fake_slack.of("chat.update")) == 1
     ran = "exit code 0" in fake_llm.requests[1]["messages"][-1]["content"]

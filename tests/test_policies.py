@@ -457,7 +457,7 @@ async def test_audit_export_has_who_what_when_where_and_outcome_and_no_secret(
     from bot.keys import load_keyring
     from bot.settings import load_settings
     from core.agents import Agent, AgentDirectory
-    from core.approvals import ApprovalPolicy
+    from core.approval_policy import ApprovalPolicy
     from core.clock import SystemClock
     from core.credentials import CredentialService
     from core.events import EventBus
@@ -549,7 +549,8 @@ def test_a_date_at_the_calendar_s_edge_is_refused_not_a_traceback() -> None:
 async def test_a_rule_that_asks_is_not_skipped_by_a_firing_s_preapproved_destination(tmp_path: Path) -> None:
     """A scheduled firing may post to its approved destination unasked, but not past a rule that asks."""
     from core.agents import Agent, AgentDirectory
-    from core.approvals import ApprovalBroker, ApprovalPolicy
+    from core.approval_policy import ApprovalPolicy
+    from core.approvals import ApprovalBroker
     from core.clock import SystemClock
     from core.events import EventBus
     from core.store import ApprovalStore, Database
@@ -582,7 +583,8 @@ async def test_the_gate_says_whether_a_person_approved_this_very_call(tmp_path: 
     from datetime import UTC, datetime
 
     from core.agents import Agent, AgentDirectory
-    from core.approvals import ApprovalBroker, ApprovalPolicy
+    from core.approval_policy import ApprovalPolicy
+    from core.approvals import ApprovalBroker
     from core.clock import SystemClock
     from core.events import EventBus
     from core.store import ApprovalStore, Database

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from tests.audit import audit_log
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.server import RunningServer
@@ -52,7 +53,7 @@ async def test_deny_and_allow_rules_decide_without_asking_anyone(
     assert "allowed-1" in _tool_result(fake_llm, 3) and "exit code 0" in _tool_result(fake_llm, 3)
     posted = [json.dumps(c.params) for c in fake_slack.of("chat.postMessage")]
     assert not any("approval:approve" in p for p in posted)  # nobody was asked, either time
-    audit = {row.action: row for row in await gateway.app.approvals.store.audit_log()}
+    audit = {row.action: row for row in await audit_log(gateway.app.approvals.store.db)}
     assert audit["policy.deny"].actor == "U1" and "rule 1" in str(audit["policy.deny"].detail)
     assert audit["policy.allow"].subject == "tool:shell_run" and "rule 2" in str(audit["policy.allow"].detail)
 
@@ -203,7 +204,7 @@ async def test_dm_cards_reminders_and_escalation_update_every_copy(
     updated = {(u.params["channel"], u.params["ts"]) for u in fake_slack.of("chat.update")}
     assert len(updated) == 8  # the thread card and seven DM cards
     assert all("approval:approve" not in json.dumps(u.params["blocks"]) for u in fake_slack.of("chat.update"))
-    audit = [row.action for row in await gateway.app.approvals.store.audit_log()]
+    audit = [row.action for row in await audit_log(gateway.app.approvals.store.db)]
     assert "approval.reminded" in audit and "approval.approved" in audit
 
 
@@ -220,7 +221,7 @@ async def test_whom_a_rule_escalates_to_cannot_decide_before_the_reminder(
     await gateway.interact(block_action("approval:approve", card.params["blocks"][-1]["elements"][0]["value"],
                                         user="U5"))
     assert "can't approve" in (await fake_slack.wait_for("chat.postEphemeral"))[0].params["text"]
-    assert "approval.approved" not in [row.action for row in await gateway.app.approvals.store.audit_log()]
+    assert "approval.approved" not in [row.action for row in await audit_log(gateway.app.approvals.store.db)]
 
 
 async def test_dm_only_cards_fall_back_to_the_thread_when_the_list_is_cut(
@@ -289,7 +290,7 @@ async def test_an_http_allow_rule_asks_about_headers_and_a_body_it_does_not_name
         assert "approval:approve" in shown, f"call {n} ran unasked"
         assert ("X-HTTP-Method-Override", "Cookie", "purge")[n - 1] in shown  # the approver sees it
     assert len(site.seen) == 1  # nothing more was sent
-    audit = [row.action for row in await gateway.app.approvals.store.audit_log()]
+    audit = [row.action for row in await audit_log(gateway.app.approvals.store.db)]
     assert audit.count("policy.allow") == 1
 
 

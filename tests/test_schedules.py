@@ -286,7 +286,8 @@ async def test_a_restart_between_asking_and_recording_the_destination_approval_a
     from datetime import UTC, datetime
 
     from core.agents import Agent, AgentDirectory
-    from core.approvals import ApprovalBroker, ApprovalPolicy
+    from core.approval_policy import ApprovalPolicy
+    from core.approvals import ApprovalBroker
     from core.clock import SystemClock
     from core.events import ApprovalRequested, EventBus
     from core.model import ApprovalStatus, ScheduleStatus, SessionInfo, SessionStatus

@@ -66,6 +66,7 @@ from core.store.tables import (
     TurnRow,
     WebSessionRow,
 )
+from tests.audit import audit_log
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 SID = "slack:T1:C1:1.0"
@@ -930,7 +931,7 @@ async def test_settle_exactly_once_whoever_comes_first(inputs: InputStore, db: D
     assert sum(won for won, _ in results) == 1
     final = {info.status for _, info in results if info is not None}
     assert len(final) == 1 and final != {"pending"}
-    audit = [a for a in await approvals.audit_log() if a.subject == f"approval:{request_id}"]
+    audit = [a for a in await audit_log(approvals.db) if a.subject == f"approval:{request_id}"]
     assert [a.action for a in audit] == [f"approval.{final.pop()}"]
     info = await approvals.get(request_id)
     assert info is not None and info.session.status == SessionStatus.RUNNING  # the waiting turn goes on
@@ -999,7 +1000,7 @@ async def test_grants_listed_and_revoked_once(inputs: InputStore, db: Database) 
     assert [g.id for g in await approvals.grants()] == [there.id]
     revoked = [g for g in await approvals.grants(include_revoked=True) if g.id == here.id]
     assert revoked and revoked[0].revoked_at == T0 and revoked[0].revoked_by in ("UADMIN", "UOTHER")
-    assert [a.action for a in await approvals.audit_log()].count("grant.revoked") == 1
+    assert [a.action for a in await audit_log(approvals.db)].count("grant.revoked") == 1
     assert not await approvals.revoke(10_000, "UADMIN", T0)
 
 
@@ -1060,9 +1061,9 @@ async def test_secrets_saved_replaced_and_used_by_whom_they_belong_to(db: Databa
     assert [s.name for s in await store.usable("ops")] == ["ops.key"]  # not granted the shared one
     assert [s.name for s in await store.usable("default", "pg.password")] == ["pg.password"]
     assert len(await store.all_secrets()) == 3
-    actions = [a.action for a in await ApprovalStore(db).audit_log()]
+    actions = [a.action for a in await audit_log(db)]
     assert actions.count("credential.stored") == 4 and all("v1" not in a.detail for a in
-                                                          await ApprovalStore(db).audit_log() if a.detail)
+                                                          await audit_log(db) if a.detail)
 
 
 async def test_secret_reseal_touch_and_delete(db: Database) -> None:
@@ -1216,7 +1217,7 @@ async def test_web_logins_store_only_a_digest_and_end(db: Database) -> None:
     assert not await logins.is_active("cookie-one", T0)
     assert await logins.revoke_all("UADMIN", T0) == 1  # cookie-two was the only live one
     assert not await logins.is_active("cookie-two", T0)
-    assert [a.action for a in await ApprovalStore(db).audit_log()] == ["web.logout_all"]
+    assert [a.action for a in await audit_log(db)] == ["web.logout_all"]
     await logins.create("cookie-three", T0 + timedelta(days=1), ttl)  # drops the rows past their expiry
     assert await count(db, WebSessionRow) == 1
 
@@ -1419,5 +1420,5 @@ async def test_a_second_vote_is_one_vote_a_deny_settles_and_a_late_vote_counts_n
     late = second.expires_at + timedelta(seconds=1)
     counted, won, current = await approvals.vote(second.id, "U1", "approve", reason=None, now=late)
     assert (counted, won) == (False, False) and current is not None and current.status == "pending"
-    audit = [row.action for row in await approvals.audit_log()]
+    audit = [row.action for row in await audit_log(approvals.db)]
     assert audit.count("approval.vote.approve") == 1 and "approval.vote.deny" in audit and "approval.denied" in audit

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from core.agents import Agent, AgentDirectory
-from core.approvals import ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
 from core.clock import SystemClock
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from channels.slack.formatting import SLACK_MARKS, escape
+from channels.slack.request_cards import Button, RequestCard, by_mention, card_blocks, context, outcome, section
 from core.display import arguments_text
 from core.model import BUDGET_RISK, ApprovalInfo, ApprovalStatus
 from core.replies import asked_by
@@ -20,39 +21,30 @@ _SECTION_CHARS = 3_000
 _CHUNK_CHARS = _SECTION_CHARS - 2 * len("```\n")
 _INLINE_SECTIONS = 6
 _ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
-_OUTCOME_ICON = {ApprovalStatus.APPROVED: ":white_check_mark:", ApprovalStatus.DENIED: ":x:",
-                 ApprovalStatus.EXPIRED: ":hourglass:", ApprovalStatus.CANCELLED: ":no_entry_sign:"}
 
 
 def budget_blocks(request: ApprovalInfo) -> list[dict[str, Any]]:
     """A thread's token budget used up: Continue (one more budget) or Stop."""
     args = request.arguments
     used, budget, more = (int(args.get(k) or 0) for k in ("used", "budget", "more"))
-    blocks: list[dict[str, Any]] = [section(
-        f":hourglass_flowing_sand: This thread has used {used:,} of its {budget:,}-token budget. "
-        f"*Continue* lets it use {more:,} more; *Stop* ends this turn.")]
-    if request.status == ApprovalStatus.PENDING:
-        value = str(request.id)
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
-            f"{asked_by(request, SLACK_MARKS)} · expires {_date(request.expires_at)}")}]})
-        blocks.append({"type": "actions", "block_id": f"approval:{request.id}", "elements": [
-            {"type": "button", "action_id": "approval:approve", "text": {"type": "plain_text", "text": "Continue"},
-             "style": "primary", "value": value},
-            {"type": "button", "action_id": "approval:stop", "text": {"type": "plain_text", "text": "Stop"},
-             "style": "danger", "value": value}]})
+    asked = [section(f":hourglass_flowing_sand: This thread has used {used:,} of its {budget:,}-token budget. "
+                     f"*Continue* lets it use {more:,} more; *Stop* ends this turn.")]
+    pending = request.status == ApprovalStatus.PENDING
+    if pending:
+        answer = f"{asked_by(request, SLACK_MARKS)} · expires {_date(request.expires_at)}"
     else:
-        outcome = {ApprovalStatus.APPROVED: "Continued", ApprovalStatus.DENIED: "Stopped"}.get(request.status)
-        said = f"{outcome} by {request.decided_by or 'someone'}" if outcome else request.summary()
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
-            f"{_OUTCOME_ICON.get(request.status, '')} {_who(escape(said), request.decided_by)}")}]})
-    return blocks
+        ended = {ApprovalStatus.APPROVED: "Continued", ApprovalStatus.DENIED: "Stopped"}.get(request.status)
+        said = f"{ended} by {request.decided_by or 'someone'}" if ended else request.summary()
+        answer = outcome(request, by_mention(escape(said), request.decided_by))
+    return card_blocks(RequestCard("approval", request.id, asked, pending, answer, (
+        Button("Continue", "approval:approve", "primary"), Button("Stop", "approval:stop", "danger"))))
 
 
 def approval_blocks(request: ApprovalInfo, *, attached: str | None = None) -> list[dict[str, Any]]:
     """The card: every argument in full (over several sections, or in the attached file ``attached``)."""
     if request.risk == BUDGET_RISK:
         return budget_blocks(request)
-    asked = asked_by(request, SLACK_MARKS)
+    asked_by_whom = asked_by(request, SLACK_MARKS)
     shown = arguments_text(request.arguments)
     chunks = _chunks(shown)
     header = f":lock: *{escape(request.agent)}* wants to run `{escape(request.tool)}`"
@@ -62,33 +54,22 @@ def approval_blocks(request: ApprovalInfo, *, attached: str | None = None) -> li
         body = [section(f"```\n{chunk}\n```") for chunk in chunks]
     else:
         body = [section(_too_long_note(request, len(shown), attached))]
-    blocks: list[dict[str, Any]] = [section(header), *body]
+    asked: list[dict[str, Any]] = [section(header), *body]
     if "⟦" in shown:
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
-            "Marks like ⟦3 spaces⟧, ⟦TAB⟧ or ⟦U+202E⟧ stand for whitespace and invisible characters "
-            "in the arguments.")}]})
-    if request.status == ApprovalStatus.PENDING:
+        asked.append(context("Marks like ⟦3 spaces⟧, ⟦TAB⟧ or ⟦U+202E⟧ stand for whitespace and invisible characters "
+                             "in the arguments."))
+    pending = request.status == ApprovalStatus.PENDING
+    if pending:
         progress = request.progress()
         votes = f"{mention_all(escape(progress), request.approved_by)} · " if progress else ""
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
-            f"{votes}{asked} · expires {_date(request.expires_at)}")}]})
-        value = str(request.id)  # only the id: the request itself is in the database
-        buttons = [
-            {"type": "button", "action_id": "approval:approve", "text": {"type": "plain_text", "text": "Approve"},
-             "style": "primary", "value": value},
-            {"type": "button", "action_id": "approval:deny", "text": {"type": "plain_text", "text": "Deny"},
-             "style": "danger", "value": value},
-        ]
-        if request.grantable:  # a rule's request: a standing grant would let the call skip the rule from then on
-            buttons.append({"type": "button", "action_id": "approval:always",
-                            "text": {"type": "plain_text", "text": "Always allow"}, "value": value})
-        blocks.append({"type": "actions", "block_id": f"approval:{request.id}", "elements": buttons})
+        answer = f"{votes}{asked_by_whom} · expires {_date(request.expires_at)}"
     else:
-        icon = _OUTCOME_ICON.get(request.status, "")
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
-            f"{icon} {mention_all(_who(escape(request.summary()), request.decided_by), request.approved_by)}"
-            f" · {asked}")}]})
-    return blocks
+        said = mention_all(by_mention(escape(request.summary()), request.decided_by), request.approved_by)
+        answer = outcome(request, f"{said} · {asked_by_whom}")
+    buttons = [Button("Approve", "approval:approve", "primary"), Button("Deny", "approval:deny", "danger")]
+    if request.grantable:  # a rule's request: a standing grant would let the call skip the rule from then on
+        buttons.append(Button("Always allow", "approval:always"))
+    return card_blocks(RequestCard("approval", request.id, asked, pending, answer, tuple(buttons)))
 
 
 def deny_modal(request: ApprovalInfo) -> dict[str, Any]:
@@ -112,7 +93,7 @@ def fallback_text(request: ApprovalInfo) -> str:
         return "This thread used its token budget: Continue or Stop"
     if request.status == ApprovalStatus.PENDING:
         return f"{request.agent} wants to run {request.tool}: Approve, Deny or Always allow"
-    return f"{request.tool}: {_who(request.summary(), request.decided_by)}"
+    return f"{request.tool}: {by_mention(request.summary(), request.decided_by)}"
 
 
 def is_person(who: str) -> bool:
@@ -139,13 +120,6 @@ def mention_all(text: str, users: tuple[str, ...]) -> str:
         if user[:1] in ("U", "W") and user[1:].isalnum():
             text = re.sub(rf"(?<![<@A-Z0-9]){re.escape(user)}(?![A-Z0-9>])", f"<@{user}>", text)
     return text
-
-
-def _who(summary: str, user: str | None) -> str:
-    """Mention the decider when it is a Slack user id."""
-    if user and user[:1] in ("U", "W") and user[1:].isalnum():
-        return summary.replace(f"by {user}", f"by <@{user}>")
-    return summary
 
 
 def fits_on_card(request: ApprovalInfo) -> bool:
@@ -184,10 +158,6 @@ def _too_long_note(request: ApprovalInfo, length: int, attached: str | None) -> 
     if request.announcement:
         return f"{too_long} They are attached in full as a file in this thread."
     return too_long
-
-
-def section(text: str) -> dict[str, Any]:
-    return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
 
 
 def _date(when: datetime) -> str:

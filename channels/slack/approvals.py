@@ -23,11 +23,11 @@ from channels.slack.approval_cards import (
     fits_on_card,
     is_person,
     mention,
-    section,
     time_left,
 )
 from channels.slack.formatting import escape
 from channels.slack.payloads import channel_id, input_value, user_id
+from channels.slack.request_cards import CardMessages, carried_id, section
 from channels.slack.workspaces import in_workspace, request_workspace
 from core.display import arguments_text
 from core.errors import InvalidInput
@@ -48,6 +48,7 @@ class SlackApprovals:
         self.gateway = gateway
         self.members = members  # a user group's members (SlackPort.group_members): DM cards go to each
         self._private = PrivateReplies(client)
+        self._cards = CardMessages(client, "approval")
         app.action(ACTION)(self._on_click)
         app.view(DENY_VIEW)(self._on_deny_submitted)
 
@@ -175,23 +176,11 @@ class SlackApprovals:
         where = request.announcement or {}
         places = ([{"channel": where["channel"], "ts": where["ts"]}] if "channel" in where else []) + list(
             where.get("copies") or [])
+        text, blocks = fallback_text(request), approval_blocks(request)
         if not places:  # never announced (Slack was down): say how it ended instead
-            ref = request.session.reply_ref
-            try:
-                await self.client.chat_postMessage(channel=ref["channel"], thread_ts=ref.get("thread_ts"),
-                                                   text=fallback_text(request), blocks=approval_blocks(request))
-            except SlackApiError as exc:
-                log.error("could not update approval %s: %s", request.id, error_code(exc))
+            await self._cards.post(request, text, blocks)
             return
-        await asyncio.gather(*(self._update(request, place) for place in places))
-
-    async def _update(self, request: ApprovalInfo, place: dict[str, Any]) -> None:
-        try:
-            await self.client.chat_update(channel=place["channel"], ts=place["ts"], text=fallback_text(request),
-                                          blocks=approval_blocks(request))
-        except (SlackApiError, KeyError) as exc:
-            log.error("could not update approval %s: %s", request.id,
-                      error_code(exc) if isinstance(exc, SlackApiError) else "no such message")
+        await asyncio.gather(*(self._cards.update(request, place, text, blocks) for place in places))
 
     # -- interactions ---------------------------------------------------------------------------
 
@@ -252,9 +241,5 @@ class SlackApprovals:
             self._private.tell(told, user, result.message)
 
 
-
 def _request_id(value: Any) -> int | None:
-    """The request id our own blocks carry: a string of digits, nothing else (not a JSON number, not "+1")."""
-    if not isinstance(value, str) or re.fullmatch(r"[0-9]{1,18}", value) is None:
-        return None
-    return int(value) or None
+    return carried_id(value) or None  # 0 is no request

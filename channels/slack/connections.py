@@ -13,9 +13,19 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import TRANSPORT_ERRORS, Later, PrivateReplies, best_effort, error_code
-from channels.slack.credentials import _number
 from channels.slack.formatting import escape
 from channels.slack.payloads import channel_id, user_id
+from channels.slack.request_cards import (
+    Button,
+    CardMessages,
+    RequestCard,
+    by_mention,
+    card_blocks,
+    carried_id,
+    outcome,
+    section,
+    until,
+)
 from core.errors import NotFound
 from core.gateway import Gateway
 from core.model import ConnectionRequestInfo, ConnectionStatus
@@ -24,8 +34,6 @@ log = logging.getLogger(__name__)
 
 ACTION = "connection:connect"
 LINK_ACTION = "connection:open"  # the URL button (Slack still sends its click: acknowledged, nothing else)
-_ICON = {ConnectionStatus.CONNECTED: ":white_check_mark:", ConnectionStatus.EXPIRED: ":hourglass:",
-         ConnectionStatus.CANCELLED: ":no_entry_sign:"}
 
 
 class SlackConnections:
@@ -34,38 +42,30 @@ class SlackConnections:
         self.gateway = gateway
         self._private = PrivateReplies(client)
         self._later = Later()
+        self._cards = CardMessages(client, "connection request")
         app.action(ACTION)(self._on_connect_clicked)
         app.action(LINK_ACTION)(self._on_link_clicked)
 
     async def announce(self, request: ConnectionRequestInfo) -> None:
-        ref = request.session.reply_ref
-        channel, thread_ts = str(ref.get("channel") or ""), ref.get("thread_ts")
-        try:
-            posted = await self.client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=request.ask(),
-                                                        blocks=request_blocks(request))
-        except SlackApiError as exc:
-            log.error("could not post connection request %s: %s", request.id, error_code(exc))
+        where = await self._cards.post(request, request.ask(), request_blocks(request))
+        if where is None:
             return
-        await self.gateway.connection_shown(request.id, {"channel": posted["channel"], "ts": posted["ts"]})
+        await self.gateway.connection_shown(request.id, where)
         if request.principal:  # their own account: they get their link at once, privately
-            await self._send_link(request.id, request.principal, str(posted["channel"]), thread_ts)
+            await self._send_link(request.id, request.principal, str(where["channel"]),
+                                  request.session.reply_ref.get("thread_ts"))
 
     async def resolve(self, request: ConnectionRequestInfo) -> None:
         where = request.announcement or (await self.gateway.connection_request(request.id) or request).announcement
-        if not where:
-            return
-        try:
-            await self.client.chat_update(channel=where["channel"], ts=where["ts"], text=request.summary(),
-                                          blocks=request_blocks(request))
-        except SlackApiError as exc:
-            log.error("could not update connection request %s: %s", request.id, error_code(exc))
+        if where:
+            await self._cards.update(request, where, request.summary(), request_blocks(request))
 
     async def _on_connect_clicked(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
         user, channel = user_id(body), channel_id(body)
         message = body.get("message")
         thread_ts = message.get("thread_ts") if isinstance(message, dict) else None
-        request_id = _number(action.get("value"))
+        request_id = carried_id(action.get("value"))
         self._later.run(self._send_link(request_id or 0, user, channel, thread_ts if isinstance(thread_ts, str)
                                         else None))
 
@@ -99,23 +99,13 @@ class SlackConnections:
 
 
 def request_blocks(request: ConnectionRequestInfo) -> list[dict[str, Any]]:
-    blocks: list[dict[str, Any]] = [
-        {"type": "section", "text": {"type": "mrkdwn", "text": f":link: *{escape(request.ask())}*"}}]
-    if request.status == ConnectionStatus.PENDING:
-        who = f"<@{request.principal}>" if request.principal else "an admin"
-        expires = f"<!date^{int(request.expires_at.timestamp())}^{{time}}|{request.expires_at:%H:%M} UTC>"
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
-            f"Only {who} can connect it (the link is sent privately) · the agent waits until {expires}")}]})
-        blocks.append({"type": "actions", "block_id": f"connection:{request.id}", "elements": [
-            {"type": "button", "action_id": ACTION, "style": "primary", "value": str(request.id),
-             "text": {"type": "plain_text", "text": f"Connect {request.connection}"[:75]}}]})
-    else:
-        text = escape(request.summary())
-        if request.settled_by and request.settled_by[:1] in ("U", "W"):
-            text = text.replace(f"by {request.settled_by}", f"by <@{request.settled_by}>")
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn",
-                                                        "text": f"{_ICON.get(request.status, '')} {text}"}]})
-    return blocks
+    pending = request.status == ConnectionStatus.PENDING
+    who = f"<@{request.principal}>" if request.principal else "an admin"
+    answer = (f"Only {who} can connect it (the link is sent privately) · the agent waits until "
+              f"{until(request.expires_at)}" if pending
+              else outcome(request, by_mention(escape(request.summary()), request.settled_by)))
+    return card_blocks(RequestCard("connection", request.id, [section(f":link: *{escape(request.ask())}*")], pending,
+                                   answer, (Button(f"Connect {request.connection}"[:75], ACTION, "primary"),)))
 
 
 def link_blocks(name: str, url: str) -> list[dict[str, Any]]:

@@ -4,7 +4,6 @@ and the message updated once stored. The value goes from the modal straight to t
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from slack_bolt.async_app import AsyncApp
@@ -14,6 +13,17 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.slack.api import PrivateReplies, error_code
 from channels.slack.formatting import escape
 from channels.slack.payloads import channel_id, user_id
+from channels.slack.request_cards import (
+    Button,
+    CardMessages,
+    RequestCard,
+    by_mention,
+    card_blocks,
+    carried_id,
+    outcome,
+    section,
+    until,
+)
 from channels.slack.workspaces import in_workspace, request_workspace
 from core.display import shown_reason
 from core.gateway import Gateway
@@ -23,8 +33,6 @@ log = logging.getLogger(__name__)
 
 ACTION = "credential:provide"
 VIEW = "credential_provide"
-_ICON = {CredentialStatus.PROVIDED: ":white_check_mark:", CredentialStatus.EXPIRED: ":hourglass:",
-         CredentialStatus.CANCELLED: ":no_entry_sign:"}
 
 
 class SlackCredentials:
@@ -32,36 +40,26 @@ class SlackCredentials:
         self.client = client
         self.gateway = gateway
         self._private = PrivateReplies(client)
+        self._cards = CardMessages(client, "credential request")
         app.action(ACTION)(self._on_provide_clicked)
         app.view(VIEW)(self._on_submitted)
 
     async def announce(self, request: CredentialRequestInfo) -> None:
-        ref = request.session.reply_ref
-        try:
-            posted = await self.client.chat_postMessage(channel=ref["channel"], thread_ts=ref.get("thread_ts"),
-                                                        text=_fallback(request), blocks=request_blocks(request))
-        except SlackApiError as exc:
-            log.error("could not post credential request %s: %s", request.id, error_code(exc))
-            return
-        await self.gateway.credential_shown(request.id, {"channel": posted["channel"], "ts": posted["ts"]})
+        where = await self._cards.post(request, _fallback(request), request_blocks(request))
+        if where is not None:
+            await self.gateway.credential_shown(request.id, where)
 
     async def resolve(self, request: CredentialRequestInfo) -> None:
         where = request.announcement or (await self.gateway.credential_request(request.id) or request).announcement
-        try:
-            if where:
-                await self.client.chat_update(channel=where["channel"], ts=where["ts"], text=_fallback(request),
-                                              blocks=request_blocks(request))
-            else:
-                ref = request.session.reply_ref
-                await self.client.chat_postMessage(channel=ref["channel"], thread_ts=ref.get("thread_ts"),
-                                                   text=_fallback(request), blocks=request_blocks(request))
-        except SlackApiError as exc:
-            log.error("could not update credential request %s: %s", request.id, error_code(exc))
+        if where:
+            await self._cards.update(request, where, _fallback(request), request_blocks(request))
+        else:  # never shown (Slack was down): say how it ended instead
+            await self._cards.post(request, _fallback(request), request_blocks(request))
 
     async def _on_provide_clicked(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
         user, channel = user_id(body), channel_id(body)  # shapes checked before bolt (payloads.shape_problem)
-        request_id = _number(action.get("value"))
+        request_id = carried_id(action.get("value"))
         if request_id is None:
             self._private.tell(channel, user, "That button does not belong to a credential request I know.")
             return
@@ -86,7 +84,7 @@ class SlackCredentials:
         state = view.get("state")
         values = state.get("values") if isinstance(state, dict) else None
         value, hosts = _input_text(values, "value"), _input_text(values, "hosts")  # hosts: optional, null if empty
-        request_id = _number(view.get("private_metadata")) or 0
+        request_id = carried_id(view.get("private_metadata")) or 0
         with in_workspace(await self._workspace_of(request_id)):
             result = await self.gateway.provide(request_id, value, by=user, hosts=hosts)
         if result.stored:
@@ -96,28 +94,15 @@ class SlackCredentials:
             await ack(response_action="errors", errors={field: result.field_error or result.message})
 
 
-
 def request_blocks(request: CredentialRequestInfo) -> list[dict[str, Any]]:
     who = f"<@{request.requester}> or an approver" if request.requester else "an approver"
-    blocks: list[dict[str, Any]] = [
-        {"type": "section", "text": {"type": "mrkdwn", "text": (
-            f":key: *{escape(request.agent)}* needs the credential `{request.name}` ({request.scope} scope)")}},
-        reason_block(request),
-    ]
-    if request.status == CredentialStatus.PENDING:
-        expires = f"<!date^{int(request.expires_at.timestamp())}^{{time}}|{request.expires_at:%H:%M} UTC>"
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": (
-            f"{who} may provide it · expires {expires} · the value is sealed and never shown again")}]})
-        blocks.append({"type": "actions", "block_id": f"credential:{request.id}", "elements": [
-            {"type": "button", "action_id": ACTION, "style": "primary", "value": str(request.id),
-             "text": {"type": "plain_text", "text": "Provide"}}]})
-    else:
-        text = request.summary()
-        if request.provided_by and request.provided_by[:1] in ("U", "W"):
-            text = text.replace(f"by {request.provided_by}", f"by <@{request.provided_by}>")
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn",
-                                                        "text": f"{_ICON.get(request.status, '')} {text}"}]})
-    return blocks
+    asked = [section(f":key: *{escape(request.agent)}* needs the credential `{request.name}` ({request.scope} scope)"),
+             reason_block(request)]
+    pending = request.status == CredentialStatus.PENDING
+    answer = (f"{who} may provide it · expires {until(request.expires_at)} · the value is sealed and never shown again"
+              if pending else outcome(request, by_mention(request.summary(), request.provided_by)))
+    return card_blocks(RequestCard("credential", request.id, asked, pending, answer,
+                                   (Button("Provide", ACTION, "primary"),)))
 
 
 def provide_modal(request: CredentialRequestInfo) -> dict[str, Any]:
@@ -165,10 +150,3 @@ def _input_text(values: Any, block: str) -> str:
     element = field.get(block) if isinstance(field, dict) else None
     text = element.get("value") if isinstance(element, dict) else None
     return text if isinstance(text, str) else ""
-
-
-def _number(value: Any) -> int | None:
-    """The request id our own blocks carry: a string of digits, nothing else."""
-    if not isinstance(value, str) or re.fullmatch(r"[0-9]{1,18}", value) is None:
-        return None
-    return int(value)

@@ -17,8 +17,9 @@ from typing import Any
 from aiohttp import web
 
 from channels.web.auth import WebAuth
-from channels.web.connections import WebConnections, request_item
+from channels.web.connections import WebConnections
 from channels.web.port import WebPort
+from channels.web.request_items import approval_item, connection_item, credential_item
 from core.errors import Conflict, CoreError, InvalidInput, NotAllowed, NotFound
 from core.events import (
     AnswerDelta,
@@ -40,7 +41,7 @@ from core.events import (
     TurnStarted,
 )
 from core.gateway import Gateway
-from core.model import ApprovalInfo, CredentialRequestInfo, Inbound, MessageRef
+from core.model import Inbound, MessageRef
 from core.store import WebSessionStore
 from core.text import clean_tree, parse_id
 
@@ -156,10 +157,10 @@ class WebChannel:
                  "queued": e.queued, "at": e.created_at.isoformat(), "turn": e.turn_id}
                 for e in entries
             ],
-            "approvals": [_approval(a) for a in await self.gateway.recent_approvals(session_id)] if session else [],
-            "credentials": [_credential(c) for c in await self.gateway.recent_credentials(session_id)]
+            "approvals": [approval_item(a) for a in await self.gateway.recent_approvals(session_id)] if session else [],
+            "credentials": [credential_item(c) for c in await self.gateway.recent_credentials(session_id)]
             if session else [],
-            "connections": [request_item(c) for c in await self.gateway.recent_connection_requests(session_id)]
+            "connections": [connection_item(c) for c in await self.gateway.recent_connection_requests(session_id)]
             if session else [],
         })
 
@@ -286,11 +287,11 @@ class WebChannel:
         elif isinstance(event, Notice):
             item.update(text=event.text)
         elif isinstance(event, ApprovalRequested | ApprovalResolved | ApprovalVoted | ApprovalReminded):
-            item.update(approval=_approval(event.request))
+            item.update(approval=approval_item(event.request))
         elif isinstance(event, CredentialRequested | CredentialResolved):
-            item.update(credential=_credential(event.request))
+            item.update(credential=credential_item(event.request))
         elif isinstance(event, ConnectionRequested | ConnectionResolved):
-            item.update(connection=request_item(event.request))
+            item.update(connection=connection_item(event.request))
         else:
             return
         self._publish(event.session_id, item)
@@ -298,18 +299,6 @@ class WebChannel:
     def _publish(self, session_id: str, item: dict[str, Any]) -> None:
         for queue in self._watchers.get(session_id, ()):
             queue.put_nowait(item)
-
-
-def _approval(a: ApprovalInfo) -> dict[str, Any]:
-    return {"id": a.id, "tool": a.tool, "arguments": a.arguments, "status": a.status, "summary": a.summary(),
-            "expires_at": a.expires_at.isoformat(), "requester": a.requester, "at": a.parked_at.isoformat(),
-            "quorum": a.quorum, "progress": a.progress(), "grantable": a.grantable, "risk": a.risk,
-            "reminded": a.reminded}
-
-
-def _credential(c: CredentialRequestInfo) -> dict[str, Any]:
-    return {"id": c.id, "name": c.name, "reason": c.reason, "scope": c.scope, "status": c.status,
-            "summary": c.summary(), "expires_at": c.expires_at.isoformat(), "at": c.created_at.isoformat()}
 
 
 def refusal_status(exc: CoreError) -> int:

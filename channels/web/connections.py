@@ -9,7 +9,6 @@ from typing import Any
 from aiohttp import web
 
 from core.gateway import Gateway
-from core.model import ConnectionRequestInfo
 from core.views import ConnectionView
 
 _ID = re.compile(r"[0-9]{1,18}")
@@ -49,9 +48,3 @@ def view(c: ConnectionView) -> dict[str, Any]:
     return {"name": c.name, "shared": not c.owner, "scopes": list(c.scopes) if c.scopes is not None else None,
             "expires_at": c.expires_at.isoformat() if c.expires_at else None, "refreshable": c.refreshable,
             "connected_by": c.connected_by, "updated_at": c.updated_at.isoformat(), "describe": c.describe()}
-
-
-def request_item(c: ConnectionRequestInfo) -> dict[str, Any]:
-    return {"id": c.id, "connection": c.connection, "gap": c.gap, "ask": c.ask(), "status": c.status,
-            "summary": c.summary(), "expires_at": c.expires_at.isoformat(), "at": c.created_at.isoformat(),
-            "connect": f"/oauth/connect/{c.id}"}

@@ -166,7 +166,7 @@ class Consent:
             return CallbackResult(False, "Not connected", f"The bot could not store the connection. {_RETRY}", 500)
         log.info("connection %s connected by %s", spec.name, row.principal)
         if settled is not None:
-            service.announce_settled(settled)
+            service.requests.settled_here(settled)
             return CallbackResult(True, "Connected", "Connected, you can close this tab.")
         late = " The request that waited for it had already ended." if request is not None else ""
         return CallbackResult(True, "Connected", f"Connected, you can close this tab.{late}")

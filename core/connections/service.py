@@ -16,19 +16,19 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 
-from core.approvals import ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
 from core.clock import Clock
 from core.connections.spec import ConnectionSpec, OAuthClient, TokenSet
 from core.errors import InvalidInput, NotFound, OAuthError, ToolError, VaultError
 from core.events import ConnectionRequested, ConnectionResolved, EventBus
 from core.model import ConnectionGap, ConnectionRequestInfo, ConnectionStatus, thread_of
-from core.parking import Waiters
+from core.requests import PersonRequests, why_nobody_is_asked
 from core.store.connection_tables import ConnectionRequestRow, ConnectionRow
 from core.store.connections import ConnectionStore
 from core.store.schedules import firing_schedule
 from core.stored_secrets import CredentialUse
 from core.tools import SUBAGENT_CANNOT_ASK, ToolContext
-from core.trust import NOT_ALLOWED, restricted
+from core.trust import NOT_ALLOWED
 from core.vault import KeyRing, Sealed
 from core.views import ConnectionView
 
@@ -62,7 +62,9 @@ class ConnectionService:
         self.policy = policy
         self.timeout = timedelta(seconds=timeout_s)
         self.learn = learn  # the masks learn every token as it is stored
-        self.waiters = Waiters(clock, poll_s)
+        self.requests = PersonRequests("connection request", store.requests, bus, clock, poll_s=poll_s,
+                                       end=self._end, resolved=lambda request: ConnectionResolved(request.session,
+                                                                                                  request))
         # One refresh at a time per account in this process (a rotating refresh token works once);
         # across replicas the loser finds the winner's tokens (``_refresh``).
         self._refreshing: dict[tuple[str, str], asyncio.Lock] = {}
@@ -222,7 +224,7 @@ class ConnectionService:
             return None
         request = found[0]
         if request.status == ConnectionStatus.PENDING:
-            request = await self._wait(request, ctx.turn_id)
+            request = await self.requests.wait(request, ctx.turn_id)
         return await self._went_on(request)
 
     async def _pause(self, ctx: ToolContext, spec: ConnectionSpec, owner: str, gap: ConnectionGap,
@@ -231,24 +233,22 @@ class ConnectionService:
         if spec.authorize_url is None:
             raise ToolError(f"{problem}: but {spec.name} has no authorize_url, so nobody can be sent to connect "
                             "it; an operator must configure it. Continue without it.")
-        if ctx.subagent:
-            raise ToolError(f"{problem}: {SUBAGENT_CANNOT_ASK} (they can connect it)")
         # As for credentials: nobody is sent to connect an account on a guest's, an outsider's or a bot's word
         # (a risk = "safe" MCP server's call reaches here with no approval in between).
-        if await restricted(self.policy.trust, ctx.trust, ctx.sender or "agent", "connect", f"connection:{spec.name}",
-                            session=ctx.session_id):
-            raise ToolError(f"{problem}: asking people to connect {spec.name} is {NOT_ALLOWED} ({ctx.trust}); nobody "
-                            "was asked; continue without it")
-        if not ctx.interactive:
-            raise ToolError(f"{problem}: nobody can be asked to connect it here; continue without it")
+        if (why := await why_nobody_is_asked(ctx, self.policy.trust, "connect", f"connection:{spec.name}")) is not None:
+            raise ToolError(f"{problem}: " + {
+                "subagent": f"{SUBAGENT_CANNOT_ASK} (they can connect it)",
+                "restricted": f"asking people to connect {spec.name} is {NOT_ALLOWED} ({ctx.trust}); nobody was "
+                              "asked; continue without it",
+                "not interactive": "nobody can be asked to connect it here; continue without it"}[why])
         now = self.clock.now()
         request = await self.store.park(ConnectionRequestRow(
             session_id=ctx.session_id, turn_id=ctx.turn_id, tool_call_id=ctx.call_id, connection=spec.name,
             principal=owner, gap=gap, scopes=json.dumps(list(need)), agent=ctx.agent,
             status=ConnectionStatus.PENDING, created_at=now, expires_at=now + self.timeout))
         log.info("connection %s needed (%s): request %s, session %s", spec.name, gap, request.id, ctx.session_id)
-        self.bus.emit(ConnectionRequested(request.session, request))
-        return await self._went_on(await self._wait(request, ctx.turn_id))
+        self.requests.announce(ConnectionRequested(request.session, request))
+        return await self._went_on(await self.requests.wait(request, ctx.turn_id))
 
     async def _went_on(self, request: ConnectionRequestInfo) -> ConnectionRequestInfo:
         """The outcome the call goes on with (once: a second caller for the same request is refused)."""
@@ -263,27 +263,9 @@ class ConnectionService:
             raise ToolError(f"the request to connect {request.connection} was cancelled; continue without it")
         return request
 
-    async def _wait(self, request: ConnectionRequestInfo, turn_id: int | None) -> ConnectionRequestInfo:
-        async def expire(request_id: int) -> ConnectionRequestInfo:
-            return await self.settle(request_id, ConnectionStatus.EXPIRED)
-
-        async def cancel(request_id: int) -> object:
-            return await self.settle(request_id, ConnectionStatus.CANCELLED)
-
-        return await self.waiters.wait(
-            request, turn_id=turn_id, load=self.store.request, expire=expire, cancel=cancel,
-            settled_elsewhere=lambda current: self.bus.emit(ConnectionResolved(current.session, current)))
-
-    async def settle(self, request_id: int, status: ConnectionStatus, by: str | None = None) -> ConnectionRequestInfo:
-        won, request = await self.store.settle(request_id, status, self.clock.now(), by)
-        assert request is not None
-        if won:
-            self.announce_settled(request)
-        return request
-
-    def announce_settled(self, request: ConnectionRequestInfo) -> None:
-        self.waiters.wake(request.id)
-        self.bus.emit(ConnectionResolved(request.session, request))
+    async def _end(self, request_id: int, status: str, _reason: str | None
+                   ) -> tuple[bool, ConnectionRequestInfo | None]:
+        return await self.store.settle(request_id, ConnectionStatus(status), self.clock.now())
 
     async def resumable(self, ctx: ToolContext) -> bool:
         """Whether a call a crash left without result was parked here and never went on (run it again: it
@@ -292,16 +274,13 @@ class ConnectionService:
         return found is not None and not found[1]  # pending, completed, or ended unreported: it says which
 
     async def expire_overdue(self) -> int:
-        overdue = await self.store.pending(due_before=self.clock.now())
-        for request in overdue:
-            await self.settle(request.id, ConnectionStatus.EXPIRED)
-        return len(overdue)
+        return await self.requests.expire_overdue()
 
     async def get(self, request_id: int) -> ConnectionRequestInfo | None:
-        return await self.store.request(request_id)
+        return await self.requests.get(request_id)
 
     async def record_announcement(self, request_id: int, where: dict[str, object]) -> None:
-        await self.store.record_announcement(request_id, dict(where))
+        await self.requests.record_announcement(request_id, dict(where))
 
     # -- listing and disconnecting --------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from core.approvals import DESTINATION_TOOL, ApprovalBroker
+from core.approvals import ApprovalBroker
 from core.clock import Clock
 from core.errors import Conflict, InvalidInput, NotAllowed, NotFound
 from core.events import EventBus, Notice
@@ -24,6 +24,7 @@ from core.store import ConversationStore
 from core.store.schedules import ScheduleStore, recorded_senders
 from core.store.tables import ScheduleRow
 from core.text import MAX_ID, clean_text
+from core.tools import DESTINATION_TOOL
 from core.triggers import TriggerSpec
 from core.trust import NOT_ALLOWED, SenderTrust, Trust, is_restricted, restricted
 from core.views import ScheduleView

@@ -12,6 +12,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from core.model import ApprovalInfo, ApprovalStatus, InputStatus, SessionStatus
 from core.store.database import Database
+from core.store.requests import RequestRows
 from core.store.row_views import session_info
 from core.store.tables import ApprovalRow, ApprovalVoteRow, AuditRow, GrantRow, InputRow, SessionRow
 
@@ -19,6 +20,7 @@ from core.store.tables import ApprovalRow, ApprovalVoteRow, AuditRow, GrantRow, 
 class ApprovalStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.requests = RequestRows(db, ApprovalRow, waiting=SessionStatus.PENDING_APPROVAL, info=_info)
 
     async def park(self, row: ApprovalRow) -> ApprovalInfo:
         """Persist a new pending request and mark its session as waiting for a decision. It records
@@ -31,12 +33,8 @@ class ApprovalStore:
                     .order_by(col(InputRow.id)))).all()
                 others = list(dict.fromkeys(x for x in senders if x and x != row.requester))
                 row.other_senders = json.dumps(others) if others else None
-            s.add(row)
-            if row.turn_id is not None:  # a turn waits on it (not, e.g., a schedule's destination)
-                await s.exec(update(SessionRow).where(col(SessionRow.id) == row.session_id)
-                             .values(status=SessionStatus.PENDING_APPROVAL))
-            await s.flush()
-            return await _info(s, row)
+            # A turn waits on it (not, e.g., a schedule's destination): its session says so.
+            return await self.requests.park_in(s, row, session_waits=row.turn_id is not None)
 
     async def settle(
         self, request_id: int, status: str, *, by: str | None, reason: str | None, now: datetime,
@@ -47,7 +45,8 @@ class ApprovalStore:
         exact call, from "Always allow") records its grant, and every outcome its audit line, in the
         same commit."""
         async with self.db.write() as s:
-            won, row = await _settle_in(s, request_id, status, by=by, reason=reason, now=now, grant_call=grant_call)
+            won, row = await self._settle_in(s, request_id, status, by=by, reason=reason, now=now,
+                                             grant_call=grant_call)
             return won, (await _info(s, row) if row is not None else None)
 
     async def vote(self, request_id: int, voter: str, verdict: str, *, reason: str | None,
@@ -75,23 +74,19 @@ class ApprovalStore:
             await s.flush()
             won = False
             if verdict == "deny":
-                won, _ = await _settle_in(s, request_id, ApprovalStatus.DENIED, by=voter, reason=reason, now=now)
+                won, _ = await self._settle_in(s, request_id, ApprovalStatus.DENIED, by=voter, reason=reason,
+                                               now=now)
             elif len(await _approvals_of(s, request_id)) >= row.quorum:
-                won, _ = await _settle_in(s, request_id, ApprovalStatus.APPROVED, by=voter, reason=None, now=now)
+                won, _ = await self._settle_in(s, request_id, ApprovalStatus.APPROVED, by=voter, reason=None,
+                                               now=now)
             await s.refresh(row)
             return True, won, await _info(s, row)
 
     async def get(self, request_id: int) -> ApprovalInfo | None:
-        async with self.db.read() as s:
-            row = await s.get(ApprovalRow, request_id)
-            return await _info(s, row) if row is not None else None
+        return await self.requests.get(request_id)
 
     async def for_call(self, session_id: str, tool_call_id: str) -> ApprovalInfo | None:
-        async with self.db.read() as s:
-            row = (await s.exec(select(ApprovalRow).where(ApprovalRow.session_id == session_id,
-                                                          ApprovalRow.tool_call_id == tool_call_id)
-                                .order_by(col(ApprovalRow.id).desc()))).first()
-            return await _info(s, row) if row is not None else None
+        return await self.requests.for_call(session_id, tool_call_id)
 
     async def remind(self, request_id: int, now: datetime) -> tuple[bool, ApprovalInfo | None]:
         """Mark the request reminded, once (whichever process gets there first), and let its ``escalate_to``
@@ -122,31 +117,35 @@ class ApprovalStore:
             await s.exec(update(ApprovalRow).where(col(ApprovalRow.id) == request_id).values(started_at=now))
 
     async def record_announcement(self, request_id: int, where: dict[str, Any]) -> None:
-        async with self.db.write() as s:
-            await s.exec(update(ApprovalRow).where(col(ApprovalRow.id) == request_id)
-                         .values(announcement=json.dumps(where)))
+        await self.requests.record_announcement(request_id, where)
 
     async def pending(self, *, due_before: datetime | None = None, session_id: str | None = None,
                       place: str | None = None, limit: int = 1000) -> list[ApprovalInfo]:
         """``place``: those asked at that place (filed there, or asked in a conversation there)."""
-        async with self.db.read() as s:
-            query = select(ApprovalRow).where(ApprovalRow.status == ApprovalStatus.PENDING)
-            if due_before is not None:
-                query = query.where(col(ApprovalRow.expires_at) <= due_before)
-            if session_id is not None:
-                query = query.where(ApprovalRow.session_id == session_id)
-            if place is not None:
-                asked_there = select(SessionRow.id).where(SessionRow.place == place)
-                query = query.where(or_(col(ApprovalRow.place) == place,
-                                        col(ApprovalRow.session_id).in_(asked_there)))
-            rows = (await s.exec(query.order_by(col(ApprovalRow.id)).limit(limit))).all()
-            return [await _info(s, r) for r in rows]
+        asked_there = select(SessionRow.id).where(SessionRow.place == place)
+        where = [or_(col(ApprovalRow.place) == place, col(ApprovalRow.session_id).in_(asked_there))] if place else []
+        return await self.requests.pending(*where, due_before=due_before, session_id=session_id, limit=limit)
 
     async def recent(self, session_id: str, limit: int = 50) -> list[ApprovalInfo]:
-        async with self.db.read() as s:
-            rows = (await s.exec(select(ApprovalRow).where(ApprovalRow.session_id == session_id)
-                                 .order_by(col(ApprovalRow.id).desc()).limit(limit))).all()
-            return [await _info(s, r) for r in reversed(rows)]
+        return await self.requests.recent(session_id, limit)
+
+    async def _settle_in(self, s: AsyncSession, request_id: int, status: str, *, by: str | None,
+                         reason: str | None, now: datetime, grant_call: str | None = None
+                         ) -> tuple[bool, ApprovalRow | None]:
+        always = grant_call is not None and status == ApprovalStatus.APPROVED
+        decision = status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED)  # expiry and cancel settle regardless
+        won, row = await self.requests.settle_in(
+            s, request_id, {"status": status, "decided_by": by, "decided_at": now, "reason": reason, "always": always},
+            before=now if decision else None)
+        if won and row is not None:
+            if always:  # never a pattern: the one call that was approved, at its place
+                s.add(GrantRow(agent=row.agent, tool=row.tool, place=row.place, call_text=grant_call,
+                               created_by=by or "operator", created_at=now))
+            # Expired and denied stay apart here (and in the metrics): an expiry is nobody's decision.
+            s.add(audit_row(now, by or "system", f"approval.{status}", f"approval:{row.id}",
+                            {"tool": row.tool, "session": row.session_id, "place": row.place, "reason": reason,
+                             "always": always, "policy": row.policy}))
+        return won, row
 
     # -- grants ---------------------------------------------------------------------------------
 
@@ -188,39 +187,6 @@ class ApprovalStore:
             if until is not None:
                 query = query.where(col(AuditRow.at) < until)
             return list((await s.exec(query.order_by(col(AuditRow.at), col(AuditRow.id)))).all())
-
-    async def audit_log(self, limit: int = 100) -> list[AuditRow]:
-        async with self.db.read() as s:
-            rows = (await s.exec(select(AuditRow).order_by(col(AuditRow.id).desc()).limit(limit))).all()
-            return list(reversed(rows))
-
-
-async def _settle_in(s: AsyncSession, request_id: int, status: str, *, by: str | None, reason: str | None,
-                     now: datetime, grant_call: str | None = None) -> tuple[bool, ApprovalRow | None]:
-    always = grant_call is not None and status == ApprovalStatus.APPROVED
-    query = update(ApprovalRow).where(col(ApprovalRow.id) == request_id,
-                                      col(ApprovalRow.status) == ApprovalStatus.PENDING)
-    if status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):  # expiry and cancel settle regardless
-        query = query.where(col(ApprovalRow.expires_at) > now)
-    result = await s.exec(query.values(status=status, decided_by=by, decided_at=now, reason=reason, always=always))
-    won = bool(result.rowcount)
-    row = await s.get(ApprovalRow, request_id)
-    if row is None:
-        return False, None
-    await s.refresh(row)
-    if won:
-        await s.exec(update(SessionRow)
-                     .where(col(SessionRow.id) == row.session_id,
-                            col(SessionRow.status) == SessionStatus.PENDING_APPROVAL)
-                     .values(status=SessionStatus.RUNNING))
-        if always:  # never a pattern: the one call that was approved, at its place
-            s.add(GrantRow(agent=row.agent, tool=row.tool, place=row.place, call_text=grant_call,
-                           created_by=by or "operator", created_at=now))
-        # Expired and denied stay apart here (and in the metrics): an expiry is nobody's decision.
-        s.add(audit_row(now, by or "system", f"approval.{status}", f"approval:{row.id}",
-                        {"tool": row.tool, "session": row.session_id, "place": row.place, "reason": reason,
-                         "always": always, "policy": row.policy}))
-    return won, row
 
 
 async def _approvals_of(s: AsyncSession, request_id: int) -> list[str]:

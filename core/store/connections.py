@@ -16,6 +16,7 @@ from core.model import ConnectionGap, ConnectionRequestInfo, ConnectionStatus, S
 from core.store.approvals import audit_row
 from core.store.connection_tables import ConnectionRequestRow, ConnectionRow, OAuthStateRow
 from core.store.database import Database
+from core.store.requests import RequestRows
 from core.store.row_views import session_info
 from core.store.schedules import conversation_writers
 from core.store.tables import SessionRow
@@ -28,6 +29,7 @@ StateProblem = Literal["unknown", "used", "expired"]
 class ConnectionStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.requests = RequestRows(db, ConnectionRequestRow, waiting=SessionStatus.WAITING_CONNECTION, info=_info)
 
     # -- accounts -------------------------------------------------------------------------------
 
@@ -72,7 +74,9 @@ class ConnectionStore:
                             {"owner": row.owner} | audit))
             settled = None
             if request_id is not None:
-                settled = await _settle(s, request_id, ConnectionStatus.CONNECTED, now, by)
+                won, request = await self.requests.settle_in(s, request_id,
+                                                             _settled(ConnectionStatus.CONNECTED, now, by))
+                settled = await _info(s, request) if won and request is not None else None
             return row, settled
 
     async def claim_refresh(self, row_id: int, *, expected_ciphertext: str, now: datetime, until: datetime) -> bool:
@@ -182,21 +186,11 @@ class ConnectionStore:
     # -- parked calls ---------------------------------------------------------------------------
 
     async def park(self, row: ConnectionRequestRow) -> ConnectionRequestInfo:
-        async with self.db.write() as s:
-            s.add(row)
-            await s.exec(update(SessionRow).where(col(SessionRow.id) == row.session_id)
-                         .values(status=SessionStatus.WAITING_CONNECTION))
-            await s.flush()
-            return await _info(s, row)
+        return await self.requests.park(row)
 
     async def settle(self, request_id: int, status: ConnectionStatus, now: datetime, by: str | None = None
                      ) -> tuple[bool, ConnectionRequestInfo | None]:
-        async with self.db.write() as s:
-            settled = await _settle(s, request_id, status, now, by)
-            if settled is not None:
-                return True, settled
-            row = await s.get(ConnectionRequestRow, request_id)
-            return False, await _info(s, row) if row is not None else None
+        return await self.requests.settle(request_id, _settled(status, now, by))
 
     async def mark_resumed(self, request_id: int, now: datetime) -> bool:
         """The parked call goes on: once. A second caller (a restart, another replica) is told no."""
@@ -207,16 +201,13 @@ class ConnectionStore:
             return bool(result.rowcount)
 
     async def request(self, request_id: int) -> ConnectionRequestInfo | None:
-        async with self.db.read() as s:
-            row = await s.get(ConnectionRequestRow, request_id)
-            return await _info(s, row) if row is not None else None
+        return await self.requests.get(request_id)
 
     async def for_call(self, session_id: str, call_id: str, turn_id: int) -> tuple[ConnectionRequestInfo, bool] | None:
         """The latest request this call parked on in this turn, and whether the call went on after it."""
         async with self.db.read() as s:
-            row = (await s.exec(select(ConnectionRequestRow).where(
-                ConnectionRequestRow.session_id == session_id, ConnectionRequestRow.tool_call_id == call_id,
-                ConnectionRequestRow.turn_id == turn_id).order_by(col(ConnectionRequestRow.id).desc()))).first()
+            row = await self.requests.latest_for_call(s, session_id, call_id,
+                                                      col(ConnectionRequestRow.turn_id) == turn_id)
             return (await _info(s, row), row.resumed_at is not None) if row is not None else None
 
     async def conversation_senders(self, session_id: str) -> tuple[str, ...] | None:
@@ -226,43 +217,21 @@ class ConnectionStore:
             return await conversation_writers(s, session_id)
 
     async def pending(self, *, due_before: datetime | None = None) -> list[ConnectionRequestInfo]:
-        async with self.db.read() as s:
-            query = select(ConnectionRequestRow).where(ConnectionRequestRow.status == ConnectionStatus.PENDING)
-            if due_before is not None:
-                query = query.where(col(ConnectionRequestRow.expires_at) <= due_before)
-            return [await _info(s, r) for r in (await s.exec(query.order_by(col(ConnectionRequestRow.id)))).all()]
+        return await self.requests.pending(due_before=due_before)
 
     async def recent(self, session_id: str, limit: int = 50) -> list[ConnectionRequestInfo]:
-        async with self.db.read() as s:
-            rows = (await s.exec(select(ConnectionRequestRow).where(ConnectionRequestRow.session_id == session_id)
-                                 .order_by(col(ConnectionRequestRow.id).desc()).limit(limit))).all()
-            return [await _info(s, r) for r in reversed(rows)]
+        return await self.requests.recent(session_id, limit)
 
     async def record_announcement(self, request_id: int, where: dict[str, Any]) -> None:
-        async with self.db.write() as s:
-            await s.exec(update(ConnectionRequestRow).where(col(ConnectionRequestRow.id) == request_id)
-                         .values(announcement=json.dumps(where)))
+        await self.requests.record_announcement(request_id, where)
 
     async def audit(self, at: datetime, actor: str, action: str, subject: str, detail: dict[str, Any]) -> None:
         async with self.db.write() as s:
             s.add(audit_row(at, actor, action, subject, detail))
 
 
-async def _settle(s: AsyncSession, request_id: int, status: ConnectionStatus, now: datetime,
-                  by: str | None) -> ConnectionRequestInfo | None:
-    """Settle a pending request (a conditional update: one outcome); its session runs on. None: not pending."""
-    result = await s.exec(update(ConnectionRequestRow).where(
-        col(ConnectionRequestRow.id) == request_id, col(ConnectionRequestRow.status) == ConnectionStatus.PENDING)
-        .values(status=status, settled_at=now, settled_by=by))
-    if not result.rowcount:
-        return None
-    row = await s.get(ConnectionRequestRow, request_id)
-    assert row is not None
-    await s.refresh(row)
-    await s.exec(update(SessionRow).where(col(SessionRow.id) == row.session_id,
-                                          col(SessionRow.status) == SessionStatus.WAITING_CONNECTION)
-                 .values(status=SessionStatus.RUNNING))
-    return await _info(s, row)
+def _settled(status: ConnectionStatus, now: datetime, by: str | None) -> dict[str, Any]:
+    return {"status": status, "settled_at": now, "settled_by": by}
 
 
 async def _info(s: AsyncSession, row: ConnectionRequestRow) -> ConnectionRequestInfo:

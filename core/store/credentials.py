@@ -15,6 +15,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from core.model import CredentialRequestInfo, CredentialStatus, SessionStatus
 from core.store.approvals import audit_row
 from core.store.database import Database
+from core.store.requests import RequestRows
 from core.store.row_views import session_info
 from core.store.statements import secrets_fingerprint
 from core.store.tables import (
@@ -33,6 +34,7 @@ Provided = Literal["stored", "settled", "expired", "exists"]
 class CredentialStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.requests = RequestRows(db, CredentialRequestRow, waiting=SessionStatus.WAITING_CREDENTIAL, info=_info)
 
     # -- secrets --------------------------------------------------------------------------------
 
@@ -122,12 +124,7 @@ class CredentialStore:
     # -- requests -------------------------------------------------------------------------------
 
     async def park(self, row: CredentialRequestRow) -> CredentialRequestInfo:
-        async with self.db.write() as s:
-            s.add(row)
-            await s.exec(update(SessionRow).where(col(SessionRow.id) == row.session_id)
-                         .values(status=SessionStatus.WAITING_CREDENTIAL))
-            await s.flush()
-            return await _info(s, row)
+        return await self.requests.park(row)
 
     async def provide(self, request_id: int, secret: SecretRow, *, seal: Callable[[SecretRow], None], by: str,
                       now: datetime) -> tuple[Provided, CredentialRequestInfo | None]:
@@ -143,75 +140,44 @@ class CredentialStore:
     async def _provide(self, request_id: int, secret: SecretRow, *, seal: Callable[[SecretRow], None], by: str,
                        now: datetime) -> tuple[Provided, CredentialRequestInfo | None]:
         async with self.db.write() as s:
-            pending = update(CredentialRequestRow).where(col(CredentialRequestRow.id) == request_id,
-                                                         col(CredentialRequestRow.status) == CredentialStatus.PENDING)
             outcome: Provided = "settled"
-            if (await s.exec(pending.where(col(CredentialRequestRow.expires_at) > now)
-                             .values(status=CredentialStatus.PROVIDED, provided_by=by, provided_at=now))).rowcount:
-                if await _stored(s, secret.name, secret.scope, secret.agent) is not None:
-                    outcome = "exists"
-                    await s.exec(update(CredentialRequestRow).where(col(CredentialRequestRow.id) == request_id)
-                                 .values(status=CredentialStatus.CANCELLED, provided_by=None))
-                else:
-                    outcome = "stored"
-            elif (await s.exec(pending.values(status=CredentialStatus.EXPIRED, provided_at=now))).rowcount:
-                outcome = "expired"  # still pending, so refused only because its time had run out
-            row = await s.get(CredentialRequestRow, request_id)
+            won, row = await self.requests.settle_in(
+                s, request_id, {"status": CredentialStatus.PROVIDED, "provided_by": by, "provided_at": now}, before=now)
+            if won and row is not None and await _stored(s, secret.name, secret.scope, secret.agent) is not None:
+                outcome = "exists"
+                row.status, row.provided_by = CredentialStatus.CANCELLED, None
+                s.add(row)
+                await s.flush()
+            elif won:
+                outcome = "stored"
+            else:  # still pending, refused only because its time had run out: it expires now
+                won, row = await self.requests.settle_in(
+                    s, request_id, {"status": CredentialStatus.EXPIRED, "provided_at": now})
+                outcome = "expired" if won else "settled"
             if row is None:
                 return "settled", None
-            await s.refresh(row)
             if outcome == "stored":  # no row of that name, scope and owner: this inserts, never replaces
                 await self.save_secret(secret, seal=seal, grant=row.agent, by=by, now=now, s=s)
-            if outcome != "settled":
-                await _resume_session(s, row.session_id)
             return outcome, await _info(s, row)
 
     async def settle(self, request_id: int, status: str, now: datetime) -> tuple[bool, CredentialRequestInfo | None]:
-        async with self.db.write() as s:
-            result = await s.exec(update(CredentialRequestRow)
-                                  .where(col(CredentialRequestRow.id) == request_id,
-                                         col(CredentialRequestRow.status) == CredentialStatus.PENDING)
-                                  .values(status=status, provided_at=now))
-            row = await s.get(CredentialRequestRow, request_id)
-            if row is None:
-                return False, None
-            await s.refresh(row)
-            if result.rowcount:
-                await _resume_session(s, row.session_id)
-            return bool(result.rowcount), await _info(s, row)
+        return await self.requests.settle(request_id, {"status": status, "provided_at": now})
 
     async def get(self, request_id: int) -> CredentialRequestInfo | None:
-        async with self.db.read() as s:
-            row = await s.get(CredentialRequestRow, request_id)
-            return await _info(s, row) if row is not None else None
+        return await self.requests.get(request_id)
 
     async def for_call(self, session_id: str, tool_call_id: str) -> CredentialRequestInfo | None:
-        async with self.db.read() as s:
-            row = (await s.exec(select(CredentialRequestRow).where(
-                CredentialRequestRow.session_id == session_id, CredentialRequestRow.tool_call_id == tool_call_id)
-                .order_by(col(CredentialRequestRow.id).desc()))).first()
-            return await _info(s, row) if row is not None else None
+        return await self.requests.for_call(session_id, tool_call_id)
 
     async def pending(self, *, due_before: datetime | None = None, session_id: str | None = None
                       ) -> list[CredentialRequestInfo]:
-        async with self.db.read() as s:
-            query = select(CredentialRequestRow).where(CredentialRequestRow.status == CredentialStatus.PENDING)
-            if due_before is not None:
-                query = query.where(col(CredentialRequestRow.expires_at) <= due_before)
-            if session_id is not None:
-                query = query.where(CredentialRequestRow.session_id == session_id)
-            return [await _info(s, r) for r in (await s.exec(query.order_by(col(CredentialRequestRow.id)))).all()]
+        return await self.requests.pending(due_before=due_before, session_id=session_id)
 
     async def recent(self, session_id: str, limit: int = 50) -> list[CredentialRequestInfo]:
-        async with self.db.read() as s:
-            rows = (await s.exec(select(CredentialRequestRow).where(CredentialRequestRow.session_id == session_id)
-                                 .order_by(col(CredentialRequestRow.id).desc()).limit(limit))).all()
-            return [await _info(s, r) for r in reversed(rows)]
+        return await self.requests.recent(session_id, limit)
 
     async def record_announcement(self, request_id: int, where: dict[str, Any]) -> None:
-        async with self.db.write() as s:
-            await s.exec(update(CredentialRequestRow).where(col(CredentialRequestRow.id) == request_id)
-                         .values(announcement=json.dumps(where)))
+        await self.requests.record_announcement(request_id, where)
 
     # -- one-time links -------------------------------------------------------------------------
 
@@ -234,12 +200,6 @@ class CredentialStore:
 async def _stored(s: AsyncSession, name: str, scope: str, agent: str) -> SecretRow | None:
     return (await s.exec(select(SecretRow).where(
         SecretRow.name == name, SecretRow.scope == scope, SecretRow.agent == agent))).first()
-
-
-async def _resume_session(s: AsyncSession, session_id: str) -> None:
-    await s.exec(update(SessionRow).where(col(SessionRow.id) == session_id,
-                                          col(SessionRow.status) == SessionStatus.WAITING_CREDENTIAL)
-                 .values(status=SessionStatus.RUNNING))
 
 
 async def _info(s: AsyncSession, row: CredentialRequestRow) -> CredentialRequestInfo:

@@ -27,7 +27,7 @@ from bot.keys import load_keyring
 from bot.logs import RedactingFilter
 from bot.settings import Settings
 from core.agents import Agent, AgentDirectory
-from core.approvals import ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
 from core.clock import SystemClock
 from core.credentials import CredentialService
 from core.events import EventBus

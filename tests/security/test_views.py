@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.agents import Agent, AgentDirectory
-from core.approvals import ApprovalPolicy
+from core.approval_policy import ApprovalPolicy
 from core.clock import SystemClock
 from core.credentials import CredentialService
 from core.events import EventBus
