@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from bot import __version__
 from bot.errors import DB_HINT, BotError, Exit, Failed
-from bot.manifest import render_manifest
+from channels.slack.manifest import render_manifest
 from core.errors import CoreError
 
 if TYPE_CHECKING:
@@ -364,16 +364,11 @@ async def _run() -> int:
 
 def _announce(settings: Settings, app: Application) -> None:
     url = f"http://{settings.host}:{app.bound_port}"
+    from bot.channels import installed_channels
+
     # The "listening on" line comes last: scripts wait for it.
-    if settings.slack_mode == "http":
-        print(f"bot: Slack HTTP mode — point the app's request URL at {url}/slack/events", flush=True)
-    elif settings.slack_mode == "socket":
-        print("bot: Slack Socket Mode connected", flush=True)
-    else:
-        print("bot: no Slack settings; set SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET (or SLACK_APP_TOKEN) "
-              "to connect Slack", flush=True)
     print(f"bot: model provider: {settings.provider}; database: {app.db.display_url}", flush=True)
-    if settings.bot_web_chat:
-        login = " (log in with BOT_WEB_TOKEN)" if settings.bot_web_token else ""
-        print(f"bot: web chat: {url}/{login}", flush=True)
+    for plugin in installed_channels():
+        for line in plugin.announce(settings.channels[plugin.name], url):
+            print(line, flush=True)
     print(f"bot: listening on {url}  (health: {url}/healthz)", flush=True)

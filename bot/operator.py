@@ -177,7 +177,8 @@ async def credentials_command(args: argparse.Namespace, value: str | None) -> in
 async def _rotate(service: CredentialService) -> int:
     """``bot credentials rotate``: every sealed value (credentials, connections, Slack installs) under the
     current key, each kind summed up; what could not be moved is named, and the exit code says so."""
-    from core.sealed_values import reseal_all, sealed_kinds
+    from bot.channels import sealed_kinds
+    from core.sealed_values import reseal_all
 
     current = service.keys.current
     reports = await reseal_all(sealed_kinds(service.store.db), service.keys, SystemClock(),

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from core.policies import TRUST_LEVELS  # one list of names: policies match on them
+from core.ports import ChannelPort
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +56,8 @@ async def restricted(levels: SenderTrust | None, level: str | None, actor: str, 
     return True
 
 
-class TrustLabels(Protocol):
-    """What a channel says about a sender (its port): member, guest, external, bot, or None when unknown."""
-
-    async def sender_trust(self, sender: str, place: str | None) -> str | None: ...
-
-
 class PortLookup(Protocol):
-    def find(self, channel: str) -> Any: ...
+    def find(self, channel: str) -> ChannelPort | None: ...
 
 
 Audit = Callable[[datetime, str, str, str, dict[str, Any]], Awaitable[None]]
@@ -98,12 +93,12 @@ class SenderTrust:
             return Trust.ADMIN
         if sender is None:  # core's own work (nobody's words)
             return Trust.MEMBER
-        labels = getattr(self.ports.find(channel), "sender_trust", None)
-        if labels is None:  # no port here can say who this is (e.g. not configured in this process)
+        port = self.ports.find(channel)
+        if port is None:  # no port here can say who this is (e.g. not configured in this process)
             log.warning("trust of %s on %s unknown (no such channel here): counted as a guest", sender, channel)
             return Trust.GUEST
         try:
-            label = await labels(sender, place)
+            label = await port.sender_trust(sender, place)
         except Exception as exc:  # a platform failure is not a reason to trust more
             log.warning("trust of %s on %s unknown (%s): counted as a guest", sender, channel, type(exc).__name__)
             label = None

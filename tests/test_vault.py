@@ -10,13 +10,14 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bot.channels import sealed_kinds
 from core.agents import Agent, AgentDirectory
 from core.approvals import ApprovalPolicy
 from core.clock import SystemClock
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
 from core.events import EventBus
-from core.sealed_values import reseal_all, sealed_kinds, unsettled
+from core.sealed_values import reseal_all, unsettled
 from core.store import CredentialStore, Database
 from core.stored_secrets import env_name
 from core.tools import ToolError

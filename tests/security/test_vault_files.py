@@ -22,6 +22,7 @@ from multidict import CIMultiDict
 from sqlalchemy import update
 from sqlmodel import col
 
+from bot.channels import sealed_kinds
 from bot.settings import Settings
 from core.agents import Agent, AgentDirectory
 from core.approvals import ApprovalPolicy
@@ -29,7 +30,7 @@ from core.clock import SystemClock
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
 from core.events import EventBus
-from core.sealed_values import reseal_all, sealed_kinds
+from core.sealed_values import reseal_all
 from core.store import CredentialStore, Database
 from core.store.tables import SecretRow
 from core.tools import ToolContext, ToolError

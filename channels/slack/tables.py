@@ -4,11 +4,16 @@ single-use ``state`` of each install. Every change here needs a migration too.""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Column, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from core.store.tables import _ts
+from core.store.columns import UTCDateTime
+
+
+def _ts(nullable: bool = False) -> Any:
+    return Field(sa_column=Column(UTCDateTime(), nullable=nullable))
 
 
 class SlackInstallationRow(SQLModel, table=True):
