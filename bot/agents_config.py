@@ -8,11 +8,11 @@ from typing import Any
 
 from bot.config_file import read_config, strings
 from bot.errors import SettingsError
+from bot.people import is_person
 from core.agents import DEFAULT_INSTRUCTIONS, Agent
 
 # One plain path component too: an agent's work folder is $BOT_HOME/work/<name> (bot.tools.shell).
 AGENT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
-PERSON = re.compile(r"requester|web|[UWS][A-Z0-9]+")  # fullmatch: "U1\n" is not U1
 
 
 def load_agents(path: Path, *, default_instructions: str | None) -> list[Agent]:
@@ -46,8 +46,9 @@ def _agent(path: Path, index: int, entry: Any, default_instructions: str | None)
     tools = strings(where, "tools", entry.get("tools", ["*"]))
     approvers = strings(where, "approvers", entry.get("approvers", []))
     for person in approvers:
-        if not PERSON.fullmatch(person):
-            raise SettingsError(f"{where}.approvers: {person!r} is not a user id, group id, 'requester' or 'web'")
+        if not is_person(person):
+            raise SettingsError(f"{where}.approvers: {person!r} is not a user id, group id, 'requester', 'web' "
+                                "or <channel>:<id>")
     instructions = entry.get("instructions", default_instructions or DEFAULT_INSTRUCTIONS)
     if not isinstance(instructions, str) or not instructions.strip():
         raise SettingsError(f"{where}.instructions must be a non-empty string")

@@ -23,6 +23,7 @@ from bot.keys import load_keyring
 from bot.mcp.manager import McpServers, audit_to
 from bot.mcp.spec import load_mcp_servers
 from bot.metrics import Metrics
+from bot.people import people
 from bot.policies_config import load_policies
 from bot.policy_check import flag_warnings
 from bot.providers import build_provider
@@ -248,9 +249,10 @@ def build_application(
     schedule_store = ScheduleStore(db)
     # Senders' trust levels: labelled by each channel's port, decided in core (audited in the audit log); a
     # schedule's firing runs at its creator's level at creation.
+    named = people()  # BOT_ADMINS and approvers compared with the person's channel (core.people)
     trust = SenderTrust(ports, settings.admins, audit=approval_store.audit, now=clock.now,
-                        fixed=schedule_store.firing_level)
-    policy = ApprovalPolicy(settings.approvers, settings.admins, groups=ports, trust=trust)
+                        fixed=schedule_store.firing_level, people=named)
+    policy = ApprovalPolicy(settings.approvers, settings.admins, groups=ports, trust=trust, people=named)
     policies = PolicyBook(load_policies(settings.bot_config))
     for warning in flag_warnings(policies.policies):  # a glob wider than meant: said, not refused
         log.warning("%s", warning)

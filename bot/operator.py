@@ -13,6 +13,7 @@ from bot.agents_config import load_agents
 from bot.errors import DB_HINT, BotError, Failed, NotFoundError, Refused
 from bot.home import secure_home
 from bot.keys import load_keyring
+from bot.people import people
 from bot.policies_config import load_policies
 from bot.settings import Settings, load_settings
 from core.agents import AgentDirectory
@@ -48,7 +49,7 @@ async def _core() -> AsyncIterator[_Core]:
     try:
         await db.migrate()
         agents = AgentDirectory(load_agents(settings.bot_config, default_instructions=settings.bot_instructions))
-        policy = ApprovalPolicy(settings.approvers, settings.admins)
+        policy = ApprovalPolicy(settings.approvers, settings.admins, people=people())
         bus, clock = EventBus(), SystemClock()
         yield _Core(
             settings,

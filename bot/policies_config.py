@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bot.agents_config import PERSON
 from bot.config_file import read_config, strings
 from bot.errors import SettingsError
+from bot.people import is_person
 from core.policies import HTTP_TOOL, NOTIFY_CHOICES, TRUST_LEVELS, Policy, PolicyAction
 
 _KEYS = {"tool", "match", "action", "approvers", "quorum", "notify", "remind_after_s", "escalate_to", "timeout_s",
@@ -56,7 +56,8 @@ def _policy(where: str, number: int, entry: Any) -> Policy:
     if type(quorum) is not int or not 1 <= quorum <= MAX_QUORUM:
         raise SettingsError(f"{where}.quorum must be a whole number from 1 to {MAX_QUORUM}")
     # Admins may vote too, but a quorum should not need them: each named entry is one person (a group: many).
-    if quorum > 1 and approvers and not any(a.startswith("S") for a in approvers) and quorum > len(set(approvers)):
+    groups = any(a.rpartition(":")[2].startswith("S") for a in approvers)  # "S1" or "slack:S1"
+    if quorum > 1 and approvers and not groups and quorum > len(set(approvers)):
         raise SettingsError(f"{where}.quorum is {quorum}, but only {len(set(approvers))} approvers are named: "
                             "it could never be reached")
     notify = tuple(strings(where, "notify", entry.get("notify", ["thread"])))
@@ -111,8 +112,9 @@ def _header_globs(where: str, value: Any) -> tuple[str, ...]:
 def _people(where: str, key: str, value: Any) -> list[str]:
     people = strings(where, key, value)
     for person in people:
-        if not PERSON.fullmatch(person):
-            raise SettingsError(f"{where}.{key}: {person!r} is not a user id, group id, 'requester' or 'web'")
+        if not is_person(person):
+            raise SettingsError(f"{where}.{key}: {person!r} is not a user id, group id, 'requester', 'web' "
+                                "or <channel>:<id>")
     return people
 
 

@@ -196,10 +196,12 @@ class Settings(BaseSettings):
     def _people(cls, value: str | None) -> str | None:
         if value is None:
             return None
+        from bot.people import is_person
+
         for item in _split(value):
-            if item not in ("requester", "web") and not (item[:1] in ("U", "W", "S") and item[1:].isalnum()):
+            if not is_person(item):
                 raise ValueError(f"{item!r} is not a Slack user id (U…/W…), user-group id (S…), "
-                                 "'requester' or 'web' (whoever uses the web chat)")
+                                 "'requester', 'web' (whoever uses the web chat) or <channel>:<id>")
         return value
 
     @model_validator(mode="after")

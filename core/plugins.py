@@ -80,6 +80,9 @@ class ChannelPlugin(Generic[S]):
     announce: Callable[[S, str], list[str]] = lambda _settings, _url: []
     # The model's tools this channel offers once built (e.g. posting to one of its places).
     tools: Callable[[Channel], list[Tool]] = lambda _channel: []
+    # Whether a bare entry of BOT_APPROVERS, BOT_ADMINS or bot.toml (no "<channel>:") names one of this
+    # channel's people or groups (``core.people``).
+    people: Callable[[str], bool] = lambda _entry: False
     # Whether people other than the operator talk to the bot through it (``bot doctor`` then warns when they
     # could approve their own shell commands).
     shared: bool = True

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Any, Protocol
 
+from core.people import People
 from core.policies import TRUST_LEVELS  # one list of names: policies match on them
 from core.ports import ChannelPort
 
@@ -79,9 +80,11 @@ class SenderTrust:
     """The trust level of a sender at a place, and the audit of what trust refused."""
 
     def __init__(self, ports: PortLookup, admins: tuple[str, ...], *, audit: Audit | None = None,
-                 now: Callable[[], datetime] | None = None, fixed: FixedLevel | None = None) -> None:
+                 now: Callable[[], datetime] | None = None, fixed: FixedLevel | None = None,
+                 people: People | None = None) -> None:
         self.ports = ports
         self.admins = admins
+        self.people = people or People()  # BOT_ADMINS compared with the sender's channel
         self.fixed = fixed
         self._audit = audit
         self._now = now
@@ -89,7 +92,7 @@ class SenderTrust:
     async def level(self, channel: str, sender: str | None, place: str | None) -> Trust:
         """``sender``'s level on ``channel``. Nobody (core's own work) and channels that cannot label (none
         registered under that name) are members; a label the platform could not give is a guest's."""
-        if sender is not None and sender in self.admins:
+        if sender is not None and self.people.any(self.admins, sender, channel):
             return Trust.ADMIN
         if sender is None:  # core's own work (nobody's words)
             return Trust.MEMBER

@@ -3,6 +3,8 @@ doctor checks, the ``message_send`` tool, and its sealed table of workspace inst
 
 from __future__ import annotations
 
+import re
+
 from channels.slack.adapter import SlackChannel, SlackConfig
 from channels.slack.doctor import slack_checks
 from channels.slack.installs import slack_install
@@ -43,10 +45,15 @@ def announce(settings: SlackSettings, url: str) -> list[str]:
             "to connect Slack"]
 
 
+def people(entry: str) -> bool:
+    """A user (U…, W… for Enterprise Grid) or a user group (S…)."""
+    return re.fullmatch(r"[UWS][A-Z0-9]+", entry) is not None
+
+
 def tools(channel: Channel) -> list[Tool]:
     assert isinstance(channel, SlackChannel)
     return [message_send_tool(channel.port.send_message)]
 
 
 plugin = ChannelPlugin(name="slack", settings=SlackSettings, build=build, checks=slack_checks, announce=announce,
-                       tools=tools, destinations=True, sealed=sealed_installs)
+                       tools=tools, people=people, destinations=True, sealed=sealed_installs)

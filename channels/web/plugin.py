@@ -7,7 +7,7 @@ from typing import ClassVar
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from channels.web.adapter import WebChannel, WebConfig
+from channels.web.adapter import WEB_USER, WebChannel, WebConfig
 from core.plugins import ChannelContext, ChannelPlugin
 from core.store.web_sessions import WebSessionStore
 
@@ -49,4 +49,5 @@ def announce(settings: WebSettings, url: str) -> list[str]:
     return [f"bot: web chat: {url}/{login}"]
 
 
-plugin = ChannelPlugin(name="web", settings=WebSettings, build=build, announce=announce, shared=False)
+plugin = ChannelPlugin(name="web", settings=WebSettings, build=build, announce=announce, shared=False,
+                       people=lambda entry: entry == WEB_USER)
