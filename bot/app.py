@@ -40,6 +40,7 @@ from core.approvals import ApprovalBroker, ApprovalPolicy
 from core.attachments import AttachmentReader
 from core.budget import ThreadBudget
 from core.clock import Clock, SystemClock
+from core.commands import Commands
 from core.connections.service import ConnectionService
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
@@ -47,6 +48,7 @@ from core.delivery import Deliveries, DeliveryConfig
 from core.dispatcher import DispatchConfig, Dispatcher
 from core.events import EventBus
 from core.failed_turns import announce_cancelled_requests
+from core.feedback import FeedbackBook
 from core.gateway import Gateway
 from core.plugins import ChannelContext
 from core.policies import PolicyBook
@@ -66,6 +68,7 @@ from core.store import (
 )
 from core.store.budgets import BudgetStore
 from core.store.deliveries import DeliveryStore
+from core.store.feedback import FeedbackStore
 from core.store.schedules import ScheduleStore
 from core.store.stats import snapshot
 from core.subagents import SubAgents
@@ -336,7 +339,11 @@ def build_application(
     if destination is not None:
         for tool in schedule_tools(schedules, store, channel=destination):
             tools.register(tool)
-    gateway = Gateway(dispatcher, approvals, credentials, schedules, consent=connections)
+    commands = Commands(dispatcher, approvals, schedules,
+                        connections=connections.service if connections is not None else None)
+    feedback = FeedbackBook(FeedbackStore(db), store, bus, clock)
+    gateway = Gateway(dispatcher, approvals, credentials, schedules, commands=commands, feedback=feedback,
+                      consent=connections)
     channels = _channels(settings, ChannelContext(
         gateway=gateway, db=db, clock=clock, keys=credentials.keys, learn_secret=credentials.redactor.learn,
         public_url=settings.bot_public_url))
