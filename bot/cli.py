@@ -212,13 +212,13 @@ def masked(text: str) -> str:
 
 
 def _known_secrets() -> list[str]:
-    from bot.settings import load_settings
+    from bot.settings import load_settings, secret_names
 
     try:
         return load_settings().secret_values()
     except BotError:  # settings that do not load: take the raw values from the environment
-        names = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "SLACK_CLIENT_SECRET", "LLM_API_KEY",
-                 "BOT_WEB_TOKEN")
+        # Whole values; the key list and the database URL are taken apart below.
+        names = [n for n in secret_names() if n not in ("BOT_SECRET_KEYS", "DATABASE_URL")]
         values = [os.environ.get(n, "") for n in names]
         values += [key.rpartition(":")[2] for key in os.environ.get("BOT_SECRET_KEYS", "").split(",")]
         password = re.match(r"[^:/]*://[^:/@]*:(.*)@", os.environ.get("DATABASE_URL", ""))

@@ -335,13 +335,21 @@ def load_settings(env_file: str | Path | None = ".env", **overrides: object) -> 
     return settings
 
 
+def secret_names() -> list[str]:
+    """The variables of every secret setting: the server's and each installed channel's."""
+    names = _secret_names(Settings, "")
+    for plugin in installed_channels():
+        names |= _secret_names(plugin.settings, str(plugin.settings.model_config.get("env_prefix", "")).upper())
+    return sorted(names)
+
+
 def _read(model: type[Any], env_file: str | Path | None, values: dict[str, object]) -> Any:
     factory: Any = model  # pydantic-settings' init keywords are not visible to mypy
     return factory(_env_file=env_file, **values)
 
 
 def _secret_names(model: type[Any], prefix: str) -> set[str]:
-    return {prefix + name.upper() for name in getattr(model, "SECRETS", ())}
+    return {prefix + name.upper() for name in model.SECRETS}
 
 
 def _lines(exc: ValidationError, prefix: str, secret: set[str]) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from core.clock import Clock
 from core.gateway import Gateway
@@ -32,7 +32,10 @@ class Check:
 
 
 class ChannelSettings(Protocol):
-    """A channel's settings, read and checked at start with everyone else's."""
+    """A channel's settings, read and checked at start with everyone else's. ``SECRETS``: its fields whose
+    values are masked everywhere and never echoed in a settings error."""
+
+    SECRETS: ClassVar[tuple[str, ...]]
 
     @property
     def enabled(self) -> bool: ...  # the channel runs in this process
