@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from aiohttp import web
 from yarl import URL
 
-from bot.config.file import load_agents, load_mcp_servers, load_policies, load_suggested_prompts
+from bot.config.file import BotToml, load_agents, load_config, load_mcp_servers, load_policies
+from bot.channels import installed_channels
 from bot.connections_config import build_connections
 from bot.egress import EgressPolicy
 from bot.errors import Failed
@@ -21,14 +22,13 @@ from bot.http_headers import server_app
 from bot.keys import load_keyring
 from bot.mcp.manager import McpServers, audit_to
 from bot.metrics import Metrics
+from bot.people import people
 from bot.policy_check import flag_warnings
 from bot.providers import build_provider
 from bot.sandbox import probe as probe_sandbox
 from bot.sandbox_peers import SandboxPeers
 from bot.settings import Settings
-from bot.slack_installs import slack_install
 from bot.tools import build_registry
-from bot.tools.message import message_send_tool
 from bot.tools.schedules import schedule_tools
 from channels.web.credential_link import CredentialLinkPage
 from channels.web.oauth_pages import OAuthPages
@@ -38,6 +38,7 @@ from core.approvals import ApprovalBroker
 from core.attachments import AttachmentReader
 from core.budget import ThreadBudget
 from core.clock import Clock, SystemClock
+from core.commands import Commands
 from core.connections.service import ConnectionService
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
@@ -45,9 +46,11 @@ from core.delivery import Deliveries, DeliveryConfig
 from core.dispatcher import DispatchConfig, Dispatcher
 from core.events import EventBus
 from core.failed_turns import announce_cancelled_requests
+from core.feedback import FeedbackBook
 from core.gateway import Gateway
+from core.plugins import ChannelContext
 from core.policies import PolicyBook
-from core.ports import Ports
+from core.ports import Channel, Ports
 from core.providers import Provider, RetryPolicy
 from core.runner import AgentRunner, RunnerLimits
 from core.schedules import ScheduleService
@@ -60,10 +63,10 @@ from core.store import (
     Database,
     InputStore,
     LeaseStore,
-    WebSessionStore,
 )
 from core.store.budgets import BudgetStore
 from core.store.deliveries import DeliveryStore
+from core.store.feedback import FeedbackStore
 from core.store.schedules import ScheduleStore
 from core.store.stats import snapshot
 from core.subagents import SubAgents
@@ -72,14 +75,18 @@ from core.trust import SenderTrust
 log = logging.getLogger(__name__)
 
 
-class Channel(Protocol):
-    name: str
-    started: bool
+@dataclass
+class Address:
+    """Where this process listens: PORT as set, and the port actually bound once it listens (PORT=0 picks one).
+    Made before what needs to know it (egress refuses the bot's own port; connection links name it), and
+    filled in by ``Application.start``."""
 
-    def routes(self) -> list[web.RouteDef]: ...
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...  # takes no more input
-    async def close(self) -> None: ...  # after the drain: what the drained turns still used
+    configured: int
+    bound: int | None = None
+
+    @property
+    def port(self) -> int:
+        return self.bound if self.bound is not None else self.configured
 
 
 @dataclass
@@ -93,6 +100,7 @@ class Application:
     schedule_jobs: ScheduleJobs
     deliveries: Deliveries
     gateway: Gateway  # what the channels call
+    address: Address
     sandbox_peers: SandboxPeers | None = None
     connections: ConnectionService | None = None  # [[connections]] in bot.toml
     mcp: McpServers | None = None  # [[mcp_servers]] in bot.toml: started (their tools listed) before turns run
@@ -141,24 +149,41 @@ class Application:
             await self._close_listener()
             raise Failed(f"cannot listen on {self.settings.host}:{self.settings.port}: {exc.strerror or exc}; "
                          "is another program using that port? stop it, or set PORT") from exc
+        bound = [int(address[1]) for address in self._runner.addresses if isinstance(address, tuple)]
+        self.address.bound = bound[0] if bound else self.settings.port
 
     async def _close_listener(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+            self.address.bound = None
 
     @property
     def listening_port(self) -> int | None:
         """The port actually bound, once listening (PORT=0 picks one)."""
-        return self.bound_port if self._runner is not None else None
+        return self.address.bound
 
     @property
     def bound_port(self) -> int:
-        assert self._runner is not None
-        for address in self._runner.addresses:
-            if isinstance(address, tuple):
-                return int(address[1])
-        return self.settings.port
+        assert self.address.bound is not None
+        return self.address.bound
+
+    async def problems(self) -> list[str]:
+        """Why it does not serve now (``/readyz``); empty when it does."""
+        problems: list[str] = []
+        try:
+            await self.db.ping()
+        except Exception as exc:
+            problems.append(f"database: {type(exc).__name__}")
+        if self.phase != "ready":
+            problems.append(f"the bot is {self.phase}")
+        problems += [f"channel {c.name} not started" for c in self.channels if not c.started]
+        if not self.dispatcher.accepting:
+            problems.append("gateway not accepting")
+        return problems
+
+    def channel_names(self) -> list[str]:
+        return [c.name for c in self.channels]
 
     async def stop(self) -> Stopped:
         """Take no more requests (503: Slack delivers them again, to the next start), set parked turns
@@ -209,19 +234,26 @@ def build_application(
     settings: Settings, *, clock: Clock | None = None, provider: Provider | None = None,
     secret_sink: Callable[[str], None] | None = None,
 ) -> Application:
-    """``secret_sink`` learns every stored secret value (the log filter masks them)."""
+    """Every object gets its collaborators when it is made, in dependency order; nothing is set afterwards.
+    ``secret_sink`` learns every stored secret value (the log filter masks them)."""
     clock = clock or SystemClock()
     secure_home(settings)  # before anything is created under BOT_HOME: 0700 folders, 0600 files
+    # Where this process listens: known before anything that must recognise its own port or link to it.
+    address = Address(settings.port)
     db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous,
                   pool_size=settings.database_pool_size)
     store = ConversationStore(db)
     bus = EventBus()
     agents = AgentDirectory(load_agents(settings.bot_config, default_instructions=settings.bot_instructions))
-    ports = Ports()  # what core calls on each channel, registered below with the channels
+    ports = Ports()  # what core calls on each channel, registered below as the channels are built
     approval_store = ApprovalStore(db)
-    # Senders' trust levels: labelled by each channel's port, decided in core (audited in the audit log).
-    trust = SenderTrust(ports, settings.admins, audit=approval_store.audit, now=clock.now)
-    policy = ApprovalPolicy(settings.approvers, settings.admins, groups=ports, trust=trust)
+    schedule_store = ScheduleStore(db)
+    # Senders' trust levels: labelled by each channel's port, decided in core (audited in the audit log); a
+    # schedule's firing runs at its creator's level at creation.
+    named = people()  # BOT_ADMINS and approvers compared with the person's channel (core.people)
+    trust = SenderTrust(ports, settings.admins, audit=approval_store.audit, now=clock.now,
+                        fixed=schedule_store.firing_level, people=named)
+    policy = ApprovalPolicy(settings.approvers, settings.admins, groups=ports, trust=trust, people=named)
     policies = PolicyBook(load_policies(settings.bot_config))
     for warning in flag_warnings(policies.policies):  # a glob wider than meant: said, not refused
         log.warning("%s", warning)
@@ -233,14 +265,16 @@ def build_application(
         timeout_s=settings.credential_timeout_s, max_bytes=settings.credential_max_bytes,
         poll_s=settings.approval_poll_s, on_secret=secret_sink,
     )
-    credentials.redactor.add_static(setting_secrets(settings))
-    egress = EgressPolicy.from_settings(settings)
-    shell = probe_sandbox(settings.shell_sandbox, network=settings.shell_network, hide=sandbox_hidden(settings))
-    shell.log()  # without a working sandbox shell_run is off, and the log says how to fix it
+    credentials.redactor.add_static(settings.named_secrets())
+    # The port actually bound (PORT=0 picks one) is never a destination of http_request on this machine.
+    egress = EgressPolicy.from_settings(settings, own_port=lambda: address.bound or settings.port or None)
     peers = SandboxPeers()  # a command's processes must not be "this machine" to our own server
-    if shell.sandbox is not None:
-        shell.sandbox.peers = peers
-    connections = build_connections(settings, db, credentials, bus, clock, policy)
+    shell = probe_sandbox(settings.shell_sandbox, network=settings.shell_network, hide=sandbox_hidden(settings),
+                          peers=peers)
+    shell.log()  # without a working sandbox shell_run is off, and the log says how to fix it
+    # Links and the redirect URI: BOT_PUBLIC_URL, else this machine at the port actually bound.
+    connections = build_connections(settings, db, credentials, bus, clock, policy,
+                                    base_url=lambda: settings.bot_public_url or f"http://127.0.0.1:{address.port}")
     # A turn failed after restarts: its cards say so.
     announce_cancelled_requests(bus, approvals, credentials, connections.service if connections else None)
     tools = build_registry(settings.bot_home.resolve(), sandbox=shell.sandbox, shell_env=credentials.env_for,
@@ -291,8 +325,6 @@ def build_application(
         deliveries=deliveries,
         attachments=AttachmentReader(ports, image_max_bytes=settings.image_max_bytes),  # files shared with messages
     )
-    schedule_store = ScheduleStore(db)
-    trust.fixed = schedule_store.firing_level  # a firing runs at its creator's level at creation
     schedule_jobs = ScheduleJobs(
         db, schedule_store, dispatcher, bus, clock,
         JobSettings(misfire_grace_s=int(settings.schedule_misfire_grace_min * 60), lease_ttl_s=settings.lease_ttl_s),
@@ -300,56 +332,36 @@ def build_application(
     )
     schedules = ScheduleService(schedule_store, store, approvals, bus, clock,
                                 interval_floor_s=settings.schedule_min_interval_s, jobs=schedule_jobs, ports=ports)
-    for tool in schedule_tools(schedules, store, channel="slack"):  # "#name" destinations are Slack channels
-        tools.register(tool)
-    gateway = Gateway(dispatcher, approvals, credentials, schedules, consent=connections)
+    # "#name" destinations are the places of the channel that offers them (Slack's channels).
+    destination = next((plugin.name for plugin in installed_channels() if plugin.destinations), None)
+    if destination is not None:
+        for tool in schedule_tools(schedules, store, channel=destination):
+            tools.register(tool)
+    commands = Commands(dispatcher, approvals, schedules,
+                        connections=connections.service if connections is not None else None)
+    feedback = FeedbackBook(FeedbackStore(db), store, bus, clock)
+    gateway = Gateway(dispatcher, approvals, credentials, schedules, commands=commands, feedback=feedback,
+                      consent=connections)
+    channels = _channels(settings, load_config(settings.bot_config), ChannelContext(
+        gateway=gateway, db=db, clock=clock, keys=credentials.keys, learn_secret=credentials.redactor.learn,
+        public_url=settings.bot_public_url))
+    for channel, channel_tools in channels:
+        ports.register(channel.port)  # answers, destinations and user groups (BOT_APPROVERS) go through it
+        for tool in channel_tools:
+            tools.register(tool)
     app = Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals, credentials=credentials,
                       schedules=schedules, schedule_jobs=schedule_jobs, deliveries=deliveries, gateway=gateway,
-                      sandbox_peers=peers, connections=connections.service if connections is not None else None,
-                      mcp=mcp)
+                      address=address, sandbox_peers=peers,
+                      connections=connections.service if connections is not None else None, mcp=mcp,
+                      channels=[channel for channel, _tools in channels])
     app.web_app.middlewares.append(peers.middleware())
     app.web_app.middlewares.append(until_ready(app))
-    # The port actually bound (PORT=0 picks one).
-    egress.own_port = lambda: app.listening_port or settings.port or None
-    if settings.bot_web_chat:
-        from channels.web import WebChannel, WebConfig
-
-        secure_cookie = (settings.bot_public_url or "").startswith("https://")
-        web_chat = WebChannel(WebConfig(token=settings.bot_web_token, secure_cookie=secure_cookie), gateway,
-                              logins=WebSessionStore(db))
-        ports.register(web_chat.port)
-        app.channels.append(web_chat)
-    if settings.slack_mode is not None:
-        from channels.slack import SlackChannel, SlackConfig
-
-        slack = SlackChannel(
-            SlackConfig(
-                bot_token=settings.slack_bot_token,
-                signing_secret=settings.slack_signing_secret,
-                app_token=settings.slack_app_token,
-                api_url=settings.slack_api_url,
-                command=settings.slack_command,
-                rate_limit_retries=settings.slack_max_retries,
-                progress_delay_s=settings.slack_progress_delay_s,
-                streaming=settings.slack_streaming,
-                suggested_prompts=load_suggested_prompts(settings.bot_config),
-                stream_delay_s=settings.slack_stream_delay_s,
-                stop_offer_s=settings.slack_stop_offer_s,
-            ),
-            gateway,
-            install=slack_install(settings, db, credentials, clock) if settings.slack_oauth else None,
-        )
-        ports.register(slack.port)  # answers, destinations and user groups (BOT_APPROVERS) go through it
-        tools.register(message_send_tool(slack.port.send_message))
-        app.channels.append(slack)
     metrics = Metrics(db, bus, token=settings.bot_web_token)
     app.web_app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz_handler(app)),
                             web.get("/metrics", metrics.handle)])
     link_page = CredentialLinkPage(CredentialLinks(credentials), trusted_proxies=settings.trusted_proxies)
     app.web_app.add_routes(link_page.routes())
     if connections is not None:
-        # Links and the redirect URI: BOT_PUBLIC_URL, else this machine at the port actually bound.
-        connections.base_url = lambda: settings.bot_public_url or f"http://127.0.0.1:{app.bound_port}"
         oauth = OAuthPages(gateway, secure_cookie=(settings.bot_public_url or "").startswith("https://"),
                            prefix=URL(settings.bot_public_url or "/").path.rstrip("/"),
                            trusted_proxies=settings.trusted_proxies)
@@ -359,12 +371,14 @@ def build_application(
     return app
 
 
-def setting_secrets(settings: Settings) -> list[tuple[str, str]]:
-    """The bot's own secrets as (name, value), masked like stored ones: named where the name helps."""
-    named = {"SLACK_BOT_TOKEN": settings.slack_bot_token, "SLACK_APP_TOKEN": settings.slack_app_token,
-             "SLACK_SIGNING_SECRET": settings.slack_signing_secret,
-             "SLACK_CLIENT_SECRET": settings.slack_client_secret, "LLM_API_KEY": settings.llm_api_key,
-             "BOT_WEB_TOKEN": settings.bot_web_token}
-    pairs = [(name, value) for name, value in named.items() if value and len(value) >= 4]
-    known = {value for _name, value in pairs}
-    return pairs + [("setting", value) for value in settings.secret_values() if value not in known]
+def _channels(settings: Settings, toml: BotToml, context: ChannelContext) -> list[tuple[Channel, list[Any]]]:
+    """Every installed channel its own settings enable, built with its own bot.toml section, with the tools it
+    offers the model."""
+    built = []
+    for plugin in installed_channels():
+        own = settings.channels[plugin.name]
+        if own.enabled:
+            channel = plugin.build(own, replace(context, section=toml.section(plugin.name)))
+            built.append((channel, plugin.tools(channel)))
+    return built
+

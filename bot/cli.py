@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from bot import __version__
 from bot.errors import DB_HINT, BotError, Exit, Failed
-from bot.manifest import render_manifest
+from channels.slack.manifest import render_manifest
 from core.errors import CoreError
 
 if TYPE_CHECKING:
@@ -217,13 +217,13 @@ def masked(text: str) -> str:
 
 
 def _known_secrets() -> list[str]:
-    from bot.settings import load_settings
+    from bot.settings import load_settings, secret_names
 
     try:
         return load_settings().secret_values()
     except BotError:  # settings that do not load: take the raw values from the environment
-        names = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "SLACK_CLIENT_SECRET", "LLM_API_KEY",
-                 "BOT_WEB_TOKEN")
+        # Whole values; the key list and the database URL are taken apart below.
+        names = [n for n in secret_names() if n not in ("BOT_SECRET_KEYS", "DATABASE_URL")]
         values = [os.environ.get(n, "") for n in names]
         values += [key.rpartition(":")[2] for key in os.environ.get("BOT_SECRET_KEYS", "").split(",")]
         password = re.match(r"[^:/]*://[^:/@]*:(.*)@", os.environ.get("DATABASE_URL", ""))
@@ -304,9 +304,9 @@ def _config(verb: str, path: str | None) -> int:
         return 0
     agents = file.load_agents(config, default_instructions=None)
     policies, connections = file.load_policies(config), file.load_connections(config)
-    servers, prompts = file.load_mcp_servers(config), file.load_suggested_prompts(config)
+    servers, sections = file.load_mcp_servers(config), file.load_config(config).sections()
     print(f"bot: {config} is valid: {len(agents)} agent(s), {len(policies)} approval rule(s), "
-          f"{len(connections)} connection(s), {len(servers)} MCP server(s), {len(prompts)} suggested prompt(s)")
+          f"{len(connections)} connection(s), {len(servers)} MCP server(s)" + "".join(f", [{name}]" for name in sections))
     return 0
 
 
@@ -397,16 +397,11 @@ async def _run() -> int:
 
 def _announce(settings: Settings, app: Application) -> None:
     url = f"http://{settings.host}:{app.bound_port}"
+    from bot.channels import installed_channels
+
     # The "listening on" line comes last: scripts wait for it.
-    if settings.slack_mode == "http":
-        print(f"bot: Slack HTTP mode — point the app's request URL at {url}/slack/events", flush=True)
-    elif settings.slack_mode == "socket":
-        print("bot: Slack Socket Mode connected", flush=True)
-    else:
-        print("bot: no Slack settings; set SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET (or SLACK_APP_TOKEN) "
-              "to connect Slack", flush=True)
     print(f"bot: model provider: {settings.provider}; database: {app.db.display_url}", flush=True)
-    if settings.bot_web_chat:
-        login = " (log in with BOT_WEB_TOKEN)" if settings.bot_web_token else ""
-        print(f"bot: web chat: {url}/{login}", flush=True)
+    for plugin in installed_channels():
+        for line in plugin.announce(settings.channels[plugin.name], url):
+            print(line, flush=True)
     print(f"bot: listening on {url}  (health: {url}/healthz)", flush=True)

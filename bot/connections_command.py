@@ -10,6 +10,7 @@ from bot.home import secure_home
 from bot.keys import load_keyring
 from bot.oauth_client import HttpOAuthClient
 from bot.operator import operator_name
+from bot.people import people
 from bot.settings import load_settings
 from core.approval_policy import ApprovalPolicy
 from core.clock import SystemClock
@@ -29,7 +30,8 @@ async def connections_command(args: argparse.Namespace) -> int:
     try:
         await db.migrate()
         service = ConnectionService(specs, ConnectionStore(db), load_keyring(settings), HttpOAuthClient(clock.now),
-                                    EventBus(), clock, ApprovalPolicy(settings.approvers, settings.admins))
+                                    EventBus(), clock,
+                                    ApprovalPolicy(settings.approvers, settings.admins, people=people()))
         if args.verb == "list":
             views = await service.views(args.user) if args.user else await service.views()
             if not views:

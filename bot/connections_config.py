@@ -16,9 +16,10 @@ from core.store.connections import ConnectionStore
 
 
 def build_connections(settings: Settings, db: Database, credentials: CredentialService, bus: EventBus, clock: Clock,
-                      policy: ApprovalPolicy) -> Consent | None:
+                      policy: ApprovalPolicy, *, base_url: Callable[[], str] | None = None) -> Consent | None:
     """``[[connections]]``: None when bot.toml has none. Tokens are masked like credentials (and their
-    client secrets like the bot's own settings)."""
+    client secrets like the bot's own settings). ``base_url``: where links and the redirect URI point (asked
+    when one is made: the port may be known only once the bot listens)."""
     specs = load_connections(settings.bot_config)
     if not specs:
         return None
@@ -27,4 +28,4 @@ def build_connections(settings: Settings, db: Database, credentials: CredentialS
                                 learn=credentials.redactor.learn)
     credentials.also_masked.append(service.known_values)
     credentials.redactor.add_static((f"{spec.name} client secret", spec.client_secret) for spec in specs.values())
-    return Consent(service, base_url=lambda: settings.bot_public_url or f"http://127.0.0.1:{settings.port}")
+    return Consent(service, base_url=base_url or (lambda: settings.bot_public_url or f"http://127.0.0.1:{settings.port}"))

@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import Any
 
+from bot.channels import installed_channels
 from bot.errors import BotError
-from bot.manifest import BOT_SCOPES
 from bot.settings import Settings, load_settings
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-    warning: bool = False
+from core.plugins import Check, DoctorContext
 
 
 async def run_doctor() -> int:
@@ -26,19 +17,17 @@ async def run_doctor() -> int:
     except BotError as exc:
         print(f"✗ settings: {exc}\n  fix: correct the variables above in the environment or .env")
         return 1
-    checks = [Check("settings", True, f"valid (Slack: {settings.slack_mode or 'off'}, model: {settings.provider})")]
+    enabled = [plugin.name for plugin in installed_channels() if settings.channels[plugin.name].enabled]
+    checks = [Check("settings", True, f"valid (channels: {', '.join(enabled) or 'none'}, model: {settings.provider})")]
     checks += _config_file(settings)
     checks += await _database(settings)
     checks += await _deliveries(settings)
     checks += await _keys(settings)
     checks += _trust_boundary(settings)
     checks += await _mcp_servers(settings)
-    if settings.slack_oauth:
-        from bot.slack_doctor import installation_checks
-
-        checks += await installation_checks(settings)
-    elif settings.slack_mode is not None:
-        checks.append(await _slack(settings))
+    context = doctor_context(settings)
+    for plugin in installed_channels():
+        checks += await plugin.checks(settings.channels[plugin.name], context)
     if settings.provider == "openai":
         checks.append(await _model(settings))
     if settings.provider == "anthropic":
@@ -53,6 +42,20 @@ async def run_doctor() -> int:
     print("everything looks right" if not failed else "some checks failed (see the fixes above)")
     sys.stdout.flush()
     return 1 if failed else 0
+
+
+def doctor_context(settings: Settings) -> DoctorContext:
+    """What a channel's checks are given: the database, and the vault's keys (or why they do not load)."""
+    from bot.keys import load_keyring
+    from core.vault import KeyRing
+
+    def keys() -> KeyRing | str:
+        try:
+            return load_keyring(settings)
+        except BotError as exc:
+            return str(exc)
+
+    return DoctorContext(settings.resolved_database_url, keys)
 
 
 async def _database(settings: Settings) -> list[Check]:
@@ -119,8 +122,9 @@ async def _deliveries(settings: Settings) -> list[Check]:
 
 async def _keys(settings: Settings) -> list[Check]:
     """The keys load, every sealed value opens, and each is under the current key (else: rotate)."""
+    from bot.channels import sealed_kinds
     from bot.keys import KEY_FILE, load_keyring
-    from core.sealed_values import Unsettled, sealed_kinds, unsettled
+    from core.sealed_values import Unsettled, unsettled
     from core.store import Database
 
     try:
@@ -168,7 +172,8 @@ def _trust_boundary(settings: Settings) -> list[Check]:
     found = probe(settings.shell_sandbox, network=settings.shell_network, hide=sandbox_hidden(settings))
     checks = [Check("sandbox", True, found.summary, found.fix, warning=not isinstance(found.sandbox, Bubblewrap)),
               _egress(settings)]
-    if found.sandbox is not None and settings.slack_mode is not None:  # shell_run is offered
+    shared = any(settings.channels[p.name].enabled for p in installed_channels() if p.shared)
+    if found.sandbox is not None and shared:  # shell_run is offered to people other than the operator
         checks += _approvers(settings)
     return checks
 
@@ -187,7 +192,7 @@ def _egress(settings: Settings) -> Check:
 
 def _config_file(settings: Settings) -> list[Check]:
     """``bot.toml`` (agents, ``[slack]``): what `bot run` would refuse, said before it is run."""
-    from bot.config.file import load_agents, load_connections, load_policies, load_suggested_prompts
+    from bot.config.file import load_agents, load_config, load_connections, load_policies
     from bot.policy_check import flag_warnings
     from core.policies import PolicyAction
 
@@ -195,14 +200,14 @@ def _config_file(settings: Settings) -> list[Check]:
         return []
     try:
         agents = load_agents(settings.bot_config, default_instructions=settings.bot_instructions)
-        prompts = load_suggested_prompts(settings.bot_config)
+        sections = load_config(settings.bot_config).sections()
         policies = load_policies(settings.bot_config)
         connections = load_connections(settings.bot_config)
     except BotError as exc:
         return [Check("bot.toml", False, str(exc),
                       f"correct {settings.bot_config} (docs/schedules-and-agents.md, docs/tools-and-approvals.md)")]
-    checks = [Check("bot.toml", True, f"{len(agents)} agent(s), {len(policies)} approval rule(s), "
-                                      f"{len(prompts)} suggested prompt(s)")]
+    checks = [Check("bot.toml", True, f"{len(agents)} agent(s), {len(policies)} approval rule(s)"
+                                      + "".join(f", [{name}]" for name in sections))]
     # A rule that lets every call of a tool run unasked: a glob slip (``match`` forgotten) opens the host.
     wide = [p for p in policies if p.action is PolicyAction.ALLOW and p.match is None and p.tool != "time_now"]
     if wide:
@@ -261,29 +266,6 @@ def _approvers(settings: Settings) -> list[Check]:
                   "channel can ask for a command and approve their own shell commands",
                   "set BOT_APPROVERS (or `approvers` in bot.toml) to the Slack user or user group ids who may "
                   "approve, e.g. BOT_APPROVERS=U0123ABCD,S0456EFGH", warning=True)]
-
-
-async def _slack(settings: Settings) -> Check:
-    from slack_sdk.errors import SlackApiError
-    from slack_sdk.web.async_client import AsyncWebClient
-
-    client = AsyncWebClient(token=settings.slack_bot_token, base_url=settings.slack_api_url)
-    try:
-        response = await client.auth_test()
-    except SlackApiError as exc:
-        data = exc.response.data if isinstance(exc.response.data, dict) else {}
-        return Check("slack", False, f"auth.test failed: {data.get('error') or exc.response.status_code}",
-                     "check SLACK_BOT_TOKEN (xoxb-…) and that the app is installed in the workspace")
-    except Exception as exc:
-        return Check("slack", False, f"cannot reach {settings.slack_api_url}: {type(exc).__name__}",
-                     "check SLACK_API_URL and the network")
-    granted = {s.strip() for s in str(response.headers.get("x-oauth-scopes", "")).split(",") if s.strip()}
-    missing = sorted(set(BOT_SCOPES) - granted) if granted else []
-    who = f"bot {response.get('user')} in team {response.get('team')}"
-    if missing:
-        return Check("slack", False, f"{who}; missing scopes: {', '.join(missing)}",
-                     "update the app from `bot manifest` and reinstall it to the workspace")
-    return Check("slack", True, f"{who}; scopes match the manifest ({settings.slack_mode} mode)")
 
 
 async def _model(settings: Settings) -> Check:

@@ -123,9 +123,10 @@ class EgressPolicy:
     own_port: Callable[[], int | None] = field(default=lambda: None)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> EgressPolicy:
+    def from_settings(cls, settings: Settings, *, own_port: Callable[[], int | None] | None = None) -> EgressPolicy:
+        """``own_port``: the port actually bound, asked at each request (PORT=0 picks one at start)."""
         return cls(allow_private=settings.http_allow_private, allow_hosts=settings.allowed_http_hosts,
-                   own_port=lambda: settings.port or None)
+                   own_port=own_port or (lambda: settings.port or None))
 
     def host_listed(self, host: str) -> bool:
         return normalize_host(host) in {normalize_host(h) for h in self.allow_hosts}

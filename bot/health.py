@@ -3,12 +3,20 @@ and the middleware that refuses work while the bot starts or stops."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
-if TYPE_CHECKING:
-    from bot.app import Application
+
+class Serving(Protocol):
+    """What readiness reads of the application (``bot.app.Application``)."""
+
+    @property
+    def phase(self) -> str: ...  # "starting", then "ready", then "stopping"
+
+    async def problems(self) -> list[str]: ...  # why it does not serve now (empty: it does)
+
+    def channel_names(self) -> list[str]: ...
 
 
 async def healthz(_request: web.Request) -> web.Response:
@@ -18,7 +26,7 @@ async def healthz(_request: web.Request) -> web.Response:
 _ALWAYS_SERVED = ("/healthz", "/readyz")
 
 
-def until_ready(app: Application) -> Any:
+def until_ready(app: Serving) -> Any:
     """While starting (recovery) and stopping, nothing is taken in: 503, which Slack answers by
     delivering the event again later (to this process once ready, or the next one)."""
 
@@ -33,20 +41,11 @@ def until_ready(app: Application) -> Any:
     return until_ready
 
 
-def readyz_handler(app: Application) -> Any:
+def readyz_handler(app: Serving) -> Any:
     async def readyz(_request: web.Request) -> web.Response:
-        problems: list[str] = []
-        try:
-            await app.db.ping()
-        except Exception as exc:
-            problems.append(f"database: {type(exc).__name__}")
-        if app.phase != "ready":
-            problems.append(f"the bot is {app.phase}")
-        problems += [f"channel {c.name} not started" for c in app.channels if not c.started]
-        if not app.dispatcher.accepting:
-            problems.append("gateway not accepting")
+        problems = await app.problems()
         if problems:
             return web.json_response({"status": "not ready", "problems": problems}, status=503)
-        return web.json_response({"status": "ready", "channels": [c.name for c in app.channels]})
+        return web.json_response({"status": "ready", "channels": app.channel_names()})
 
     return readyz

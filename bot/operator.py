@@ -13,6 +13,7 @@ from bot.config.file import load_agents, load_policies
 from bot.errors import DB_HINT, BotError, Failed, NotFoundError, Refused
 from bot.home import secure_home
 from bot.keys import load_keyring
+from bot.people import people
 from bot.settings import Settings, load_settings
 from core.agents import AgentDirectory
 from core.approval_policy import ApprovalPolicy
@@ -47,7 +48,7 @@ async def _core() -> AsyncIterator[_Core]:
     try:
         await db.migrate()
         agents = AgentDirectory(load_agents(settings.bot_config, default_instructions=settings.bot_instructions))
-        policy = ApprovalPolicy(settings.approvers, settings.admins)
+        policy = ApprovalPolicy(settings.approvers, settings.admins, people=people())
         bus, clock = EventBus(), SystemClock()
         yield _Core(
             settings,
@@ -176,7 +177,8 @@ async def credentials_command(args: argparse.Namespace, value: str | None) -> in
 async def _rotate(service: CredentialService) -> int:
     """``bot credentials rotate``: every sealed value (credentials, connections, Slack installs) under the
     current key, each kind summed up; what could not be moved is named, and the exit code says so."""
-    from core.sealed_values import reseal_all, sealed_kinds
+    from bot.channels import sealed_kinds
+    from core.sealed_values import reseal_all
 
     current = service.keys.current
     reports = await reseal_all(sealed_kinds(service.store.db), service.keys, SystemClock(),

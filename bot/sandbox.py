@@ -109,6 +109,9 @@ class Sandbox(ABC):
     peers: SandboxPeers | None = None  # told which calls run: their processes are refused that server
     reports_init = False  # bwrap tells which process is its namespace's first (--info-fd)
 
+    def __init__(self, *, peers: SandboxPeers | None = None) -> None:
+        self.peers = peers
+
     @abstractmethod
     def environment(self, workdir: Path, *, home: Home | None = None) -> dict[str, str]:
         """The whole environment a command gets, before the credentials the call names. ``home``: the call's own
@@ -200,7 +203,9 @@ class Bubblewrap(Sandbox):
     name = "bwrap"
     reports_init = True
 
-    def __init__(self, bwrap: str, *, network: bool, user_flags: Sequence[str] = (), hide: Sequence[Path] = ()) -> None:
+    def __init__(self, bwrap: str, *, network: bool, user_flags: Sequence[str] = (), hide: Sequence[Path] = (),
+                 peers: SandboxPeers | None = None) -> None:
+        super().__init__(peers=peers)
         self.bwrap = bwrap
         self.network = network
         self.user_flags = tuple(user_flags)  # the user-namespace flags the probe found working
@@ -364,11 +369,12 @@ class Probe:
             log.warning("%s; to fix: %s", self.summary, self.fix)
 
 
-def probe(mode: str, *, network: bool = True, hide: Sequence[Path] = ()) -> Probe:
+def probe(mode: str, *, network: bool = True, hide: Sequence[Path] = (), peers: SandboxPeers | None = None) -> Probe:
     """Find a working sandbox once, at start, by running a trivial command in it. ``hide``: the bot's own files
-    (``bot.home.private_paths``), never shown to a command."""
+    (``bot.home.private_paths``), never shown to a command. ``peers``: told which calls run (the bot's own
+    server refuses their processes)."""
     if mode == "none":
-        return Probe(mode, Unsandboxed())
+        return Probe(mode, Unsandboxed(peers=peers))
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return Probe(mode, None, "bubblewrap is not installed (no bwrap on PATH)")
@@ -380,7 +386,7 @@ def probe(mode: str, *, network: bool = True, hide: Sequence[Path] = ()) -> Prob
     errors: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bot-sandbox-probe-") as scratch:
         for flags in candidates:
-            sandbox = Bubblewrap(bwrap, network=network, user_flags=flags, hide=hide)
+            sandbox = Bubblewrap(bwrap, network=network, user_flags=flags, hide=hide, peers=peers)
             try:
                 done = subprocess.run(sandbox.argv(["/bin/sh", "-c", "exit 0"], Path(scratch)), capture_output=True,
                                       text=True, timeout=10, env=sandbox.environment(Path(scratch)), check=False)

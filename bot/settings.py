@@ -6,45 +6,28 @@ import importlib
 import ipaddress
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from bot.channels import installed_channels
 from bot.errors import SettingsError
-from bot.slack_settings import slack_mode_problem, slack_shape_problem
+from core.plugins import ChannelSettings
 
 QueueMode = Literal["steer", "collect", "followup"]
 ProviderName = Literal["openai", "anthropic", "demo"]
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+    """The server's own settings; each channel's (``SLACK_*``…) are its own model, in ``channels``."""
 
-    # Slack
-    slack_bot_token: str | None = None
-    slack_signing_secret: str | None = None
-    slack_app_token: str | None = None
-    slack_api_url: str = "https://slack.com/api/"
-    # Multi-workspace (OAuth) mode: the app's client id and secret, instead of SLACK_BOT_TOKEN; SLACK_SCOPES
-    # (comma list) defaults to what the manifest asks for.
-    slack_client_id: str | None = None
-    slack_client_secret: str | None = None
-    slack_scopes: str | None = None
-    # Multi-workspace mode: the workspaces (T…) that may install the bot and be served; unset: any workspace
-    # installed from this machine (the install page then serves only local requests).
-    slack_allowed_teams: str | None = None
-    slack_command: str = "/bot"
-    slack_max_retries: int = Field(default=3, ge=0, le=10)
-    # A turn shows its progress reaction once it has run this long (0: at once); a quicker answer is its own sign.
-    slack_progress_delay_s: float = Field(default=0.2, ge=0, le=60)
-    # Answers stream into the thread while the model writes, once it has written for SLACK_STREAM_DELAY_S
-    # (an answer complete sooner is posted whole); needs LLM_STREAM.
-    slack_streaming: bool = True
-    slack_stream_delay_s: float = Field(default=0.3, ge=0, le=60)
-    slack_stop_offer_s: float = Field(default=10.0, ge=0, le=3600)  # a longer turn offers its asker a Stop
+    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+    # Values masked in every log line and reply, and never echoed in a settings error.
+    SECRETS: ClassVar[tuple[str, ...]] = ("llm_api_key", "bot_web_token", "bot_secret_keys", "database_url")
+    _channels: dict[str, ChannelSettings] = PrivateAttr(default_factory=dict)
 
     # Server
     host: str = "127.0.0.1"
@@ -125,8 +108,7 @@ class Settings(BaseSettings):
     delivery_retry_base_s: float = Field(default=1.0, gt=0)
 
     @field_validator(
-        "slack_bot_token", "slack_signing_secret", "slack_app_token", "slack_client_id", "slack_client_secret",
-        "slack_scopes", "slack_allowed_teams", "database_url", "bot_secret_keys",
+        "database_url", "bot_secret_keys",
         "llm_base_url", "llm_api_key", "llm_model", "bot_admins", "bot_instructions", "llm_provider",
         "bot_web_token", "bot_public_url", "http_allow_hosts", "bot_trusted_proxies",
         mode="before",
@@ -134,14 +116,6 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
-
-    @field_validator("slack_bot_token", "slack_app_token", "slack_client_id", "slack_scopes", "slack_allowed_teams")
-    @classmethod
-    def _slack_shape(cls, value: str | None, info: ValidationInfo) -> str | None:
-        problem = slack_shape_problem(str(info.field_name), value)
-        if problem is not None:
-            raise ValueError(problem)
-        return value
 
     @field_validator("bot_secret_keys")
     @classmethod
@@ -157,23 +131,11 @@ class Settings(BaseSettings):
                                  "print('k1:' + base64.b64encode(os.urandom(32)).decode())\")") from None
         return value
 
-    @field_validator("slack_api_url", "llm_base_url", "bot_public_url")
+    @field_validator("llm_base_url", "bot_public_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
-        return value
-
-    @field_validator("slack_api_url")
-    @classmethod
-    def _trailing_slash(cls, value: str) -> str:
-        return value if value.endswith("/") else value + "/"
-
-    @field_validator("slack_command")
-    @classmethod
-    def _command_shape(cls, value: str) -> str:
-        if not value.startswith("/") or len(value) < 2 or " " in value:
-            raise ValueError("must look like '/bot'")
         return value
 
     @field_validator("sqlite_synchronous", mode="before")
@@ -235,17 +197,16 @@ class Settings(BaseSettings):
     def _people(cls, value: str | None) -> str | None:
         if value is None:
             return None
+        from bot.people import is_person
+
         for item in _split(value):
-            if item not in ("requester", "web") and not (item[:1] in ("U", "W", "S") and item[1:].isalnum()):
+            if not is_person(item):
                 raise ValueError(f"{item!r} is not a Slack user id (U…/W…), user-group id (S…), "
-                                 "'requester' or 'web' (whoever uses the web chat)")
+                                 "'requester', 'web' (whoever uses the web chat) or <channel>:<id>")
         return value
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
-        problem = slack_mode_problem(self)
-        if problem is not None:
-            raise ValueError(problem)
         if self.bot_web_chat and not self.is_local_bind and not self.bot_web_token:
             raise ValueError(
                 f"HOST={self.host} makes the web chat reachable from other machines, so it needs a login: "
@@ -265,31 +226,6 @@ class Settings(BaseSettings):
         return self
 
     # -- derived --------------------------------------------------------------------------------
-
-    @property
-    def slack_mode(self) -> Literal["socket", "http"] | None:
-        if self.slack_oauth:
-            return "http"
-        if not self.slack_bot_token:
-            return None
-        return "socket" if self.slack_app_token else "http"
-
-    @property
-    def slack_oauth(self) -> bool:
-        """Multi-workspace (OAuth) mode: installed into workspaces through /slack/install, a token per workspace."""
-        return bool(self.slack_client_id and self.slack_client_secret and self.slack_signing_secret)
-
-    @property
-    def slack_allowed_team_set(self) -> frozenset[str] | None:
-        """SLACK_ALLOWED_TEAMS as a set; None: not limited (installs only from this machine)."""
-        return frozenset(_split(self.slack_allowed_teams)) if self.slack_allowed_teams else None
-
-    @property
-    def slack_scope_list(self) -> list[str]:
-        """The bot scopes an install asks for (OAuth mode): SLACK_SCOPES, else what the manifest asks for."""
-        from bot.manifest import BOT_SCOPES
-
-        return _split(self.slack_scopes) if self.slack_scopes else list(BOT_SCOPES)
 
     @property
     def provider(self) -> ProviderName:
@@ -329,16 +265,31 @@ class Settings(BaseSettings):
         except ValueError:
             return False
 
-    def secret_values(self) -> list[str]:
-        """Values that must never reach a log line."""
-        values = [self.slack_bot_token, self.slack_signing_secret, self.slack_app_token, self.slack_client_secret,
-                  self.llm_api_key, self.bot_web_token]
+    @property
+    def channels(self) -> dict[str, ChannelSettings]:
+        """Each installed channel's own settings, by channel name."""
+        return dict(self._channels)
+
+    def named_secrets(self) -> list[tuple[str, str]]:
+        """Every secret setting's value with what to call it where it is masked: the variable's name, or
+        "setting" for a part of one (a key of BOT_SECRET_KEYS, DATABASE_URL's password). The one list the log
+        filter, the redactor and settings errors read."""
+        named: dict[str, str | None] = {"LLM_API_KEY": self.llm_api_key, "BOT_WEB_TOKEN": self.bot_web_token}
+        for channel in self._channels.values():
+            named |= channel.secrets()
+        pairs = [(name, value) for name, value in named.items() if value and len(value) >= 4]
+        parts: list[str | None] = []
         if self.bot_secret_keys:
-            values.extend(part.split(":", 1)[-1] for part in _split(self.bot_secret_keys))
+            parts.extend(part.split(":", 1)[-1] for part in _split(self.bot_secret_keys))
         if self.database_url:
             password = make_url(self.database_url).password
-            values.append(str(password) if password else None)
-        return [v for v in values if v and len(v) >= 4]
+            parts.append(str(password) if password else None)
+        known = {value for _name, value in pairs}
+        return pairs + [("setting", v) for v in dict.fromkeys(parts) if v and len(v) >= 4 and v not in known]
+
+    def secret_values(self) -> list[str]:
+        """Values that must never reach a log line."""
+        return [value for _name, value in self.named_secrets()]
 
 
 def _split(value: str) -> list[str]:
@@ -363,21 +314,52 @@ def _importable(module: str) -> bool:
 
 
 def load_settings(env_file: str | Path | None = ".env", **overrides: object) -> Settings:
-    """Read and validate settings; raise SettingsError with one line per bad variable."""
+    """Read and validate the server's settings and every installed channel's; raise SettingsError with one line
+    per bad variable. An override ``slack_bot_token`` goes to the channel whose prefix is ``SLACK_``."""
+    lines: list[str] = []
+    channels: dict[str, ChannelSettings] = {}
+    for plugin in installed_channels():
+        prefix = str(plugin.settings.model_config.get("env_prefix", "")).lower()
+        own = {key[len(prefix):]: value for key, value in overrides.items() if prefix and key.startswith(prefix)}
+        try:
+            channels[plugin.name] = _read(plugin.settings, env_file, own)
+        except ValidationError as exc:
+            lines += _lines(exc, prefix.upper(), _secret_names(plugin.settings, prefix.upper()))
     try:
-        factory: Any = Settings  # pydantic-settings' init keywords are not visible to mypy
-        settings: Settings = factory(_env_file=env_file, **overrides)
-        return settings
+        settings = _read(Settings, env_file, overrides)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            name = "_".join(str(p) for p in err["loc"]).upper() or "settings"
-            shown = err.get("input")
-            value = "" if name in _SECRET_NAMES or isinstance(shown, dict) else f" (got {shown!r})"
-            message = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{name}{value}: {message}" if name != "settings" else message)
-        raise SettingsError("invalid settings:\n  " + "\n  ".join(lines)) from None
+        lines += _lines(exc, "", _secret_names(Settings, ""))
+        settings = None
+    if settings is None or lines:
+        raise SettingsError("invalid settings:\n  " + "\n  ".join(lines))
+    settings._channels = channels
+    return settings
 
 
-_SECRET_NAMES = {"SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "LLM_API_KEY", "BOT_SECRET_KEYS",
-                 "DATABASE_URL", "BOT_WEB_TOKEN"}
+def secret_names() -> list[str]:
+    """The variables of every secret setting: the server's and each installed channel's."""
+    names = _secret_names(Settings, "")
+    for plugin in installed_channels():
+        names |= _secret_names(plugin.settings, str(plugin.settings.model_config.get("env_prefix", "")).upper())
+    return sorted(names)
+
+
+def _read(model: type[Any], env_file: str | Path | None, values: dict[str, object]) -> Any:
+    factory: Any = model  # pydantic-settings' init keywords are not visible to mypy
+    return factory(_env_file=env_file, **values)
+
+
+def _secret_names(model: type[Any], prefix: str) -> set[str]:
+    return {prefix + name.upper() for name in model.SECRETS}
+
+
+def _lines(exc: ValidationError, prefix: str, secret: set[str]) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        field = "_".join(str(p) for p in err["loc"]).upper()
+        name = prefix + field if field else "settings"
+        shown = err.get("input")
+        value = "" if name in secret or isinstance(shown, dict) else f" (got {shown!r})"
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{name}{value}: {message}" if name != "settings" else message)
+    return lines

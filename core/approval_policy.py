@@ -6,9 +6,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from core.model import ApprovalInfo, ApprovalStatus, SessionInfo
+from core.people import REQUESTER, People
 from core.trust import NOT_ALLOWED, SenderTrust, is_restricted
-
-REQUESTER = "requester"
 
 
 class GroupResolver(Protocol):
@@ -18,14 +17,16 @@ class GroupResolver(Protocol):
 
 
 class ApprovalPolicy:
-    """Who may decide: admins always; approvers by user id, by user group, or as the requester."""
+    """Who may decide: admins always; approvers by user id, by user group, or as the requester. People are
+    compared with their channel (``core.people``) wherever the caller says it."""
 
     def __init__(self, approvers: tuple[str, ...], admins: tuple[str, ...], groups: GroupResolver | None = None,
-                 trust: SenderTrust | None = None):
+                 trust: SenderTrust | None = None, people: People | None = None):
         self.approvers = approvers
         self.admins = admins
         self.groups = groups
         self.trust = trust  # senders' trust levels (None: everyone counts as a member)
+        self.people = people or People()
 
     async def untrusted(self, user: str, session: SessionInfo, action: str, subject: str) -> str | None:
         """Why ``user`` may not ``action`` (approve, provide) in ``session`` because of their trust level, audited;
@@ -39,16 +40,18 @@ class ApprovalPolicy:
         return (f"You can't {action} this: {NOT_ALLOWED} ({level}). Guests, people from other organisations "
                 "and bots can't approve requests or provide credentials here.")
 
-    async def may_decide(self, user: str, requester: str | None, agent_approvers: tuple[str, ...] = ()) -> bool:
-        """Whether ``user`` may decide for something ``requester`` asked for (approvals and credentials)."""
+    async def may_decide(self, user: str, requester: str | None, agent_approvers: tuple[str, ...] = (), *,
+                         channel: str | None = None) -> bool:
+        """Whether ``user`` (of ``channel``) may decide for something ``requester`` asked for (approvals and
+        credentials)."""
         if not user:
             return False
-        if user in self.admins:
+        if self.is_admin(user, channel=channel):
             return True
         approvers = agent_approvers or self.approvers
-        if user in approvers or (REQUESTER in approvers and user == requester):
+        if self.people.any(approvers, user, channel) or (REQUESTER in approvers and user == requester):
             return True
-        for group in (a for a in approvers if a.startswith("S")):
+        for group in self.people.groups(approvers, channel):
             if self.groups is not None and user in await self.groups.members(group):
                 return True
         return False
@@ -59,8 +62,8 @@ class ApprovalPolicy:
         named = (requester if a == REQUESTER else a for a in (agent_approvers or self.approvers))
         return tuple(dict.fromkeys(a for a in named if a))
 
-    def is_admin(self, user: str) -> bool:
-        return user in self.admins
+    def is_admin(self, user: str, *, channel: str | None = None) -> bool:
+        return self.people.any(self.admins, user, channel)
 
 
 @dataclass(frozen=True)

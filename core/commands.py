@@ -136,7 +136,7 @@ class Commands:
         # What this user may see: this place's items, or everything for an admin (the broker decides).
         pending = await self.approvals.pending(place=command.place, viewer=command.user)
         grants = await self.approvals.grants(place=command.place, viewer=command.user)
-        where = "" if self.approvals.policy.is_admin(command.user) else " in this channel"
+        where = "" if self.approvals.policy.is_admin(command.user, channel=command.channel) else " in this channel"
         lines = [f"{marks.bold(f'Pending approvals{where}:')} {len(pending)}"]
         lines += [f"• #{p.id} {marks.code(p.tool)} — {asked_by(p, marks)}, expires {p.expires_at:%H:%M} UTC"
                   for p in pending[:20]]
@@ -161,7 +161,7 @@ class Commands:
         # What this user may see: this place's schedules, or every one for an admin (the service decides).
         rows = await self.schedules.list(place=command.place, viewer=command.user)
         if not rows:
-            where = "" if self.schedules.policy.is_admin(command.user) else " in this channel"
+            where = "" if self.schedules.policy.is_admin(command.user, channel=command.channel) else " in this channel"
             return f"No schedules{where}. Create one: `{command.name} schedule every 1h #ops summarize open incidents`"
         return "\n".join(
             f"• {r.id}: {marks.text(r.describe())} → {marks.text(r.destination)} {marks.bold(marks.text(r.status))} "
@@ -201,7 +201,7 @@ class Commands:
             spec = service.specs.get(name)
             if spec is None:
                 return f"No connection named {marks.code(typed(name))} is configured."
-            if spec.owner == "shared" and not service.policy.is_admin(command.user):
+            if spec.owner == "shared" and not service.policy.is_admin(command.user, channel=command.channel):
                 return f"{name} is shared: only an admin disconnects it."
             try:
                 return await service.disconnect(name, command.user, by=command.user)

@@ -127,7 +127,8 @@ class Controls:
             return True
         session = await self.conversations.get_session(session_id) if session_id is not None else None
         agent = self.agents.get(session.agent if session is not None else None)
-        return await self.policy.may_decide(user, requester, agent.approvers)
+        return await self.policy.may_decide(user, requester, agent.approvers,
+                                            channel=session.channel if session is not None else None)
 
 
 STOP_REFUSED = ("You can't stop this: only whoever asked for it, an approver or an admin can. "

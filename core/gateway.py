@@ -36,7 +36,7 @@ from core.model import (
 from core.replies import PLAIN, Marks
 from core.schedules import ScheduleService
 from core.store import Accepted, AcceptOutcome
-from core.store.feedback import FeedbackStore
+from core.store.feedback import FeedbackEntry
 from core.views import ConnectionView, GrantView, ScheduleView
 
 # What adapters may name without importing the services that produce them.
@@ -48,18 +48,19 @@ REASON_MAX = 500  # characters of a deny reason (the model reads it)
 
 
 class Gateway:
+    """Core's front door for the channels; every service behind it is built by the wiring and handed in."""
+
     def __init__(self, dispatcher: Dispatcher, approvals: ApprovalBroker, credentials: CredentialService,
-                 schedules: ScheduleService, consent: Consent | None = None) -> None:
+                 schedules: ScheduleService, *, commands: Commands, feedback: FeedbackBook,
+                 consent: Consent | None = None) -> None:
         self._dispatcher = dispatcher
         self._consent = consent
         self._conversations = dispatcher.conversations
         self._approvals = approvals
         self._credentials = credentials
         self._schedules = schedules
-        self._commands = Commands(dispatcher, approvals, schedules,
-                                  connections=consent.service if consent is not None else None)
-        self._feedback = FeedbackBook(FeedbackStore(self._conversations.db), self._conversations, dispatcher.bus,
-                                      dispatcher.clock)
+        self._commands = commands
+        self._feedback = feedback
 
     # -- events and time ------------------------------------------------------------------------
 

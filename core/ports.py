@@ -1,4 +1,5 @@
-"""What core calls on a channel: ``ChannelPort``, one registered per channel name.
+"""The channel contract: ``Channel`` (what the wiring starts, stops and serves) and ``ChannelPort`` (what core
+calls on a channel), one port registered per channel name.
 
 Adapters call core through ``core.gateway.Gateway``; core calls adapters only through these ports.
 Delivering an answer is core's job (``core.delivery``): it records the answer in an outbox, asks the
@@ -10,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
+
+from aiohttp import web
 
 from core.errors import InvalidInput
 from core.model import SessionInfo
@@ -65,10 +68,31 @@ class ChannelPort(Protocol):
         True once the platform took it."""
         ...
 
+    async def sender_trust(self, sender: str, place: str | None) -> str | None:
+        """What the platform says about ``sender`` at ``place``: member, guest, external, bot, or None when
+        unknown (core counts that as a guest; only BOT_ADMINS make an admin: ``core.trust``)."""
+        ...
+
     async def fetch_file(self, source: str, max_bytes: int) -> bytes:
         """The content of a shared file (``Attachment.source``), at most ``max_bytes`` of it. Raises
         FetchFailed with the reason (too big, not the platform's own file host, refused, unreachable)."""
         ...
+
+
+class Channel(Protocol):
+    """One chat channel as the wiring runs it: its HTTP routes on the one server, started after recovery,
+    stopped before the drain, closed after it. ``port`` is what core calls on it."""
+
+    name: str
+    started: bool
+
+    @property
+    def port(self) -> ChannelPort: ...
+
+    def routes(self) -> list[web.RouteDef]: ...
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...  # takes no more input
+    async def close(self) -> None: ...  # after the drain: what the drained turns still used
 
 
 class Ports:

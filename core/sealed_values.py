@@ -19,8 +19,6 @@ from core.store.connection_tables import ConnectionRow
 from core.store.connections import ConnectionStore
 from core.store.credentials import CredentialStore
 from core.store.database import Database
-from core.store.slack_installs import SlackInstallStore
-from core.store.slack_tables import SlackInstallationRow
 from core.store.tables import SecretRow
 from core.stored_secrets import secret_context, secret_label
 from core.vault import ROW_AAD, KeyRing, Sealed, row_context
@@ -58,15 +56,6 @@ class SealedKind(Generic[R]):
         return row.key_id == keys.current and self.context(row) == self.bound(row)
 
 
-def install_context(row: SlackInstallationRow) -> str:
-    """The associated data a Slack workspace's tokens are sealed with: the blob opens only in its own row."""
-    return f"slack-install|v1|{row.enterprise_id}|{row.team_id}|{row.id}"
-
-
-def install_label(row: SlackInstallationRow) -> str:
-    return f"the Slack install of {row.team_id or row.enterprise_id}"
-
-
 def _credentials(store: CredentialStore) -> SealedKind[SecretRow]:
     def bound(row: SecretRow) -> str:
         assert row.id is not None
@@ -81,8 +70,9 @@ def _credentials(store: CredentialStore) -> SealedKind[SecretRow]:
 
 
 def sealed_kinds(db: Database) -> list[SealedKind[Any]]:
-    """Every table holding a sealed value: credentials, connected accounts' tokens, Slack workspaces' tokens."""
-    connections, installs = ConnectionStore(db), SlackInstallStore(db)
+    """Core's tables holding a sealed value: credentials and connected accounts' tokens (a channel adds its own:
+    ``core.plugins.ChannelPlugin.sealed``)."""
+    connections = ConnectionStore(db)
 
     def connection_context(row: ConnectionRow) -> str:
         assert row.id is not None
@@ -93,17 +83,10 @@ def sealed_kinds(db: Database) -> list[SealedKind[Any]]:
         return await connections.reseal(row.id, expected_ciphertext=row.ciphertext, key_id=sealed.key_id,
                                         ciphertext=sealed.blob, now=now)
 
-    async def replace_install(row: SlackInstallationRow, sealed: Sealed, now: datetime) -> bool:
-        assert row.id is not None
-        return await installs.reseal(row.id, expected_ciphertext=row.ciphertext, key_id=sealed.key_id,
-                                     ciphertext=sealed.blob)
-
     return [
         _credentials(CredentialStore(db)),
         SealedKind("connections", connections.listed, connection_label, connection_context, connection_context,
                    replace_connection),
-        SealedKind("slack installs", installs.listed, install_label, install_context, install_context,
-                   replace_install),
     ]
 
 

@@ -15,7 +15,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Any, Protocol
 
+from core.people import People
 from core.policies import TRUST_LEVELS  # one list of names: policies match on them
+from core.ports import ChannelPort
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +57,8 @@ async def restricted(levels: SenderTrust | None, level: str | None, actor: str, 
     return True
 
 
-class TrustLabels(Protocol):
-    """What a channel says about a sender (its port): member, guest, external, bot, or None when unknown."""
-
-    async def sender_trust(self, sender: str, place: str | None) -> str | None: ...
-
-
 class PortLookup(Protocol):
-    def find(self, channel: str) -> Any: ...
+    def find(self, channel: str) -> ChannelPort | None: ...
 
 
 Audit = Callable[[datetime, str, str, str, dict[str, Any]], Awaitable[None]]
@@ -84,9 +80,11 @@ class SenderTrust:
     """The trust level of a sender at a place, and the audit of what trust refused."""
 
     def __init__(self, ports: PortLookup, admins: tuple[str, ...], *, audit: Audit | None = None,
-                 now: Callable[[], datetime] | None = None, fixed: FixedLevel | None = None) -> None:
+                 now: Callable[[], datetime] | None = None, fixed: FixedLevel | None = None,
+                 people: People | None = None) -> None:
         self.ports = ports
         self.admins = admins
+        self.people = people or People()  # BOT_ADMINS compared with the sender's channel
         self.fixed = fixed
         self._audit = audit
         self._now = now
@@ -94,16 +92,16 @@ class SenderTrust:
     async def level(self, channel: str, sender: str | None, place: str | None) -> Trust:
         """``sender``'s level on ``channel``. Nobody (core's own work) and channels that cannot label (none
         registered under that name) are members; a label the platform could not give is a guest's."""
-        if sender is not None and sender in self.admins:
+        if sender is not None and self.people.any(self.admins, sender, channel):
             return Trust.ADMIN
         if sender is None:  # core's own work (nobody's words)
             return Trust.MEMBER
-        labels = getattr(self.ports.find(channel), "sender_trust", None)
-        if labels is None:  # no port here can say who this is (e.g. not configured in this process)
+        port = self.ports.find(channel)
+        if port is None:  # no port here can say who this is (e.g. not configured in this process)
             log.warning("trust of %s on %s unknown (no such channel here): counted as a guest", sender, channel)
             return Trust.GUEST
         try:
-            label = await labels(sender, place)
+            label = await port.sender_trust(sender, place)
         except Exception as exc:  # a platform failure is not a reason to trust more
             log.warning("trust of %s on %s unknown (%s): counted as a guest", sender, channel, type(exc).__name__)
             label = None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.manifest import BOT_EVENTS, BOT_SCOPES, build_manifest, render_manifest
+from channels.slack.manifest import BOT_EVENTS, BOT_SCOPES, build_manifest, render_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from bot.cli import main
-from bot.config.file import CHANNEL_SECTIONS, config_model, config_schema, load_config
+from bot.config.file import channel_sections, config_model, config_schema, load_config
 from bot.errors import SettingsError
 
 SPEC_TABLES = {"agents", "policies", "connections", "mcp_servers", "slack"}  # SPEC §16
@@ -86,7 +86,7 @@ class _PagerSection(BaseModel):
 def test_a_channel_contributes_its_own_section(tmp_path: Path) -> None:
     config = tmp_path / "bot.toml"
     config.write_text('[pager]\nescalation = "night"\n[slack]\nsuggested_prompts = []\n', encoding="utf-8")
-    sections = {**CHANNEL_SECTIONS, "pager": _PagerSection}
+    sections = {**channel_sections(), "pager": _PagerSection}
     section = load_config(config, sections).section("pager")
     assert isinstance(section, _PagerSection) and section.escalation == "night"
     with pytest.raises(SettingsError, match=r"unknown tables \['pager'\]"):

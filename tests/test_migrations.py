@@ -15,6 +15,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Connection, func, text
 from sqlmodel import SQLModel, col, select
 
+import channels.slack.tables  # noqa: F401  (with core.store.tables: populates SQLModel.metadata)
 import core.store.tables  # noqa: F401  (populates SQLModel.metadata)
 from core.model import Inbound, InputKind, InputStatus, MessageRef, TurnStatus
 from core.store import AcceptOutcome, Budget, ConversationStore, Database, InputStore

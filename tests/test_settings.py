@@ -41,8 +41,8 @@ def test_defaults() -> None:
     assert s.bot_home == Path("./.bot")
     assert s.provider == "demo"
     assert (s.llm_base_url, s.llm_model, s.llm_api_key) == (None, None, None)
-    assert s.slack_mode is None
-    assert s.slack_api_url == "https://slack.com/api/"
+    assert s.channels["slack"].mode is None
+    assert s.channels["slack"].api_url == "https://slack.com/api/"
     assert s.approvers == ("requester",)
     assert s.admins == ()
     assert s.queue_mode == "steer"
@@ -193,19 +193,19 @@ def test_approvers_refused(value: str) -> None:
 
 def test_http_mode() -> None:
     s = load_settings(env_file=None, slack_bot_token="xoxb-1-abc", slack_signing_secret=SIGNING)
-    assert s.slack_mode == "http"
+    assert s.channels["slack"].mode == "http"
 
 
 def test_socket_mode() -> None:
     s = load_settings(env_file=None, slack_bot_token="xoxb-1-abc", slack_app_token="xapp-1-abc")
-    assert s.slack_mode == "socket"
+    assert s.channels["slack"].mode == "socket"
 
 
 def test_blank_values_are_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLACK_BOT_TOKEN", "  ")
     monkeypatch.setenv("DATABASE_URL", "")
     s = load_settings(env_file=None)
-    assert s.slack_mode is None
+    assert s.channels["slack"].mode is None
     assert s.database_url is None
 
 
@@ -221,7 +221,7 @@ def test_relative_bot_home_resolved_against_cwd(tmp_path: Path) -> None:
 
 def test_slack_api_url_gets_trailing_slash() -> None:
     s = load_settings(env_file=None, slack_api_url="http://localhost:9999/api")
-    assert s.slack_api_url == "http://localhost:9999/api/"
+    assert s.channels["slack"].api_url == "http://localhost:9999/api/"
 
 
 def test_slack_api_url_must_be_http() -> None:

@@ -8,14 +8,21 @@ from typing import Any
 
 import pytest
 
-from bot.config.file import load_suggested_prompts
+from bot.config.file import load_config
 from bot.errors import SettingsError
-from channels.slack.toml import DEFAULT_PROMPTS
+from channels.slack.toml import DEFAULT_PROMPTS, SlackSection, prompts_of
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import message, next_ts
 
+
+
+def load_suggested_prompts(path: Path) -> tuple[tuple[str, str], ...]:
+    """What the Slack channel is built with: its [slack] section of the checked file."""
+    section = load_config(path).section("slack")
+    assert section is None or isinstance(section, SlackSection)
+    return prompts_of(section)
 
 def _thread_event(kind: str, *, channel: str = "D1", thread_ts: str, viewed: str | None = "C9") -> dict[str, Any]:
     context = {"channel_id": viewed, "team_id": "T1", "enterprise_id": None} if viewed else {}

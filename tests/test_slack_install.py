@@ -19,10 +19,11 @@ from sqlmodel import select
 
 from bot.errors import SettingsError
 from bot.settings import Settings, load_settings
-from bot.slack_installs import DatabaseStateStore, VaultInstallationStore, install_context
+from channels.slack.installs import DatabaseStateStore, VaultInstallationStore
+from channels.slack.store import SlackInstallStore, install_context
+from channels.slack.tables import SlackInstallationRow, SlackOAuthStateRow
 from core.errors import VaultError
-from core.store import Database, SlackInstallStore
-from core.store.slack_tables import SlackInstallationRow, SlackOAuthStateRow
+from core.store import Database
 from core.vault import KeyRing, Sealed
 from tests.fakes.slack_api import FakeSlack
 
@@ -58,15 +59,16 @@ def _error(**values: object) -> str:
 def test_client_id_and_secret_with_signing_secret_turn_on_oauth_mode() -> None:
     s = load_settings(env_file=None, llm_model="m", slack_client_id=CLIENT_ID, slack_client_secret=CLIENT_SECRET,
                       slack_signing_secret=SIGNING)
-    assert s.slack_oauth and s.slack_mode == "http"
-    assert "chat:write" in s.slack_scope_list
+    assert s.channels["slack"].oauth and s.channels["slack"].mode == "http"
+    assert "chat:write" in s.channels["slack"].scope_list
     assert CLIENT_SECRET in s.secret_values()
     custom = load_settings(env_file=None, llm_model="m", slack_client_id=CLIENT_ID, slack_client_secret=CLIENT_SECRET,
                            slack_signing_secret=SIGNING, slack_scopes="chat:write, commands")
-    assert custom.slack_scope_list == ["chat:write", "commands"] and custom.slack_allowed_team_set is None
+    assert (custom.channels["slack"].scope_list == ["chat:write", "commands"]
+            and custom.channels["slack"].allowed_team_set is None)
     limited = load_settings(env_file=None, llm_model="m", slack_client_id=CLIENT_ID, slack_client_secret=CLIENT_SECRET,
                             slack_signing_secret=SIGNING, slack_allowed_teams="T1, T2")
-    assert limited.slack_allowed_team_set == {"T1", "T2"}
+    assert limited.channels["slack"].allowed_team_set == {"T1", "T2"}
 
 
 @pytest.mark.parametrize(("values", "says"), [
@@ -275,7 +277,7 @@ async def test_single_workspace_mode_serves_no_install_routes(make_settings: Cal
 
 
 def test_distribution_manifest_names_the_redirect_url_and_uninstall_events() -> None:
-    from bot.manifest import build_manifest
+    from channels.slack.manifest import build_manifest
 
     plain = build_manifest("http")
     assert "redirect_urls" not in plain["oauth_config"]
@@ -289,8 +291,12 @@ def test_distribution_manifest_names_the_redirect_url_and_uninstall_events() -> 
 
 
 async def test_doctor_runs_auth_test_for_every_installation(oauth_settings: Callable[..., Settings]) -> None:
+    from bot.doctor import doctor_context
     from bot.keys import load_keyring
-    from bot.slack_doctor import installation_checks
+    from channels.slack.doctor import installation_checks as checks_of
+
+    def installation_checks(settings: Settings) -> Any:
+        return checks_of(settings.channels["slack"], doctor_context(settings))
 
     settings = oauth_settings(bot_secret_keys=KeyRing.generate_spec("k1"), slack_allowed_teams="T1,T2")
     # Who may install, then: no tables yet, a warning, not a crash.

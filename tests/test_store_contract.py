@@ -19,6 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import StatementError
 from sqlmodel import SQLModel, select
 
+import channels.slack.tables  # noqa: F401  (with core.store.tables: populates SQLModel.metadata)
 import core.store.tables  # noqa: F401  (populates SQLModel.metadata)
 from core.errors import InvalidInput, StoreError
 from core.model import (
@@ -1088,10 +1089,10 @@ async def test_secret_reseal_touch_and_delete(db: Database) -> None:
 
 async def test_connection_and_slack_install_reseal_only_what_was_read(db: Database) -> None:
     """Key rotation re-seals other tables too: never over a newer value, nor over a refresh in flight."""
+    from channels.slack.store import SlackInstallStore
+    from channels.slack.tables import SlackInstallationRow
     from core.store.connection_tables import ConnectionRow
     from core.store.connections import ConnectionStore
-    from core.store.slack_installs import SlackInstallStore
-    from core.store.slack_tables import SlackInstallationRow
 
     def sealed(row: Any) -> None:
         row.key_id, row.ciphertext = "k1", f"k1:{row.id}"

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bot.channels import sealed_kinds
 from core.agents import Agent, AgentDirectory
 from core.approval_policy import ApprovalPolicy
 from core.clock import SystemClock
@@ -17,7 +18,7 @@ from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
 from core.errors import ToolError, VaultError
 from core.events import EventBus
-from core.sealed_values import reseal_all, sealed_kinds, unsettled
+from core.sealed_values import reseal_all, unsettled
 from core.store import CredentialStore, Database
 from core.stored_secrets import env_name
 from core.vault import KeyRing

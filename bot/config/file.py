@@ -1,7 +1,8 @@
 """``bot.toml`` read and checked as a whole: its top-level model, one-line errors that name the key's path, the
 JSON Schema (`bot config schema`), and what the wiring loads from it. Read once per use; every table optional.
 
-A channel owns its section (``[slack]``): the file's model is composed from the channel sections passed in.
+A channel owns its section (``[slack]``): the file's model is composed from the sections the installed channels
+bring (``ChannelPlugin.section``), or from those passed in.
 """
 
 from __future__ import annotations
@@ -25,16 +26,18 @@ from bot.config.agents import AgentTable
 from bot.config.connections import ConnectionTable
 from bot.config.mcp_servers import McpServerTable
 from bot.config.policies import PolicyTable
+from bot.channels import installed_channels
 from bot.config.table import Problem, Says, Table
 from bot.errors import SettingsError
 from bot.mcp.spec import McpServerSpec
-from channels.slack.toml import DEFAULT_PROMPTS, SlackSection
 from core.agents import DEFAULT_INSTRUCTIONS, Agent
 from core.connections.spec import ConnectionSpec
 from core.policies import Policy
 
-# The channels' sections, by table name. Each channel owns its model; the file accepts the ones given here.
-CHANNEL_SECTIONS: Mapping[str, type[BaseModel]] = {"slack": SlackSection}
+
+def channel_sections() -> dict[str, type[BaseModel]]:
+    """The installed channels' sections, by table name: each channel owns its model."""
+    return {plugin.name: plugin.section for plugin in installed_channels() if plugin.section is not None}
 
 
 def _unique(tables: list[Any], what: str) -> None:
@@ -65,6 +68,10 @@ class BotToml(Table):
         _unique(tables or [], str(info.field_name))
         return tables
 
+    def sections(self) -> list[str]:
+        """The channel sections the file has."""
+        return [name for name in type(self).model_fields if self.section(name) is not None]
+
     def section(self, name: str) -> BaseModel | None:
         """A channel's section (``[slack]``); None when the file has none."""
         value = getattr(self, name, None)
@@ -79,12 +86,12 @@ def _model(sections: tuple[tuple[str, type[BaseModel]], ...]) -> type[BotToml]:
     return create_model("BotToml", __base__=BotToml, __doc__=BotToml.__doc__, **fields)
 
 
-def config_model(sections: Mapping[str, type[BaseModel]] = CHANNEL_SECTIONS) -> type[BotToml]:
-    """The model of the whole file, with these channel sections."""
-    return _model(tuple(sections.items()))
+def config_model(sections: Mapping[str, type[BaseModel]] | None = None) -> type[BotToml]:
+    """The model of the whole file, with these channel sections (default: the installed channels')."""
+    return _model(tuple((channel_sections() if sections is None else sections).items()))
 
 
-def load_config(path: Path, sections: Mapping[str, type[BaseModel]] = CHANNEL_SECTIONS) -> BotToml:
+def load_config(path: Path, sections: Mapping[str, type[BaseModel]] | None = None) -> BotToml:
     """The checked file; every table empty when there is no file. A misspelt table or key (``[[agent]]``,
     ``quorom``) is refused: it must not quietly drop an agent's limits or a policy."""
     model = config_model(sections)
@@ -218,7 +225,7 @@ class _TomlSchema(GenerateJsonSchema):
         return super().default_schema(schema)
 
 
-def config_schema(sections: Mapping[str, type[BaseModel]] = CHANNEL_SECTIONS) -> dict[str, Any]:
+def config_schema(sections: Mapping[str, type[BaseModel]] | None = None) -> dict[str, Any]:
     """The JSON Schema of bot.toml, for editors (Even Better TOML, taplo) and `bot config schema`."""
     schema = config_model(sections).model_json_schema(schema_generator=_TomlSchema)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": "bot.toml"}
@@ -263,8 +270,3 @@ def load_mcp_servers(path: Path) -> list[McpServerSpec]:
     return [table.spec() for table in load_config(path).mcp_servers]
 
 
-def load_suggested_prompts(path: Path) -> tuple[tuple[str, str], ...]:
-    """``[slack] suggested_prompts``: (title, message) pairs, at most four; the defaults when the file or the key
-    is absent; an empty list offers none."""
-    slack = load_config(path).section("slack")
-    return slack.prompts() if isinstance(slack, SlackSection) else DEFAULT_PROMPTS

@@ -82,7 +82,8 @@ class PolicyTable(Table):
             raise Problem(f": {', '.join(asking)} only apply to rules that ask (action = 'ask')")
         # Admins may vote too, but a quorum should not need them: each named entry is one person (a group: many).
         named = set(self.approvers)
-        if self.quorum > 1 and named and not any(a.startswith("S") for a in named) and self.quorum > len(named):
+        groups = any(a.rpartition(":")[2].startswith("S") for a in named)  # "S1" or "slack:S1"
+        if self.quorum > 1 and named and not groups and self.quorum > len(named):
             raise Problem(f"is {self.quorum}, but only {len(named)} approvers are named: it could never be reached",
                           at=("quorum",))
         if ("headers" in self.model_fields_set or self.body is not None) \

@@ -13,8 +13,11 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-# One person who may approve: a Slack user (U…/W…) or user group (S…), the requester, or the web chat.
-PERSON = re.compile(r"requester|web|[UWS][A-Z0-9]+")  # fullmatch: "U1\n" is not U1
+from bot.people import is_person
+
+# What the schema tells editors a person looks like: the requester, a bare id an installed channel claims (Slack's
+# U…/W…/S…, the web chat's web) or <channel>:<id>. The check itself asks the installed channels (bot.people).
+PERSON = re.compile(r"requester|web|[UWS][A-Z0-9]+|[a-z][a-z0-9_-]*:[A-Za-z0-9._@-]+")
 
 
 class Table(BaseModel):
@@ -42,8 +45,8 @@ class Problem(ValueError):
 
 
 def _person(value: str) -> str:
-    if not PERSON.fullmatch(value):
-        raise Problem("is not a user id, group id, 'requester' or 'web'")
+    if not is_person(value):
+        raise Problem("is not a user id, group id, 'requester' or 'web' (or <channel>:<id>)")
     return value
 
 

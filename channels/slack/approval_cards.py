@@ -98,7 +98,7 @@ def fallback_text(request: ApprovalInfo) -> str:
 
 def is_person(who: str) -> bool:
     """A Slack user or group id (not "requester" or "web", which are no one to mention or DM)."""
-    return re.fullmatch(r"[UWS][A-Z0-9]+", who) is not None
+    return re.fullmatch(r"[UWS][A-Z0-9]+", who.removeprefix("slack:")) is not None
 
 
 def time_left(left: timedelta) -> str:
@@ -109,6 +109,7 @@ def time_left(left: timedelta) -> str:
 
 
 def mention(who: str) -> str:
+    who = who.removeprefix("slack:")  # BOT_APPROVERS may name Slack's people with their channel
     if who.startswith("S") and who[1:].isalnum():
         return f"<!subteam^{who}>"
     return f"<@{who}>" if who[:1] in ("U", "W") and who[1:].isalnum() else escape(who)

@@ -53,7 +53,7 @@ class InstallConfig:
 
 
 class Installations(Protocol):
-    """What the Slack channel needs of the installation store besides slack_sdk's interface (bot/slack_installs)."""
+    """What the Slack channel needs of the installation store besides slack_sdk's interface (installs.py)."""
 
     changed: list[Callable[[str], None]]  # told a team whose install was replaced or removed
 

@@ -42,8 +42,9 @@ class SlackSection(BaseModel):
         description=f"a list of at most {MAX_PROMPTS} tables with title and message: what a new assistant chat "
                     "offers (default: three general prompts; [] offers none)")
 
-    def prompts(self) -> tuple[tuple[str, str], ...]:
-        """(title, message) pairs: the defaults when the key is absent, none for an empty list."""
-        if self.suggested_prompts is None:
-            return DEFAULT_PROMPTS
-        return tuple((p.title, p.message) for p in self.suggested_prompts)
+
+def prompts_of(section: SlackSection | None) -> tuple[tuple[str, str], ...]:
+    """(title, message) pairs: the defaults when there is no [slack] table or no key, none for an empty list."""
+    if section is None or section.suggested_prompts is None:
+        return DEFAULT_PROMPTS
+    return tuple((p.title, p.message) for p in section.suggested_prompts)

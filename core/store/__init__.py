@@ -8,7 +8,6 @@ from core.store.database import Database
 from core.store.inputs import Budget, HeldElsewhere, InputStore, Taken
 from core.store.intake import Accepted, AcceptOutcome
 from core.store.leases import LeaseStore
-from core.store.slack_installs import SlackInstallStore
 from core.store.web_sessions import WebSessionStore
 
 __all__ = [
@@ -23,7 +22,6 @@ __all__ = [
     "HeldElsewhere",
     "InputStore",
     "LeaseStore",
-    "SlackInstallStore",
     "Taken",
     "WebSessionStore",
 ]

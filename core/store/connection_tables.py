@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from core.store.tables import timestamp
+from core.store.columns import timestamp
 
 
 class ConnectionRow(SQLModel, table=True):

@@ -2,35 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, DateTime, Index, Integer, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy import BigInteger, Column, Index, Integer, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """Stores aware UTC datetimes; SQLite hands back naive ones, which are UTC by construction."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to the store; use an aware UTC datetime")
-        return value.astimezone(UTC)
-
-    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def timestamp(nullable: bool = False) -> Any:
-    """A UTC datetime column (UTCDateTime)."""
-    return Field(sa_column=Column(UTCDateTime(), nullable=nullable))
+from core.store.columns import UTCDateTime, timestamp
 
 
 class SessionRow(SQLModel, table=True):

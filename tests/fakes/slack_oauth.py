@@ -16,7 +16,8 @@ BOT_USER_ID = "UBOT"
 
 @dataclass
 class FakeSlackOAuth:
-    scopes: list[str] = field(default_factory=lambda: __import__("bot.manifest", fromlist=["BOT_SCOPES"]).BOT_SCOPES)
+    scopes: list[str] = field(
+        default_factory=lambda: __import__("channels.slack.manifest", fromlist=["BOT_SCOPES"]).BOT_SCOPES)
     # OAuth installs (multi-workspace mode): codes handed out by ``issue_code`` (code -> the workspace it installs
     # into), the client id and secret oauth.v2.access accepts, and the bot token minted for each workspace.
     codes: dict[str, tuple[str, str]] = field(default_factory=dict)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlmodel import select
 
-from core.store.slack_tables import SlackInstallationRow
+from channels.slack.tables import SlackInstallationRow
 from core.store.tables import ApprovalRow
 from tests.conftest import GatewayClient
 from tests.fakes.core import until

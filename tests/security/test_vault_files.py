@@ -22,6 +22,7 @@ from multidict import CIMultiDict
 from sqlalchemy import update
 from sqlmodel import col
 
+from bot.channels import sealed_kinds
 from bot.settings import Settings
 from core.agents import Agent, AgentDirectory
 from core.approval_policy import ApprovalPolicy
@@ -30,7 +31,7 @@ from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
 from core.errors import ToolError, VaultError
 from core.events import EventBus
-from core.sealed_values import reseal_all, sealed_kinds
+from core.sealed_values import reseal_all
 from core.store import CredentialStore, Database
 from core.store.tables import SecretRow
 from core.tools import ToolContext

@@ -1,22 +1,48 @@
-"""`bot doctor` in multi-workspace mode: auth.test with every installed workspace's own token."""
+"""``bot doctor`` for Slack: auth.test with the bot token (one workspace), or who may install and auth.test with
+every installed workspace's own token (multi-workspace mode)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from bot.errors import BotError
-from bot.settings import Settings
-
-if TYPE_CHECKING:
-    from bot.doctor import Check
+from channels.slack.manifest import BOT_SCOPES
+from channels.slack.settings import SlackSettings
+from core.plugins import Check, DoctorContext
 
 
-async def installation_checks(settings: Settings) -> list[Check]:
+async def slack_checks(settings: SlackSettings, context: DoctorContext) -> list[Check]:
+    if settings.oauth:
+        return await installation_checks(settings, context)
+    if settings.mode is not None:
+        return [await _one_workspace(settings)]
+    return []
+
+
+async def _one_workspace(settings: SlackSettings) -> Check:
+    from slack_sdk.errors import SlackApiError
+    from slack_sdk.web.async_client import AsyncWebClient
+
+    client = AsyncWebClient(token=settings.bot_token, base_url=settings.api_url)
+    try:
+        response = await client.auth_test()
+    except SlackApiError as exc:
+        data = exc.response.data if isinstance(exc.response.data, dict) else {}
+        return Check("slack", False, f"auth.test failed: {data.get('error') or exc.response.status_code}",
+                     "check SLACK_BOT_TOKEN (xoxb-…) and that the app is installed in the workspace")
+    except Exception as exc:
+        return Check("slack", False, f"cannot reach {settings.api_url}: {type(exc).__name__}",
+                     "check SLACK_API_URL and the network")
+    granted = {s.strip() for s in str(response.headers.get("x-oauth-scopes", "")).split(",") if s.strip()}
+    missing = sorted(set(BOT_SCOPES) - granted) if granted else []
+    who = f"bot {response.get('user')} in team {response.get('team')}"
+    if missing:
+        return Check("slack", False, f"{who}; missing scopes: {', '.join(missing)}",
+                     "update the app from `bot manifest` and reinstall it to the workspace")
+    return Check("slack", True, f"{who}; scopes match the manifest ({settings.mode} mode)")
+
+
+async def installation_checks(settings: SlackSettings, context: DoctorContext) -> list[Check]:
     """Who may install, then one check per install: its token opens, Slack accepts it, and it has the scopes the
     bot asks for."""
-    from bot.doctor import Check
-
-    allowed = settings.slack_allowed_team_set
+    allowed = settings.allowed_team_set
     if allowed is None:
         who = Check("slack allowed teams", True, "SLACK_ALLOWED_TEAMS is not set: any workspace can install the bot, "
                     "and everyone in an installed workspace counts as a guest (no gated tools, approvals, "
@@ -24,24 +50,23 @@ async def installation_checks(settings: Settings) -> list[Check]:
                     "set SLACK_ALLOWED_TEAMS to the workspace ids (T…) you trust", warning=True)
     else:
         who = Check("slack allowed teams", True, f"only {', '.join(sorted(allowed))} may install and are served")
-    return [who, *await _installations(settings, allowed)]
+    return [who, *await _installations(settings, context, allowed)]
 
 
-async def _installations(settings: Settings, allowed: frozenset[str] | None) -> list[Check]:
+async def _installations(settings: SlackSettings, context: DoctorContext,
+                         allowed: frozenset[str] | None) -> list[Check]:
     from slack_sdk.errors import SlackApiError
     from slack_sdk.web.async_client import AsyncWebClient
 
-    from bot.doctor import Check
-    from bot.keys import load_keyring
-    from bot.slack_installs import VaultInstallationStore
+    from channels.slack.installs import VaultInstallationStore
+    from channels.slack.store import SlackInstallStore
     from core.errors import VaultError
-    from core.store import Database, SlackInstallStore
+    from core.store import Database
 
-    try:
-        keys = load_keyring(settings)
-    except BotError as exc:
-        return [Check("slack installs", False, str(exc), "fix BOT_SECRET_KEYS: the installs' tokens are sealed")]
-    db = Database(settings.resolved_database_url)
+    keys = context.keys()
+    if isinstance(keys, str):
+        return [Check("slack installs", False, keys, "fix BOT_SECRET_KEYS: the installs' tokens are sealed")]
+    db = Database(context.database_url)
     try:
         store = VaultInstallationStore(SlackInstallStore(db), keys)
         try:
@@ -54,7 +79,7 @@ async def _installations(settings: Settings, allowed: frozenset[str] | None) -> 
             return [Check("slack installs", True, "multi-workspace mode, installed nowhere yet",
                           "open /slack/install (under BOT_PUBLIC_URL) and add the app to a workspace", warning=True)]
         checks = []
-        wanted = set(settings.slack_scope_list)
+        wanted = set(settings.scope_list)
         for row in rows:
             name = f"slack {row.team_id or row.enterprise_id} ({row.team_name or 'unnamed'})"
             if allowed is not None and row.team_id not in allowed:
@@ -66,7 +91,7 @@ async def _installations(settings: Settings, allowed: frozenset[str] | None) -> 
             except VaultError as exc:
                 checks.append(Check(name, False, str(exc), "add the key it names to BOT_SECRET_KEYS"))
                 continue
-            client = AsyncWebClient(token=token, base_url=settings.slack_api_url)
+            client = AsyncWebClient(token=token, base_url=settings.api_url)
             try:
                 response = await client.auth_test()
             except SlackApiError as exc:
@@ -75,7 +100,7 @@ async def _installations(settings: Settings, allowed: frozenset[str] | None) -> 
                                     "install the app into that workspace again through /slack/install"))
                 continue
             except Exception as exc:
-                checks.append(Check(name, False, f"cannot reach {settings.slack_api_url}: {type(exc).__name__}",
+                checks.append(Check(name, False, f"cannot reach {settings.api_url}: {type(exc).__name__}",
                                     "check SLACK_API_URL and the network"))
                 continue
             granted = {s.strip() for s in str(response.headers.get("x-oauth-scopes", "")).split(",") if s.strip()}

@@ -4,11 +4,12 @@ single-use ``state`` of each install. Every change here needs a migration too.""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Column, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from core.store.tables import timestamp
+from core.store.columns import timestamp
 
 
 class SlackInstallationRow(SQLModel, table=True):

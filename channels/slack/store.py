@@ -1,5 +1,5 @@
 """Multi-workspace Slack installs: one row per workspace (its bot token sealed by the caller, never plaintext
-here) and the single-use states of install links."""
+here) and the single-use states of install links; and that table as one of the vault's sealed kinds."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from sqlalchemy import delete, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
+from channels.slack.tables import SlackInstallationRow, SlackOAuthStateRow
+from core.sealed_values import SealedKind
 from core.store.approvals import audit_row
 from core.store.database import Database
-from core.store.slack_tables import SlackInstallationRow, SlackOAuthStateRow
+from core.vault import Sealed
 
 _COPIED = ("is_enterprise_install", "app_id", "team_name", "bot_id", "bot_user_id", "bot_scopes", "installer",
            "bot_token_expires_at")
@@ -121,3 +123,24 @@ class SlackInstallStore:
 
 def _subject(row: SlackInstallationRow) -> str:
     return f"slack:{row.team_id or row.enterprise_id}"
+
+
+def install_context(row: SlackInstallationRow) -> str:
+    """The associated data a Slack workspace's tokens are sealed with: the blob opens only in its own row."""
+    return f"slack-install|v1|{row.enterprise_id}|{row.team_id}|{row.id}"
+
+
+def install_label(row: SlackInstallationRow) -> str:
+    return f"the Slack install of {row.team_id or row.enterprise_id}"
+
+
+def sealed_installs(db: Database) -> list[SealedKind[SlackInstallationRow]]:
+    """Workspaces' tokens, for ``bot credentials rotate`` and the doctor (``core.sealed_values``)."""
+    installs = SlackInstallStore(db)
+
+    async def replace(row: SlackInstallationRow, sealed: Sealed, now: datetime) -> bool:
+        assert row.id is not None
+        return await installs.reseal(row.id, expected_ciphertext=row.ciphertext, key_id=sealed.key_id,
+                                     ciphertext=sealed.blob)
+
+    return [SealedKind("slack installs", installs.listed, install_label, install_context, install_context, replace)]

@@ -19,16 +19,14 @@ from slack_sdk.oauth.installation_store import Bot, Installation
 from slack_sdk.oauth.installation_store.async_installation_store import AsyncInstallationStore
 from slack_sdk.oauth.state_store.async_state_store import AsyncOAuthStateStore
 
+from channels.slack.settings import SlackSettings
+from channels.slack.store import SlackInstallStore, install_context, install_label
+from channels.slack.tables import SlackInstallationRow
 from core.clock import Clock, SystemClock
-from core.sealed_values import install_context, install_label
-from core.store.slack_installs import SlackInstallStore
-from core.store.slack_tables import SlackInstallationRow
 from core.vault import KeyRing, Sealed
 
 if TYPE_CHECKING:
-    from bot.settings import Settings
     from channels.slack.install import SlackInstall
-    from core.credentials import CredentialService
     from core.store import Database
 
 log = logging.getLogger(__name__)
@@ -191,14 +189,15 @@ def _hash(state: str) -> str:
     return hashlib.sha256(state.encode()).hexdigest()
 
 
-def slack_install(settings: Settings, db: Database, credentials: CredentialService, clock: Clock) -> SlackInstall:
+def slack_install(settings: SlackSettings, db: Database, keys: KeyRing, learn: Callable[[str, str], None],
+                  clock: Clock, public_url: str | None) -> SlackInstall:
     """Multi-workspace mode: the install routes on the bot's own stores (tokens sealed with the vault)."""
     from channels.slack.install import InstallConfig, SlackInstall
 
-    assert settings.slack_client_id is not None and settings.slack_client_secret is not None
+    assert settings.client_id is not None and settings.client_secret is not None
     store = SlackInstallStore(db)
-    installations = VaultInstallationStore(store, credentials.keys, clock=clock, learn=credentials.redactor.learn)
-    config = InstallConfig(client_id=settings.slack_client_id, client_secret=settings.slack_client_secret,
-                           scopes=settings.slack_scope_list, api_url=settings.slack_api_url,
-                           public_url=settings.bot_public_url, allowed_teams=settings.slack_allowed_team_set)
+    installations = VaultInstallationStore(store, keys, clock=clock, learn=learn)
+    config = InstallConfig(client_id=settings.client_id, client_secret=settings.client_secret,
+                           scopes=settings.scope_list, api_url=settings.api_url,
+                           public_url=public_url, allowed_teams=settings.allowed_team_set)
     return SlackInstall(config, installations, DatabaseStateStore(store, clock=clock))

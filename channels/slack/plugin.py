@@ -1,0 +1,61 @@
+"""Slack as a plug-in channel (entry point ``slack`` of ``bot.channels``): its settings, its ``build``, its
+doctor checks, the ``message_send`` tool, and its sealed table of workspace installs."""
+
+from __future__ import annotations
+
+import re
+
+from channels.slack.adapter import SlackChannel, SlackConfig
+from channels.slack.doctor import slack_checks
+from channels.slack.installs import slack_install
+from channels.slack.message_tool import message_send_tool
+from channels.slack.settings import SlackSettings
+from channels.slack.store import sealed_installs
+from channels.slack.toml import SlackSection, prompts_of
+from core.plugins import ChannelContext, ChannelPlugin
+from core.ports import Channel
+from core.tools import Tool
+
+
+def build(settings: SlackSettings, context: ChannelContext) -> SlackChannel:
+    """``context.section``: the ``[slack]`` table (the assistant pane's prompts), None when bot.toml has none."""
+    install = (slack_install(settings, context.db, context.keys, context.learn_secret, context.clock,
+                             context.public_url) if settings.oauth else None)
+    config = SlackConfig(
+        bot_token=settings.bot_token,
+        signing_secret=settings.signing_secret,
+        app_token=settings.app_token,
+        api_url=settings.api_url,
+        command=settings.command,
+        rate_limit_retries=settings.max_retries,
+        progress_delay_s=settings.progress_delay_s,
+        streaming=settings.streaming,
+        suggested_prompts=prompts_of(context.section),
+        stream_delay_s=settings.stream_delay_s,
+        stop_offer_s=settings.stop_offer_s,
+    )
+    return SlackChannel(config, context.gateway, install=install)
+
+
+def announce(settings: SlackSettings, url: str) -> list[str]:
+    if settings.mode == "http":
+        return [f"bot: Slack HTTP mode — point the app's request URL at {url}/slack/events"]
+    if settings.mode == "socket":
+        return ["bot: Slack Socket Mode connected"]
+    return ["bot: no Slack settings; set SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET (or SLACK_APP_TOKEN) "
+            "to connect Slack"]
+
+
+def people(entry: str) -> bool:
+    """A user (U…, W… for Enterprise Grid) or a user group (S…)."""
+    return re.fullmatch(r"[UWS][A-Z0-9]+", entry) is not None
+
+
+def tools(channel: Channel) -> list[Tool]:
+    assert isinstance(channel, SlackChannel)
+    return [message_send_tool(channel.port.send_message)]
+
+
+plugin = ChannelPlugin(name="slack", settings=SlackSettings, build=build, checks=slack_checks, announce=announce,
+                       tools=tools, people=people, destinations=True, sealed=sealed_installs,
+                       section=SlackSection)
