@@ -11,8 +11,8 @@ from typing import Any
 from aiohttp import web
 from yarl import URL
 
-from bot.config.file import BotToml, load_agents, load_config, load_mcp_servers, load_policies
 from bot.channels import installed_channels
+from bot.config.file import BotToml, load_agents, load_config, load_mcp_servers, load_policies
 from bot.connections_config import build_connections
 from bot.egress import EgressPolicy
 from bot.errors import Failed

@@ -306,7 +306,8 @@ def _config(verb: str, path: str | None) -> int:
     policies, connections = file.load_policies(config), file.load_connections(config)
     servers, sections = file.load_mcp_servers(config), file.load_config(config).sections()
     print(f"bot: {config} is valid: {len(agents)} agent(s), {len(policies)} approval rule(s), "
-          f"{len(connections)} connection(s), {len(servers)} MCP server(s)" + "".join(f", [{name}]" for name in sections))
+          f"{len(connections)} connection(s), {len(servers)} MCP server(s)"
+          + "".join(f", [{name}]" for name in sections))
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from bot.config.file import load_connections
 from bot.oauth_client import HttpOAuthClient
 from bot.settings import Settings

@@ -36,7 +36,6 @@ from core.model import (
 from core.replies import PLAIN, Marks
 from core.schedules import ScheduleService
 from core.store import Accepted, AcceptOutcome
-from core.store.feedback import FeedbackEntry
 from core.views import ConnectionView, GrantView, ScheduleView
 
 # What adapters may name without importing the services that produce them.

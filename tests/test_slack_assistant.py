@@ -17,7 +17,6 @@ from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import message, next_ts
 
 
-
 def load_suggested_prompts(path: Path) -> tuple[tuple[str, str], ...]:
     """What the Slack channel is built with: its [slack] section of the checked file."""
     section = load_config(path).section("slack")

@@ -22,11 +22,11 @@ from pydantic.fields import FieldInfo
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import ErrorDetails, core_schema
 
+from bot.channels import installed_channels
 from bot.config.agents import AgentTable
 from bot.config.connections import ConnectionTable
 from bot.config.mcp_servers import McpServerTable
 from bot.config.policies import PolicyTable
-from bot.channels import installed_channels
 from bot.config.table import Problem, Says, Table
 from bot.errors import SettingsError
 from bot.mcp.spec import McpServerSpec

@@ -4,7 +4,6 @@ single-use ``state`` of each install. Every change here needs a migration too.""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import Column, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import BigInteger, Column, Index, Integer, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
