@@ -14,11 +14,12 @@ from typing import Any, ClassVar
 from aiohttp import web
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from core.errors import FetchFailed
 from core.events import ApprovalRequested, CredentialRequested, Event
 from core.gateway import Gateway
 from core.model import Inbound, SessionInfo
 from core.plugins import ChannelContext, ChannelPlugin
-from core.ports import DeliveryId, FetchFailed, Receipt
+from core.ports import DeliveryId, Receipt
 
 PERSON = "P1"
 SECRET = "s3cret-from-testchat"
