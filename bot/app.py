@@ -105,10 +105,19 @@ class Application:
     connections: ConnectionService | None = None  # [[connections]] in bot.toml
     mcp: McpServers | None = None  # [[mcp_servers]] in bot.toml: started (their tools listed) before turns run
     channels: list[Channel] = field(default_factory=list)
-    web_app: web.Application = field(default_factory=server_app)  # the security headers on every response
+    routes: list[web.RouteDef] = field(default_factory=list)  # served beside health, readiness and the channels'
+    web_app: web.Application = field(init=False)
     _runner: web.AppRunner | None = None
     _prune_task: asyncio.Task[None] | None = None
     phase: str = "starting"  # then "ready", then "stopping": requests are served only when ready
+
+    def __post_init__(self) -> None:
+        # The security headers on every response (server_app); a running command's connections refused; nothing
+        # taken in until recovered.
+        middlewares = [self.sandbox_peers.middleware()] if self.sandbox_peers is not None else []
+        self.web_app = server_app(middlewares=[*middlewares, until_ready(self)])
+        self.web_app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz_handler(self)),
+                                 *self.routes, *(route for channel in self.channels for route in channel.routes())])
 
     async def start(self) -> None:
         """Listen, then migrate, recover and start channels. Order matters: a busy port fails before
@@ -349,26 +358,18 @@ def build_application(
         ports.register(channel.port)  # answers, destinations and user groups (BOT_APPROVERS) go through it
         for tool in channel_tools:
             tools.register(tool)
-    app = Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals, credentials=credentials,
-                      schedules=schedules, schedule_jobs=schedule_jobs, deliveries=deliveries, gateway=gateway,
-                      address=address, sandbox_peers=peers,
-                      connections=connections.service if connections is not None else None, mcp=mcp,
-                      channels=[channel for channel, _tools in channels])
-    app.web_app.middlewares.append(peers.middleware())
-    app.web_app.middlewares.append(until_ready(app))
     metrics = Metrics(db, bus, token=settings.bot_web_token)
-    app.web_app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz_handler(app)),
-                            web.get("/metrics", metrics.handle)])
-    link_page = CredentialLinkPage(CredentialLinks(credentials), trusted_proxies=settings.trusted_proxies)
-    app.web_app.add_routes(link_page.routes())
+    routes = [web.get("/metrics", metrics.handle),
+              *CredentialLinkPage(CredentialLinks(credentials), trusted_proxies=settings.trusted_proxies).routes()]
     if connections is not None:
-        oauth = OAuthPages(gateway, secure_cookie=(settings.bot_public_url or "").startswith("https://"),
-                           prefix=URL(settings.bot_public_url or "/").path.rstrip("/"),
-                           trusted_proxies=settings.trusted_proxies)
-        app.web_app.add_routes(oauth.routes())
-    for channel in app.channels:
-        app.web_app.add_routes(channel.routes())
-    return app
+        routes += OAuthPages(gateway, secure_cookie=(settings.bot_public_url or "").startswith("https://"),
+                             prefix=URL(settings.bot_public_url or "/").path.rstrip("/"),
+                             trusted_proxies=settings.trusted_proxies).routes()
+    return Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals, credentials=credentials,
+                       schedules=schedules, schedule_jobs=schedule_jobs, deliveries=deliveries, gateway=gateway,
+                       address=address, sandbox_peers=peers,
+                       connections=connections.service if connections is not None else None, mcp=mcp,
+                       channels=[channel for channel, _tools in channels], routes=routes)
 
 
 def _channels(settings: Settings, toml: BotToml, context: ChannelContext) -> list[tuple[Channel, list[Any]]]:

@@ -6,7 +6,10 @@ has no inline script or style."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 CONTENT_SECURITY_POLICY = ("default-src 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'")
 SECURITY_HEADERS = {
@@ -24,8 +27,8 @@ async def _add_security_headers(_request: web.Request, response: web.StreamRespo
         response.headers.setdefault(name, value)
 
 
-def server_app() -> web.Application:
+def server_app(middlewares: Iterable[Middleware] = ()) -> web.Application:
     """The bot's aiohttp application, with the security headers on every response it sends."""
-    app = web.Application()
+    app = web.Application(middlewares=list(middlewares))
     app.on_response_prepare.append(_add_security_headers)
     return app
