@@ -21,7 +21,7 @@ from pathlib import Path
 from bench.common import summary
 from core.agents import Agent, AgentDirectory
 from core.clock import SystemClock
-from core.dispatcher import DispatchConfig, Dispatcher
+from core.dispatcher import DispatchConfig, Dispatcher, build_dispatcher
 from core.events import Event, EventBus, TurnFinished
 from core.model import Inbound, MessageRef, QueueMode
 from core.providers import Completion, CompletionRequest, ToolCall
@@ -57,7 +57,7 @@ def _build(db: Database, provider: InstantProvider, mode: str, concurrency: int)
     registry = ToolRegistry()
     registry.register(Tool("noop", "does nothing", {"type": "object"}, Risk.SAFE, _noop))  # type: ignore[arg-type]
     conversations = ConversationStore(db)
-    return Dispatcher(
+    return build_dispatcher(
         conversations, InputStore(db), ControlStore(db),
         AgentRunner(conversations, provider, registry, SystemClock()),
         AgentDirectory([Agent()]), EventBus(), SystemClock(),

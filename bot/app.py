@@ -43,7 +43,7 @@ from core.connections.service import ConnectionService
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
 from core.delivery import Deliveries, DeliveryConfig
-from core.dispatcher import DispatchConfig, Dispatcher
+from core.dispatcher import DispatchConfig, Dispatcher, build_dispatcher
 from core.events import EventBus
 from core.failed_turns import announce_cancelled_requests
 from core.feedback import FeedbackBook
@@ -319,7 +319,7 @@ def build_application(
         claim_s=settings.lease_ttl_s, poll_s=settings.approval_poll_s))
     # With SQLite there is one process; with PostgreSQL several replicas share the work through leases.
     leases = None if db.is_sqlite else LeaseStore(db)
-    dispatcher = Dispatcher(
+    dispatcher = build_dispatcher(
         store, InputStore(db), ControlStore(db), runner, agents, bus, clock,
         DispatchConfig(
             max_concurrent_turns=settings.max_concurrent_turns,

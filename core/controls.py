@@ -8,7 +8,6 @@ and so may approvers and admins; ``/bot stop`` and ``/bot queue`` do the same fo
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -16,8 +15,11 @@ from core.agents import AgentDirectory
 from core.approval_policy import ApprovalPolicy
 from core.clock import Clock
 from core.errors import Conflict, InvalidInput, NotAllowed
+from core.events import EventBus, Notice
 from core.model import QUEUE_MODES, SessionInfo
+from core.outcomes import OutcomeWaiters
 from core.store import ControlStore, ConversationStore, InputStore
+from core.turns import TurnDrivers
 
 _QUEUE_COMMAND = re.compile(r"^queue(?:\s+(\w+))?$", re.IGNORECASE)
 _STOP_WORDS = {"stop", "stop!", "cancel"}
@@ -41,9 +43,6 @@ class StopReport:
         return f"Stopped {' and '.join(parts)}" + (f" (asked by {by})." if by else ".")
 
 
-Cancel = Callable[..., Awaitable[StopReport]]  # Dispatcher.cancel(session_id, by, *, announce=True)
-
-
 class Controls:
     def __init__(
         self,
@@ -51,22 +50,24 @@ class Controls:
         inputs: InputStore,
         control: ControlStore,
         agents: AgentDirectory,
-        policy: ApprovalPolicy,
+        policy: ApprovalPolicy,  # who may stop or re-queue someone else's work: approvers and admins
+        bus: EventBus,
         clock: Clock,
-        default_queue_mode: str,
-        cancel: Cancel,
+        turns: TurnDrivers,
+        waiters: OutcomeWaiters,
     ) -> None:
         self.conversations = conversations
         self.inputs = inputs
         self.control = control
         self.agents = agents
         self.policy = policy
+        self.bus = bus
         self.clock = clock
-        self.default_queue_mode = default_queue_mode
-        self.cancel = cancel
+        self.turns = turns
+        self.waiters = waiters
 
     async def queue_mode(self, session_id: str) -> str:
-        return await self.control.queue_mode(session_id) or self.default_queue_mode
+        return await self.turns.queue_mode(session_id)
 
     async def obey(self, session: SessionInfo, text: str, sender: str) -> str:
         """Carry out a control command said in a conversation; returns the reply."""
@@ -116,6 +117,31 @@ class Controls:
         if not await self.may_control(by, session_id):
             raise NotAllowed(STOP_REFUSED)
         return await self.cancel(session_id, by=by, turn_id=turn_id, started_before=started_before)
+
+    async def cancel(self, session_id: str, by: str | None, *, announce: bool = True, turn_id: int | None = None,
+                     started_before: datetime | None = None) -> StopReport:
+        """Stop the session's running turn at its next await, and drop the messages waiting behind it. With
+        ``turn_id`` (or ``started_before``), only if the running turn is that one (or started before then): a
+        stop meant for a turn that has ended meanwhile stops nothing, not the turn that came next."""
+        if turn_id is not None or started_before is not None:
+            current = await self.conversations.running_turn_started(session_id)
+            if current is None or (turn_id is not None and current[0] != turn_id) or (
+                    started_before is not None and (current[1] is None or current[1] > started_before)):
+                return StopReport(running=False, waiting=0)
+        note = f"stopped by {by}" if by else "stopped"
+        waiting = await self.inputs.cancel_waiting(session_id, note)
+        self.waiters.wake(waiting)
+        turn_id = await self.conversations.running_turn(session_id)
+        running = turn_id is not None
+        if turn_id is not None:
+            await self.inputs.cancel_turn_inputs(turn_id, note)
+            self.turns.cancel_turn(session_id, turn_id, by)
+        report = StopReport(running=running, waiting=len(waiting))
+        if announce:
+            session = await self.conversations.get_session(session_id)
+            if session is not None:
+                self.bus.emit(Notice(session, report.describe(by)))
+        return report
 
     async def may_control(self, user: str, session_id: str | None) -> bool:
         if not user:

@@ -8,8 +8,9 @@
   before a tool step), or run one by one (``followup``).
 
 The jobs it delegates: running turns (core.turns), session leases across replicas (core.leasing),
-and stopping or re-queueing work, with who may (core.controls). Channels reach it through
-``core.gateway.Gateway``.
+and stopping or re-queueing work, with who may (core.controls). It receives those parts built:
+``build_dispatcher`` builds them in dependency order, none refers back to the dispatcher. Channels
+reach it through ``core.gateway.Gateway``.
 """
 
 from __future__ import annotations
@@ -74,42 +75,43 @@ class DispatchConfig:
 
 
 class Dispatcher:
+    """Takes its parts built (``build_dispatcher`` builds them in order); none of them refers back to it."""
+
     def __init__(
         self,
         conversations: ConversationStore,
         inputs: InputStore,
         control: ControlStore,
-        runner: AgentRunner,
         agents: AgentDirectory,
         bus: EventBus,
         clock: Clock,
-        config: DispatchConfig = DispatchConfig(),
-        leases: LeaseStore | None = None,
-        policy: ApprovalPolicy | None = None,
-        deliveries: Deliveries | None = None,
-        attachments: AttachmentReader | None = None,
+        config: DispatchConfig,
+        *,
+        leasing: SessionLeases,
+        waiters: OutcomeWaiters,
+        turns: TurnDrivers,
+        controls: Controls,
     ) -> None:
         self.conversations = conversations
         self.inputs = inputs
         self.control = control
-        self.runner = runner
         self.agents = agents
         self.bus = bus
         self.clock = clock
         self.config = config
         self._accepting = False
-        self.leases = leases  # with several replicas: one process at a time runs a session
-        self.leasing = SessionLeases(leases, clock, config.lease_ttl_s)
-        self.holder = self.leasing.holder
-        # Who may stop or re-queue someone else's work: approvers and admins (without one: nobody).
-        self.policy = policy or ApprovalPolicy((), ())
-        self.controls = Controls(conversations, inputs, control, agents, self.policy, clock, config.queue_mode,
-                                 cancel=self.cancel)
-        self.waiters = OutcomeWaiters(inputs, config.outcome_poll_s)
-        self.turns = TurnDrivers(conversations, inputs, runner, agents, bus, clock, config, self.leasing,
-                                 self.waiters, queue_mode=self.queue_mode,
-                                 outbox=deliveries.outbox if deliveries is not None else None,
-                                 attachments=attachments)
+        self.leasing = leasing  # with several replicas: one process at a time runs a session
+        self.waiters = waiters
+        self.turns = turns
+        self.controls = controls
+
+    @property
+    def runner(self) -> AgentRunner:
+        return self.turns.runner
+
+    @property
+    def holder(self) -> str:
+        return self.leasing.holder
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -249,28 +251,39 @@ class Dispatcher:
 
     async def cancel(self, session_id: str, by: str | None, *, announce: bool = True, turn_id: int | None = None,
                      started_before: datetime | None = None) -> StopReport:
-        """Stop the session's running turn at its next await, and drop the messages waiting behind it. With
-        ``turn_id`` (or ``started_before``), only if the running turn is that one (or started before then): a
-        stop meant for a turn that has ended meanwhile stops nothing, not the turn that came next."""
-        if turn_id is not None or started_before is not None:
-            current = await self.conversations.running_turn_started(session_id)
-            if current is None or (turn_id is not None and current[0] != turn_id) or (
-                    started_before is not None and (current[1] is None or current[1] > started_before)):
-                return StopReport(running=False, waiting=0)
-        note = f"stopped by {by}" if by else "stopped"
-        waiting = await self.inputs.cancel_waiting(session_id, note)
-        self.waiters.wake(waiting)
-        turn_id = await self.conversations.running_turn(session_id)
-        running = turn_id is not None
-        if turn_id is not None:
-            await self.inputs.cancel_turn_inputs(turn_id, note)
-            self.turns.cancel_turn(session_id, turn_id, by)
-        report = StopReport(running=running, waiting=len(waiting))
-        if announce:
-            session = await self.conversations.get_session(session_id)
-            if session is not None:
-                self.bus.emit(Notice(session, report.describe(by)))
-        return report
+        """Stop the session's running turn and drop what waits behind it, whoever asks (core.controls.Controls.cancel);
+        ``stop_session`` is the one that checks who may."""
+        return await self.controls.cancel(session_id, by, announce=announce, turn_id=turn_id,
+                                          started_before=started_before)
+
+
+def build_dispatcher(
+    conversations: ConversationStore,
+    inputs: InputStore,
+    control: ControlStore,
+    runner: AgentRunner,
+    agents: AgentDirectory,
+    bus: EventBus,
+    clock: Clock,
+    config: DispatchConfig = DispatchConfig(),
+    *,
+    leases: LeaseStore | None = None,
+    policy: ApprovalPolicy | None = None,
+    deliveries: Deliveries | None = None,
+    attachments: AttachmentReader | None = None,
+) -> Dispatcher:
+    """A dispatcher with its parts, each built before the ones that use it: leases and outcome waiters, then
+    the turn drivers, then the controls that stop their turns. ``leases``: with several replicas (None: one
+    process); ``policy``: who may stop or re-queue someone else's work (None: only whoever asked for it);
+    ``deliveries``: whose outbox a finished answer is claimed from; ``attachments``: reads shared files."""
+    leasing = SessionLeases(leases, clock, config.lease_ttl_s)
+    waiters = OutcomeWaiters(inputs, config.outcome_poll_s)
+    turns = TurnDrivers(conversations, inputs, control, runner, agents, bus, clock, config, leasing, waiters,
+                        outbox=deliveries.outbox if deliveries is not None else None, attachments=attachments)
+    controls = Controls(conversations, inputs, control, agents, policy or ApprovalPolicy((), ()), bus, clock,
+                        turns, waiters)
+    return Dispatcher(conversations, inputs, control, agents, bus, clock, config,
+                      leasing=leasing, waiters=waiters, turns=turns, controls=controls)
 
 
 _PAUSED = "The bot is paused by an operator and is not taking new requests right now; try again later."

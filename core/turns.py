@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -39,7 +39,7 @@ from core.parking import HOLD, Hold, TurnSlot
 from core.ports import Ports
 from core.providers import ChatMessage
 from core.runner import AgentRunner
-from core.store import Budget, ConversationStore, HeldElsewhere, InputStore, Taken
+from core.store import Budget, ControlStore, ConversationStore, HeldElsewhere, InputStore, Taken
 
 if TYPE_CHECKING:
 
@@ -99,6 +99,7 @@ class TurnDrivers:
         self,
         conversations: ConversationStore,
         inputs: InputStore,
+        control: ControlStore,
         runner: AgentRunner,
         agents: AgentDirectory,
         bus: EventBus,
@@ -106,7 +107,6 @@ class TurnDrivers:
         config: TurnSettings,
         leasing: SessionLeases,
         waiters: OutcomeWaiters,
-        queue_mode: Callable[[str], Awaitable[str]],
         outbox: Callable[[str, datetime], OutboxClaim | None] | None = None,
         attachments: AttachmentReader | None = None,
     ) -> None:
@@ -114,6 +114,7 @@ class TurnDrivers:
         self.attachments = attachments or AttachmentReader(Ports())  # without ports: files are named, not read
         self.conversations = conversations
         self.inputs = inputs
+        self.control = control  # where a conversation's (or its place's) queue mode is set
         self.runner = runner
         self.agents = agents
         self.bus = bus
@@ -121,11 +122,14 @@ class TurnDrivers:
         self.config = config
         self.leasing = leasing
         self.waiters = waiters
-        self.queue_mode = queue_mode
         self._slots = asyncio.Semaphore(config.max_concurrent_turns)
         self._drivers: dict[str, _Driver] = {}
         self._parked = asyncio.Event()  # a turn just parked (shutdown sets it aside at once)
         self.ended = 0  # turns that ended (answered, failed or stopped) in this process
+
+    async def queue_mode(self, session_id: str) -> str:
+        """The queue mode the session's turns run in: its own, its place's, or the configured default."""
+        return await self.control.queue_mode(session_id) or self.config.queue_mode
 
     # -- the driver table -----------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from core.agents import Agent, AgentDirectory
 from core.clock import Clock, SystemClock
-from core.dispatcher import DispatchConfig, Dispatcher
+from core.dispatcher import DispatchConfig, Dispatcher, build_dispatcher
 from core.errors import ProviderError
 from core.events import EventBus
 from core.providers import Completion, CompletionRequest, Provider, ToolCall
@@ -198,6 +198,6 @@ def build_core(
     bus = EventBus()
     runner = AgentRunner(conversations, provider, tools, clock)
     lease_store = LeaseStore(db) if leases else None
-    dispatcher = Dispatcher(conversations, inputs, control, runner, directory, bus, clock,
-                            DispatchConfig(**{"debounce_s": 0.01, **config}), leases=lease_store)
+    dispatcher = build_dispatcher(conversations, inputs, control, runner, directory, bus, clock,
+                                  DispatchConfig(**{"debounce_s": 0.01, **config}), leases=lease_store)
     return Core(db, conversations, inputs, control, bus, clock, tools, directory, runner, dispatcher, lease_store)
