@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -33,6 +34,73 @@ def _no_process_left_behind() -> Iterator[None]:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
     STARTED.clear()
+
+
+# -- one migration per test process ----------------------------------------------------------------------
+#
+# Migrating an empty SQLite file to head runs every revision (table rebuilds included): a fifth of a second,
+# paid by most tests. The first migration in each test process is real and its file becomes the template;
+# after that, a migration about to run on an empty (or absent) SQLite file starts from a copy of that file,
+# so Database.migrate itself still runs (and finds the schema current). Files holding anything (older
+# revisions, a previous run's data) are migrated as ever.
+
+_SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+_real_migrate = Database.migrate
+
+
+def _sqlite_file(database: Database) -> Path | None:
+    from sqlalchemy.engine import make_url
+
+    path = make_url(database.url).database if database.is_sqlite else None
+    return Path(path) if path and path != ":memory:" else None
+
+
+def _never_opened(path: Path) -> bool:
+    """Absent or empty, and no side files: no connection has been made (each sets WAL, which writes)."""
+    empty = not path.exists() or (path.is_file() and path.stat().st_size == 0)
+    return empty and not any(path.with_name(path.name + side).exists() for side in _SQLITE_SIDE_FILES)
+
+
+class _SqliteTemplate:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    async def migrate(self, database: Database) -> None:
+        target = _sqlite_file(database)
+        if target is None or not _never_opened(target):
+            await _real_migrate(database)
+            return
+        if not self.path.exists():
+            await _real_migrate(database)  # the real migration, once: its file is the template
+            self._keep(target)
+            return
+        # copyfile writes into an existing (empty, 0600) file in place: its inode and mode stay the product's.
+        shutil.copyfile(self.path, target)
+        await _real_migrate(database)  # finds head: a no-op, as at every later start
+
+    def _keep(self, source: Path) -> None:
+        """Copy the freshly migrated file, whole (its WAL checkpointed into it), as the template."""
+        import sqlite3
+
+        partial = self.path.with_name(f"{self.path.name}.{uuid.uuid4().hex}")
+        with contextlib.closing(sqlite3.connect(source)) as live, contextlib.closing(sqlite3.connect(partial)) as copy:
+            live.backup(copy)
+        with contextlib.closing(sqlite3.connect(partial)) as copy:
+            copy.execute("PRAGMA journal_mode=WAL")  # as every connection of ours leaves it
+        partial.replace(self.path)
+
+
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> _SqliteTemplate:
+    return _SqliteTemplate(tmp_path_factory.getbasetemp() / "migrated-template.db")
+
+
+@pytest.fixture(autouse=True)
+def _migrate_from_template(monkeypatch: pytest.MonkeyPatch, _sqlite_template: _SqliteTemplate) -> None:
+    async def migrate(database: Database) -> None:
+        await _sqlite_template.migrate(database)
+
+    monkeypatch.setattr(Database, "migrate", migrate)
 
 
 @pytest.fixture
