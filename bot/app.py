@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from yarl import URL
@@ -20,7 +20,6 @@ from bot.health import healthz, readyz_handler, until_ready
 from bot.home import sandbox_hidden, secure_home
 from bot.http_headers import server_app
 from bot.keys import load_keyring
-from bot.mcp.manager import McpServers, audit_to
 from bot.metrics import Metrics
 from bot.people import people
 from bot.policy_check import flag_warnings
@@ -71,6 +70,9 @@ from core.store.schedules import ScheduleStore
 from core.store.stats import snapshot
 from core.subagents import SubAgents
 from core.trust import SenderTrust
+
+if TYPE_CHECKING:  # the MCP SDK is imported only when bot.toml names a server (it takes a second to load)
+    from bot.mcp.manager import McpServers
 
 log = logging.getLogger(__name__)
 
@@ -292,11 +294,15 @@ def build_application(
                            connection_wait_s=settings.connection_timeout_s)
     tools.register(credentials.tool())
     mcp_specs = load_mcp_servers(settings.bot_config)
-    mcp = McpServers(mcp_specs, home=settings.bot_home.resolve(), sandbox=shell.sandbox,
-                     audit=audit_to(approvals.store, clock.now), env_for=credentials.env_for,
-                     credential_headers=credentials.headers_for,
-                     connections=connections.service if connections is not None else None,
-                     connection_wait_s=settings.connection_timeout_s) if mcp_specs else None
+    mcp = None
+    if mcp_specs:
+        from bot.mcp.manager import McpServers, audit_to
+
+        mcp = McpServers(mcp_specs, home=settings.bot_home.resolve(), sandbox=shell.sandbox,
+                         audit=audit_to(approvals.store, clock.now), env_for=credentials.env_for,
+                         credential_headers=credentials.headers_for,
+                         connections=connections.service if connections is not None else None,
+                         connection_wait_s=settings.connection_timeout_s)
     runner = AgentRunner(
         store,
         provider or build_provider(settings),

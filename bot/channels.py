@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import functools
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.errors import SettingsError
 from core.plugins import ENTRY_POINTS, ChannelPlugin
-from core.sealed_values import SealedKind
-from core.sealed_values import sealed_kinds as core_sealed_kinds
-from core.store.database import Database
+
+if TYPE_CHECKING:
+    from core.sealed_values import SealedKind
+    from core.store.database import Database
 
 
 @functools.cache
@@ -31,4 +32,6 @@ def installed_channels() -> tuple[ChannelPlugin[Any], ...]:
 
 def sealed_kinds(db: Database) -> list[SealedKind[Any]]:
     """Every table holding a sealed value: core's, then each installed channel's."""
+    from core.sealed_values import sealed_kinds as core_sealed_kinds  # the services: only where keys are used
+
     return core_sealed_kinds(db) + [kind for plugin in installed_channels() for kind in plugin.sealed(db)]

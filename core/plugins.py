@@ -7,15 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
-from core.clock import Clock
-from core.gateway import Gateway
-from core.ports import Channel
-from core.sealed_values import SealedKind
-from core.store.database import Database
-from core.tools import Tool
-from core.vault import KeyRing
+if TYPE_CHECKING:  # a plug-in is loaded by every command that reads settings: what it names only for types stays out
+    from core.clock import Clock
+    from core.gateway import Gateway
+    from core.ports import Channel
+    from core.sealed_values import SealedKind
+    from core.store.database import Database
+    from core.tools import Tool
+    from core.vault import KeyRing
 
 ENTRY_POINTS = "bot.channels"
 

@@ -4,21 +4,27 @@ doctor checks, the ``message_send`` tool, and its sealed table of workspace inst
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Any
 
-from channels.slack.adapter import SlackChannel, SlackConfig
 from channels.slack.doctor import slack_checks
-from channels.slack.installs import slack_install
-from channels.slack.message_tool import message_send_tool
 from channels.slack.settings import SlackSettings
-from channels.slack.store import sealed_installs
 from channels.slack.toml import SlackSection, prompts_of
 from core.plugins import ChannelContext, ChannelPlugin
-from core.ports import Channel
-from core.tools import Tool
+
+if TYPE_CHECKING:
+    from channels.slack.adapter import SlackChannel
+    from core.ports import Channel
+    from core.sealed_values import SealedKind
+    from core.store.database import Database
+    from core.tools import Tool
 
 
 def build(settings: SlackSettings, context: ChannelContext) -> SlackChannel:
     """``context.section``: the ``[slack]`` table (the assistant pane's prompts), None when bot.toml has none."""
+    # Imported here: commands that only read settings (bot doctor, bot credentials …) need none of the adapter.
+    from channels.slack.adapter import SlackChannel, SlackConfig
+    from channels.slack.installs import slack_install
+
     install = (slack_install(settings, context.db, context.keys, context.learn_secret, context.clock,
                              context.public_url) if settings.oauth else None)
     config = SlackConfig(
@@ -51,11 +57,20 @@ def people(entry: str) -> bool:
     return re.fullmatch(r"[UWS][A-Z0-9]+", entry) is not None
 
 
+def sealed(db: Database) -> list[SealedKind[Any]]:
+    from channels.slack.store import sealed_installs
+
+    return sealed_installs(db)
+
+
 def tools(channel: Channel) -> list[Tool]:
+    from channels.slack.adapter import SlackChannel
+    from channels.slack.message_tool import message_send_tool
+
     assert isinstance(channel, SlackChannel)
     return [message_send_tool(channel.port.send_message)]
 
 
 plugin = ChannelPlugin(name="slack", settings=SlackSettings, build=build, checks=slack_checks, announce=announce,
-                       tools=tools, people=people, destinations=True, sealed=sealed_installs,
+                       tools=tools, people=people, destinations=True, sealed=sealed,
                        section=SlackSection)

@@ -1,5 +1,1 @@
 """The built-in web chat (SPEC §12): the embedded default's page, and the second channel adapter."""
-
-from channels.web.adapter import WebChannel, WebConfig
-
-__all__ = ["WebChannel", "WebConfig"]

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from channels.web.auth import WebAuth
 from channels.web.connections import WebConnections
-from channels.web.port import WebPort
+from channels.web.port import WEB_USER, WebPort
 from channels.web.request_items import approval_item, connection_item, credential_item
 from core.errors import Conflict, CoreError, InvalidInput, NotAllowed, NotFound
 from core.events import (
@@ -53,8 +53,6 @@ _STATIC = {"app.js": "application/javascript", "app.css": "text/css", "index.htm
 _KEEPALIVE_S = 15.0
 _NO_SUCH_CONVERSATION = ('<!doctype html><meta charset="utf-8"><title>Not found</title>'
                          '<p>No such conversation. <a href="/">Start a new one</a>.</p>')
-# Whoever uses the web chat (local, or holding BOT_WEB_TOKEN); may approve as the requester or via BOT_ADMINS.
-WEB_USER = "web"
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from channels.web.adapter import WEB_USER, WebChannel, WebConfig
+from channels.web.port import WEB_USER
 from core.plugins import ChannelContext, ChannelPlugin
-from core.store.web_sessions import WebSessionStore
+
+if TYPE_CHECKING:
+    from channels.web.adapter import WebChannel
 
 
 class WebSettings(BaseSettings):
@@ -37,6 +39,10 @@ class WebSettings(BaseSettings):
 
 
 def build(settings: WebSettings, context: ChannelContext) -> WebChannel:
+    # Imported here: commands that only read settings (bot doctor, bot credentials …) need none of the adapter.
+    from channels.web.adapter import WebChannel, WebConfig
+    from core.store.web_sessions import WebSessionStore
+
     secure_cookie = (context.public_url or "").startswith("https://")
     return WebChannel(WebConfig(token=settings.token, secure_cookie=secure_cookie), context.gateway,
                       logins=WebSessionStore(context.db))

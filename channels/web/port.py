@@ -9,6 +9,9 @@ from core.errors import FetchFailed, InvalidInput
 from core.model import SessionInfo
 from core.ports import DeliveryId, Receipt
 
+WEB_USER = "web"  # whoever uses the web chat (local, or holding BOT_WEB_TOKEN): one person
+
+
 
 class WebPort:
     name = "web"
