@@ -126,7 +126,7 @@ async def approvals_command(args: argparse.Namespace) -> int:
             return 0
         if args.verb == "revoke":
             try:
-                print(await broker.revoke_grant(args.id, by=operator_name(), operator=True))
+                print(await broker.revoke_grant(args.id, by=operator_name(), channel=None, operator=True))
             except InvalidInput as exc:  # no such active grant (an operator is always allowed)
                 raise NotFoundError(f"{str(exc).rstrip('.')}; `bot approvals grants` shows them") from exc
             return 0
@@ -219,7 +219,7 @@ async def schedules_command(args: argparse.Namespace) -> int:
                       f"\tby {r.creator}\tfirings {r.firings}\tlast: {r.last_outcome or '-'}\t{r.prompt[:60]}")
             return 0
         # Refusals (no such schedule, not in a state for this) reach bot.cli, which picks the exit code.
-        print(await service.change(args.id, args.verb, by=operator_name(), operator=True))
+        print(await service.change(args.id, args.verb, by=operator_name(), channel=None, operator=True))
         return 0
 
 

@@ -18,7 +18,7 @@ class GroupResolver(Protocol):
 
 class ApprovalPolicy:
     """Who may decide: admins always; approvers by user id, by user group, or as the requester. People are
-    compared with their channel (``core.people``) wherever the caller says it."""
+    compared with their channel (``core.people``): every caller says which channel the person acting is of."""
 
     def __init__(self, approvers: tuple[str, ...], admins: tuple[str, ...], groups: GroupResolver | None = None,
                  trust: SenderTrust | None = None, people: People | None = None):
@@ -41,9 +41,10 @@ class ApprovalPolicy:
                 "and bots can't approve requests or provide credentials here.")
 
     async def may_decide(self, user: str, requester: str | None, agent_approvers: tuple[str, ...] = (), *,
-                         channel: str | None = None) -> bool:
+                         channel: str | None) -> bool:
         """Whether ``user`` (of ``channel``) may decide for something ``requester`` asked for (approvals and
-        credentials)."""
+        credentials). ``channel`` None only where the caller cannot know it (``Controls.may_control``): then ids
+        are compared alone."""
         if not user:
             return False
         if self.is_admin(user, channel=channel):
@@ -62,7 +63,7 @@ class ApprovalPolicy:
         named = (requester if a == REQUESTER else a for a in (agent_approvers or self.approvers))
         return tuple(dict.fromkeys(a for a in named if a))
 
-    def is_admin(self, user: str, *, channel: str | None = None) -> bool:
+    def is_admin(self, user: str, *, channel: str | None) -> bool:
         return self.people.any(self.admins, user, channel)
 
 

@@ -20,6 +20,7 @@ from core.clock import Clock
 from core.errors import NotAllowed, NotFound
 from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus
 from core.model import ApprovalInfo, ApprovalStatus
+from core.people import Person
 from core.policies import Policy, PolicyAction, PolicyBook, Ruling
 from core.requests import PersonRequests
 from core.store import ApprovalStore
@@ -262,36 +263,39 @@ class ApprovalBroker:
     async def record_announcement(self, request_id: int, where: dict[str, Any]) -> None:
         await self.requests.record_announcement(request_id, where)
 
-    async def pending(self, *, place: str | None = None, viewer: str | None = None) -> list[ApprovalInfo]:
+    async def pending(self, *, place: str | None = None, viewer: Person | None = None) -> list[ApprovalInfo]:
         """Pending requests. A ``viewer`` (a person asking in a channel) sees those asked at ``place``
         only, unless an admin; without a viewer (an operator, core itself) every one."""
-        if viewer is not None and not self.policy.is_admin(viewer):
+        if viewer is not None and not self.policy.is_admin(viewer.user, channel=viewer.channel):
             return await self.store.pending(place=place) if place else []
         return await self.store.pending()
 
     async def recent(self, session_id: str) -> list[ApprovalInfo]:
         return await self.requests.recent(session_id)
 
-    async def grants(self, *, place: str | None = None, viewer: str | None = None) -> list[GrantView]:
+    async def grants(self, *, place: str | None = None, viewer: Person | None = None) -> list[GrantView]:
         """Active grants; who sees which as for ``pending``."""
-        if viewer is not None and not self.policy.is_admin(viewer):
+        if viewer is not None and not self.policy.is_admin(viewer.user, channel=viewer.channel):
             rows = await self.store.grants(place=place) if place else []
         else:
             rows = await self.store.grants()
         return [grant_view(g) for g in rows]
 
-    async def revoke_grant(self, grant_id: int, by: str, *, operator: bool = False) -> str:
-        """Admins and operators only; raises NotAllowed before anything is looked up (a refusal says
-        nothing about which grants exist), NotFound if there is no such active grant."""
-        if not operator and not self.policy.is_admin(by):
+    async def revoke_grant(self, grant_id: int, by: str, *, channel: str | None, operator: bool = False) -> str:
+        """Admins (``by`` of ``channel``) and operators (no channel's person: None) only; raises NotAllowed before
+        anything is looked up (a refusal says nothing about which grants exist), NotFound if there is no such
+        active grant."""
+        if not operator and (channel is None or not self.policy.is_admin(by, channel=channel)):
             raise NotAllowed("Only admins (BOT_ADMINS) can revoke grants.")
         if not await self.store.revoke(grant_id, by, self.clock.now()):
             raise NotFound(f"There is no active grant {grant_id}.")
         return f"Grant {grant_id} revoked: that call needs approval again."
 
     async def may_decide(self, user: str, request: ApprovalInfo) -> bool:
+        """Whether ``user`` may decide ``request``. They are a person of the request's channel: it is shown
+        only there, and the gateway refuses other channels' clicks on it (``Gateway.decide``)."""
         approvers = request.approvers or self.agents.get(request.agent).approvers
-        if not await self.policy.may_decide(user, request.requester, approvers):
+        if not await self.policy.may_decide(user, request.requester, approvers, channel=request.session.channel):
             return False
         trust = self.policy.trust
         return trust is None or not is_restricted(await trust.level(request.session.channel, user,

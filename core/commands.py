@@ -16,6 +16,7 @@ from core.connections.service import ConnectionService
 from core.dispatcher import Dispatcher
 from core.errors import InvalidInput
 from core.model import RESERVED_SESSION_PREFIXES, SessionInfo, SessionStatus
+from core.people import Person
 from core.replies import PLAIN, Marks, asked_by, listed_call, typed
 from core.schedules import ScheduleService
 from core.store.subagents import INTERRUPTED as SUBAGENT_INTERRUPTED
@@ -130,12 +131,13 @@ class Commands:
                 return (f"{marks.code(typed(args[1]))} is not a grant id (a number such as 12: "
                         f"see `{command.name} approvals`).")
             try:
-                return await self.approvals.revoke_grant(grant_id, by=command.user)
+                return await self.approvals.revoke_grant(grant_id, by=command.user, channel=command.channel)
             except InvalidInput as exc:
                 return marks.text(str(exc))
         # What this user may see: this place's items, or everything for an admin (the broker decides).
-        pending = await self.approvals.pending(place=command.place, viewer=command.user)
-        grants = await self.approvals.grants(place=command.place, viewer=command.user)
+        viewer = Person(command.channel, command.user)
+        pending = await self.approvals.pending(place=command.place, viewer=viewer)
+        grants = await self.approvals.grants(place=command.place, viewer=viewer)
         where = "" if self.approvals.policy.is_admin(command.user, channel=command.channel) else " in this channel"
         lines = [f"{marks.bold(f'Pending approvals{where}:')} {len(pending)}"]
         lines += [f"• #{p.id} {marks.code(p.tool)} — {asked_by(p, marks)}, expires {p.expires_at:%H:%M} UTC"
@@ -155,11 +157,12 @@ class Commands:
                 return (f"{marks.code(typed(words[1]))} is not a schedule id (a number such as 12: "
                         f"see `{command.name} schedules`).")
             try:
-                return await self.schedules.change(schedule_id, words[0], by=command.user, place=command.place)
+                return await self.schedules.change(schedule_id, words[0], by=command.user, channel=command.channel,
+                                                   place=command.place)
             except InvalidInput as exc:
                 return marks.text(str(exc))
         # What this user may see: this place's schedules, or every one for an admin (the service decides).
-        rows = await self.schedules.list(place=command.place, viewer=command.user)
+        rows = await self.schedules.list(place=command.place, viewer=Person(command.channel, command.user))
         if not rows:
             where = "" if self.schedules.policy.is_admin(command.user, channel=command.channel) else " in this channel"
             return f"No schedules{where}. Create one: `{command.name} schedule every 1h #ops summarize open incidents`"

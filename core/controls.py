@@ -153,6 +153,8 @@ class Controls:
             return True
         session = await self.conversations.get_session(session_id) if session_id is not None else None
         agent = self.agents.get(session.agent if session is not None else None)
+        # Without a conversation (``/bot queue`` in a place where nothing is live) nothing here says the person's
+        # channel: Dispatcher.set_place_queue_mode does not pass it on, so ids are compared alone there.
         return await self.policy.may_decide(user, requester, agent.approvers,
                                             channel=session.channel if session is not None else None)
 

@@ -165,8 +165,10 @@ class CredentialService:
         return None
 
     async def may_provide(self, user: str, request: CredentialRequestInfo) -> bool:
+        """``user`` is a person of the request's channel: the form is offered only there, and the gateway
+        refuses other channels' answers to it (``Gateway.provide``)."""
         agent = self.agents.get(request.agent)
-        return await self.policy.may_decide(user, request.requester, agent.approvers)
+        return await self.policy.may_decide(user, request.requester, agent.approvers, channel=request.session.channel)
 
     async def refusal(self, request: CredentialRequestInfo | None, by: str, *, operator: bool = False) -> str | None:
         """Why ``by`` cannot provide a value for ``request`` now, in the order a person is told (None: they may)."""

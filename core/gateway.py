@@ -33,6 +33,7 @@ from core.model import (
     SessionSummary,
     TranscriptEntry,
 )
+from core.people import Person
 from core.replies import PLAIN, Marks
 from core.schedules import ScheduleService
 from core.store import Accepted, AcceptOutcome
@@ -117,21 +118,22 @@ class Gateway:
     # -- approvals ------------------------------------------------------------------------------
 
     async def decide(self, request_id: int, verdict: object, by: str, reason: object = None, *,
-                     channel: str | None = None) -> DecideResult:
+                     channel: str) -> DecideResult:
         """A person's Approve / Deny / Always allow (``verdict`` and ``reason`` as they arrived: checked
-        here). With ``channel``, only that channel's requests exist (NotFound, as for an unknown id)."""
+        here). ``by`` is a person of ``channel``, where only that channel's requests exist (NotFound, as for an
+        unknown id): so the broker judges them as a person of the request's channel."""
         if not isinstance(verdict, str) or verdict not in VERDICTS:
             raise InvalidInput("verdict must be approve, deny or always")
         if reason is not None and (not isinstance(reason, str) or len(reason) > REASON_MAX):
             raise InvalidInput(f"reason must be text of at most {REASON_MAX} characters")
-        if channel is not None:
-            _owned(await self._approvals.get(request_id), channel, "approval request")
+        _owned(await self._approvals.get(request_id), channel, "approval request")
         return await self._approvals.decide(request_id, verdict, by=by, reason=reason)
 
-    async def deny_prompt(self, request_id: int, by: str) -> ApprovalInfo | DecideResult:
-        """A Deny click, before the reason is asked: the request when ``by`` may deny it now, else what a
-        deny achieved (a refusal, or what had already happened)."""
+    async def deny_prompt(self, request_id: int, by: str, *, channel: str) -> ApprovalInfo | DecideResult:
+        """A Deny click, before the reason is asked: the request when ``by`` (of ``channel``) may deny it now,
+        else what a deny achieved (a refusal, or what had already happened). NotFound as for ``decide``."""
         request = await self._approvals.get(request_id)
+        _owned(request, channel, "approval request")
         if request is None or request.settled or not await self._approvals.may_decide(by, request):
             return await self._approvals.decide(request_id, "deny", by=by)
         return request
@@ -142,7 +144,7 @@ class Gateway:
     async def recent_approvals(self, session_id: str) -> list[ApprovalInfo]:
         return await self._approvals.recent(session_id)
 
-    async def grants(self, *, place: str | None = None, viewer: str | None = None) -> list[GrantView]:
+    async def grants(self, *, place: str | None = None, viewer: Person | None = None) -> list[GrantView]:
         return await self._approvals.grants(place=place, viewer=viewer)
 
     async def approval_shown(self, request_id: int, where: dict[str, Any]) -> None:
@@ -156,17 +158,18 @@ class Gateway:
     # -- credentials ----------------------------------------------------------------------------
 
     async def provide(self, request_id: int, value: str, by: str, *, hosts: object = None,
-                      channel: str | None = None) -> ProvideResult:
-        """A person's value for a credential request (sealed at once). With ``channel``, only that channel's
-        requests exist (NotFound otherwise)."""
-        if channel is not None:
-            _owned(await self._credentials.get(request_id), channel, "credential request")
+                      channel: str) -> ProvideResult:
+        """A person's value for a credential request (sealed at once). ``by`` is a person of ``channel``, where
+        only that channel's requests exist (NotFound otherwise)."""
+        _owned(await self._credentials.get(request_id), channel, "credential request")
         return await self._credentials.provide(request_id, value, by=by, hosts=hosts)
 
-    async def provide_prompt(self, request_id: int, by: str) -> CredentialRequestInfo | str:
-        """A Provide click, before the form opens: the request when ``by`` may provide it now, else why not
-        (core's words, in core's order: unknown, not an approver, already settled)."""
+    async def provide_prompt(self, request_id: int, by: str, *, channel: str) -> CredentialRequestInfo | str:
+        """A Provide click, before the form opens: the request when ``by`` (of ``channel``) may provide it now,
+        else why not (core's words, in core's order: not an approver, already settled). NotFound as for
+        ``provide``."""
         request = await self._credentials.get(request_id)
+        _owned(request, channel, "credential request")
         refused = await self._credentials.refusal(request, by)
         if refused is not None:
             return refused
@@ -224,13 +227,14 @@ class Gateway:
             return []
         return await self._consent.service.views(user, with_shared=True)
 
-    async def disconnect(self, name: str, by: str) -> str:
-        """``by`` disconnects their own account (a shared one: an admin). Revoked at the provider first."""
+    async def disconnect(self, name: str, by: str, *, channel: str) -> str:
+        """``by`` (of ``channel``) disconnects their own account (a shared one: an admin). Revoked at the
+        provider first."""
         service = self._connections().service
         spec = service.specs.get(name)
         if spec is None:
             raise NotFound(f"no connection named {name!r} is configured")
-        if spec.owner == "shared" and not service.policy.is_admin(by):
+        if spec.owner == "shared" and not service.policy.is_admin(by, channel=channel):
             raise NotAllowed(f"{name} is shared: only an admin disconnects it")
         return await service.disconnect(name, by, by=by)
 
@@ -259,16 +263,17 @@ class Gateway:
 
     # -- schedules ------------------------------------------------------------------------------
 
-    async def schedules(self, *, place: str | None = None, viewer: str | None = None) -> list[ScheduleView]:
+    async def schedules(self, *, place: str | None = None, viewer: Person | None = None) -> list[ScheduleView]:
         """As ``ScheduleService.list``: a viewer sees this place's schedules (an admin every one)."""
         return await self._schedules.list(place=place, viewer=viewer)
 
-    def may_change_schedule(self, schedule: ScheduleView, user: str) -> bool:
-        return self._schedules.may_change(schedule, user)
+    def may_change_schedule(self, schedule: ScheduleView, user: str, *, channel: str) -> bool:
+        return self._schedules.may_change(schedule, user, channel=channel)
 
-    async def change_schedule(self, schedule_id: int, action: str, by: str) -> str:
-        """pause, resume or cancel. Raises NotFound, NotAllowed, Conflict or InvalidInput."""
-        return await self._schedules.change(schedule_id, action, by=by)
+    async def change_schedule(self, schedule_id: int, action: str, by: str, *, channel: str) -> str:
+        """pause, resume or cancel, by a person of ``channel``. Raises NotFound, NotAllowed, Conflict or
+        InvalidInput."""
+        return await self._schedules.change(schedule_id, action, by=by, channel=channel)
 
 
 def _owned(request: ApprovalInfo | CredentialRequestInfo | None, channel: str, what: str) -> None:

@@ -10,6 +10,7 @@ show them so); only the comparison qualifies them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 REQUESTER = "requester"
 
@@ -20,6 +21,14 @@ Claims = Callable[[str], str | None]
 def person(channel: str, user: str) -> str:
     """How core names ``user`` of ``channel``."""
     return f"{channel}:{user}"
+
+
+@dataclass(frozen=True)
+class Person:
+    """Someone acting on a channel (a viewer of lists): what core compares configured entries with."""
+
+    channel: str
+    user: str
 
 
 class People:
@@ -40,8 +49,9 @@ class People:
         return person(channel, ident) if channel is not None else ident
 
     def names(self, entry: str, user: str, channel: str | None) -> bool:
-        """Whether ``entry`` names ``user`` of ``channel``. A caller that cannot say the channel (None) compares
-        ids alone, and so does an entry no channel claims."""
+        """Whether ``entry`` names ``user`` of ``channel``. Ids are compared alone only for a caller that cannot
+        know the channel (None, said where it is passed) and for a bare entry when no claims were given (core
+        on its own, e.g. in tests: the wiring always gives them)."""
         if entry == REQUESTER:
             return False
         owner, ident = self.owner(entry)

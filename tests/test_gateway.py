@@ -150,7 +150,7 @@ async def test_a_provide_click_is_refused_in_cores_order(
     card = (await fake_slack.wait_for("chat.postMessage"))[0]
     request_id = card.params["blocks"][-1]["elements"][0]["value"]
     fake_llm.then(Reply("thanks"))
-    stored = await gateway.app.gateway.provide(int(request_id), "s3cret-value", by="UADMIN")
+    stored = await gateway.app.gateway.provide(int(request_id), "s3cret-value", by="UADMIN", channel="slack")
     assert stored.stored
     for value, user in ((request_id, "U9"), (request_id, "U1"), ("99999", "U1"), ("x1", "U1")):
         await gateway.interact(block_action("credential:provide", value, user=user))

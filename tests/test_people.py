@@ -52,7 +52,7 @@ async def test_admins_and_approvers_are_compared_with_the_channel() -> None:
     assert policy.is_admin("U1", channel="slack") and not policy.is_admin("U1", channel="web")
     assert await policy.may_decide("U2", None, channel="slack")
     assert not await policy.may_decide("U2", None, channel="web")
-    assert await policy.may_decide("U2", None)  # ids alone where the channel is not said
+    assert await policy.may_decide("U2", None, channel=None)  # ids alone only where a caller cannot say it
 
 
 class _Ports:

@@ -134,7 +134,7 @@ async def test_a_schedule_fires_into_its_channel_and_obeys_pause_resume_cancel(
     assert await _firings(gateway, 1) <= started + 1
     schedule = (await gateway.app.schedules.list())[0]
     assert schedule.status == "cancelled" and schedule.firings >= 5
-    await gateway.app.schedules.change(metronome, "cancel", by="U1")
+    await gateway.app.schedules.change(metronome, "cancel", by="U1", channel="slack")
 
 
 async def test_two_failed_deliveries_tell_the_creator(
@@ -158,7 +158,7 @@ async def test_two_failed_deliveries_tell_the_creator(
     schedule = (await gateway.app.schedules.list())[0]
     assert (schedule.last_outcome or "").startswith("failed") and "not_in_channel" in (schedule.last_outcome or "")
     assert len(_posts_to(fake_slack, "DU1")) == 1  # told once, when it started failing
-    await gateway.app.schedules.change(schedule.id or 0, "cancel", by="U1")
+    await gateway.app.schedules.change(schedule.id or 0, "cancel", by="U1", channel="slack")
 
 
 @pytest.mark.parametrize(
@@ -259,7 +259,7 @@ async def test_a_job_stored_before_the_split_still_fires(
     posts = await _wait_posts(fake_slack, "CACC", 1, timeout=4)  # the table sync runs after 5 s
     assert posts[0].params["text"] == "echo: say hi"
     assert not [r for r in caplog.records if "Unable to restore job" in r.getMessage()]
-    await gateway.app.schedules.change(1, "cancel", by="U1")
+    await gateway.app.schedules.change(1, "cancel", by="U1", channel="slack")
 
 
 async def test_the_job_entry_point_takes_only_a_schedule_id(
@@ -277,7 +277,7 @@ async def test_the_job_entry_point_takes_only_a_schedule_id(
     await run_schedule(1)
     assert (await gateway.app.schedules.list())[0].firings >= 1  # (the table sync may add its job after 5 s)
     assert _posts_to(fake_slack, "CACC")[0].params["text"] == "echo: say hi"
-    await gateway.app.schedules.change(1, "cancel", by="U1")
+    await gateway.app.schedules.change(1, "cancel", by="U1", channel="slack")
 
 
 async def test_a_restart_between_asking_and_recording_the_destination_approval_asks_once(tmp_path: Any) -> None:

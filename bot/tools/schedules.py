@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.errors import InvalidInput, NotAllowed, ToolError
+from core.people import Person
 from core.schedules import ScheduleService
 from core.store import ConversationStore
 from core.tools import SUBAGENT_CANNOT_ASK, Risk, Tool, ToolContext
@@ -13,6 +14,13 @@ from core.triggers import TriggerSpec
 
 def schedule_tools(service: ScheduleService, conversations: ConversationStore, *, channel: str) -> list[Tool]:
     """``channel``: the channel whose destinations (``#name`` or an id) the model's schedules post to."""
+
+    async def _channel_of(ctx: ToolContext) -> str:
+        """The channel of the person the model acts for: that of the conversation it serves."""
+        session = await conversations.get_session(ctx.session_id)
+        if session is None:
+            raise ToolError("this conversation is not stored")
+        return session.channel
 
     async def create(ctx: ToolContext, args: dict[str, Any]) -> str:
         if ctx.subagent:  # its destination is asked of a person, in the conversation: a sub-agent has none
@@ -35,7 +43,8 @@ def schedule_tools(service: ScheduleService, conversations: ConversationStore, *
     async def list_(ctx: ToolContext, _args: dict[str, Any]) -> str:
         # What the person asking may see: this conversation's place (asked for here or posting here),
         # or everything for an admin. The model never widens that.
-        rows = await service.list(place=ctx.place, viewer=ctx.sender or "", trust=ctx.trust)
+        rows = await service.list(place=ctx.place, viewer=Person(await _channel_of(ctx), ctx.sender or ""),
+                                  trust=ctx.trust)
         if not rows:
             return "no schedules here"
         return "\n".join(
@@ -46,7 +55,7 @@ def schedule_tools(service: ScheduleService, conversations: ConversationStore, *
     async def cancel(ctx: ToolContext, args: dict[str, Any]) -> str:
         try:
             return await service.change(int(args["schedule_id"]), "cancel", by=ctx.sender or "",
-                                        place=ctx.place or "", trust=ctx.trust)
+                                        channel=await _channel_of(ctx), place=ctx.place or "", trust=ctx.trust)
         except InvalidInput as exc:
             raise ToolError(str(exc)) from None
 

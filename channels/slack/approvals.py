@@ -30,7 +30,7 @@ from channels.slack.payloads import channel_id, input_value, user_id
 from channels.slack.request_cards import CardMessages, carried_id, section
 from channels.slack.workspaces import in_workspace, request_workspace
 from core.display import arguments_text
-from core.errors import InvalidInput
+from core.errors import InvalidInput, NotFound
 from core.gateway import Gateway
 from core.model import ApprovalInfo
 
@@ -42,10 +42,11 @@ _TOO_BIG = {"invalid_blocks", "msg_too_long", "too_many_blocks", "msg_blocks_too
 
 
 class SlackApprovals:
-    def __init__(self, app: AsyncApp, client: AsyncWebClient, gateway: Gateway,
+    def __init__(self, app: AsyncApp, client: AsyncWebClient, gateway: Gateway, channel: str,
                  members: Callable[[str], Awaitable[set[str]]] | None = None) -> None:
         self.client = client
         self.gateway = gateway
+        self.channel = channel  # the channel's name in core ("slack"): whose people click here
         self.members = members  # a user group's members (SlackPort.group_members): DM cards go to each
         self._private = PrivateReplies(client)
         self._cards = CardMessages(client, "approval")
@@ -120,9 +121,11 @@ class SlackApprovals:
         """The card in each decider's DM (people named first, then user groups' members; at most
         _MAX_DM_CARDS): where each landed, and whether the list was cut short. Arguments too long for a card
         go to each DM as a file first."""
-        named = [d for d in deciders if d[:1] in ("U", "W") and is_person(d)]
-        people = list(named)
-        for group in (d for d in deciders if d.startswith("S") and is_person(d)):
+        # Slack's people only, bare (``U1``) or named with their channel (``slack:U1``); another channel's
+        # person (``web:web``, ``testchat:U1``) is never DMed here, even with an id of Slack's shape.
+        ids = [d.removeprefix("slack:") for d in deciders if is_person(d)]
+        people = [d for d in ids if d[:1] in ("U", "W")]
+        for group in (d for d in ids if d.startswith("S")):
             if self.members is not None:
                 people += sorted(await self.members(group))
         people = list(dict.fromkeys(people))
@@ -195,25 +198,28 @@ class SlackApprovals:
             self._private.tell(channel, user, "That button does not belong to an approval request I know.")
             return
         with in_workspace(await self._workspace_of(request_id)):
-            await self._clicked(user, channel, verdict, request_id, str(body.get("trigger_id") or ""))
+            try:
+                await self._clicked(user, channel, verdict, request_id, str(body.get("trigger_id") or ""))
+            except NotFound:  # unknown, or another channel's: none that a click here can decide
+                self._private.tell(channel, user, "That approval request does not exist.")
 
     async def _workspace_of(self, request_id: int) -> str | None:
         return await request_workspace(self.client, self.gateway.approval, request_id)
 
     async def _clicked(self, user: str, channel: str, verdict: re.Match[str], request_id: int, trigger: str) -> None:
         if verdict.group(1) == "stop":  # a budget's Stop: no reason asked
-            result = await self.gateway.decide(request_id, "deny", by=user)
+            result = await self.gateway.decide(request_id, "deny", by=user, channel=self.channel)
             if not result.won:
                 self._private.tell(channel, user, result.message)
             return
         if verdict.group(1) == "deny":
-            prompt = await self.gateway.deny_prompt(request_id, by=user)
+            prompt = await self.gateway.deny_prompt(request_id, by=user, channel=self.channel)
             if isinstance(prompt, ApprovalInfo):  # it may be denied: ask why first
                 await self._open_deny_modal(trigger, prompt)
             else:  # refused, or it had already been settled
                 self._private.tell(channel, user, prompt.message)
             return
-        result = await self.gateway.decide(request_id, verdict.group(1), by=user)
+        result = await self.gateway.decide(request_id, verdict.group(1), by=user, channel=self.channel)
         if not result.won:
             self._private.tell(channel, user, result.message)
 
@@ -232,8 +238,9 @@ class SlackApprovals:
         reason = input_value(view, "reason", "text").strip()
         try:
             with in_workspace(await self._workspace_of(request_id)):
-                result = await self.gateway.decide(request_id, "deny", by=user, reason=reason or None)
-        except InvalidInput as exc:  # e.g. a reason longer than the modal allows: nothing was decided
+                result = await self.gateway.decide(request_id, "deny", by=user, reason=reason or None,
+                                                   channel=self.channel)
+        except (InvalidInput, NotFound) as exc:  # e.g. a reason longer than the modal allows: nothing was decided
             log.warning("deny of approval %s refused: %s", request_id, exc)
             return
         told = (result.request.announcement or {}).get("channel") if result.request is not None else None

@@ -26,6 +26,7 @@ from channels.slack.request_cards import (
 )
 from channels.slack.workspaces import in_workspace, request_workspace
 from core.display import shown_reason
+from core.errors import NotFound
 from core.gateway import Gateway
 from core.model import CredentialRequestInfo, CredentialStatus
 
@@ -33,12 +34,14 @@ log = logging.getLogger(__name__)
 
 ACTION = "credential:provide"
 VIEW = "credential_provide"
+UNKNOWN_REQUEST = "That credential request does not exist."  # core's words for an unknown id, said here too
 
 
 class SlackCredentials:
-    def __init__(self, app: AsyncApp, client: AsyncWebClient, gateway: Gateway) -> None:
+    def __init__(self, app: AsyncApp, client: AsyncWebClient, gateway: Gateway, channel: str) -> None:
         self.client = client
         self.gateway = gateway
+        self.channel = channel  # the channel's name in core ("slack"): whose people click here
         self._private = PrivateReplies(client)
         self._cards = CardMessages(client, "credential request")
         app.action(ACTION)(self._on_provide_clicked)
@@ -70,7 +73,11 @@ class SlackCredentials:
         return await request_workspace(self.client, self.gateway.credential_request, request_id)
 
     async def _provide_clicked(self, user: str, channel: str, request_id: int, trigger: str) -> None:
-        if isinstance(prompt := await self.gateway.provide_prompt(request_id, by=user), str):
+        try:
+            prompt = await self.gateway.provide_prompt(request_id, by=user, channel=self.channel)
+        except NotFound:  # unknown, or another channel's: none that a click here can answer
+            prompt = UNKNOWN_REQUEST
+        if isinstance(prompt, str):
             self._private.tell(channel, user, prompt)  # why not: core's words, in core's order
         else:
             try:
@@ -86,7 +93,11 @@ class SlackCredentials:
         value, hosts = _input_text(values, "value"), _input_text(values, "hosts")  # hosts: optional, null if empty
         request_id = carried_id(view.get("private_metadata")) or 0
         with in_workspace(await self._workspace_of(request_id)):
-            result = await self.gateway.provide(request_id, value, by=user, hosts=hosts)
+            try:
+                result = await self.gateway.provide(request_id, value, by=user, hosts=hosts, channel=self.channel)
+            except NotFound:  # unknown, or another channel's: nothing stored; the modal says so
+                await ack(response_action="errors", errors={"value": UNKNOWN_REQUEST})
+                return
         if result.stored:
             await ack()  # closes the modal; the request's message is updated through the event
         else:  # the modal stays open and says why next to the field; nothing was stored

@@ -230,7 +230,9 @@ class SlackRenderer:
 
     async def _waiting_for(self, deciders: tuple[str, ...]) -> str:
         """ "is waiting for approval from @alice…", when the few people asked have names to show."""
-        names = [await self.people.name(d) for d in deciders[:3]] if 0 < len(deciders) <= 3 else []
+        # Slack's people by name (``slack:U1`` as ``U1``); anyone else has no Slack name: the plain line.
+        asked = deciders if 0 < len(deciders) <= 3 else ()
+        names = [await self.people.name(d.removeprefix("slack:")) for d in asked]
         if not names or None in names:
             return "is waiting for approval…"
         return f"is waiting for approval from {' or '.join(f'@{n}' for n in names)}…"

@@ -167,14 +167,16 @@ class WebChannel:
         return web.json_response({"schedules": [
             {"id": r.id, "when": r.describe(), "destination": r.destination,
              "status": r.status, "creator": r.creator, "prompt": r.prompt, "firings": r.firings,
-             "last_outcome": r.last_outcome, "can_change": self.gateway.may_change_schedule(r, WEB_USER)}
+             "last_outcome": r.last_outcome,
+             "can_change": self.gateway.may_change_schedule(r, WEB_USER, channel=self.name)}
             for r in rows]})
 
     async def _change_schedule(self, request: web.Request) -> web.Response:
         schedule_id = parse_id(request.match_info["id"])
         if schedule_id is None:
             return web.json_response({"error": "schedule ids are numbers"}, status=400)
-        message = await self.gateway.change_schedule(schedule_id, request.match_info["action"], by=WEB_USER)
+        message = await self.gateway.change_schedule(schedule_id, request.match_info["action"], by=WEB_USER,
+                                                     channel=self.name)
         return web.json_response({"message": message})
 
     async def _provide(self, request: web.Request) -> web.Response:

@@ -33,7 +33,7 @@ class WebConnections:
         name = request.match_info["name"]
         if not _NAME.fullmatch(name):
             return web.json_response({"error": "not a connection name"}, status=400)
-        return web.json_response({"message": await self.gateway.disconnect(name, self.user)})
+        return web.json_response({"message": await self.gateway.disconnect(name, self.user, channel=self.channel)})
 
     async def _connect(self, request: web.Request) -> web.StreamResponse:
         """Mint this person's link and go there (it opens once, binding this browser)."""

@@ -70,7 +70,7 @@ class Consent:
         if request is None or request.status != ConnectionStatus.PENDING:
             raise NotFound(NOT_YOURS)
         spec = service.specs.get(request.connection)
-        if spec is None or spec.authorize_url is None or not await self.may_complete(by, request.principal):
+        if spec is None or spec.authorize_url is None or not await self.may_complete(by, request.principal, channel):
             raise NotFound(NOT_YOURS)
         now = service.clock.now()
         if request.expires_at <= now:
@@ -82,12 +82,15 @@ class Consent:
             channel=channel, created_at=now, expires_at=min(now + self.link_ttl, request.expires_at)))
         return f"{self.base_url().rstrip('/')}/oauth/start?state={state}"
 
-    async def may_complete(self, by: str, principal: str) -> bool:
+    async def may_complete(self, by: str, principal: str, channel: str) -> bool:
+        """Whether ``by`` (of ``channel``, where the request was asked: the gateway gives links only there)
+        may complete a request for ``principal``."""
         if not by:
             return False
         if principal:
             return hmac.compare_digest(by, principal)
-        return self.service.policy.is_admin(by)  # a shared connection: an admin connects it for everyone
+        # A shared connection: an admin connects it for everyone.
+        return self.service.policy.is_admin(by, channel=channel)
 
     async def preview(self, state: str) -> Preview | CallbackResult:
         """What opening this link would connect (nothing is used yet: a link checker's visit burns nothing)."""
@@ -140,7 +143,7 @@ class Consent:
         if spec is None:
             await self._failed(row, "connection no longer configured", "callback")
             return CallbackResult(False, "Not connected", "That connection is no longer configured.", 410)
-        if request is not None and not await self.may_complete(row.principal, request.principal):
+        if request is not None and not await self.may_complete(row.principal, request.principal, row.channel):
             await self._failed(row, "principal does not match the request", "callback")
             return CallbackResult(False, "Not connected", NOT_YOURS, 403)
         if error or not code:

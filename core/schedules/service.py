@@ -19,6 +19,7 @@ from core.clock import Clock
 from core.errors import Conflict, InvalidInput, NotAllowed, NotFound
 from core.events import EventBus, Notice
 from core.model import ApprovalStatus, ScheduleStatus, SessionInfo
+from core.people import Person
 from core.ports import Ports
 from core.store import ConversationStore
 from core.store.schedules import ScheduleStore, recorded_senders
@@ -148,13 +149,13 @@ class ScheduleService:
 
     # -- managing -------------------------------------------------------------------------------
 
-    async def list(self, *, place: str | None = None, viewer: str | None = None,
+    async def list(self, *, place: str | None = None, viewer: Person | None = None,
                    trust: str | None = None) -> list[ScheduleView]:
         """Schedules. A ``viewer`` (a person asking somewhere) sees those asked for at ``place`` or posting
         there, unless an admin; without a viewer (an operator, the web chat's own list) every one. ``trust``:
         the level of the turn asking for the viewer (an admin's powers only at the admin level)."""
         rows = await self.store.all()
-        if viewer is not None and not self._as_admin(viewer, trust):
+        if viewer is not None and not self._as_admin(viewer.user, trust, viewer.channel):
             if not place:
                 return []
             rows = [r for r in rows if _posts_to(r, place) or await self._origin_place(r) == place]
@@ -168,14 +169,27 @@ class ScheduleService:
         levels = self.approvals.policy.trust
         return None if levels is None else await creator_demoted(levels, self.conversations, schedule)
 
-    def may_change(self, schedule: ScheduleView, user: str, trust: str | None = None) -> bool:
-        """Pausing, resuming and cancelling belong to a schedule's creator and to admins."""
-        return user == schedule.creator or self._as_admin(user, trust)
+    def may_change(self, schedule: ScheduleView, user: str, trust: str | None = None, *, channel: str) -> bool:
+        """Pausing, resuming and cancelling belong to a schedule's creator and to admins (``user`` of
+        ``channel``)."""
+        return user == schedule.creator or self._as_admin(user, trust, channel)
 
-    def _as_admin(self, user: str, trust: str | None) -> bool:
-        """Whether ``user`` acts with an admin's powers: an admin, in a turn (``trust``: its level, None for a
-        person acting directly) that no less-trusted sender's words are part of."""
-        return self.policy.is_admin(user) and trust in (None, "admin")
+    async def _may_change(self, schedule: ScheduleRow, user: str, trust: str | None, channel: str) -> bool:
+        """``may_change``, the creator compared with their channel too: the channel of the conversation the
+        schedule was asked for in (another channel's person with the same id is not its creator)."""
+        if self._as_admin(user, trust, channel):
+            return True
+        if user != schedule.creator:
+            return False
+        origin = await self.conversations.get_session(schedule.origin_session) if schedule.origin_session else None
+        # No origin on record (a schedule older than origins, or its conversation gone): nothing says the
+        # creator's channel, so the id alone is compared, as before.
+        return origin is None or origin.channel == channel
+
+    def _as_admin(self, user: str, trust: str | None, channel: str) -> bool:
+        """Whether ``user`` (of ``channel``) acts with an admin's powers: an admin, in a turn (``trust``: its
+        level, None for a person acting directly) that no less-trusted sender's words are part of."""
+        return self.policy.is_admin(user, channel=channel) and trust in (None, "admin")
 
     async def pause_asked_in(self, asked_there: Callable[[str], bool], *, by: str) -> int:
         """Pause every active schedule whose origin session ``asked_there`` (a place its channel can no longer
@@ -184,15 +198,16 @@ class ScheduleService:
         for schedule in await self.store.all(statuses=(ScheduleStatus.ACTIVE,)):
             if schedule.id is not None and schedule.origin_session and asked_there(schedule.origin_session):
                 try:
-                    await self.change(schedule.id, "pause", by=by, operator=True)
+                    await self.change(schedule.id, "pause", by=by, channel=None, operator=True)
                 except Conflict:
                     continue  # paused or ended meanwhile
                 paused += 1
         return paused
 
-    async def change(self, schedule_id: int, action: str, by: str, *, operator: bool = False,
+    async def change(self, schedule_id: int, action: str, by: str, *, channel: str | None, operator: bool = False,
                      place: str | None = None, trust: str | None = None) -> str:
-        """pause, resume or cancel — by its creator, an admin, or an operator. Refused with NotFound,
+        """pause, resume or cancel — by its creator, an admin (``by`` of ``channel``), or an operator (no
+        channel's person: ``channel`` None, ``operator`` True). Refused with NotFound,
         NotAllowed (not theirs), Conflict (not in a state for that) or InvalidInput (no such action).
         A person asking at ``place`` is told of another's schedule only if ``list`` shows it there: to
         anyone else it does not exist (ids must not reveal other channels' schedules)."""
@@ -203,7 +218,7 @@ class ScheduleService:
             raise NotFound(f"there is no schedule {schedule_id}")
         if not operator and is_restricted(trust):  # a guest's, outsider's or bot's words change no schedule
             raise NotAllowed(f"changing schedules is {NOT_ALLOWED} ({trust})")
-        if not operator and not self.may_change(schedule_view(schedule), by, trust):
+        if not operator and (channel is None or not await self._may_change(schedule, by, trust, channel)):
             if place is not None and not (_posts_to(schedule, place) or await self._origin_place(schedule) == place):
                 raise NotFound(f"there is no schedule {schedule_id}")
             raise NotAllowed(f"only its creator or an admin can {action} schedule {schedule_id}")
