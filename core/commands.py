@@ -118,7 +118,7 @@ class Commands:
 
     async def _queue(self, command: Command, mode: str, marks: Marks) -> str:
         try:
-            await self.dispatcher.set_place_queue_mode(command.place, mode, by=command.user)
+            await self.dispatcher.set_place_queue_mode(command.place, mode, by=command.user, channel=command.channel)
         except InvalidInput as exc:
             return marks.text(str(exc))
         return (f"Queue mode in this channel is now {mode} "

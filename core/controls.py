@@ -88,10 +88,10 @@ class Controls:
         await self.control.set_session_queue_mode(session.id, mode, self.clock.now())
         return f"Queue mode for this conversation is now {mode}."
 
-    async def set_place_queue_mode(self, place: str, mode: str, *, by: str) -> None:
+    async def set_place_queue_mode(self, place: str, mode: str, *, by: str, channel: str) -> None:
         if mode not in QUEUE_MODES:
             raise InvalidInput(f"unknown queue mode {mode!r}: use steer, collect or followup")
-        if not await self.may_control(by, await self.inputs.latest_live_session(place)):
+        if not await self.may_control(by, await self.inputs.latest_live_session(place), channel=channel):
             raise NotAllowed(QUEUE_REFUSED)
         await self.control.set_place_queue_mode(place, mode, self.clock.now())
 
@@ -143,7 +143,8 @@ class Controls:
                 self.bus.emit(Notice(session, report.describe(by)))
         return report
 
-    async def may_control(self, user: str, session_id: str | None) -> bool:
+    async def may_control(self, user: str, session_id: str | None, *, channel: str | None = None) -> bool:
+        """``channel``: the person's, where no conversation says it (``/bot queue`` where nothing is live)."""
         if not user:
             return False
         requester = await self.inputs.requester(session_id) if session_id is not None else None
@@ -153,10 +154,8 @@ class Controls:
             return True
         session = await self.conversations.get_session(session_id) if session_id is not None else None
         agent = self.agents.get(session.agent if session is not None else None)
-        # Without a conversation (``/bot queue`` in a place where nothing is live) nothing here says the person's
-        # channel: Dispatcher.set_place_queue_mode does not pass it on, so ids are compared alone there.
         return await self.policy.may_decide(user, requester, agent.approvers,
-                                            channel=session.channel if session is not None else None)
+                                            channel=session.channel if session is not None else channel)
 
 
 STOP_REFUSED = ("You can't stop this: only whoever asked for it, an approver or an admin can. "

@@ -227,10 +227,10 @@ class Dispatcher:
     async def queue_mode(self, session_id: str) -> str:
         return await self.controls.queue_mode(session_id)
 
-    async def set_place_queue_mode(self, place: str, mode: str, *, by: str) -> None:
+    async def set_place_queue_mode(self, place: str, mode: str, *, by: str, channel: str) -> None:
         """A place's queue mode (``/bot queue``): for approvers and admins, and for whoever asked for the
         work in progress there. Refused with NotAllowed (or InvalidInput: no such mode)."""
-        await self.controls.set_place_queue_mode(place, mode, by=by)
+        await self.controls.set_place_queue_mode(place, mode, by=by, channel=channel)
 
     async def stop_place(self, place: str, *, by: str) -> StopReport | None:
         """``/bot stop``: stop the place's one busy conversation (None: nothing is busy). Refused with
