@@ -152,3 +152,21 @@ def test_bot_toml_numbers_are_taken_as_written(tmp_path: Path, value: str) -> No
         path.write_text(toml)
         with pytest.raises(SettingsError):
             load_config(path)
+
+
+# -- bot doctor: approvers that stop nobody ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("approvers", "warned"), [
+    ("requester", True),
+    ("requester,web", True),
+    ("requester,web:web", True),  # the same people, written with their channel: still nobody else decides
+    ("requester,U1", False),
+    ("requester,slack:U1", False),
+    ("requester,slack:S1", False),
+])
+def test_doctor_warns_when_only_the_requester_approves_in_a_shared_channel(approvers: str, warned: bool) -> None:
+    from bot.doctor import _approvers
+
+    settings = load_settings(env_file=None, bot_approvers=approvers)
+    assert bool(_approvers(settings)) is warned
