@@ -170,3 +170,14 @@ def test_doctor_warns_when_only_the_requester_approves_in_a_shared_channel(appro
 
     settings = load_settings(env_file=None, bot_approvers=approvers)
     assert bool(_approvers(settings)) is warned
+
+
+def test_a_quorum_counts_one_person_once_however_written(tmp_path: Path) -> None:
+    """Before, quorum = 2 with approvers ["U1", "U1"] was refused (never reachable). "U1" and "slack:U1" are the
+    same person too: the rule would wait for a second approver who does not exist (only admins could settle it)."""
+    path = tmp_path / "bot.toml"
+    path.write_text('[[policies]]\ntool = "shell_run"\napprovers = ["U1", "slack:U1"]\nquorum = 2\n')
+    with pytest.raises(SettingsError, match="only 1 approvers are named"):
+        load_config(path)
+    path.write_text('[[policies]]\ntool = "shell_run"\napprovers = ["U1", "slack:U2"]\nquorum = 2\n')
+    assert load_config(path).policies[0].quorum == 2
