@@ -249,15 +249,23 @@ def _approvers(settings: Settings) -> list[Check]:
     from fnmatch import fnmatchcase
 
     from bot.config.file import load_agents
+    from bot.people import people
+    from core.people import REQUESTER
 
     try:
         agents = load_agents(settings.bot_config, default_instructions=settings.bot_instructions)
     except BotError:
         return []  # `bot run` names the problem in bot.toml
+    named, shared = people(), {plugin.name for plugin in installed_channels() if plugin.shared}
+
+    def stops_others(entry: str) -> bool:
+        """Someone of a shared channel (``web`` and ``web:web`` are the operator, however written)."""
+        return entry != REQUESTER and named.owner(entry)[0] in shared
+
     open_to = [a.name for a in agents
                if any(fnmatchcase("shell_run", pattern) for pattern in a.tools)
-               and "requester" in (a.approvers or settings.approvers)
-               and set(a.approvers or settings.approvers) <= {"requester", "web"}]
+               and REQUESTER in (a.approvers or settings.approvers)
+               and not any(stops_others(entry) for entry in a.approvers or settings.approvers)]
     if not open_to:
         return []
     by_agent = [a.name for a in agents if a.name in open_to and a.approvers]

@@ -14,7 +14,11 @@ _QUALIFIED = re.compile(r"([a-z][a-z0-9_-]*):([A-Za-z0-9._@-]+)")  # fullmatch: 
 
 def claimed_by(entry: str) -> str | None:
     """The channel a bare entry names a person or group of."""
-    return next((plugin.name for plugin in installed_channels() if plugin.people(entry)), None)
+    return next(iter(_claimers(entry)), None)
+
+
+def _claimers(entry: str) -> list[str]:
+    return [plugin.name for plugin in installed_channels() if plugin.people(entry)]
 
 
 def is_person(entry: str) -> bool:
@@ -22,7 +26,9 @@ def is_person(entry: str) -> bool:
         return True
     if (qualified := _QUALIFIED.fullmatch(entry)) is not None:
         return qualified.group(1) in {plugin.name for plugin in installed_channels()}
-    return claimed_by(entry) is not None
+    # Claimed by exactly one channel: were two to claim its shape, it would silently be the first's by name (and
+    # the other's person of that id someone else). <channel>:<id> says whose it is.
+    return len(_claimers(entry)) == 1
 
 
 def people() -> People:

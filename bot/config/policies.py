@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, StringConstraints, field_validator, model_validator
 
 from bot.config.table import Person, Problem, Says, Table, Text
+from bot.people import people
 from core.policies import HTTP_TOOL, TRUST_LEVELS, Policy, PolicyAction
 
 MAX_QUORUM = 20
@@ -81,7 +82,8 @@ class PolicyTable(Table):
         if self.action != "ask" and asking:
             raise Problem(f": {', '.join(asking)} only apply to rules that ask (action = 'ask')")
         # Admins may vote too, but a quorum should not need them: each named entry is one person (a group: many).
-        named = set(self.approvers)
+        # One person however written ("U1" and "slack:U1" are Slack's U1: one vote).
+        named = {people().qualified(a) for a in self.approvers}
         groups = any(a.rpartition(":")[2].startswith("S") for a in named)  # "S1" or "slack:S1"
         if self.quorum > 1 and named and not groups and self.quorum > len(named):
             raise Problem(f"is {self.quorum}, but only {len(named)} approvers are named: it could never be reached",
