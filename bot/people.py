@@ -25,7 +25,8 @@ def is_person(entry: str) -> bool:
     if entry == REQUESTER:
         return True
     if (qualified := _QUALIFIED.fullmatch(entry)) is not None:
-        return qualified.group(1) in {plugin.name for plugin in installed_channels()}
+        channel, person = qualified.groups()
+        return any(plugin.name == channel and plugin.ids(person) for plugin in installed_channels())
     # Claimed by exactly one channel: were two to claim its shape, it would silently be the first's by name (and
     # the other's person of that id someone else). <channel>:<id> says whose it is.
     return len(_claimers(entry)) == 1

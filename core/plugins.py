@@ -88,6 +88,9 @@ class ChannelPlugin(Generic[S]):
     # Whether a bare entry of BOT_APPROVERS, BOT_ADMINS or bot.toml (no "<channel>:") names one of this
     # channel's people or groups (``core.people``).
     people: Callable[[str], bool] = lambda _entry: False
+    # Whether an id written as "<channel>:<id>" has the shape of one of this channel's people or groups (Slack:
+    # U…/W…/S…): a wrong shape is refused when settings and bot.toml are read, not left to name nobody.
+    ids: Callable[[str], bool] = lambda _id: True
     # Whether people other than the operator talk to the bot through it (``bot doctor`` then warns when they
     # could approve their own shell commands).
     shared: bool = True

@@ -72,5 +72,5 @@ def tools(channel: Channel) -> list[Tool]:
 
 
 plugin = ChannelPlugin(name="slack", settings=SlackSettings, build=build, checks=slack_checks, announce=announce,
-                       tools=tools, people=people, destinations=True, sealed=sealed,
+                       tools=tools, people=people, ids=people, destinations=True, sealed=sealed,
                        section=SlackSection)

@@ -56,4 +56,4 @@ def announce(settings: WebSettings, url: str) -> list[str]:
 
 
 plugin = ChannelPlugin(name="web", settings=WebSettings, build=build, announce=announce, shared=False,
-                       people=lambda entry: entry == WEB_USER)
+                       people=lambda entry: entry == WEB_USER, ids=lambda person: person == WEB_USER)

@@ -65,10 +65,9 @@ async def _slack_request(tmp_path: Path, approvers: tuple[str, ...], admins: tup
     return db, broker, request.id
 
 
-@pytest.mark.xfail(strict=True, reason="ApprovalBroker.may_decide compares ids without the channel on int; the "
-                                       "ppl branch (f7d4c63) passes the request's channel: drop this mark there")
 @pytest.mark.parametrize(("approvers", "admins", "session_channel"), [
     # A bot.toml contributor's "web:U0EVIL" reads as the web chat's (whose only person is "web"): harmless-looking.
+    # Configuration now refuses its shape (below); core refuses it whatever the configuration let through.
     (("web:U0EVIL",), (), "slack"),
     # BOT_ADMINS names Slack's U0EVIL; a person called U0EVIL on another channel is someone else.
     ((), ("slack:U0EVIL",), "testchat"),
@@ -76,7 +75,7 @@ async def _slack_request(tmp_path: Path, approvers: tuple[str, ...], admins: tup
 async def test_an_entry_of_one_channel_decides_nothing_on_another(
     tmp_path: Path, approvers: tuple[str, ...], admins: tuple[str, ...], session_channel: str
 ) -> None:
-    assert all(is_person(e) for e in (*approvers, *admins))  # accepted as configuration
+    assert all(is_person(e) for e in admins)  # accepted as configuration
     db, broker, request_id = await _slack_request(tmp_path, approvers, admins, session_channel)
     try:
         result = await broker.decide(request_id, "approve", by="U0EVIL")
@@ -107,6 +106,16 @@ def test_a_bare_id_two_channels_claim_is_refused(greedy_channel: None) -> None:
     assert not is_person("U1") and not is_person("S1")
     assert is_person("slack:U1") and is_person("rocket:U1") and is_person("web") and is_person("requester")
 
+
+
+@pytest.mark.parametrize("entry", ["slack:u1", "slack:requester", "slack:web", "web:U1", "web:S1", "slack:U1\n",
+                                   "nochannel:U1"])
+def test_a_channel_qualified_id_must_have_that_channels_shape(entry: str) -> None:
+    """Found by the attack review: "web:U0EVIL" read as harmless (the web chat's only person is "web") and was
+    accepted, as were "slack:u1" and "web:S1" (which the quorum check took for a user group). Each is refused where
+    settings and bot.toml are read, like a bare id of the wrong shape."""
+    assert not is_person(entry)
+    assert is_person("slack:U1") and is_person("slack:S1") and is_person("web:web")
 
 # -- secrets never echoed ---------------------------------------------------------------------------------------
 
