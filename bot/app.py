@@ -170,11 +170,6 @@ class Application:
             self.address.bound = None
 
     @property
-    def listening_port(self) -> int | None:
-        """The port actually bound, once listening (PORT=0 picks one)."""
-        return self.address.bound
-
-    @property
     def bound_port(self) -> int:
         assert self.address.bound is not None
         return self.address.bound

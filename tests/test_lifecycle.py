@@ -526,7 +526,7 @@ async def test_requests_during_recovery_are_refused_not_lost(
     body = dumps(event_body(event, event_id="EvEarly"))
     try:
         async with asyncio.timeout(5):
-            while app.listening_port is None:
+            while app.address.bound is None:
                 await asyncio.sleep(0.01)
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{base}/readyz") as resp:

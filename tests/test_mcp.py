@@ -289,7 +289,7 @@ async def test_a_refused_connection_is_reported_as_unreachable() -> None:
     server = HttpServer(McpServerSpec(name="gone", url=f"http://127.0.0.1:{port}/mcp", timeout_s=5))
     await server.start(5)
     assert server.problem is not None and server.problem.kind == "unreachable"
-    assert diagnose(401, 'Bearer error="invalid_token"').needs_oauth is False
+    assert diagnose(401, 'Bearer error="invalid_token"').kind != "oauth"
 
 
 async def test_doctor_names_each_server_and_the_fix(tmp_path: Path, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:

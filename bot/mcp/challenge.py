@@ -91,10 +91,6 @@ class Diagnosis:
     kind: str
     message: str
 
-    @property
-    def needs_oauth(self) -> bool:
-        return self.kind == "oauth"
-
 
 def diagnose(status: int | None, www_authenticate: str = "", error: BaseException | None = None,
              *, name: str = "the server") -> Diagnosis:
