@@ -5,6 +5,7 @@ import contextlib
 import functools
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,27 @@ from tests.fakes.oauth import FakeOAuth
 from tests.fakes.server import RunningServer
 from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import SIGNING_SECRET, dumps, event_body, signed_headers
+
+# Where PYTHONDONTWRITEBYTECODE is set, every worker would rewrite and compile every test module again, and every
+# ``bot`` process the suite starts would compile the whole project again: the suite keeps its bytecode.
+sys.dont_write_bytecode = False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the project once, before any worker starts (the ``bot`` processes read it)."""
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller has done it
+        return
+    import compileall
+
+    root = Path(__file__).resolve().parent.parent
+    for package in ("bot", "core", "channels"):
+        compileall.compile_dir(root / package, quiet=1)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers per core. Much of the suite waits (on sockets, on the ``bot`` processes it starts),
+    so one per core leaves the cores idle half the time."""
+    return 2 * (os.cpu_count() or 1)
 
 
 @pytest.fixture(autouse=True)
