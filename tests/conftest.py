@@ -39,6 +39,16 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(root / package, quiet=1)
 
 
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No SLACK_, LLM_ or BOT_ variable from the outer environment, and no stray ``.env``: settings read here are
+    the test's own (``pytestmark = pytest.mark.usefixtures("clean_env")``)."""
+    for key in list(os.environ):
+        if key.upper().startswith(("SLACK_", "LLM_", "BOT_")):
+            monkeypatch.delenv(key, raising=False)
+    monkeypatch.chdir(tmp_path)
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: two workers per core. Much of the suite waits (on sockets, on the ``bot`` processes it starts),
     so one per core leaves the cores idle half the time."""

@@ -3,9 +3,6 @@ the settings still means Slack's person, and the same id on another channel is s
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from bot.errors import SettingsError
@@ -16,13 +13,7 @@ from core.people import People
 from core.ports import ChannelPort
 from core.trust import SenderTrust, Trust
 
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for key in list(os.environ):
-        if key.upper().startswith(("SLACK_", "LLM_", "BOT_")):
-            monkeypatch.delenv(key, raising=False)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/conftest.py
 
 
 def test_entries_are_bare_slack_ids_requester_web_or_channel_qualified() -> None:

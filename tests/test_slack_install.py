@@ -4,11 +4,9 @@ PostgreSQL, and the install routes over HTTP against the fake Slack."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -39,12 +37,7 @@ class FixedClock:
         return self.at
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for key in list(os.environ):
-        if key.upper().startswith(("SLACK_", "LLM_", "BOT_")):
-            monkeypatch.delenv(key, raising=False)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/conftest.py
 
 
 def _error(**values: object) -> str:

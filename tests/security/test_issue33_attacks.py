@@ -7,7 +7,6 @@ an id that crosses channels, a bare id two channels claim, a secret echoed by a 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,7 @@ from core.plugins import ChannelPlugin
 SECRET = "sEcReT-VaLuE-0123456789"
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for key in list(os.environ):
-        if key.upper().startswith(("SLACK_", "LLM_", "BOT_")):
-            monkeypatch.delenv(key, raising=False)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/conftest.py
 
 
 # -- an id that crosses channels --------------------------------------------------------------------------------
