@@ -12,7 +12,7 @@ from aiohttp import web
 from yarl import URL
 
 from bot.channels import installed_channels
-from bot.config.file import BotToml, load_agents, load_config, load_mcp_servers, load_policies
+from bot.config.file import BotToml, load_config
 from bot.connections_config import build_connections
 from bot.egress import EgressPolicy
 from bot.errors import Failed
@@ -250,7 +250,8 @@ def build_application(
                   pool_size=settings.database_pool_size)
     store = ConversationStore(db)
     bus = EventBus()
-    agents = AgentDirectory(load_agents(settings.bot_config, default_instructions=settings.bot_instructions))
+    toml = load_config(settings.bot_config)  # bot.toml, read and checked once: every table below comes from it
+    agents = AgentDirectory(toml.agent_list(settings.bot_instructions))
     ports = Ports()  # what core calls on each channel, registered below as the channels are built
     approval_store = ApprovalStore(db)
     schedule_store = ScheduleStore(db)
@@ -260,7 +261,7 @@ def build_application(
     trust = SenderTrust(ports, settings.admins, audit=approval_store.audit, now=clock.now,
                         fixed=schedule_store.firing_level, people=named)
     policy = ApprovalPolicy(settings.approvers, settings.admins, groups=ports, trust=trust, people=named)
-    policies = PolicyBook(load_policies(settings.bot_config))
+    policies = PolicyBook(toml.policy_list())
     for warning in flag_warnings(policies.policies):  # a glob wider than meant: said, not refused
         log.warning("%s", warning)
     approvals = ApprovalBroker(approval_store, bus, clock, policy, agents,
@@ -279,7 +280,8 @@ def build_application(
                           peers=peers)
     shell.log()  # without a working sandbox shell_run is off, and the log says how to fix it
     # Links and the redirect URI: BOT_PUBLIC_URL, else this machine at the port actually bound.
-    connections = build_connections(settings, db, credentials, bus, clock, policy,
+    connections = build_connections(settings, toml.connection_specs(settings.bot_config), db, credentials, bus,
+                                    clock, policy,
                                     base_url=lambda: settings.bot_public_url or f"http://127.0.0.1:{address.port}")
     # A turn failed after restarts: its cards say so.
     announce_cancelled_requests(bus, approvals, credentials, connections.service if connections else None)
@@ -288,7 +290,7 @@ def build_application(
                            connections=connections.service if connections is not None else None,
                            connection_wait_s=settings.connection_timeout_s)
     tools.register(credentials.tool())
-    mcp_specs = load_mcp_servers(settings.bot_config)
+    mcp_specs = toml.mcp_specs()
     mcp = None
     if mcp_specs:
         from bot.mcp.manager import McpServers, audit_to
@@ -352,7 +354,7 @@ def build_application(
     feedback = FeedbackBook(FeedbackStore(db), store, bus, clock)
     gateway = Gateway(dispatcher, approvals, credentials, schedules, commands=commands, feedback=feedback,
                       consent=connections)
-    channels = _channels(settings, load_config(settings.bot_config), ChannelContext(
+    channels = _channels(settings, toml, ChannelContext(
         gateway=gateway, db=db, clock=clock, keys=credentials.keys, learn_secret=credentials.redactor.learn,
         public_url=settings.bot_public_url))
     for channel, channel_tools in channels:

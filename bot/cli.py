@@ -302,9 +302,9 @@ def _config(verb: str, path: str | None) -> int:
     if not config.exists():
         print(f"bot: {config} does not exist: one default agent, no approval rules, connections or MCP servers")
         return 0
-    agents = file.load_agents(config, default_instructions=None)
-    policies, connections = file.load_policies(config), file.load_connections(config)
-    servers, sections = file.load_mcp_servers(config), file.load_config(config).sections()
+    toml = file.load_config(config)
+    agents, policies, connections = toml.agent_list(None), toml.policy_list(), toml.connection_specs(config)
+    servers, sections = toml.mcp_specs(), toml.sections()
     print(f"bot: {config} is valid: {len(agents)} agent(s), {len(policies)} approval rule(s), "
           f"{len(connections)} connection(s), {len(servers)} MCP server(s)"
           + "".join(f", [{name}]" for name in sections))

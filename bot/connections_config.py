@@ -4,25 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bot.config.file import load_connections
 from bot.oauth_client import HttpOAuthClient
 from bot.settings import Settings
 from core.approval_policy import ApprovalPolicy
 from core.clock import Clock
 from core.connections.consent import Consent
 from core.connections.service import ConnectionService
+from core.connections.spec import ConnectionSpec
 from core.credentials import CredentialService
 from core.events import EventBus
 from core.store import Database
 from core.store.connections import ConnectionStore
 
 
-def build_connections(settings: Settings, db: Database, credentials: CredentialService, bus: EventBus, clock: Clock,
-                      policy: ApprovalPolicy, *, base_url: Callable[[], str] | None = None) -> Consent | None:
+def build_connections(settings: Settings, specs: dict[str, ConnectionSpec], db: Database,
+                      credentials: CredentialService, bus: EventBus, clock: Clock, policy: ApprovalPolicy, *,
+                      base_url: Callable[[], str] | None = None) -> Consent | None:
     """``[[connections]]``: None when bot.toml has none. Tokens are masked like credentials (and their
     client secrets like the bot's own settings). ``base_url``: where links and the redirect URI point (asked
     when one is made: the port may be known only once the bot listens)."""
-    specs = load_connections(settings.bot_config)
     if not specs:
         return None
     service = ConnectionService(specs, ConnectionStore(db), credentials.keys, HttpOAuthClient(clock.now), bus, clock,

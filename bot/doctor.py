@@ -192,17 +192,16 @@ def _egress(settings: Settings) -> Check:
 
 def _config_file(settings: Settings) -> list[Check]:
     """``bot.toml`` (agents, ``[slack]``): what `bot run` would refuse, said before it is run."""
-    from bot.config.file import load_agents, load_config, load_connections, load_policies
+    from bot.config.file import load_config
     from bot.policy_check import flag_warnings
     from core.policies import PolicyAction
 
     if not settings.bot_config.exists():
         return []
     try:
-        agents = load_agents(settings.bot_config, default_instructions=settings.bot_instructions)
-        sections = load_config(settings.bot_config).sections()
-        policies = load_policies(settings.bot_config)
-        connections = load_connections(settings.bot_config)
+        toml = load_config(settings.bot_config)
+        agents, sections = toml.agent_list(settings.bot_instructions), toml.sections()
+        policies, connections = toml.policy_list(), toml.connection_specs(settings.bot_config)
     except BotError as exc:
         return [Check("bot.toml", False, str(exc),
                       f"correct {settings.bot_config} (docs/schedules-and-agents.md, docs/tools-and-approvals.md)")]

@@ -78,6 +78,39 @@ class BotToml(Table):
         return value if isinstance(value, BaseModel) else None
 
 
+    # -- what the wiring takes from it (one read of the file serves them all) ---------------------------------
+
+    def agent_list(self, default_instructions: str | None) -> list[Agent]:
+        """``[[agents]]``; the first is the default. Without any (the file may hold only other tables), one
+        default agent."""
+        if self.agents is None:
+            return [Agent(instructions=default_instructions or DEFAULT_INSTRUCTIONS)]
+        return [table.agent(default_instructions) for table in self.agents]
+
+    def policy_list(self) -> list[Policy]:
+        return [table.policy(number) for number, table in enumerate(self.policies, start=1)]
+
+    def mcp_specs(self) -> list[McpServerSpec]:
+        return [table.spec() for table in self.mcp_servers]
+
+    def connection_specs(self, path: Path, *, env_file: Path | None = Path(".env")) -> dict[str, ConnectionSpec]:
+        """``[[connections]]``, each with its client secret from the environment (or ``.env``); ``path`` names the
+        file in errors."""
+        if not self.connections:
+            return {}
+        dotenv: dict[str, str | None] = dict(dotenv_values(env_file)) if env_file and env_file.exists() else {}
+        specs: dict[str, ConnectionSpec] = {}
+        for index, table in enumerate(self.connections):
+            secret = ""
+            if (variable := table.client_secret_env) is not None:
+                secret = os.environ.get(variable) or str(dotenv.get(variable) or "")
+                if not secret:
+                    raise SettingsError(f"{path}: connections[{index}].client_secret_env: the environment variable "
+                                        f"{variable} (client_secret_env) is not set; set it to the OAuth app's "
+                                        "client secret")
+            specs[table.name] = table.spec(secret)
+        return specs
+
 @functools.cache
 def _model(sections: tuple[tuple[str, type[BaseModel]], ...]) -> type[BotToml]:
     fields: dict[str, Any] = {name: (section | None, Field(None, description=f"a table ([{name}]): "
@@ -235,38 +268,16 @@ def config_schema(sections: Mapping[str, type[BaseModel]] | None = None) -> dict
 
 
 def load_agents(path: Path, *, default_instructions: str | None) -> list[Agent]:
-    """``[[agents]]``; the first is the default. Without any (the file may hold only other tables), one default
-    agent."""
-    tables = load_config(path).agents
-    if tables is None:
-        return [Agent(instructions=default_instructions or DEFAULT_INSTRUCTIONS)]
-    return [table.agent(default_instructions) for table in tables]
+    return load_config(path).agent_list(default_instructions)
 
 
 def load_policies(path: Path) -> list[Policy]:
-    return [table.policy(number) for number, table in enumerate(load_config(path).policies, start=1)]
+    return load_config(path).policy_list()
 
 
 def load_connections(path: Path, *, env_file: Path | None = Path(".env")) -> dict[str, ConnectionSpec]:
-    """``[[connections]]``, each with its client secret from the environment (or ``.env``)."""
-    tables = load_config(path).connections
-    if not tables:
-        return {}
-    dotenv: dict[str, str | None] = dict(dotenv_values(env_file)) if env_file and env_file.exists() else {}
-    specs: dict[str, ConnectionSpec] = {}
-    for index, table in enumerate(tables):
-        secret = ""
-        if (variable := table.client_secret_env) is not None:
-            secret = os.environ.get(variable) or str(dotenv.get(variable) or "")
-            if not secret:
-                raise SettingsError(f"{path}: connections[{index}].client_secret_env: the environment variable "
-                                    f"{variable} (client_secret_env) is not set; set it to the OAuth app's client "
-                                    "secret")
-        specs[table.name] = table.spec(secret)
-    return specs
+    return load_config(path).connection_specs(path, env_file=env_file)
 
 
 def load_mcp_servers(path: Path) -> list[McpServerSpec]:
-    return [table.spec() for table in load_config(path).mcp_servers]
-
-
+    return load_config(path).mcp_specs()
