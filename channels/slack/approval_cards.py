@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from channels.slack.formatting import SLACK_MARKS, escape
+from channels.slack.payloads import slack_person
 from channels.slack.request_cards import Button, RequestCard, by_mention, card_blocks, context, outcome, section
 from core.display import arguments_text
 from core.model import BUDGET_RISK, ApprovalInfo, ApprovalStatus
@@ -96,11 +97,6 @@ def fallback_text(request: ApprovalInfo) -> str:
     return f"{request.tool}: {by_mention(request.summary(), request.decided_by)}"
 
 
-def is_person(who: str) -> bool:
-    """A Slack user or group id (not "requester" or "web", which are no one to mention or DM)."""
-    return re.fullmatch(r"[UWS][A-Z0-9]+", who.removeprefix("slack:")) is not None
-
-
 def time_left(left: timedelta) -> str:
     minutes = max(1, round(left.total_seconds() / 60))
     if minutes >= 120:
@@ -109,10 +105,10 @@ def time_left(left: timedelta) -> str:
 
 
 def mention(who: str) -> str:
-    who = who.removeprefix("slack:")  # BOT_APPROVERS may name Slack's people with their channel
-    if who.startswith("S") and who[1:].isalnum():
-        return f"<!subteam^{who}>"
-    return f"<@{who}>" if who[:1] in ("U", "W") and who[1:].isalnum() else escape(who)
+    ident = slack_person(who)  # BOT_APPROVERS may name Slack's people with their channel
+    if ident is None:
+        return escape(who)
+    return f"<!subteam^{ident}>" if ident.startswith("S") else f"<@{ident}>"
 
 
 def mention_all(text: str, users: tuple[str, ...]) -> str:

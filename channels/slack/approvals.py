@@ -21,12 +21,11 @@ from channels.slack.approval_cards import (
     deny_modal,
     fallback_text,
     fits_on_card,
-    is_person,
     mention,
     time_left,
 )
 from channels.slack.formatting import escape
-from channels.slack.payloads import channel_id, input_value, user_id
+from channels.slack.payloads import channel_id, input_value, slack_person, user_id
 from channels.slack.request_cards import CardMessages, carried_id, section
 from channels.slack.workspaces import in_workspace, request_workspace
 from core.display import arguments_text
@@ -99,7 +98,7 @@ class SlackApprovals:
         if current is None or current.settled:  # decided meanwhile: nothing to remind anyone of
             return
         ref = request.session.reply_ref
-        people = " ".join(mention(d) for d in deciders if is_person(d)) or "approvers"
+        people = " ".join(mention(d) for d in deciders if slack_person(d)) or "approvers"
         text = (f":bell: Reminder: {people} — `{escape(request.tool)}` is still waiting for a decision; "
                 f"about {time_left(left)} left before it expires.")
         try:
@@ -123,7 +122,7 @@ class SlackApprovals:
         go to each DM as a file first."""
         # Slack's people only, bare (``U1``) or named with their channel (``slack:U1``); another channel's
         # person (``web:web``, ``testchat:U1``) is never DMed here, even with an id of Slack's shape.
-        ids = [d.removeprefix("slack:") for d in deciders if is_person(d)]
+        ids = [ident for d in deciders if (ident := slack_person(d)) is not None]
         people = [d for d in ids if d[:1] in ("U", "W")]
         for group in (d for d in ids if d.startswith("S")):
             if self.members is not None:

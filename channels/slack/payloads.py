@@ -15,12 +15,20 @@ from typing import Any, TypeGuard
 from core.model import Attachment
 
 SLACK_ID = re.compile(r"[A-Z0-9]{1,32}")  # team, enterprise, channel, user, bot and group ids
+PERSON = re.compile(r"[UWS][A-Z0-9]+")  # a user (U…, W… on Enterprise Grid) or a user group (S…)
 TS = re.compile(r"[0-9]{1,16}\.[0-9]{1,16}")  # a message timestamp, "1712345678.123456"
 _TOKEN = re.compile(r"[A-Za-z0-9._-]{1,128}")  # trigger ids, event ids, action ids from our own blocks
 # Message subtypes that are a person talking; every other subtype (edits, joins, bots…) is ignored.
 PERSON_SUBTYPES = {None, "file_share", "thread_broadcast"}
 
 Check = Callable[[dict[str, Any]], str | None]
+
+
+def slack_person(entry: str) -> str | None:
+    """The Slack user or group id a configured approver names (``U1`` or ``slack:U1``); None for anyone else:
+    ``requester``, the web chat's ``web``, another channel's ``testchat:U1``, who are no one to mention or DM."""
+    ident = entry.removeprefix("slack:")
+    return ident if PERSON.fullmatch(ident) is not None else None
 
 
 def shape_problem(body: Any) -> str | None:

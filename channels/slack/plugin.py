@@ -3,10 +3,10 @@ doctor checks, the ``message_send`` tool, and its sealed table of workspace inst
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 from channels.slack.doctor import slack_checks
+from channels.slack.payloads import PERSON
 from channels.slack.settings import SlackSettings
 from channels.slack.toml import SlackSection, prompts_of
 from core.plugins import ChannelContext, ChannelPlugin
@@ -54,7 +54,7 @@ def announce(settings: SlackSettings, url: str) -> list[str]:
 
 def people(entry: str) -> bool:
     """A user (U…, W… for Enterprise Grid) or a user group (S…)."""
-    return re.fullmatch(r"[UWS][A-Z0-9]+", entry) is not None
+    return PERSON.fullmatch(entry) is not None
 
 
 def sealed(db: Database) -> list[SealedKind[Any]]:

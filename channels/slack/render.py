@@ -25,6 +25,7 @@ from channels.slack.blocks import stop_block
 from channels.slack.connections import SlackConnections
 from channels.slack.credentials import SlackCredentials
 from channels.slack.formatting import escape
+from channels.slack.payloads import slack_person
 from channels.slack.port import SlackPort
 from channels.slack.status import THINKING, ThreadStatus
 from channels.slack.streams import SlackStreams
@@ -232,7 +233,7 @@ class SlackRenderer:
         """ "is waiting for approval from @alice…", when the few people asked have names to show."""
         # Slack's people by name (``slack:U1`` as ``U1``); anyone else has no Slack name: the plain line.
         asked = deciders if 0 < len(deciders) <= 3 else ()
-        names = [await self.people.name(d.removeprefix("slack:")) for d in asked]
+        names = [await self.people.name(ident) if (ident := slack_person(d)) else None for d in asked]
         if not names or None in names:
             return "is waiting for approval…"
         return f"is waiting for approval from {' or '.join(f'@{n}' for n in names)}…"
