@@ -206,6 +206,8 @@ class Commands:
                 return f"No connection named {marks.code(typed(name))} is configured."
             if spec.owner == "shared" and not service.policy.is_admin(command.user, channel=command.channel):
                 return f"{name} is shared: only an admin disconnects it."
+            if spec.owner == "user" and not service.holds_accounts(command.user, command.channel):
+                return f"There is no {name} connection of {command.user}."  # another channel's person's
             try:
                 return await service.disconnect(name, command.user, by=command.user)
             except InvalidInput as exc:
@@ -213,7 +215,9 @@ class Commands:
         if words:
             return f"Use {marks.code(f'{command.name} connections')} or " \
                    f"{marks.code(f'{command.name} connections disconnect NAME')}."
-        views = await service.views(command.user, with_shared=True)
+        # Another channel's person's accounts are not this person's: the shared ones only.
+        mine = command.user if service.holds_accounts(command.user, command.channel) else ""
+        views = await service.views(mine, with_shared=True)
         lines = [f"• {view.describe()}" for view in views]
         absent = [name for name in sorted(service.specs) if not any(v.name == name for v in views)]
         if absent:

@@ -236,6 +236,8 @@ class Gateway:
             raise NotFound(f"no connection named {name!r} is configured")
         if spec.owner == "shared" and not service.policy.is_admin(by, channel=channel):
             raise NotAllowed(f"{name} is shared: only an admin disconnects it")
+        if spec.owner == "user" and not service.holds_accounts(by, channel):  # another channel's person's
+            raise NotFound(f"there is no {name} connection of {by}")
         return await service.disconnect(name, by, by=by)
 
     # -- conversations --------------------------------------------------------------------------

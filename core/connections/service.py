@@ -77,6 +77,14 @@ class ConnectionService:
             raise ToolError(f"no connection named {name!r} is configured (bot.toml [[connections]]; known: {known})")
         return spec
 
+    def holds_accounts(self, user: str, channel: str | None) -> bool:
+        """Whether ``user`` of ``channel`` may have personal accounts here. They are stored under the bare id (the
+        rows record no channel), so a person whose bare id another channel claims (a plug-in channel's "U1", the
+        shape of Slack's U1) has none: they would act through, list and disconnect the other channel's person's
+        accounts. ``channel`` None: not known (a conversation without its session row), compared by id alone."""
+        claimed, _ident = self.policy.people.owner(user)
+        return channel is None or claimed is None or claimed == channel
+
     @staticmethod
     def owner_for(spec: ConnectionSpec, person: str | None) -> str:
         return "" if spec.owner == "shared" else (person or "")
@@ -93,6 +101,9 @@ class ConnectionService:
         if spec.owner == "user" and not owner:
             raise ToolError(f"{name} connects each person's own account, and this turn has no person to act as")
         if spec.owner == "user":
+            if not self.holds_accounts(owner, await self.store.session_channel(thread_of(ctx.session_id))):
+                raise ToolError(f"{name} connects each person's own account, and on this channel {owner} names "
+                                "another channel's person (accounts are kept by bare id); continue without it")
             await self._alone(ctx, name, owner)
         waited = await self._resume_parked(ctx, spec)
         row = await self.store.get(name, owner)

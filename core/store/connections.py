@@ -216,6 +216,12 @@ class ConnectionStore:
         async with self.db.read() as s:
             return await conversation_writers(s, session_id)
 
+    async def session_channel(self, session_id: str) -> str | None:
+        """The channel of a conversation (None: no such session)."""
+        async with self.db.read() as s:
+            row = await s.get(SessionRow, session_id)
+            return row.channel if row is not None else None
+
     async def pending(self, *, due_before: datetime | None = None) -> list[ConnectionRequestInfo]:
         return await self.requests.pending(due_before=due_before)
 
