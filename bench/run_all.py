@@ -31,6 +31,8 @@ RUNS = [
     # A second line: acks while a slow model keeps every turn parked (nothing else writes meanwhile).
     ("ack latency, 100/s, parked model", ["bench.ack_latency", "--rate", "100", "--seconds", "5", "--model-delay",
                                           "10"]),
+    # A signed GitHub delivery to its 202 against a Slack mention to its ack, both at 100/s, turns completing.
+    ("event intake, 100/s", ["bench.event_intake", "--rate", "100", "--seconds", "10"]),
     ("dispatcher", ["bench.dispatcher", "--sessions", "1000", "--burst", "5"]),
     ("approval latency", ["bench.approval_latency", "--rounds", "20"]),
     ("schedule drift", ["bench.schedule_drift", "--every", "1", "--firings", "8"]),

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -67,9 +68,11 @@ from core.store.budgets import BudgetStore
 from core.store.deliveries import DeliveryStore
 from core.store.feedback import FeedbackStore
 from core.store.schedules import ScheduleStore
+from core.store.webhook_events import WebhookEventStore
 from core.store.stats import snapshot
 from core.subagents import SubAgents
 from core.trust import SenderTrust
+from core.webhooks.processor import EventProcessor, ProcessorSettings, SourceLevels
 
 if TYPE_CHECKING:  # the MCP SDK is imported only when bot.toml names a server (it takes a second to load)
     from bot.mcp.manager import McpServers
@@ -106,6 +109,7 @@ class Application:
     sandbox_peers: SandboxPeers | None = None
     connections: ConnectionService | None = None  # [[connections]] in bot.toml
     mcp: McpServers | None = None  # [[mcp_servers]] in bot.toml: started (their tools listed) before turns run
+    events: EventProcessor | None = None  # [[event_sources]]: stored events taken to their answers
     channels: list[Channel] = field(default_factory=list)
     routes: list[web.RouteDef] = field(default_factory=list)  # served beside health, readiness and the channels'
     web_app: web.Application = field(init=False)
@@ -150,6 +154,8 @@ class Application:
             await channel.start()
         await self.schedule_jobs.start()
         await self.schedules.start()
+        if self.events is not None:
+            await self.events.start()  # events a crash left queued are taken again (deduplicated by their id)
 
     async def _listen(self) -> None:
         self._runner = web.AppRunner(self.web_app, access_log=None, handle_signals=False)
@@ -195,6 +201,8 @@ class Application:
         """Take no more requests (503: Slack delivers them again, to the next start), set parked turns
         aside at once, give running ones SHUTDOWN_DRAIN_S, close. Returns what the last line says."""
         recovered, self.phase = self.phase == "ready", "stopping"
+        if self.events is not None:
+            await self.events.stop()  # what is queued stays queued: the next start takes it
         await self.schedules.stop()
         await self.schedule_jobs.stop()
         for channel in self.channels:
@@ -258,8 +266,15 @@ def build_application(
     # Senders' trust levels: labelled by each channel's port, decided in core (audited in the audit log); a
     # schedule's firing runs at its creator's level at creation.
     named = people()  # BOT_ADMINS and approvers compared with the person's channel (core.people)
+    # An event source's turns run at the source's level (its ``trust``, at most member).
+    event_sources = {source.name: source for source in toml.event_source_list()}
+    event_levels = SourceLevels(event_sources)
+
+    async def fixed_level(session_id: str) -> str | None:
+        return await event_levels(session_id) or await schedule_store.firing_level(session_id)
+
     trust = SenderTrust(ports, settings.admins, audit=approval_store.audit, now=clock.now,
-                        fixed=schedule_store.firing_level, people=named)
+                        fixed=fixed_level, people=named)
     policy = ApprovalPolicy(settings.approvers, settings.admins, groups=ports, trust=trust, people=named)
     policies = PolicyBook(toml.policy_list())
     for warning in flag_warnings(policies.policies):  # a glob wider than meant: said, not refused
@@ -349,6 +364,11 @@ def build_application(
     if destination is not None:
         for tool in schedule_tools(schedules, store, channel=destination):
             tools.register(tool)
+    # Stored events become turns answered in their destination (``resolve`` set once that channel is built).
+    events = EventProcessor(WebhookEventStore(db), dispatcher, deliveries, clock, event_sources,
+                            resolve=_destinations(ports, destination), settings=ProcessorSettings(
+                                channel=destination or "", retention=timedelta(days=settings.event_retention_days))
+                            ) if event_sources else None
     commands = Commands(dispatcher, approvals, schedules,
                         connections=connections.service if connections is not None else None)
     feedback = FeedbackBook(FeedbackStore(db), store, bus, clock)
@@ -370,9 +390,21 @@ def build_application(
                              trusted_proxies=settings.trusted_proxies).routes()
     return Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals, credentials=credentials,
                        schedules=schedules, schedule_jobs=schedule_jobs, deliveries=deliveries, gateway=gateway,
-                       address=address, sandbox_peers=peers,
+                       address=address, sandbox_peers=peers, events=events,
                        connections=connections.service if connections is not None else None, mcp=mcp,
                        channels=[channel for channel, _tools in channels], routes=routes)
+
+
+def _destinations(ports: Ports, channel: str | None) -> Callable[[str], Awaitable[str]] | None:
+    """How an event source's destination is resolved: by the port of the channel whose places destinations are,
+    once it is registered (it is built after core)."""
+    if channel is None:
+        return None
+
+    async def resolve(destination: str) -> str:
+        return await ports.get(channel).resolve_destination(destination)  # InvalidInput when not configured
+
+    return resolve
 
 
 def _channels(settings: Settings, toml: BotToml, context: ChannelContext) -> list[tuple[Channel, list[Any]]]:

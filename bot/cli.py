@@ -40,7 +40,7 @@ exit codes:
   1    failed: it could not be done now (database unreachable, port in use...),
        or `bot doctor` found a problem; fix the cause and try again
   2    usage: bad arguments or invalid settings (environment, .env, bot.toml)
-  3    not found: no such request, grant, credential or schedule
+  3    not found: no such request, grant, credential, schedule or event
   4    refused: not allowed, or its state does not allow it (already decided,
        expired, cancelled)
   130  interrupted (Ctrl-C)
@@ -54,6 +54,7 @@ _LIST_HINT = {
     "approvals": "`bot approvals list` shows pending requests, `bot approvals grants` the grants",
     "credentials": "`bot credentials list` shows them",
     "schedules": "`bot schedules list` shows them",
+    "events": "`bot events list` shows them",
 }
 
 
@@ -134,6 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
                          ("cancel", "for good")):
         _command(sverbs, verb, f"{verb} a schedule: {effect}", "The running bot follows within seconds.").add_argument(
             "id", type=_id, help="the schedule's id (from `bot schedules list`)")
+    events = _command(sub, "events", "deliveries of the [[event_sources]] (POST /events/<name>) and their answers")
+    everbs = events.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
+    elist = _command(everbs, "list", "the newest events: id, source, type, delivery id, when, status, thread",
+                     "Statuses: queued, answered, failed, filtered, duplicate.")
+    elist.add_argument("--source", default=None, help="only this source's events (its name in bot.toml)")
+    elist.add_argument("--limit", type=_id, default=50, help="how many to list (default: %(default)s)")
+    _command(everbs, "replay", "run an event again as a new turn, in the thread its key names",
+             "The running bot takes it within seconds (or at its next start).").add_argument(
+        "id", type=_id, help="the event's id (from `bot events list`)")
     feedback = _command(sub, "feedback", "what people said of the answers (the buttons under each answer)")
     fverbs = feedback.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
     flist = _command(fverbs, "list", "the newest verdicts: when, positive or negative, which turn, who, where",
@@ -264,6 +274,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from bot.operator import feedback_command
 
         return asyncio.run(feedback_command(args))
+    if args.command == "events":
+        from bot.operator import events_command
+
+        return asyncio.run(events_command(args))
     if args.command == "schedules":
         from bot.operator import schedules_command
 

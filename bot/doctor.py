@@ -25,6 +25,7 @@ async def run_doctor() -> int:
     checks += await _keys(settings)
     checks += _trust_boundary(settings)
     checks += await _mcp_servers(settings)
+    checks += await _event_sources(settings)
     context = doctor_context(settings)
     for plugin in installed_channels():
         checks += await plugin.checks(settings.channels[plugin.name], context)
@@ -218,6 +219,51 @@ def _config_file(settings: Settings) -> list[Check]:
                             "docs/tools-and-approvals.md: Allow rules and files a command loads", warning=True))
     if connections:
         checks.append(_connections(settings, list(connections.values())))
+    return checks
+
+
+async def _event_sources(settings: Settings) -> list[Check]:
+    """Each ``[[event_sources]]``: its secret is set (a GitHub secret long enough, a Standard Webhooks key that
+    opens), its destination resolves, and the URL to give the sender."""
+    import os
+
+    from bot.config.file import load_config
+    from core.webhooks.signatures import secret_problem
+
+    if not settings.bot_config.exists():
+        return []
+    try:
+        sources = load_config(settings.bot_config).event_source_list()
+    except BotError:
+        return []  # the bot.toml check has said why
+    base = (settings.bot_public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
+    plugin = next((p for p in installed_channels() if p.destinations), None)
+    checks = []
+    for source in sources:
+        name = f"event source {source.name}"
+        url = f"{base}/events/{source.name}"
+        secret = os.environ.get(source.secret_env)
+        if not secret:
+            checks.append(Check(name, False, f"{source.secret_env} is not set: every delivery is refused (401)",
+                                f"set {source.secret_env} to the {source.kind} secret the sender signs with"))
+            continue
+        problem = secret_problem(source.kind, secret)
+        if problem is not None:
+            checks.append(Check(name, False, f"{source.secret_env}: {problem}",
+                                f"set {source.secret_env} to a valid secret, and the same in the sender"))
+            continue
+        if plugin is None or not settings.channels[plugin.name].enabled or plugin.resolve_destination is None:
+            checks.append(Check(name, False, f"destination {source.destination}: no channel here posts to it",
+                                "configure Slack (SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET)"))
+            continue
+        try:
+            where = await plugin.resolve_destination(settings.channels[plugin.name], source.destination)
+        except Exception as exc:
+            checks.append(Check(name, False, f"destination {source.destination}: {exc}",
+                                "invite the bot to that channel, or correct `destination`"))
+            continue
+        checks.append(Check(name, True, f"{source.kind}, answers in {source.destination} ({where}) at trust "
+                                        f"{source.trust}; configure the sender with POST {url}"))
     return checks
 
 

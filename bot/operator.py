@@ -8,6 +8,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from bot.config.file import load_agents, load_policies
 from bot.errors import DB_HINT, BotError, Failed, NotFoundError, Refused
@@ -237,3 +238,39 @@ async def feedback_command(args: argparse.Namespace) -> int:
             print(f"{r.updated_at:%Y-%m-%d %H:%M:%S}Z\t{verdict}\tturn {r.turn_id}\tby {visible(r.user)}"
                   f"\t{visible(r.session_id)}")
         return 0
+
+
+async def events_command(args: argparse.Namespace) -> int:
+    """``bot events list|replay``: the events table, which the running gateway follows (a replayed event is queued
+    again; the gateway takes it within seconds)."""
+    from core.store import ConversationStore
+    from core.store.webhook_events import WebhookEventStore
+
+    async with _core() as core:
+        db = core.credentials.store.db
+        store = WebhookEventStore(db)
+        if args.verb == "replay":
+            row = await store.replay(args.id, SystemClock().now())  # NotFound reaches bot.cli (exit 3)
+            print(f"event {args.id} queued again as event {row.id}: the running bot answers it within seconds "
+                  "(or at its next start)")
+            return 0
+        rows = await store.list(source=args.source, limit=args.limit)
+        if not rows:
+            print("no events" + (f" from {args.source}" if args.source else ""))
+        conversations = ConversationStore(db)
+        for r in rows:
+            print(f"{r.id}\t{r.source}\t{visible(r.event_type) or '-'}\t{visible(r.delivery_id or '-')}"
+                  f"\t{r.received_at:%Y-%m-%d %H:%M:%S}Z\t{r.status}\t{await _thread(conversations, r)}"
+                  + (f"\t{visible(r.note)[:120]}" if r.note else ""))
+        return 0
+
+
+async def _thread(conversations: Any, row: Any) -> str:
+    """Where an event's answers go: its thread key, and the thread once its first post opened it."""
+    key = f"key {visible(row.thread_key)!r}" if row.thread_key else "own thread"
+    session = await conversations.get_session(row.session_id) if row.session_id else None
+    if session is None:
+        return key
+    ref = session.reply_ref
+    where = "/".join(str(ref[k]) for k in ("channel", "thread_ts") if ref.get(k))
+    return f"{key} ({where})" if where else key

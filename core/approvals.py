@@ -77,7 +77,7 @@ class ApprovalBroker:
                                        "here, so it did not run; continue without it")
         request = await self.request(session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=ctx.call_id,
                                      tool=tool.name, args=args, agent=ctx.agent, place=ctx.place,
-                                     requester=ctx.sender, risk=tool.risk.value, policy=ruling.policy)
+                                     requester=ctx.requester, risk=tool.risk.value, policy=ruling.policy)
         return _decision(await self._wait(request, ctx.turn_id))
 
     async def request(self, *, session_id: str, turn_id: int | None, call_id: str, tool: str, args: dict[str, Any],

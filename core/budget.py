@@ -63,7 +63,7 @@ class ThreadBudget:
                 request = await self.broker.request(
                     session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=call_id, tool=BUDGET_TOOL,
                     args={"used": used, "budget": allowance, "more": self.tokens}, agent=ctx.agent,
-                    place=ctx.place, requester=ctx.sender, risk=BUDGET_RISK)
+                    place=ctx.place, requester=ctx.requester, risk=BUDGET_RISK)
             if not request.settled:
                 request = await self.broker.wait_in_turn(request, ctx.turn_id)
             if request.status != ApprovalStatus.APPROVED:

@@ -119,7 +119,7 @@ class CredentialService:
         now = self.clock.now()
         request = await self.store.park(CredentialRequestRow(
             session_id=ctx.session_id, turn_id=ctx.turn_id, tool_call_id=ctx.call_id, name=name,
-            reason=str(args["reason"]), scope=scope, agent=ctx.agent, requester=ctx.sender,
+            reason=str(args["reason"]), scope=scope, agent=ctx.agent, requester=ctx.requester,
             status=CredentialStatus.PENDING, created_at=now, expires_at=now + self.timeout,
         ))
         log.info("credential %s requested (request %s, session %s)", name, request.id, ctx.session_id)

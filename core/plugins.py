@@ -96,6 +96,9 @@ class ChannelPlugin(Generic[S]):
     shared: bool = True
     # Whether schedules' destinations ("#name", an id) are this channel's places.
     destinations: bool = False
+    # ``bot doctor``: a destination as written (an event source's) to the id the bot posts to, with its own settings;
+    # raises with the reason when it cannot post there.
+    resolve_destination: Callable[[S, str], Awaitable[str]] | None = None
     # The model of its own bot.toml table, ``[<name>]`` (a pydantic model, extra keys forbidden), if it has one.
     section: type[Any] | None = None
     # Its tables of sealed values (``bot credentials rotate`` and the doctor cover them).

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from core.errors import CoreError, SchemaCheckError, ToolError
+from core.model import EVENT_PREFIX
 from core.text import clean_text, text_problem, tree_problem
 from core.tool_schema import ArgumentSchema, schema_problem
 
@@ -41,6 +42,12 @@ class ToolContext:
     # A person approved this very call (GateDecision.asked). False: it runs unasked (an allow rule, a grant, a
     # firing's preapproval, a safe tool), so a tool must not load what earlier calls left (shell_run: a fresh HOME).
     asked: bool = False
+
+    @property
+    def requester(self) -> str | None:
+        """Who asked for this turn, as approvals and credential requests name them: nobody for an event's turn
+        (its sender is the event source, not a person: only named approvers decide what it asks for)."""
+        return None if self.sender is None or self.sender.startswith(EVENT_PREFIX) else self.sender
 
 
 ToolFunction = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]

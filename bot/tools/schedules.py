@@ -25,6 +25,8 @@ def schedule_tools(service: ScheduleService, conversations: ConversationStore, *
     async def create(ctx: ToolContext, args: dict[str, Any]) -> str:
         if ctx.subagent:  # its destination is asked of a person, in the conversation: a sub-agent has none
             raise ToolError(f"a schedule's destination needs a person's approval, and {SUBAGENT_CANNOT_ASK}")
+        if ctx.sender is not None and ctx.requester is None:  # an event's turn: nobody would own it, or answer for it
+            raise ToolError("only a person can create a schedule; this turn was started by an event, not by a person")
         origin = await conversations.get_session(ctx.session_id)
         if origin is None:
             raise ToolError("this conversation is not stored")

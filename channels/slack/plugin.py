@@ -10,6 +10,7 @@ from channels.slack.payloads import PERSON
 from channels.slack.settings import SlackSettings
 from channels.slack.toml import SlackSection, prompts_of
 from core.plugins import ChannelContext, ChannelPlugin
+from core.errors import InvalidInput
 
 if TYPE_CHECKING:
     from channels.slack.adapter import SlackChannel
@@ -71,6 +72,18 @@ def tools(channel: Channel) -> list[Tool]:
     return [message_send_tool(channel.port.send_message)]
 
 
+async def resolve_destination(settings: SlackSettings, destination: str) -> str:
+    """An event source's destination (``bot doctor``): the channel id, if the bot can post there."""
+    if settings.oauth or not settings.bot_token:
+        raise InvalidInput("needs SLACK_BOT_TOKEN (one workspace): with several, which one would it post to?")
+    from slack_sdk.web.async_client import AsyncWebClient
+
+    from channels.slack.port import SlackPort
+
+    return await SlackPort(AsyncWebClient(token=settings.bot_token, base_url=settings.api_url)).resolve_destination(
+        destination)
+
+
 plugin = ChannelPlugin(name="slack", settings=SlackSettings, build=build, checks=slack_checks, announce=announce,
                        tools=tools, people=people, ids=people, destinations=True, sealed=sealed,
-                       section=SlackSection)
+                       section=SlackSection, resolve_destination=resolve_destination)
