@@ -16,6 +16,7 @@ from bot.config.file import BotToml, load_config
 from bot.connections_config import build_connections
 from bot.egress import EgressPolicy
 from bot.errors import Failed
+from bot.event_routes import EventRoutes, event_secrets
 from bot.health import healthz, readyz_handler, until_ready
 from bot.home import sandbox_hidden, secure_home
 from bot.http_headers import server_app
@@ -68,8 +69,10 @@ from core.store.deliveries import DeliveryStore
 from core.store.feedback import FeedbackStore
 from core.store.schedules import ScheduleStore
 from core.store.stats import snapshot
+from core.store.webhook_events import WebhookEventStore
 from core.subagents import SubAgents
 from core.trust import SenderTrust
+from core.webhooks.intake import WebhookIntake
 
 if TYPE_CHECKING:  # the MCP SDK is imported only when bot.toml names a server (it takes a second to load)
     from bot.mcp.manager import McpServers
@@ -108,6 +111,7 @@ class Application:
     mcp: McpServers | None = None  # [[mcp_servers]] in bot.toml: started (their tools listed) before turns run
     channels: list[Channel] = field(default_factory=list)
     routes: list[web.RouteDef] = field(default_factory=list)  # served beside health, readiness and the channels'
+    events: WebhookIntake | None = None  # [[event_sources]] in bot.toml: POST /events/<name>
     web_app: web.Application = field(init=False)
     _runner: web.AppRunner | None = None
     _prune_task: asyncio.Task[None] | None = None
@@ -364,6 +368,13 @@ def build_application(
     metrics = Metrics(db, bus, token=settings.bot_web_token)
     routes = [web.get("/metrics", metrics.handle),
               *CredentialLinkPage(CredentialLinks(credentials), trusted_proxies=settings.trusted_proxies).routes()]
+    events = None
+    if toml.event_sources:
+        sources = toml.event_source_list()
+        # The processor (issue 34, core.webhooks.processor) registers its wake-up here; stored events wait for it.
+        events = WebhookIntake(sources, event_secrets(sources), WebhookEventStore(db), clock,
+                               on_queued=lambda event_id: None)
+        routes += EventRoutes(events, settings.event_max_body_bytes).routes()
     if connections is not None:
         routes += OAuthPages(gateway, secure_cookie=(settings.bot_public_url or "").startswith("https://"),
                              prefix=URL(settings.bot_public_url or "/").path.rstrip("/"),
@@ -372,7 +383,7 @@ def build_application(
                        schedules=schedules, schedule_jobs=schedule_jobs, deliveries=deliveries, gateway=gateway,
                        address=address, sandbox_peers=peers,
                        connections=connections.service if connections is not None else None, mcp=mcp,
-                       channels=[channel for channel, _tools in channels], routes=routes)
+                       channels=[channel for channel, _tools in channels], routes=routes, events=events)
 
 
 def _channels(settings: Settings, toml: BotToml, context: ChannelContext) -> list[tuple[Channel, list[Any]]]:
