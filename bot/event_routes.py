@@ -31,7 +31,7 @@ class EventRoutes:
     async def _deliver(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if name not in self.intake.sources:
-            return _response(await self.intake.deliver(name, request.headers, b""))  # 404, body unread
+            return _closing(await self.intake.deliver(name, request.headers, b""))  # 404, body unread
         if request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
             # Not inflated here: a small compressed body can grow past any cap before it is counted.
             return _closing(IntakeAnswer(400, "compressed bodies are not accepted"))
