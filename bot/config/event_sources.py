@@ -16,8 +16,8 @@ from core.webhooks.model import EventSource
 from core.webhooks.thread_key import MAX_KEY, template_problem
 
 SOURCE_NAME = re.compile(r"^[a-z0-9-]{1,64}$")
-# "#name" (a Slack channel name) or a channel id (C…, G…).
-DESTINATION = re.compile(r"^(#[a-z0-9][a-z0-9._-]{0,79}|[CG][A-Z0-9]{2,30})$")
+# "#name" (a Slack channel's name, looked up when posting) or a channel id (C…, G…).
+DESTINATION = re.compile(r"^(#[^\s#,<>]{1,80}|[CG][A-Z0-9]{2,30})$")
 MAX_PROMPT = 4000
 MAX_RATE = 10_000
 

@@ -107,7 +107,10 @@ class WebhookIntake:
         if received.outcome == "filtered":
             return IntakeAnswer(202, "filtered out", event_id=received.event_id)
         if received.event_id is not None:
-            self.on_queued(received.event_id)
+            try:
+                self.on_queued(received.event_id)
+            except Exception:  # the event is stored: the processor finds it at its next start all the same
+                log.exception("event %s of %s: waking the processor failed", received.event_id, source.name)
         return IntakeAnswer(202, "accepted", event_id=received.event_id)
 
     def _verify(self, source: EventSource, headers: dict[str, str], body: bytes) -> None:
