@@ -88,7 +88,7 @@ class WebhookIntake:
 
     async def _deliver(self, source: EventSource, headers: dict[str, str], body: bytes) -> IntakeAnswer:
         self._verify(source, headers, body)
-        payload = _payload(body)
+        payload = _payload(body, source)
         event_type, delivery_id = _identify(source, headers, payload)
         if source.kind == "github" and event_type == "ping":
             return IntakeAnswer(200, "pong")  # GitHub's check that the hook works: nothing to store
@@ -133,12 +133,14 @@ class WebhookIntake:
             raise Refused(401, "missing or wrong bearer token", "signature")
 
 
-def _payload(body: bytes) -> dict[str, Any]:
+def _payload(body: bytes, source: EventSource) -> dict[str, Any]:
     """The body as a JSON object; anything else is malformed."""
     try:
         payload = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
-        raise Refused(400, "the body is not JSON", "malformed") from None
+        # GitHub's default content type is a form: the operator's fix is one setting.
+        hint = " (set the GitHub webhook's Content type to application/json)" if source.kind == "github" else ""
+        raise Refused(400, f"the body is not JSON{hint}", "malformed") from None
     if not isinstance(payload, dict):
         raise Refused(400, "the body is not a JSON object", "malformed")
     return payload
