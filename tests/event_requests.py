@@ -52,6 +52,20 @@ destination = "#ops"
 rate_per_minute = 3
 
 [[event_sources]]
+name = "flood-gh"
+kind = "github"
+secret_env = "TEST_GH_SECRET"
+destination = "#ops"
+rate_per_minute = 3
+
+[[event_sources]]
+name = "flood-sw"
+kind = "standard"
+secret_env = "TEST_SW_KEY"
+destination = "#ops"
+rate_per_minute = 3
+
+[[event_sources]]
 name = "nosecret"
 kind = "github"
 secret_env = "TEST_UNSET_SECRET"
@@ -60,7 +74,7 @@ destination = "#ops"
 
 
 def events_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """bot.toml with the five sources, and their secrets in the environment (all but nosecret's)."""
+    """bot.toml with the sources above, and their secrets in the environment (all but nosecret's)."""
     monkeypatch.setenv("TEST_GH_SECRET", GITHUB_SECRET)
     monkeypatch.setenv("TEST_SW_KEY", STANDARD_KEY)
     monkeypatch.setenv("TEST_AM_TOKEN", BEARER_TOKEN)
@@ -105,3 +119,13 @@ def alert(status: str = "firing", group: str = "{}:{alertname=\"DiskFull\"}") ->
 
 
 PUSH = {"ref": "refs/heads/main", "repository": {"full_name": "acme/api"}, "pusher": {"name": "ada"}}
+
+
+def signed(kind: str, now: datetime, *, body: bytes) -> tuple[bytes, dict[str, str]]:
+    """``body`` delivered as a source of ``kind`` signs it: a GitHub push, a Standard Webhooks message, a bearer
+    post."""
+    if kind == "github":
+        return github("push", None, body=body)
+    if kind == "standard":
+        return standard(None, now, body=body)
+    return bearer(None, body=body)

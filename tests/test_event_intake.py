@@ -30,6 +30,7 @@ from tests.event_requests import (
     dumps,
     events_config,
     github,
+    signed,
     standard,
 )
 from tests.fakes.core import ShiftedClock
@@ -135,14 +136,17 @@ async def test_bearer_deliveries(events: GatewayClient) -> None:
                       ("resolved", None, "filtered", None)]
 
 
-async def test_a_flood_is_answered_429_and_nothing_of_it_is_stored(events: GatewayClient) -> None:
+@pytest.mark.parametrize(("source", "kind"), [("flood-gh", "github"), ("flood-sw", "standard"), ("flood", "bearer")])
+async def test_a_flood_is_answered_429_and_nothing_of_it_is_stored(events: GatewayClient, clock: ShiftedClock,
+                                                                   source: str, kind: str) -> None:
     gw = events
-    answers = [await post(gw, "flood", bearer({"status": "firing"})) for _ in range(5)]
+    body = dumps({"type": "invoice.paid", "status": "firing"})
+    answers = [await post(gw, source, signed(kind, clock.now(), body=body)) for _ in range(5)]
     assert [status for status, _, _ in answers] == [202, 202, 202, 429, 429]
     retry_after = int(answers[3][2]["Retry-After"])
     assert 1 <= retry_after <= 60
     assert len(await rows(gw)) == 3
-    assert refusals(gw) == {("flood", "rate"): 2}
+    assert refusals(gw) == {(source, "rate"): 2}
 
 
 async def test_unknown_sources_and_sources_without_a_secret(events: GatewayClient) -> None:
@@ -157,13 +161,15 @@ async def test_unknown_sources_and_sources_without_a_secret(events: GatewayClien
     assert await rows(gw) == []
 
 
-async def test_a_body_over_the_cap_is_413(events: GatewayClient) -> None:
+@pytest.mark.parametrize(("source", "kind"), [("gh", "github"), ("sw", "standard"), ("am", "bearer")])
+async def test_a_body_over_the_cap_is_413(events: GatewayClient, clock: ShiftedClock, source: str, kind: str) -> None:
     gw = events
-    fits = dumps({"status": "firing", "pad": "x" * (MAX_BODY - 40)})
+    fits = dumps({"type": "invoice.paid", "status": "firing", "pad": "x" * (MAX_BODY - 80)})
     fits += b" " * (MAX_BODY - len(fits))
-    assert len(fits) == MAX_BODY and (await post(gw, "am", bearer(None, body=fits)))[0] == 202
-    assert (await post(gw, "am", bearer(None, body=fits + b" ")))[0] == 413
-    assert refusals(gw) == {("am", "too_large"): 1}
+    assert len(fits) == MAX_BODY and (await post(gw, source, signed(kind, clock.now(), body=fits)))[0] == 202
+    assert (await post(gw, source, signed(kind, clock.now(), body=fits + b" ")))[0] == 413  # signed, all the same
+    assert refusals(gw) == {(source, "too_large"): 1}
+    assert len(await rows(gw)) == 1
 
 
 async def test_an_oversized_chunked_body_is_read_no_further_than_the_cap(events: GatewayClient) -> None:
