@@ -17,6 +17,7 @@ from bot.config.file import BotToml, load_config
 from bot.connections_config import build_connections
 from bot.egress import EgressPolicy
 from bot.errors import Failed
+from bot.event_routes import EventRoutes, event_secrets
 from bot.health import healthz, readyz_handler, until_ready
 from bot.home import sandbox_hidden, secure_home
 from bot.http_headers import server_app
@@ -68,10 +69,11 @@ from core.store.budgets import BudgetStore
 from core.store.deliveries import DeliveryStore
 from core.store.feedback import FeedbackStore
 from core.store.schedules import ScheduleStore
-from core.store.webhook_events import WebhookEventStore
 from core.store.stats import snapshot
+from core.store.webhook_events import WebhookEventStore
 from core.subagents import SubAgents
 from core.trust import SenderTrust
+from core.webhooks.intake import WebhookIntake
 from core.webhooks.processor import EventProcessor, ProcessorSettings, SourceLevels
 
 if TYPE_CHECKING:  # the MCP SDK is imported only when bot.toml names a server (it takes a second to load)
@@ -112,6 +114,7 @@ class Application:
     events: EventProcessor | None = None  # [[event_sources]]: stored events taken to their answers
     channels: list[Channel] = field(default_factory=list)
     routes: list[web.RouteDef] = field(default_factory=list)  # served beside health, readiness and the channels'
+    intake: WebhookIntake | None = None  # [[event_sources]] in bot.toml: POST /events/<name>
     web_app: web.Application = field(init=False)
     _runner: web.AppRunner | None = None
     _prune_task: asyncio.Task[None] | None = None
@@ -384,6 +387,11 @@ def build_application(
     metrics = Metrics(db, bus, token=settings.bot_web_token)
     routes = [web.get("/metrics", metrics.handle),
               *CredentialLinkPage(CredentialLinks(credentials), trusted_proxies=settings.trusted_proxies).routes()]
+    intake = None
+    if events is not None:  # a stored event wakes the processor (which also finds it in the table)
+        sources = list(event_sources.values())
+        intake = WebhookIntake(sources, event_secrets(sources), events.store, clock, on_queued=events.queued)
+        routes += EventRoutes(intake, settings.event_max_body_bytes).routes()
     if connections is not None:
         routes += OAuthPages(gateway, secure_cookie=(settings.bot_public_url or "").startswith("https://"),
                              prefix=URL(settings.bot_public_url or "/").path.rstrip("/"),
@@ -392,7 +400,7 @@ def build_application(
                        schedules=schedules, schedule_jobs=schedule_jobs, deliveries=deliveries, gateway=gateway,
                        address=address, sandbox_peers=peers, events=events,
                        connections=connections.service if connections is not None else None, mcp=mcp,
-                       channels=[channel for channel, _tools in channels], routes=routes)
+                       channels=[channel for channel, _tools in channels], routes=routes, intake=intake)
 
 
 def _destinations(ports: Ports, channel: str | None) -> Callable[[str], Awaitable[str]] | None:

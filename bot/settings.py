@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     connection_timeout_s: float = Field(default=1800, gt=0)  # a call parked for consent waits this long
     image_max_bytes: int = Field(default=5_000_000, ge=1_000, le=20_000_000)  # a shared image the model is given
     bot_public_url: str | None = None
+    # Events in (SPEC §17): a delivery's body is read up to this size (larger: 413); events are kept this long.
+    event_max_body_bytes: int = Field(default=1_048_576, ge=1_024, le=64 * 1_048_576)
+    event_retention_days: int = Field(default=30, ge=1, le=3650)
     schedule_min_interval_s: int = Field(default=60, ge=1)
     schedule_misfire_grace_min: float = Field(default=5, gt=0)
     lease_ttl_s: float = Field(default=30, ge=1)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from dotenv import dotenv_values
-from pydantic import BaseModel, Field, ValidationError, ValidationInfo, create_model, field_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import ErrorDetails, core_schema
@@ -25,6 +25,7 @@ from pydantic_core import ErrorDetails, core_schema
 from bot.channels import installed_channels
 from bot.config.agents import AgentTable
 from bot.config.connections import ConnectionTable
+from bot.config.event_sources import EventSourceTable
 from bot.config.mcp_servers import McpServerTable
 from bot.config.policies import PolicyTable
 from bot.config.table import Problem, Says, Table
@@ -33,6 +34,7 @@ from bot.mcp.spec import McpServerSpec
 from core.agents import DEFAULT_INSTRUCTIONS, Agent
 from core.connections.spec import ConnectionSpec
 from core.policies import Policy
+from core.webhooks.model import EventSource
 
 
 def channel_sections() -> dict[str, type[BaseModel]]:
@@ -61,12 +63,24 @@ class BotToml(Table):
                                                         "first that fits a call decides it")
     connections: list[ConnectionTable] = Field([], description="an array of tables: OAuth providers")
     mcp_servers: list[McpServerTable] = Field([], description="an array of tables: MCP tool servers")
+    event_sources: list[EventSourceTable] = Field([], description="an array of tables: systems whose deliveries "
+                                                                  "to POST /events/<name> wake an agent")
 
-    @field_validator("agents", "connections", "mcp_servers")
+    @field_validator("agents", "connections", "mcp_servers", "event_sources")
     @classmethod
     def _unique_names(cls, tables: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
         _unique(tables or [], str(info.field_name))
         return tables
+
+    @model_validator(mode="after")
+    def _event_agents(self) -> BotToml:
+        """An event source's agent is one the file defines (without [[agents]], only the default one)."""
+        names = [table.name for table in self.agents] if self.agents is not None else [Agent().name]
+        for index, table in enumerate(self.event_sources):
+            if table.agent is not None and table.agent not in names:
+                raise Problem(f"is {table.agent!r}, which is not an agent of [[agents]] (known: {', '.join(names)})",
+                              at=("event_sources", index, "agent"))
+        return self
 
     def sections(self) -> list[str]:
         """The channel sections the file has."""
@@ -89,6 +103,12 @@ class BotToml(Table):
 
     def policy_list(self) -> list[Policy]:
         return [table.policy(number) for number, table in enumerate(self.policies, start=1)]
+
+    def event_source_list(self) -> list[EventSource]:
+        """``[[event_sources]]``, each source's agent given (default: the default agent). Their secrets are read
+        from the environment by the wiring."""
+        default = self.agents[0].name if self.agents else Agent().name
+        return [table.source(default) for table in self.event_sources]
 
     def mcp_specs(self) -> list[McpServerSpec]:
         return [table.spec() for table in self.mcp_servers]

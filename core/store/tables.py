@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Column, Index, Integer, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Column, Index, Integer, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 from core.store.columns import UTCDateTime, timestamp
@@ -382,3 +382,43 @@ class FiringRow(SQLModel, table=True):
     finished_at: datetime | None = timestamp(nullable=True)
     ts: str | None = Field(default=None, max_length=64)
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class WebhookEventRow(SQLModel, table=True):
+    """A delivery to ``POST /events/<source>`` (SPEC §17), stored before its 202: queued until its turn ends
+    answered or failed; filtered and duplicate deliveries are recorded and start nothing."""
+
+    __tablename__ = "webhook_events"
+    __table_args__ = (
+        # A delivery id is taken once per source: a second first delivery (another replica's, racing) fails here
+        # and is stored as a duplicate. Duplicate rows repeat the id; NULL ids (bearer) never collide.
+        Index("uq_webhook_events_delivery", "source", "delivery_id", unique=True,
+              sqlite_where=text("status <> 'duplicate'"), postgresql_where=text("status <> 'duplicate'")),
+        Index("ix_webhook_events_status_id", "status", "id"),
+        Index("ix_webhook_events_received", "received_at"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    source: str = Field(max_length=64)
+    kind: str = Field(max_length=16)  # github | standard | bearer
+    event_type: str = Field(max_length=255)
+    delivery_id: str | None = Field(default=None, max_length=255)
+    status: str = Field(max_length=16)  # queued | answered | failed | filtered | duplicate
+    payload: str = Field(sa_column=Column(Text, nullable=False))  # the body as received
+    thread_key: str | None = Field(default=None, max_length=255)  # the rendered `thread`; None: its own thread
+    session_id: str | None = Field(default=None, max_length=255)
+    input_id: int | None = Field(default=None)
+    note: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    received_at: datetime = timestamp()
+    finished_at: datetime | None = timestamp(nullable=True)
+    replay_of: int | None = Field(default=None)
+
+
+class WebhookRateRow(SQLModel, table=True):
+    """Deliveries a source sent in one fixed minute, counted in the database so the limit holds across replicas."""
+
+    __tablename__ = "webhook_rates"
+
+    source: str = Field(primary_key=True, max_length=64)
+    window_start: datetime = Field(sa_column=Column(UTCDateTime(), primary_key=True))
+    count: int = Field(default=0)

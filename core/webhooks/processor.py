@@ -26,7 +26,7 @@ from core.dispatcher import Dispatcher
 from core.errors import InvalidInput, Unavailable
 from core.model import EVENT_PREFIX, Inbound, MessageRef, OutcomeStatus
 from core.store.webhook_events import WebhookEventStore
-from core.webhooks.model import EventSource, EventStatus
+from core.webhooks.model import ANSWERED, FAILED, QUEUED, EventSource
 from core.webhooks.rendering import render_event
 
 log = logging.getLogger(__name__)
@@ -154,18 +154,18 @@ class EventProcessor:
 
     async def _answer_once(self, event_id: int) -> None:
         row = await self.store.get(event_id)
-        if row is None or row.status != EventStatus.QUEUED:
+        if row is None or row.status != QUEUED:
             return
         source = self.sources.get(row.source)
         if source is None:
-            await self._finish(event_id, EventStatus.FAILED, f"event source {row.source!r} is no longer configured")
+            await self._finish(event_id, FAILED, f"event source {row.source!r} is no longer configured")
             return
         input_id = row.input_id
         if input_id is None:
             try:
                 destination = await self._destination(source)
             except InvalidInput as exc:
-                await self._finish(event_id, EventStatus.FAILED, f"destination {source.destination}: {exc}")
+                await self._finish(event_id, FAILED, f"destination {source.destination}: {exc}")
                 return
             session_id = event_session(source.name, row.thread_key or f"#{event_id}")
             text = render_event(source=source.name, kind=row.kind, event_type=row.event_type, payload=row.payload,
@@ -180,21 +180,21 @@ class EventProcessor:
             except Unavailable:  # stopping: the next start takes it
                 return
             except InvalidInput as exc:  # e.g. the conversation belongs to another agent now
-                await self._finish(event_id, EventStatus.FAILED, str(exc))
+                await self._finish(event_id, FAILED, str(exc))
                 return
             if accepted.input_id is None:
-                await self._finish(event_id, EventStatus.FAILED, f"not accepted ({accepted.outcome})")
+                await self._finish(event_id, FAILED, f"not accepted ({accepted.outcome})")
                 return
             input_id = accepted.input_id
             await self.store.started(event_id, session_id=session_id, input_id=input_id)
         outcome = await self.dispatcher.outcome(input_id)
         if outcome.status != OutcomeStatus.ANSWERED:
-            await self._finish(event_id, EventStatus.FAILED, f"{outcome.status}: {outcome.text}"[:1000])
+            await self._finish(event_id, FAILED, f"{outcome.status}: {outcome.text}"[:1000])
             return
         error = None
         if outcome.turn_id is not None:  # core delivers the answer (retrying through outages): how did it land?
             error = (await self.deliveries.wait(outcome.turn_id)).error
-        await self._finish(event_id, EventStatus.FAILED if error else EventStatus.ANSWERED, error)
+        await self._finish(event_id, FAILED if error else ANSWERED, error)
 
     async def _destination(self, source: EventSource) -> str:
         if self.resolve is None:
@@ -205,6 +205,6 @@ class EventProcessor:
         return found
 
     async def _finish(self, event_id: int, status: str, note: str | None) -> None:
-        if status == EventStatus.FAILED:
+        if status == FAILED:
             log.warning("event %s failed: %s", event_id, note)
         await self.store.finish(event_id, status=status, note=note, now=self.clock.now())

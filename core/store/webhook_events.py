@@ -1,0 +1,160 @@
+"""Events in, stored (SPEC §17): each delivery counted in its source's rate window, deduplicated by its delivery id
+and stored in one transaction before it is answered; then taken by the processor, finished, listed, replayed and
+pruned. Deliveries that arrive together are committed in groups (``core.store.intake.GroupCommit``)."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlmodel import Session, col
+from sqlmodel import select as model_select
+
+from core.errors import NotFound
+from core.store.database import Database
+from core.store.intake import GroupCommit
+from core.store.tables import WebhookEventRow, WebhookRateRow
+from core.webhooks.model import DUPLICATE, FILTERED, QUEUED, EventArrival, Received
+
+events = WebhookEventRow.__table__  # type: ignore[attr-defined]
+rates = WebhookRateRow.__table__  # type: ignore[attr-defined]
+WINDOW = timedelta(minutes=1)
+
+FIRST_DELIVERY = select(events.c.id).where(events.c.source == bindparam("b_source"),
+                                           events.c.delivery_id == bindparam("b_delivery"),
+                                           events.c.status != DUPLICATE)
+INSERT_EVENT = insert(events)
+
+
+def window_start(now: datetime) -> datetime:
+    """The fixed minute ``now`` falls in."""
+    return now.replace(second=0, microsecond=0)
+
+
+class WebhookEventStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        # One transaction at a time on SQLite (one writer anyway); on PostgreSQL a few groups at once.
+        self._group: GroupCommit[EventArrival, Received] = GroupCommit(self._write, writers=1 if db.is_sqlite else 4)
+        counted = db.insert(rates).values(source=bindparam("source"), window_start=bindparam("window_start"), count=1)
+        self._count = counted.on_conflict_do_update(
+            index_elements=[rates.c.source, rates.c.window_start],
+            set_={"count": rates.c.count + 1}).returning(rates.c.count)
+
+    @property
+    def commits(self) -> GroupCommit[EventArrival, Received]:
+        return self._group
+
+    async def receive(self, arrival: EventArrival) -> Received:
+        """Count the delivery in its source's minute; over the rate nothing is stored (``limited``). A delivery id
+        already taken is stored as a ``duplicate``; anything else as ``queued`` or ``filtered``. Returns once
+        committed."""
+        return await self._group.submit(arrival)
+
+    async def _write(self, arrivals: list[EventArrival], *, retried: bool = False) -> list[Received | Exception]:
+        try:
+            return await self.db.run_write(lambda s: [self._receive_one(s, a) for a in arrivals], urgent=True)
+        except IntegrityError:
+            # Another replica (or writer) stored the same delivery id at the same moment: one at a time, read
+            # again, and the loser finds the winner's row (a duplicate).
+            if len(arrivals) > 1:
+                return [result for arrival in arrivals for result in await self._write([arrival])]
+            if retried:
+                raise
+            return await self._write(arrivals, retried=True)
+        except DBAPIError:
+            if len(arrivals) == 1:
+                raise
+            # E.g. a serialization failure: one at a time, so one delivery's trouble is only its own.
+            return [result for arrival in arrivals for result in await self._write([arrival])]
+
+    def _receive_one(self, s: Session, arrival: EventArrival) -> Received:
+        conn = s.connection()
+        start = window_start(arrival.now)
+        count = int(conn.execute(self._count, {"source": arrival.source, "window_start": start}).scalar_one())
+        if count > arrival.rate_per_minute:
+            # The count stays raised (it only says how hard the source knocked); the window ends on its own.
+            left = (start + WINDOW - arrival.now).total_seconds()
+            return Received("limited", retry_after_s=max(1, math.ceil(left)))
+        status, note = (FILTERED if arrival.filtered else QUEUED), None
+        if arrival.delivery_id is not None:
+            first = conn.execute(FIRST_DELIVERY, {"b_source": arrival.source,
+                                                  "b_delivery": arrival.delivery_id}).scalar()
+            if first is not None:
+                status, note = DUPLICATE, f"duplicate of {first}"
+        inserted = conn.execute(INSERT_EVENT, dict(
+            source=arrival.source, kind=arrival.kind, event_type=arrival.event_type, delivery_id=arrival.delivery_id,
+            status=status, payload=arrival.payload, thread_key=arrival.thread_key, note=note,
+            received_at=arrival.now))
+        event_id = int(inserted.inserted_primary_key[0])  # type: ignore[index]
+        return Received(status, event_id)  # type: ignore[arg-type]
+
+    async def get(self, event_id: int) -> WebhookEventRow | None:
+        async with self.db.read() as s:
+            return await s.get(WebhookEventRow, event_id)
+
+    async def queued(self) -> list[WebhookEventRow]:
+        """Events still to answer, oldest first: what a start resumes."""
+        async with self.db.read() as s:
+            found = await s.exec(model_select(WebhookEventRow).where(col(WebhookEventRow.status) == QUEUED)
+                                 .order_by(col(WebhookEventRow.id)))
+            return list(found.all())
+
+    async def started(self, event_id: int, *, session_id: str, input_id: int | None) -> None:
+        """The event's turn was accepted: in this session, as this input."""
+        await self._update(event_id, session_id=session_id, input_id=input_id)
+
+    async def finish(self, event_id: int, *, status: str, note: str | None, now: datetime) -> None:
+        """Answered or failed (why, in ``note``)."""
+        await self._update(event_id, status=status, note=note, finished_at=now)
+
+    async def _update(self, event_id: int, **values: Any) -> None:
+        statement = update(events).where(events.c.id == event_id).values(**values)
+        await self.db.run_write(lambda s: s.connection().execute(statement))
+
+    async def list(self, *, source: str | None = None, limit: int = 50) -> list[WebhookEventRow]:
+        """The newest events first, of one source or all."""
+        query = model_select(WebhookEventRow).order_by(col(WebhookEventRow.id).desc()).limit(limit)
+        if source is not None:
+            query = query.where(col(WebhookEventRow.source) == source)
+        async with self.db.read() as s:
+            return list((await s.exec(query)).all())
+
+    async def replay(self, event_id: int, now: datetime) -> WebhookEventRow:
+        """A new queued event with the same source, type, payload and thread as ``event_id`` (no delivery id: it
+        is nobody's redelivery). NotFound for an unknown id."""
+
+        def copy(s: Session) -> WebhookEventRow:
+            old = s.get(WebhookEventRow, event_id)
+            if old is None:
+                raise NotFound(f"there is no event {event_id}; `bot events list` shows them")
+            new = WebhookEventRow(source=old.source, kind=old.kind, event_type=old.event_type, delivery_id=None,
+                                  status=QUEUED, payload=old.payload, thread_key=old.thread_key, received_at=now,
+                                  replay_of=old.id)
+            s.add(new)
+            s.flush()
+            return new
+
+        return await self.db.run_write(copy)
+
+    async def prune(self, before: datetime) -> int:
+        """Forget events received before ``before`` (except those still queued: work not done yet) and rate
+        windows that started before it. Returns the events removed."""
+
+        def forget(s: Session) -> int:
+            conn = s.connection()
+            removed = conn.execute(delete(events).where(events.c.received_at < before, events.c.status != QUEUED))
+            conn.execute(delete(rates).where(rates.c.window_start < before))
+            return int(removed.rowcount or 0)
+
+        return await self.db.run_write(forget)
+
+    async def counts(self) -> dict[tuple[str, str], int]:
+        """Events by (source, status), for /metrics."""
+        query = select(events.c.source, events.c.status, func.count()).group_by(events.c.source, events.c.status)
+        async with self.db.read() as s:
+            rows = (await s.exec(query)).all()  # type: ignore[call-overload]
+        return {(str(source), str(status)): int(n) for source, status, n in rows}
