@@ -22,7 +22,7 @@ from bot.health import healthz, readyz_handler, until_ready
 from bot.home import sandbox_hidden, secure_home
 from bot.http_headers import server_app
 from bot.keys import load_keyring
-from bot.metrics import Metrics
+from bot.metrics import EventFigures, Metrics
 from bot.people import people
 from bot.policy_check import flag_warnings
 from bot.providers import build_provider
@@ -370,7 +370,8 @@ def build_application(
     # Stored events become turns answered in their destination (``resolve`` set once that channel is built).
     events = EventProcessor(WebhookEventStore(db), dispatcher, deliveries, clock, event_sources,
                             resolve=_destinations(ports, destination), settings=ProcessorSettings(
-                                channel=destination or "", retention=timedelta(days=settings.event_retention_days))
+                                channel=destination or "", retention=timedelta(days=settings.event_retention_days),
+                                poll_s=settings.approval_poll_s)
                             ) if event_sources else None
     commands = Commands(dispatcher, approvals, schedules,
                         connections=connections.service if connections is not None else None)
@@ -384,14 +385,15 @@ def build_application(
         ports.register(channel.port)  # answers, destinations and user groups (BOT_APPROVERS) go through it
         for tool in channel_tools:
             tools.register(tool)
-    metrics = Metrics(db, bus, token=settings.bot_web_token)
-    routes = [web.get("/metrics", metrics.handle),
-              *CredentialLinkPage(CredentialLinks(credentials), trusted_proxies=settings.trusted_proxies).routes()]
+    routes = CredentialLinkPage(CredentialLinks(credentials), trusted_proxies=settings.trusted_proxies).routes()
     intake = None
     if events is not None:  # a stored event wakes the processor (which also finds it in the table)
         sources = list(event_sources.values())
         intake = WebhookIntake(sources, event_secrets(sources), events.store, clock, on_queued=events.queued)
         routes += EventRoutes(intake, settings.event_max_body_bytes).routes()
+    metrics = Metrics(db, bus, token=settings.bot_web_token,
+                      events=EventFigures(events.store, intake.refusals) if events and intake else None)
+    routes.append(web.get("/metrics", metrics.handle))
     if connections is not None:
         routes += OAuthPages(gateway, secure_cookie=(settings.bot_public_url or "").startswith("https://"),
                              prefix=URL(settings.bot_public_url or "/").path.rstrip("/"),

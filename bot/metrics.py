@@ -7,6 +7,7 @@ Only for this machine (a loopback peer talking to us directly) or for whoever ho
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
@@ -28,6 +29,8 @@ from core.events import (
 from core.feedback import FeedbackGiven
 from core.store import Database
 from core.store.stats import snapshot
+from core.store.webhook_events import WebhookEventStore
+from core.webhooks.intake import RefusalCounter
 
 TURNS_STARTED = Counter("bot_turns_started", "Turns started")
 TURNS_ENDED = Counter("bot_turns_ended", "Turns ended, by outcome", ["outcome"])
@@ -52,10 +55,35 @@ GAUGES = {name: Gauge(f"bot_{name}", help_text) for name, help_text in (
 )}
 
 
+EVENTS = Gauge("bot_events", "Stored events by source and status (queued, answered, failed, filtered, duplicate; all "
+               "replicas, within EVENT_RETENTION_DAYS)", ["source", "status"])
+EVENT_REFUSALS = Counter("bot_event_refusals", "Event deliveries refused, by source and reason (this process; an "
+                                               "unknown source's name is '?')", ["source", "reason"])
+
+
+@dataclass
+class EventFigures:
+    """The events' figures: stored rows by status (the database), refused deliveries (this process's counter)."""
+
+    store: WebhookEventStore
+    refusals: RefusalCounter
+    _reported: dict[tuple[str, str], int] = field(default_factory=dict)  # refusals already added to the counter
+
+    async def update(self) -> None:
+        for (source, status), count in (await self.store.counts()).items():
+            EVENTS.labels(source=source, status=status).set(count)
+        for key, count in self.refusals.counts().items():
+            if count > self._reported.get(key, 0):
+                EVENT_REFUSALS.labels(source=key[0], reason=key[1]).inc(count - self._reported.get(key, 0))
+                self._reported[key] = count
+
+
 class Metrics:
-    def __init__(self, db: Database, bus: EventBus, *, token: str | None = None) -> None:
+    def __init__(self, db: Database, bus: EventBus, *, token: str | None = None,
+                 events: EventFigures | None = None) -> None:
         self.db = db
         self.token = token
+        self.events = events
         self._started: dict[int, float] = {}  # turn id -> monotonic start, for the duration histogram
         bus.subscribe(self.observe)
 
@@ -86,4 +114,6 @@ class Metrics:
                                                  "Authorization: Bearer <BOT_WEB_TOKEN>.")
         for name, value in (await snapshot(self.db)).items():
             GAUGES[name].set(value)
+        if self.events is not None:
+            await self.events.update()
         return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})

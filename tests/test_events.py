@@ -23,12 +23,12 @@ from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import block_action
 
 SECRET = "github-webhook-secret-0123456789"
-DEST = "C0DEST"
+DEST = "COPS"  # the fake Slack's #ops
 
 
 def _toml(tmp_path: Path, **extra: str) -> Path:
     lines = ["[[event_sources]]", 'name = "ci"', 'kind = "github"', 'secret_env = "CI_WEBHOOK_SECRET"',
-             f'destination = "{DEST}"', 'prompt = "A CI event: say what failed."']
+             'destination = "#ops"', 'prompt = "A CI event: say what failed."']
     lines += [f"{key} = {value}" for key, value in extra.items()]
     path = tmp_path / "bot.toml"
     path.write_text("\n".join(lines) + "\n")
@@ -123,7 +123,7 @@ async def test_a_member_events_gated_call_shows_a_card_in_the_destination_thread
     tmp_path: Path, monkeypatch: Any,
 ) -> None:
     monkeypatch.setenv("CI_WEBHOOK_SECRET", SECRET)
-    settings = make_settings(bot_config=_toml(tmp_path, trust='"member"'), bot_approvers="U_ONCALL,requester")
+    settings = make_settings(bot_config=_toml(tmp_path, trust='"member"'), bot_approvers="U0ONCALL,requester")
     gateway: GatewayClient = await start_gateway(settings)
     fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo rerun-tests"})]))
     assert await deliver(gateway.base, _workflow_run(8), "d-8") == 202
@@ -133,13 +133,13 @@ async def test_a_member_events_gated_call_shows_a_card_in_the_destination_thread
     request_id = card.params["blocks"][-1]["elements"][0]["value"]
 
     # Nobody is the requester of an event: someone else in the channel cannot approve it.
-    await gateway.interact(block_action("approval:approve", request_id, user="U_PASSERBY", channel=DEST))
+    await gateway.interact(block_action("approval:approve", request_id, user="U0PASSER", channel=DEST))
     await fake_slack.wait_for("chat.postEphemeral")
-    assert "can't approve" in fake_slack.ephemerals("U_PASSERBY")[0]
+    assert "can't approve" in fake_slack.ephemerals("U0PASSER")[0]
     assert len(fake_llm.requests) == 1
 
     fake_llm.then(Reply("re-ran the tests"))
-    await gateway.interact(block_action("approval:approve", request_id, user="U_ONCALL", channel=DEST))
+    await gateway.interact(block_action("approval:approve", request_id, user="U0ONCALL", channel=DEST))
     [row] = await settled(gateway, 1)
     assert row.status == "answered"
     answer = _dest_posts(fake_slack)[-1]
@@ -172,3 +172,33 @@ async def test_a_delivery_killed_after_its_202_is_answered_once_after_the_restar
     finally:
         await bot.terminate()
     assert len(_dest_posts(fake_slack)) == 1
+
+
+async def test_replay_runs_an_event_again_in_its_thread_and_metrics_count_events_and_refusals(
+    make_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+    tmp_path: Path, monkeypatch: Any,
+) -> None:
+    monkeypatch.setenv("CI_WEBHOOK_SECRET", SECRET)
+    toml = _toml(tmp_path, thread='"{repository.full_name}"')
+    settings = make_settings(bot_config=toml, approval_poll_s=0.05)
+    gateway: GatewayClient = await start_gateway(settings)
+    fake_llm.then(Reply("first look"), Reply("second look"))
+    assert await deliver(gateway.base, _workflow_run(11), "d-11") == 202
+    assert await deliver(gateway.base, _workflow_run(11), "d-forged", secret="not-the-secret-at-all") == 401
+    [row] = await settled(gateway, 1)
+
+    env = {"DATABASE_URL": settings.resolved_database_url, "BOT_HOME": str(settings.bot_home),
+           "BOT_CONFIG": str(toml), "CI_WEBHOOK_SECRET": SECRET}
+    code, out = await run_cli(tmp_path, env, "events", "replay", str(row.id))
+    assert code == 0 and f"event {row.id} queued again as event {row.id + 1}" in out, out
+    code, out = await run_cli(tmp_path, env, "events", "replay", "999")
+    assert code == 3 and "bot events list" in out, out
+    rows = await settled(gateway, 2)
+    assert rows[1].replay_of == row.id and rows[1].status == "answered"
+    first, second = _dest_posts(fake_slack)
+    assert second.params["text"] == "second look" and second.params["thread_ts"] == _first_ts(fake_slack)
+
+    async with aiohttp.ClientSession() as http, http.get(f"{gateway.base}/metrics") as resp:
+        text = await resp.text()
+    assert 'bot_events{source="ci",status="answered"} 2.0' in text
+    assert 'bot_event_refusals_total{reason="signature",source="ci"}' in text

@@ -9,8 +9,8 @@ from channels.slack.doctor import slack_checks
 from channels.slack.payloads import PERSON
 from channels.slack.settings import SlackSettings
 from channels.slack.toml import SlackSection, prompts_of
-from core.plugins import ChannelContext, ChannelPlugin
 from core.errors import InvalidInput
+from core.plugins import ChannelContext, ChannelPlugin
 
 if TYPE_CHECKING:
     from channels.slack.adapter import SlackChannel
