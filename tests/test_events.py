@@ -195,7 +195,7 @@ async def test_replay_runs_an_event_again_in_its_thread_and_metrics_count_events
     assert code == 3 and "bot events list" in out, out
     rows = await settled(gateway, 2)
     assert rows[1].replay_of == row.id and rows[1].status == "answered"
-    first, second = _dest_posts(fake_slack)
+    _first, second = _dest_posts(fake_slack)
     assert second.params["text"] == "second look" and second.params["thread_ts"] == _first_ts(fake_slack)
 
     async with aiohttp.ClientSession() as http, http.get(f"{gateway.base}/metrics") as resp:
