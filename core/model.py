@@ -8,9 +8,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-# Session ids in these namespaces are minted by core only (scheduled firings, sub-agents).
+# Session ids in these namespaces are minted by core only (scheduled firings, sub-agents, events).
 SUBAGENT_PREFIX = "sub:"  # a sub-agent's session: sub:<parent session>:<n> (core.subagents)
-RESERVED_SESSION_PREFIXES = ("schedule:", SUBAGENT_PREFIX)
+# An event source's conversations (event:<source>:<key digest>) and its sender (event:<source>): nobody's words,
+# so nobody is the requester of what its turns ask for (core.webhooks.processor).
+EVENT_PREFIX = "event:"
+RESERVED_SESSION_PREFIXES = ("schedule:", SUBAGENT_PREFIX, EVENT_PREFIX)
 VIEW_KEY = "view:"  # the idempotency keys of view contexts (Inbound.view_context): a newer one replaces them
 
 

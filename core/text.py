@@ -16,6 +16,9 @@ REPLACEMENT = "\ufffd"
 MAX_ID = 10**18 - 1  # ids people type: at most 18 digits, well inside a signed 64-bit column
 _ID = re.compile(r"[0-9]{1,18}")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")  # in a Python str, any surrogate is a lone one
+# The frame around text from outside that the model reads as data (a model's summary of a thread, an event).
+DATA_OPEN, DATA_CLOSE = "<<<", ">>>"
+_FRAME_MARKS = re.compile(r"<{3,}|>{3,}")
 
 
 def clean_text(text: str) -> str:
@@ -75,6 +78,15 @@ def tree_problem(value: Any) -> str | None:
         if problem is not None:
             return problem
     return None
+
+
+def framed_data(text: str) -> str:
+    """``text`` between ``<<<`` and ``>>>``, each on its own line: the frame that marks what anyone may have
+    written as data, never instructions. A run of three or more ``<`` or ``>`` inside becomes two (``<<<<``
+    too, which one replace of ``<<<`` would leave as ``<<<``): nothing inside can close the frame early or
+    open another, so what follows it cannot pass for the operator's words."""
+    inner = _FRAME_MARKS.sub(lambda m: m.group(0)[0] * 2, text)
+    return f"{DATA_OPEN}\n{inner}\n{DATA_CLOSE}"
 
 
 def parse_id(text: str) -> int | None:
