@@ -248,6 +248,17 @@ class Gateway:
     async def session(self, session_id: str) -> SessionInfo | None:
         return await self._conversations.get_session(session_id)
 
+    async def thread_opened(self, session_id: str, reply_ref: dict[str, Any], *, was: dict[str, Any]
+                            ) -> dict[str, Any]:
+        """A conversation's first post opened the place it goes on in (a Slack thread): from now on it is answered
+        at ``reply_ref``, unless its reference is no longer ``was`` (another post, maybe another replica's,
+        opened one first). The reference now in force, which every later post must use. Core reads nothing in
+        it: what a reference means is the channel's. NotFound: no such conversation."""
+        stored = await self._conversations.replace_reply_ref(session_id, was, reply_ref)
+        if stored is None:
+            raise NotFound(f"no conversation {session_id}")
+        return stored
+
     async def history(self, session_id: str) -> list[TranscriptEntry]:
         return await self._conversations.history(session_id)
 

@@ -50,6 +50,7 @@ from channels.slack.port import SlackPort
 from channels.slack.render import SlackRenderer
 from channels.slack.stopping import SlackStopping
 from channels.slack.streams import SlackStreams
+from channels.slack.threads import SessionThreads
 from channels.slack.workspaces import WorkspaceAuthorize, WorkspaceClient, session_team, set_inbound
 from core.errors import InvalidInput
 from core.gateway import AcceptOutcome, Gateway
@@ -108,7 +109,10 @@ class SlackChannel:
         name = api_host.split(":")[0]
         own = name in ("slack.com", "slack-gov.com") or name.endswith((".slack.com", ".slack-gov.com"))
         file_hosts = FILE_HOSTS | ({api_host} if api_host and not own else set())
-        self.port = SlackPort(self.client, streams, file_hosts=frozenset(file_hosts))
+        # Where each conversation's posts go, shared by everything that posts for one (its first post may open
+        # its thread: channels.slack.threads).
+        threads = SessionThreads(gateway)
+        self.port = SlackPort(self.client, streams, file_hosts=frozenset(file_hosts), threads=threads)
         self.started = False
         if install is not None:
             self.app.use(self._in_workspace)
@@ -119,9 +123,10 @@ class SlackChannel:
         self.app.event("message")(self._on_message)
         self._commands = SlackCommands(self.app, config.command, self.name, gateway)
         self._private = PrivateReplies(self.client)
-        approvals_ui = SlackApprovals(self.app, self.client, gateway, self.name, members=self.port.group_members)
-        credentials_ui = SlackCredentials(self.app, self.client, gateway, self.name)
-        connections_ui = SlackConnections(self.app, self.client, gateway)
+        approvals_ui = SlackApprovals(self.app, self.client, gateway, self.name, members=self.port.group_members,
+                                      threads=threads)
+        credentials_ui = SlackCredentials(self.app, self.client, gateway, self.name, threads=threads)
+        connections_ui = SlackConnections(self.app, self.client, gateway, threads=threads)
         SlackFeedback(self.app, self._private, gateway, self.name)
         SlackStopping(self.app, self._private, gateway)
         self.assistant = SlackAssistant(self.app, self.client, gateway, self.name, config.suggested_prompts)

@@ -13,6 +13,7 @@ from typing import Any
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from channels.slack.api import PrivateReplies, error_code
 from channels.slack.approval_cards import (
@@ -27,6 +28,7 @@ from channels.slack.approval_cards import (
 from channels.slack.formatting import escape
 from channels.slack.payloads import channel_id, input_value, slack_person, user_id
 from channels.slack.request_cards import CardMessages, carried_id, section
+from channels.slack.threads import SessionThreads
 from channels.slack.workspaces import in_workspace, request_workspace
 from core.display import arguments_text
 from core.errors import InvalidInput, NotFound
@@ -42,13 +44,15 @@ _TOO_BIG = {"invalid_blocks", "msg_too_long", "too_many_blocks", "msg_blocks_too
 
 class SlackApprovals:
     def __init__(self, app: AsyncApp, client: AsyncWebClient, gateway: Gateway, channel: str,
-                 members: Callable[[str], Awaitable[set[str]]] | None = None) -> None:
+                 members: Callable[[str], Awaitable[set[str]]] | None = None,
+                 threads: SessionThreads | None = None) -> None:
         self.client = client
         self.gateway = gateway
         self.channel = channel  # the channel's name in core ("slack"): whose people click here
         self.members = members  # a user group's members (SlackPort.group_members): DM cards go to each
+        self.threads = threads or SessionThreads(gateway)  # where the request's conversation posts now
         self._private = PrivateReplies(client)
-        self._cards = CardMessages(client, "approval")
+        self._cards = CardMessages(client, "approval", self.threads)
         app.action(ACTION)(self._on_click)
         app.view(DENY_VIEW)(self._on_deny_submitted)
 
@@ -57,7 +61,6 @@ class SlackApprovals:
     async def announce(self, request: ApprovalInfo, deciders: tuple[str, ...] = ()) -> None:
         """The card in the thread and, with a rule's ``notify = ["dm"]``, in each decider's DM; where each
         copy is goes on record, so a decision anywhere updates them all."""
-        ref = request.session.reply_ref
         attached = None
         if not request.settled and not fits_on_card(request):
             # The file goes first, so no button is ever shown before the arguments can be read.
@@ -73,10 +76,9 @@ class SlackApprovals:
         if "thread" in request.notify or not where.get("copies") or cut:
             for attempt in range(2):
                 try:
-                    posted = await self.client.chat_postMessage(
-                        channel=ref["channel"], thread_ts=ref.get("thread_ts"), text=fallback_text(request),
-                        blocks=approval_blocks(request, attached=attached),
-                    )
+                    # The conversation's first post (an event's) opens its thread: the answer follows it there.
+                    posted = await self.threads.post(request.session, self._card_sender(request, attached),
+                                                     lambda posted: str(posted["ts"]))
                     where |= {"channel": posted["channel"], "ts": posted["ts"]}
                     break
                 except SlackApiError as exc:
@@ -91,18 +93,25 @@ class SlackApprovals:
         if where:
             await self.gateway.approval_shown(request.id, where)
 
+    def _card_sender(self, request: ApprovalInfo, attached: str | None
+                     ) -> Callable[[str, str | None], Awaitable[AsyncSlackResponse]]:
+        async def send(channel: str, thread_ts: str | None) -> AsyncSlackResponse:
+            return await self.client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=fallback_text(request),
+                                                      blocks=approval_blocks(request, attached=attached))
+        return send
+
     async def remind(self, request: ApprovalInfo, deciders: tuple[str, ...], left: timedelta) -> None:
         """A reminder in the thread that mentions whoever may decide (escalated ones included), and with DM
         cards a new card in each one's DM (kept on record with the others)."""
         current = await self.gateway.approval(request.id)
         if current is None or current.settled:  # decided meanwhile: nothing to remind anyone of
             return
-        ref = request.session.reply_ref
         people = " ".join(mention(d) for d in deciders if slack_person(d)) or "approvers"
         text = (f":bell: Reminder: {people} — `{escape(request.tool)}` is still waiting for a decision; "
                 f"about {time_left(left)} left before it expires.")
         try:
-            await self.client.chat_postMessage(channel=ref["channel"], thread_ts=ref.get("thread_ts"), text=text)
+            await self.threads.post(request.session, lambda channel, thread_ts: self.client.chat_postMessage(
+                channel=channel, thread_ts=thread_ts, text=text), lambda posted: str(posted["ts"]))
         except SlackApiError as exc:
             log.warning("could not remind about approval %s: %s", request.id, error_code(exc))
         if "dm" in request.notify:
@@ -154,13 +163,14 @@ class SlackApprovals:
     async def _attach(self, request: ApprovalInfo, *, channel: str | None = None) -> str | None:
         """Post the arguments in full as a file in the request's thread (or in ``channel``, a DM); its name, or
         None if that failed."""
-        ref = request.session.reply_ref if channel is None else {"channel": channel}
+        # Never the conversation's first post: in its thread if one is open, else top-level (the card follows).
+        place, thread_ts = await self.threads.place(request.session) if channel is None else (channel, None)
         filename = f"approval-{request.id}-arguments.txt"
         content = (f"Approval request {request.id}: {request.agent} wants to run {request.tool}.\n"
                    "Every argument in full. Whitespace and invisible characters are shown as marks like "
                    "⟦3 spaces⟧ or ⟦U+202E⟧.\n\n" + arguments_text(request.arguments) + "\n")
         try:
-            await self.client.files_upload_v2(channel=ref["channel"], thread_ts=ref.get("thread_ts"),
+            await self.client.files_upload_v2(channel=place, thread_ts=thread_ts,
                                               content=content, filename=filename,
                                               title=f"Arguments of approval request {request.id}")
         except Exception as exc:  # whatever went wrong, nobody can read them: core refuses the call

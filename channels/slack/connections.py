@@ -26,6 +26,7 @@ from channels.slack.request_cards import (
     section,
     until,
 )
+from channels.slack.threads import SessionThreads
 from core.errors import NotFound
 from core.gateway import Gateway
 from core.model import ConnectionRequestInfo, ConnectionStatus
@@ -37,12 +38,14 @@ LINK_ACTION = "connection:open"  # the URL button (Slack still sends its click: 
 
 
 class SlackConnections:
-    def __init__(self, app: AsyncApp, client: AsyncWebClient, gateway: Gateway) -> None:
+    def __init__(self, app: AsyncApp, client: AsyncWebClient, gateway: Gateway,
+                 threads: SessionThreads | None = None) -> None:
         self.client = client
         self.gateway = gateway
         self._private = PrivateReplies(client)
         self._later = Later()
-        self._cards = CardMessages(client, "connection request")
+        self.threads = threads or SessionThreads(gateway)
+        self._cards = CardMessages(client, "connection request", self.threads)
         app.action(ACTION)(self._on_connect_clicked)
         app.action(LINK_ACTION)(self._on_link_clicked)
 
@@ -53,7 +56,7 @@ class SlackConnections:
         await self.gateway.connection_shown(request.id, where)
         if request.principal:  # their own account: they get their link at once, privately
             await self._send_link(request.id, request.principal, str(where["channel"]),
-                                  request.session.reply_ref.get("thread_ts"))
+                                  (await self.threads.place(request.session))[1])
 
     async def resolve(self, request: ConnectionRequestInfo) -> None:
         where = request.announcement or (await self.gateway.connection_request(request.id) or request).announcement

@@ -24,6 +24,7 @@ from channels.slack.request_cards import (
     section,
     until,
 )
+from channels.slack.threads import SessionThreads
 from channels.slack.workspaces import in_workspace, request_workspace
 from core.display import shown_reason
 from core.errors import NotFound
@@ -38,12 +39,13 @@ UNKNOWN_REQUEST = "That credential request does not exist."  # core's words for 
 
 
 class SlackCredentials:
-    def __init__(self, app: AsyncApp, client: AsyncWebClient, gateway: Gateway, channel: str) -> None:
+    def __init__(self, app: AsyncApp, client: AsyncWebClient, gateway: Gateway, channel: str,
+                 threads: SessionThreads | None = None) -> None:
         self.client = client
         self.gateway = gateway
         self.channel = channel  # the channel's name in core ("slack"): whose people click here
         self._private = PrivateReplies(client)
-        self._cards = CardMessages(client, "credential request")
+        self._cards = CardMessages(client, "credential request", threads or SessionThreads(gateway))
         app.action(ACTION)(self._on_provide_clicked)
         app.view(VIEW)(self._on_submitted)
 

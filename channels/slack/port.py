@@ -18,6 +18,7 @@ from channels.slack.files import FILE_HOSTS, fetch_shared_file
 from channels.slack.formatting import split_message, to_mrkdwn
 from channels.slack.people import SlackPeople
 from channels.slack.streams import LiveStream, SlackStreams
+from channels.slack.threads import SessionThreads, opens_thread, place_of
 from channels.slack.workspaces import (
     NOT_INSTALLED,
     TOKEN_GONE,
@@ -48,8 +49,9 @@ class SlackPort:
     name = "slack"
 
     def __init__(self, client: AsyncWebClient, streams: SlackStreams | None = None,
-                 file_hosts: frozenset[str] = FILE_HOSTS) -> None:
+                 file_hosts: frozenset[str] = FILE_HOSTS, threads: SessionThreads | None = None) -> None:
         self.client = client
+        self.threads = threads or SessionThreads(None)  # where each conversation's posts go (channels.slack.threads)
         self.file_hosts = file_hosts  # where shared files may be fetched from, with the bot token
         self.streams = streams  # answers shown while they are written (channels.slack.streams)
         self._unfinished: dict[int, LiveStream] = {}  # turn id → its stream, not yet ended: the retry's
@@ -101,12 +103,15 @@ class SlackPort:
             return await self._deliver(session, text, delivery_id=delivery_id, resume=resume)
 
     async def _deliver(self, session: SessionInfo, text: str, *, delivery_id: DeliveryId, resume: bool) -> Receipt:
-        channel, thread_ts = _place(session)
+        ref = await self.threads.reply_ref(session)
+        channel, thread_ts = _place(session, ref)
         chunks = split_message(text)  # Markdown: a stream shows it as it is, a post converts it to mrkdwn
         stream = self._stream_of(delivery_id.turn_id)
         landed = self._seen.pop(delivery_id, None) if resume else {}
         if landed is None:
             landed = (await self._landed(channel, thread_ts, session, delivery_id))[0]
+        if 0 in landed and opens_thread(ref):  # an earlier attempt's first chunk opened the thread: on record now
+            channel, thread_ts = _place(session, await self.threads.opened(session, ref, landed[0]))
         for index, chunk in enumerate(chunks):
             if index in landed:
                 continue
@@ -120,8 +125,23 @@ class SlackPort:
                 if ts is not None:
                     landed[index] = ts
                     continue
+            if index == 0 and thread_ts is None:
+                # The first chunk may open the conversation's thread (or follow a card that just did): the
+                # others go in it, and only once it is on record, so a retry finds them there.
+                landed[0] = await self._opening(session, chunk, metadata, feedback_for)
+                channel, thread_ts = _place(session, await self.threads.reply_ref(session))
+                continue
             landed[index] = await self._post_part(channel, thread_ts, chunk, metadata, feedback_for)
         return Receipt(landed[0])
+
+    async def _opening(self, session: SessionInfo, chunk: str, metadata: dict[str, Any],
+                       feedback_for: int | None) -> str:
+        async def send(channel: str, thread_ts: str | None) -> str:
+            return await self._post_part(channel, thread_ts, chunk, metadata, feedback_for)
+
+        # Posted, but the database failed while recording the thread: the error ends this attempt before any
+        # other chunk is posted, and the retry finds this one and records it (core retries what an adapter raises).
+        return await self.threads.post(session, send, lambda ts: ts)
 
     async def _post_part(self, channel: str, thread_ts: str | None, chunk: str, metadata: dict[str, Any],
                          feedback_for: int | None) -> str:
@@ -165,9 +185,14 @@ class SlackPort:
 
     async def find_delivered(self, session: SessionInfo, delivery_id: DeliveryId) -> Receipt | None:
         """The receipt of an earlier attempt whose every chunk landed (its response may have been lost)."""
-        channel, thread_ts = _place(session)
+        ref = await self.threads.reply_ref(session)
+        channel, thread_ts = _place(session, ref)
         with in_workspace(session_team(session.id, session.reply_ref)):
             landed, total = await self._landed(channel, thread_ts, session, delivery_id)
+        if 0 in landed and opens_thread(ref):
+            # Its first chunk opened the thread before a crash could record it; the others are only ever posted
+            # once it is on record, so there are none to look for in it.
+            await self.threads.opened(session, ref, landed[0])
         if total and 0 in landed and len(landed) >= total:
             return Receipt(landed[0])
         self._seen[delivery_id] = landed
@@ -231,9 +256,22 @@ class SlackPort:
         return known
 
     async def post_notice(self, session: SessionInfo, text: str) -> bool:
-        channel, thread_ts = _place(session)
+        _place(session, session.reply_ref)  # no channel: DeliveryFailed, as for an answer
         with in_workspace(session_team(session.id, session.reply_ref)):
-            return await self.post(channel, thread_ts, f":information_source: {text}") is not None
+            return await self.post_for(session, f":information_source: {text}") is not None
+
+    async def post_for(self, session: SessionInfo, text: str) -> str | None:
+        """Post in the conversation's place (best effort, as ``post``); its first post opens its thread, if it
+        asks for one (``channels.slack.threads``)."""
+        async def send(channel: str, thread_ts: str | None) -> str | None:
+            return await self.post(channel, thread_ts, text)
+
+        try:
+            return await self.threads.post(session, send, lambda ts: ts)
+        except Exception as exc:  # the database, while recording the thread: the post itself was made
+            log.error("conversation %s: could not record the thread its post opened: %s", session.id,
+                      type(exc).__name__)
+            return None
 
     async def post(self, channel: str, thread_ts: str | None, text: str) -> str | None:
         """Post a message (best effort): its ts, or None when Slack refused (logged)."""
@@ -341,12 +379,12 @@ def _failed(exc: SlackApiError) -> DeliveryFailed:
     return DeliveryFailed(code, retryable=transient(exc, code), retry_after_s=retry_after)
 
 
-def _place(session: SessionInfo) -> tuple[str, str | None]:
-    ref = session.reply_ref
-    channel = ref.get("channel")
+def _place(session: SessionInfo, ref: dict[str, Any]) -> tuple[str, str | None]:
+    """(channel, thread ts) of the session's reference as it is now (``SessionThreads.reply_ref``)."""
+    channel, thread_ts = place_of(ref)
     if not channel:
         raise DeliveryFailed(f"session {session.id} has no Slack channel to answer in", retryable=False)
-    return str(channel), (str(ref["thread_ts"]) if ref.get("thread_ts") else None)
+    return channel, thread_ts
 
 
 def _chunk_of(message: dict[str, Any], session: SessionInfo, delivery_id: DeliveryId,

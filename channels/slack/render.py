@@ -109,9 +109,7 @@ class SlackRenderer:
         if isinstance(event, DirectNotice):
             await self._direct(event.user, event.text)
             return
-        ref = event.session.reply_ref
-        channel, thread_ts = ref.get("channel"), ref.get("thread_ts")
-        if not channel:
+        if not event.session.reply_ref.get("channel"):
             return
         if isinstance(event, InputQueued):
             self._queued_signs.add(event.ref)
@@ -130,7 +128,7 @@ class SlackRenderer:
             await self._clear(event.turn)
         elif isinstance(event, TurnFailed):
             await self._end_stream(event.turn, "(stopped: see below)")
-            await self.port.post(channel, thread_ts, f":warning: {escape(event.message)}")  # it may quote an endpoint
+            await self.port.post_for(event.session, f":warning: {escape(event.message)}")  # it may quote an endpoint
             await self._clear(event.turn)
         elif isinstance(event, Notice):
             await self.port.post_notice(event.session, event.text)
@@ -242,7 +240,9 @@ class SlackRenderer:
         """A turn still working after ``stop_offer_s`` offers whoever asked a Stop button, privately in the
         thread (Slack lets no button ride on a status line or on a message while it streams)."""
         ref = turn.session.reply_ref
-        if self.stop_offer_s <= 0 or not turn.sender or not ref.get("channel") or not ref.get("thread_ts"):
+        # Only to a Slack person (not an event's sender), in a thread (an event's first turn has none yet).
+        if self.stop_offer_s <= 0 or not turn.sender or slack_person(turn.sender) is None or not ref.get("channel") \
+                or not ref.get("thread_ts"):
             return
         progress = self._progress.setdefault(turn.id, _Progress())
 

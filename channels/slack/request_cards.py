@@ -19,6 +19,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import error_code
+from channels.slack.threads import SessionThreads
 from core.requests import PersonRequest
 
 log = logging.getLogger(__name__)
@@ -98,20 +99,24 @@ class CardMessages:
     """Posting a kind's cards in their requests' threads, and updating them in place (``what`` names the
     kind in logs)."""
 
-    def __init__(self, client: AsyncWebClient, what: str) -> None:
+    def __init__(self, client: AsyncWebClient, what: str, threads: SessionThreads) -> None:
         self.client = client
         self.what = what
+        self.threads = threads
 
     async def post(self, request: PersonRequest, text: str, blocks: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """In the request's thread; where it landed (None: Slack refused, already logged)."""
-        ref = request.session.reply_ref
-        try:
-            posted = await self.client.chat_postMessage(channel=str(ref.get("channel") or ""),
-                                                        thread_ts=ref.get("thread_ts"), text=text, blocks=blocks)
-        except SlackApiError as exc:
-            log.error("could not post %s %s: %s", self.what, request.id, error_code(exc))
-            return None
-        return {"channel": posted["channel"], "ts": posted["ts"]}
+        """In the request's thread (a conversation's first post opens it); where it landed (None: Slack refused,
+        already logged)."""
+        async def send(channel: str, thread_ts: str | None) -> dict[str, Any] | None:
+            try:
+                posted = await self.client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text,
+                                                            blocks=blocks)
+            except SlackApiError as exc:
+                log.error("could not post %s %s: %s", self.what, request.id, error_code(exc))
+                return None
+            return {"channel": posted["channel"], "ts": posted["ts"]}
+
+        return await self.threads.post(request.session, send, lambda where: where["ts"] if where else None)
 
     async def update(self, request: PersonRequest, where: dict[str, Any], text: str,
                      blocks: list[dict[str, Any]]) -> None:

@@ -305,6 +305,29 @@ class ConversationStore:
             ]
             return entries
 
+    async def replace_reply_ref(self, session_id: str, was: dict[str, Any], reply_ref: dict[str, Any]
+                                ) -> dict[str, Any] | None:
+        """Set the session's reply reference to ``reply_ref`` only if it is still ``was`` (compare-and-set: of
+        two writers racing from the same value, one wins). The reference in force afterwards (the winner's,
+        whoever it was); None: no such session."""
+        def work(s: Session) -> dict[str, Any] | None:
+            conn = s.connection()
+            row = conn.execute(st.SESSION, {"b_session": session_id}).first()
+            if row is None:
+                return None
+            stored = SessionInfo.parse_reply_ref(row.reply_ref)
+            if stored != was:
+                return stored
+            # Guarded by the text read, so a writer that changed it since (another replica) is not overwritten.
+            changed = conn.execute(update(_sessions).where(_sessions.c.id == session_id,
+                                                           _sessions.c.reply_ref == row.reply_ref)
+                                   .values(reply_ref=json.dumps(reply_ref))).rowcount
+            if changed:
+                return dict(reply_ref)
+            return SessionInfo.parse_reply_ref(conn.execute(st.SESSION, {"b_session": session_id}).one().reply_ref)
+
+        return await self.db.run_write(work, urgent=True)
+
     async def ensure_session(self, info: SessionInfo, now: datetime) -> None:
         """Create a session core starts itself (a firing, a command's request), if it does not exist."""
         async with self.db.write() as s:
