@@ -156,7 +156,7 @@ async def fuzz(gw: GatewayClient, http: aiohttp.ClientSession) -> None:
     body, headers = bearer(alert())
     async with http.post(f"{gw.base}/events/am", data=body, headers=headers) as resp:
         assert resp.status == 202
-    assert gw.app.events is not None
+    assert gw.app.intake is not None
     from core.store.webhook_events import WebhookEventStore
 
     stored = await WebhookEventStore(gw.app.db).list(limit=1000)
