@@ -217,7 +217,7 @@ def test_hostile_payloads_never_raise_and_stay_within_the_budget() -> None:
         ("bearer", "", json.dumps({str(i): i for i in range(50_000)})),
     ]
     for kind, event_type, payload in cases:
-        for budget in (4000, 500):
+        for budget in (4000, 500, 30, 0):
             text = render_event(source="s", kind=kind, event_type=event_type, payload=payload, prompt=None,
                                 budget=budget)
             data = _data(text)

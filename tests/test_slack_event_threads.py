@@ -16,7 +16,7 @@ from core.gateway import Gateway
 from core.model import Inbound, SessionInfo, SessionStatus
 from core.ports import DeliveryId
 from tests.conftest import GatewayClient
-from tests.fakes.llm import FakeLLM, Reply
+from tests.fakes.llm import FakeLLM, HttpError, Reply
 from tests.fakes.slack_api import Call, FakeSlack
 from tests.slack_requests import block_action
 
@@ -100,6 +100,51 @@ async def test_a_card_as_the_first_post_opens_the_thread_and_the_answer_follows_
     assert fake_slack.of("chat.update")[0].params["ts"] == opened  # the card itself, updated in place
     session = await gateway.app.gateway.session("internal:card:1")
     assert session is not None and session.reply_ref == {"channel": "C9", "thread_ts": opened}
+
+
+async def test_a_failure_as_the_first_post_opens_the_thread(
+    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    fake_llm.then(HttpError(401, "Incorrect API key provided"))
+    await _event(gateway, "alert fired", number=1)
+    failed = (await fake_slack.wait_for("chat.postMessage"))[0]
+    await gateway.idle()
+    assert failed.params["text"].startswith(":warning:") and failed.params.get("thread_ts") is None
+    await _event(gateway, "alert fired again", number=2)
+    await fake_slack.wait_for("chat.postMessage", 2)
+    await gateway.idle()
+    assert fake_slack.posts()[1].params["thread_ts"] == str(fake_slack.messages[0]["ts"])
+
+
+async def test_streaming_waits_for_the_thread(make_settings: Any, start_gateway: Any, fake_slack: FakeSlack,
+                                              fake_llm: FakeLLM) -> None:
+    """With SLACK_STREAMING, the first answer (no thread yet) is posted whole, top-level; the next one streams
+    in the thread it opened."""
+    gateway: GatewayClient = await start_gateway(make_settings(slack_streaming=True, slack_stream_delay_s=0))
+    first = Reply("First answer, written in pieces.", pieces=["First answer, ", "written in pieces."], hold_after=1)
+    fake_llm.then(first)
+    await _event(gateway, "build broke", number=1)
+    await asyncio.wait_for(first.held.wait(), 5)  # written in part: a stream would start now, had it a thread
+    await gateway.app.dispatcher.bus.drain(5)
+    await asyncio.sleep(0.05)
+    assert fake_slack.of("chat.startStream") == []
+    first.resume.set()
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert fake_slack.of("chat.startStream") == [] and fake_slack.posts()[0].params.get("thread_ts") is None
+    opened = str(fake_slack.messages[0]["ts"])
+
+    second = Reply("Second answer, written in pieces.", pieces=["Second answer, ", "written in pieces."],
+                   hold_after=1)
+    fake_llm.then(second)
+    await _event(gateway, "build broke again", number=2)
+    await fake_slack.wait_for("chat.startStream")  # while the model still writes
+    second.resume.set()
+    await fake_slack.wait_for("chat.stopStream")
+    await gateway.idle()
+    assert fake_slack.of("chat.startStream")[0].params["thread_ts"] == opened
+    assert len(fake_slack.posts()) == 1  # the second answer is its stream, in the thread
+    assert [m["thread_ts"] for m in fake_slack.messages] == [None, opened]
 
 
 async def test_the_thread_outlives_a_restart(

@@ -25,7 +25,6 @@ DEFAULT_BUDGET = 4000  # characters of the framed data (the event), the prompt n
 BODY_MAX = 1000  # characters of a PR, issue, comment or release body
 LINE_MAX = 300  # characters of any other one field (a title, a branch, a URL)
 COMMITS_SHOWN = 5  # a push's commits listed (their first lines)
-MIN_BUDGET = 200  # a budget below this is taken as this: the frame still says what arrived
 GITHUB_EVENTS = ("workflow_run", "check_run", "check_suite", "pull_request", "push", "deployment_status",
                  "release", "issues", "issue_comment")
 
@@ -42,7 +41,7 @@ def render_event(*, source: str, kind: str, event_type: str, payload: str, promp
                  budget: int = DEFAULT_BUDGET) -> str:
     """The text of one event's turn: ``prompt`` (the operator's), then a line saying what follows, then the
     event framed as data: at most ``budget`` characters inside the frame."""
-    budget = max(MIN_BUDGET, budget)
+    budget = max(0, budget)
     try:
         data = _data(kind, event_type, payload, budget)
     except Exception:  # a payload no rule foresaw: the event is still answered, as text
@@ -367,4 +366,6 @@ def _cut(text: str, budget: int) -> str:
     if len(text) <= budget:
         return text
     marker = f"\n… (cut from {len(text)} characters)"
-    return text[:max(0, budget - len(marker))] + marker
+    if len(marker) >= budget:  # a budget too small to say so
+        return text[:budget]
+    return text[:budget - len(marker)] + marker
