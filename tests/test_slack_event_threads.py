@@ -118,8 +118,9 @@ async def test_a_failure_as_the_first_post_opens_the_thread(
 
 async def test_streaming_waits_for_the_thread(make_settings: Any, start_gateway: Any, fake_slack: FakeSlack,
                                               fake_llm: FakeLLM) -> None:
-    """With SLACK_STREAMING, the first answer (no thread yet) is posted whole, top-level; the next one streams
-    in the thread it opened."""
+    """With SLACK_STREAMING, the first answer (no thread yet) is posted whole, top-level; the next one shows as it
+    is written in the thread it opened: as a message that grows (a Slack stream needs a person to go to, and an
+    event's sender is none)."""
     gateway: GatewayClient = await start_gateway(make_settings(slack_streaming=True, slack_stream_delay_s=0))
     first = Reply("First answer, written in pieces.", pieces=["First answer, ", "written in pieces."], hold_after=1)
     fake_llm.then(first)
@@ -138,12 +139,14 @@ async def test_streaming_waits_for_the_thread(make_settings: Any, start_gateway:
                    hold_after=1)
     fake_llm.then(second)
     await _event(gateway, "build broke again", number=2)
-    await fake_slack.wait_for("chat.startStream")  # while the model still writes
+    await fake_slack.wait_for("chat.postMessage", 2)  # shown while the model still writes
     second.resume.set()
-    await fake_slack.wait_for("chat.stopStream")
+    await fake_slack.wait_for("chat.update")
     await gateway.idle()
-    assert fake_slack.of("chat.startStream")[0].params["thread_ts"] == opened
-    assert len(fake_slack.posts()) == 1  # the second answer is its stream, in the thread
+    assert fake_slack.of("chat.startStream") == []  # never with a recipient that is nobody on Slack
+    growing = fake_slack.posts()[1]
+    assert growing.params["thread_ts"] == opened and "Second answer" in growing.params["text"]
+    assert fake_slack.of("chat.update")[-1].params["ts"] == fake_slack.messages[1]["ts"]
     assert [m["thread_ts"] for m in fake_slack.messages] == [None, opened]
 
 

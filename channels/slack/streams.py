@@ -32,6 +32,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.slack.api import error_code, transient
 from channels.slack.blocks import answer_blocks, feedback_block, stop_block
 from channels.slack.formatting import MESSAGE_LIMIT, defused, to_mrkdwn
+from channels.slack.payloads import PERSON
 from core.model import SessionInfo
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,10 @@ STREAM_LIMIT = MESSAGE_LIMIT - 8
 # written (SlackPort): a stream older than this at the end is replaced by a fresh post, so it can be found.
 STALE_S = 240.0
 _TRANSPORT = (aiohttp.ClientError, TimeoutError, OSError)
+
+
+class _NoRecipient(Exception):
+    """A stream would have no Slack person to go to."""
 
 
 @dataclass
@@ -149,13 +154,17 @@ class SlackStreams:
     async def _start(self, stream: LiveStream) -> None:
         first, stream.pending = _fit(stream, stream.pending)
         try:
+            if stream.user is None or not PERSON.fullmatch(stream.user):
+                # Nobody on Slack asked (an event's turn): a stream needs its recipient, so none is started.
+                raise _NoRecipient
             response = await self.client.chat_startStream(channel=stream.channel, thread_ts=stream.thread_ts,
                                                          markdown_text=defused(first, piece=True),
                                                          recipient_team_id=stream.team, recipient_user_id=stream.user)
             stream.mode = "stream"
-        except SlackApiError as exc:
-            log.info("chat.startStream refused (%s): the answer shows as a message updated as it grows",
-                     error_code(exc))
+        except (SlackApiError, _NoRecipient) as exc:
+            if isinstance(exc, SlackApiError):
+                log.info("chat.startStream refused (%s): the answer shows as a message updated as it grows",
+                         error_code(exc))
             try:
                 response = await self.client.chat_postMessage(channel=stream.channel, thread_ts=stream.thread_ts,
                                                               text=to_mrkdwn(first), blocks=_working(stream, first))
