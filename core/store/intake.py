@@ -121,22 +121,29 @@ class Intake:
     def commits(self) -> GroupCommit[Arrival, Accepted]:
         return self._group
 
-    async def _write(self, arrivals: list[Arrival], *, retried: bool = False) -> list[Accepted | Exception]:
-        try:
-            return await self.db.run_write(lambda s: _accept_group(s, self.db, arrivals), urgent=True)
-        except IntegrityError:
-            # Another replica stored the same session or message at the same moment. One at a time, read
-            # again: the delivery turns out to be a duplicate (or finds the session now there).
-            if len(arrivals) > 1:
-                return [result for arrival in arrivals for result in await self._write([arrival])]
-            if retried:
-                raise
-            return await self._write(arrivals, retried=True)
-        except DBAPIError:
-            if len(arrivals) == 1:
-                raise
-            # E.g. a serialization failure: one at a time, so one input's trouble is only its own.
-            return [result for arrival in arrivals for result in await self._write([arrival])]
+    async def _write(self, arrivals: list[Arrival]) -> list[Accepted | Exception]:
+        return await written_apart(
+            lambda group: self.db.run_write(lambda s: _accept_group(s, self.db, group), urgent=True), arrivals)
+
+
+async def written_apart(write: Callable[[list[Req]], Awaitable[list[Res | Exception]]], group: list[Req], *,
+                        retried: bool = False) -> list[Res | Exception]:
+    """``write`` the group in one transaction. When another replica stored the same row at the same moment
+    (IntegrityError), one at a time, each read again (a lone one once more): it turns out to be a duplicate, or
+    finds the row now there. When the transaction failed otherwise (e.g. a serialization failure), one at a
+    time too, so one request's trouble is only its own."""
+    try:
+        return await write(group)
+    except IntegrityError:
+        if len(group) > 1:
+            return [result for one in group for result in await written_apart(write, [one])]
+        if retried:
+            raise
+        return await written_apart(write, group, retried=True)
+    except DBAPIError:
+        if len(group) == 1:
+            raise
+        return [result for one in group for result in await written_apart(write, [one])]
 
 
 def _accept_group(s: Session, db: Database, arrivals: list[Arrival]) -> list[Accepted | Exception]:

@@ -9,13 +9,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, insert, select, update
-from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlmodel import Session, col
 from sqlmodel import select as model_select
 
 from core.errors import NotFound
 from core.store.database import Database
-from core.store.intake import GroupCommit
+from core.store.intake import GroupCommit, written_apart
 from core.store.tables import WebhookEventRow, WebhookRateRow
 from core.webhooks.model import DUPLICATE, FILTERED, QUEUED, EventArrival, Received
 
@@ -54,22 +53,10 @@ class WebhookEventStore:
         committed."""
         return await self._group.submit(arrival)
 
-    async def _write(self, arrivals: list[EventArrival], *, retried: bool = False) -> list[Received | Exception]:
-        try:
-            return await self.db.run_write(lambda s: [self._receive_one(s, a) for a in arrivals], urgent=True)
-        except IntegrityError:
-            # Another replica (or writer) stored the same delivery id at the same moment: one at a time, read
-            # again, and the loser finds the winner's row (a duplicate).
-            if len(arrivals) > 1:
-                return [result for arrival in arrivals for result in await self._write([arrival])]
-            if retried:
-                raise
-            return await self._write(arrivals, retried=True)
-        except DBAPIError:
-            if len(arrivals) == 1:
-                raise
-            # E.g. a serialization failure: one at a time, so one delivery's trouble is only its own.
-            return [result for arrival in arrivals for result in await self._write([arrival])]
+    async def _write(self, arrivals: list[EventArrival]) -> list[Received | Exception]:
+        # Another replica storing the same delivery id at the same moment: the loser finds the winner's row.
+        return await written_apart(
+            lambda group: self.db.run_write(lambda s: [self._receive_one(s, a) for a in group], urgent=True), arrivals)
 
     def _receive_one(self, s: Session, arrival: EventArrival) -> Received:
         conn = s.connection()
