@@ -94,3 +94,29 @@ async def test_an_allow_rule_that_admits_flags_that_load_files_is_a_warning(
     assert code == 0, out  # a warning: the rule may be meant
     [line] = [line for line in out.splitlines() if line.startswith("! approval rules:")]
     assert "rule 1 (allow 'shell_run' matching 'kubectl get *')" in line and "--kubeconfig" in line, out
+
+
+async def test_event_sources_are_checked_and_the_url_to_configure_is_named(
+    tmp_path: Path, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    (tmp_path / "bot.toml").write_text(
+        '[[event_sources]]\nname = "ci"\nkind = "github"\nsecret_env = "CI_SECRET"\ndestination = "#ops"\n'
+        '[[event_sources]]\nname = "alerts"\nkind = "bearer"\nsecret_env = "AM_TOKEN"\ndestination = "#nowhere"\n'
+        '[[event_sources]]\nname = "deploys"\nkind = "standard"\nsecret_env = "SW_KEY"\ndestination = "#ops"\n')
+    env = slack_env(fake_slack, fake_llm, 3000) | {"BOT_PUBLIC_URL": "https://bot.example.com"}
+    code, out = await run_cli(tmp_path, env, "doctor")
+    assert code == 1, out
+    assert "✗ event source ci: CI_SECRET is not set" in out
+    assert "✗ event source deploys: SW_KEY is not set" in out
+
+    env |= {"CI_SECRET": "too-short", "AM_TOKEN": "a-long-enough-bearer-token", "SW_KEY": "whsec_%%%"}
+    code, out = await run_cli(tmp_path, env, "doctor")
+    assert "✗ event source ci: CI_SECRET: a GitHub webhook secret must have at least 16 characters" in out
+    assert "✗ event source alerts: destination #nowhere:" in out
+    assert "✗ event source deploys: SW_KEY: the Standard Webhooks key is" in out
+
+    env |= {"CI_SECRET": "a-github-secret-of-32-characters", "SW_KEY": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}
+    code, out = await run_cli(tmp_path, env, "doctor")
+    assert "✓ event source ci: github, answers in #ops (COPS) at trust external; configure the sender with " \
+           "POST https://bot.example.com/events/ci" in out, out
+    assert "✓ event source deploys: standard" in out
