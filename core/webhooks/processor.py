@@ -51,6 +51,12 @@ def event_session(source: str, key: str) -> str:
     return f"{EVENT_PREFIX}{source}:{digest}"
 
 
+def own_session(source: str, event_id: int) -> str:
+    """The conversation of an event without a thread key: its own. Not a digest of any key (a key "#1" renders
+    from an outsider's payload; it must not name event 1's conversation)."""
+    return f"{EVENT_PREFIX}{source}:own-{event_id}"
+
+
 def event_sender(source: str) -> str:
     """Who an event's words are from: the source, never a person (so nobody is its requester)."""
     return f"{EVENT_PREFIX}{source}"
@@ -167,7 +173,8 @@ class EventProcessor:
             except InvalidInput as exc:
                 await self._finish(event_id, FAILED, f"destination {source.destination}: {exc}")
                 return
-            session_id = event_session(source.name, row.thread_key or f"#{event_id}")
+            session_id = (event_session(source.name, row.thread_key) if row.thread_key
+                          else own_session(source.name, event_id))
             text = render_event(source=source.name, kind=row.kind, event_type=row.event_type, payload=row.payload,
                                 prompt=source.prompt)
             try:

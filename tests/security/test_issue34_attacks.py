@@ -1,0 +1,67 @@
+"""Issue 34 (events in), attacked from outside: each test is a finding that failed before its fix
+(tests/test_event_intake.py and tests/test_events.py hold what the feature promises; this file what an attacker
+tried against it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.settings import Settings
+from tests.conftest import GatewayClient
+from tests.event_requests import MAX_BODY, events_config
+from tests.fakes.core import ShiftedClock
+from tests.fakes.llm import FakeLLM, Reply
+from tests.fakes.slack_api import FakeSlack
+from tests.test_events import SECRET, _toml, _workflow_run, deliver, settled
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+
+@pytest.fixture
+def clock() -> ShiftedClock:
+    """One second into a minute: the rate windows of a test are one minute's."""
+    shifted = ShiftedClock()
+    shifted.jump_to(shifted.now().replace(second=1, microsecond=0) + timedelta(minutes=1))
+    return shifted
+
+
+@pytest.fixture
+async def events(make_settings: Callable[..., Settings], start_gateway: Any, tmp_path: Path,
+                 monkeypatch: pytest.MonkeyPatch, clock: ShiftedClock) -> GatewayClient:
+    config = events_config(tmp_path, monkeypatch)
+    gateway: GatewayClient = await start_gateway(make_settings(bot_config=config, event_max_body_bytes=MAX_BODY),
+                                                 clock=clock)
+    return gateway
+
+
+async def post(gw: GatewayClient, name: str, delivery: tuple[bytes, dict[str, str]]) -> tuple[int, str]:
+    body, headers = delivery
+    async with gw.http.post(f"{gw.base}/events/{name}", data=body, headers=headers) as resp:
+        return resp.status, await resp.text()
+
+
+async def test_an_outsiders_thread_key_cannot_name_another_events_own_conversation(
+        make_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """An event whose key renders empty has a conversation of its own; it was the key "#<its id>", so a payload
+    whose field reads "#1" joined event 1's conversation: it read what that turn saw (tool results too) and its
+    answer went into event 1's thread."""
+    monkeypatch.setenv("CI_WEBHOOK_SECRET", SECRET)
+    toml = _toml(tmp_path, thread='"{workflow_run.display_title}"')
+    gateway: GatewayClient = await start_gateway(make_settings(bot_config=toml))
+    fake_llm.then(Reply("run 1: private details"))
+    assert await deliver(gateway.base, _workflow_run(1), "d-1") == 202  # no display_title: its own conversation
+    [first] = await settled(gateway, 1)
+    fake_llm.then(Reply("what did run 1 say?"))
+    attacker = _workflow_run(2)
+    attacker["workflow_run"]["display_title"] = f"#{first.id}"
+    assert await deliver(gateway.base, attacker, "d-2") == 202
+    first, second = await settled(gateway, 2)
+    assert second.thread_key == f"#{first.id}"
+    assert second.session_id != first.session_id
+    assert "run 1: private details" not in str(fake_llm.requests[-1]["messages"])
