@@ -8,7 +8,7 @@ import math
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlmodel import Session, col
 from sqlmodel import select as model_select
@@ -23,9 +23,11 @@ events = WebhookEventRow.__table__  # type: ignore[attr-defined]
 rates = WebhookRateRow.__table__  # type: ignore[attr-defined]
 WINDOW = timedelta(minutes=1)
 
+# The first row of a delivery: the same delivery id, or (GitHub) the same signed body. A NULL matches nothing.
 FIRST_DELIVERY = select(events.c.id).where(events.c.source == bindparam("b_source"),
-                                           events.c.delivery_id == bindparam("b_delivery"),
-                                           events.c.status != DUPLICATE)
+                                           or_(events.c.delivery_id == bindparam("b_delivery"),
+                                               events.c.body_digest == bindparam("b_digest")),
+                                           events.c.status != DUPLICATE).limit(1)
 INSERT_EVENT = insert(events)
 
 
@@ -80,15 +82,15 @@ class WebhookEventStore:
             left = (start + WINDOW - arrival.now).total_seconds()
             return Received("limited", retry_after_s=max(1, math.ceil(left)))
         status, note = (FILTERED if arrival.filtered else QUEUED), None
-        if arrival.delivery_id is not None:
-            first = conn.execute(FIRST_DELIVERY, {"b_source": arrival.source,
-                                                  "b_delivery": arrival.delivery_id}).scalar()
+        if arrival.delivery_id is not None or arrival.body_digest is not None:
+            first = conn.execute(FIRST_DELIVERY, {"b_source": arrival.source, "b_delivery": arrival.delivery_id,
+                                                  "b_digest": arrival.body_digest}).scalar()
             if first is not None:
                 status, note = DUPLICATE, f"duplicate of {first}"
         inserted = conn.execute(INSERT_EVENT, dict(
             source=arrival.source, kind=arrival.kind, event_type=arrival.event_type, delivery_id=arrival.delivery_id,
-            status=status, payload=arrival.payload, thread_key=arrival.thread_key, note=note,
-            received_at=arrival.now))
+            body_digest=arrival.body_digest, status=status, payload=arrival.payload, thread_key=arrival.thread_key,
+            note=note, received_at=arrival.now))
         event_id = int(inserted.inserted_primary_key[0])  # type: ignore[index]
         return Received(status, event_id)  # type: ignore[arg-type]
 

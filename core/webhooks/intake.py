@@ -5,6 +5,7 @@ status is decided here, and bad input never raises: the HTTP handler only passes
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import logging
 from collections import Counter
@@ -96,7 +97,8 @@ class WebhookIntake:
         arrival = EventArrival(
             source=source.name, kind=source.kind, event_type=event_type, delivery_id=delivery_id,
             payload=body.decode("utf-8"), thread_key=None if filtered else render_thread_key(source.thread, payload),
-            filtered=filtered, rate_per_minute=source.rate_per_minute, now=self.clock.now())
+            filtered=filtered, rate_per_minute=source.rate_per_minute, now=self.clock.now(),
+            body_digest=hashlib.sha256(body).hexdigest() if source.kind == "github" else None)
         received = await self.store.receive(arrival)
         if received.outcome == "limited":
             self.refusals.add(source.name, "rate")

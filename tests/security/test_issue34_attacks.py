@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from bot.settings import Settings
+from core.store.webhook_events import WebhookEventStore
 from tests.conftest import GatewayClient
-from tests.event_requests import MAX_BODY, events_config
+from tests.event_requests import MAX_BODY, PUSH, events_config, github
 from tests.fakes.core import ShiftedClock
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
@@ -65,3 +66,22 @@ async def test_an_outsiders_thread_key_cannot_name_another_events_own_conversati
     assert second.thread_key == f"#{first.id}"
     assert second.session_id != first.session_id
     assert "run 1: private details" not in str(fake_llm.requests[-1]["messages"])
+
+
+async def test_a_captured_github_delivery_sent_again_under_a_new_delivery_id_is_a_duplicate(
+        events: GatewayClient) -> None:
+    """X-GitHub-Delivery is not signed: whoever saw one delivery (a repository admin reads every delivery's headers
+    and body, the signature too, under the webhook's Recent Deliveries) could send it again with a fresh id, as
+    often as the rate lets, each a new turn. The signature signs the body: the same body is the same delivery."""
+    gw = events
+    body, headers = github("push", PUSH, delivery="d-1")
+    assert await post(gw, "gh", (body, headers)) == (202, "accepted")
+    for forged in ("d-2", "D-1", "d-1 "):
+        assert await post(gw, "gh", (body, headers | {"X-GitHub-Delivery": forged})) == (200, "already received")
+    rows = sorted(await WebhookEventStore(gw.app.db).list(), key=lambda r: r.id or 0)
+    assert [r.status in ("queued", "answered", "failed") for r in rows] == [True, False, False, False]
+    assert {r.status for r in rows[1:]} == {"duplicate"}
+    # Another body (another event) under the first id is still GitHub's redelivery of d-1: a duplicate too.
+    other, _ = github("push", PUSH | {"after": "f" * 40}, delivery="d-1")
+    assert await post(gw, "gh", (other, github("push", None, body=other, delivery="d-1")[1])) == \
+        (200, "already received")
