@@ -1,6 +1,7 @@
-"""Events in, stored (SPEC §17): each delivery counted in its source's rate window, deduplicated by its delivery id
-and stored in one transaction before it is answered; then taken by the processor, finished, listed, replayed and
-pruned. Deliveries that arrive together are committed in groups (``core.store.intake.GroupCommit``)."""
+"""Events in, stored (SPEC §17): each delivery deduplicated by its delivery id (GitHub: or its body), counted in its
+source's rate window (duplicates in a window of their own) and stored in one transaction before it is answered;
+then taken by the processor, finished, listed, replayed and pruned. Deliveries that arrive together are committed
+in groups (``core.store.intake.GroupCommit``)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from core.webhooks.model import DUPLICATE, FILTERED, QUEUED, EventArrival, Recei
 events = WebhookEventRow.__table__  # type: ignore[attr-defined]
 rates = WebhookRateRow.__table__  # type: ignore[attr-defined]
 WINDOW = timedelta(minutes=1)
+DUPLICATES = "/dup"  # a source's duplicates are counted under its name + this (no source name holds a "/")
 
 # The first row of a delivery: the same delivery id, or (GitHub) the same signed body. A NULL matches nothing.
 FIRST_DELIVERY = select(events.c.id).where(events.c.source == bindparam("b_source"),
@@ -51,8 +53,9 @@ class WebhookEventStore:
         return self._group
 
     async def receive(self, arrival: EventArrival) -> Received:
-        """Count the delivery in its source's minute; over the rate nothing is stored (``limited``). A delivery id
-        already taken is stored as a ``duplicate``; anything else as ``queued`` or ``filtered``. Returns once
+        """A delivery id (or GitHub body) already taken is a ``duplicate``: recorded up to the rate's number a
+        minute, never counted against new deliveries. Anything else is counted in its source's minute; over the
+        rate nothing is stored (``limited``), else it is stored ``queued`` or ``filtered``. Returns once
         committed."""
         return await self._group.submit(arrival)
 
@@ -76,17 +79,24 @@ class WebhookEventStore:
     def _receive_one(self, s: Session, arrival: EventArrival) -> Received:
         conn = s.connection()
         start = window_start(arrival.now)
-        count = int(conn.execute(self._count, {"source": arrival.source, "window_start": start}).scalar_one())
-        if count > arrival.rate_per_minute:
-            # The count stays raised (it only says how hard the source knocked); the window ends on its own.
-            left = (start + WINDOW - arrival.now).total_seconds()
-            return Received("limited", retry_after_s=max(1, math.ceil(left)))
-        status, note = (FILTERED if arrival.filtered else QUEUED), None
+        first = None
         if arrival.delivery_id is not None or arrival.body_digest is not None:
             first = conn.execute(FIRST_DELIVERY, {"b_source": arrival.source, "b_delivery": arrival.delivery_id,
                                                   "b_digest": arrival.body_digest}).scalar()
-            if first is not None:
-                status, note = DUPLICATE, f"duplicate of {first}"
+        if first is not None:
+            # Counted apart: a captured delivery sent over and over must not use up the source's rate (its real
+            # events would be refused), and only so many of its copies are recorded.
+            counted = {"source": arrival.source + DUPLICATES, "window_start": start}
+            if int(conn.execute(self._count, counted).scalar_one()) > arrival.rate_per_minute:
+                return Received("duplicate", int(first))  # answered as one, not recorded
+            status, note = DUPLICATE, f"duplicate of {first}"
+        else:
+            count = int(conn.execute(self._count, {"source": arrival.source, "window_start": start}).scalar_one())
+            if count > arrival.rate_per_minute:
+                # The count stays raised (it only says how hard the source knocked); the window ends on its own.
+                left = (start + WINDOW - arrival.now).total_seconds()
+                return Received("limited", retry_after_s=max(1, math.ceil(left)))
+            status, note = (FILTERED if arrival.filtered else QUEUED), None
         inserted = conn.execute(INSERT_EVENT, dict(
             source=arrival.source, kind=arrival.kind, event_type=arrival.event_type, delivery_id=arrival.delivery_id,
             body_digest=arrival.body_digest, status=status, payload=arrival.payload, thread_key=arrival.thread_key,

@@ -14,7 +14,7 @@ import pytest
 from bot.settings import Settings
 from core.store.webhook_events import WebhookEventStore
 from tests.conftest import GatewayClient
-from tests.event_requests import MAX_BODY, PUSH, events_config, github
+from tests.event_requests import MAX_BODY, PUSH, dumps, events_config, github, signed
 from tests.fakes.core import ShiftedClock
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
@@ -85,3 +85,23 @@ async def test_a_captured_github_delivery_sent_again_under_a_new_delivery_id_is_
     other, _ = github("push", PUSH | {"after": "f" * 40}, delivery="d-1")
     assert await post(gw, "gh", (other, github("push", None, body=other, delivery="d-1")[1])) == \
         (200, "already received")
+
+
+@pytest.mark.parametrize(("source", "kind"), [("flood-gh", "github"), ("flood-sw", "standard")])
+async def test_a_captured_delivery_sent_over_and_over_does_not_use_up_the_senders_rate(
+        events: GatewayClient, clock: ShiftedClock, source: str, kind: str) -> None:
+    """Duplicates counted in the source's rate: one captured delivery, sent again and again (a duplicate each
+    time), used up the minute and the sender's real events were refused 429 (GitHub does not retry them: lost).
+    A duplicate starts nothing: it does not count against new deliveries, and only so many are recorded."""
+    gw = events  # flood-gh and flood-sw take 3 a minute
+    captured = signed(kind, clock.now(), body=dumps({"type": "invoice.paid", "n": 0}))
+    assert (await post(gw, source, captured))[0] == 202
+    assert [(await post(gw, source, captured))[0] for _ in range(10)] == [200] * 10
+    for n in (1, 2):
+        assert (await post(gw, source, signed(kind, clock.now(), body=dumps({"type": "invoice.paid", "n": n}))))[0] \
+            == 202
+    assert (await post(gw, source, signed(kind, clock.now(), body=dumps({"type": "invoice.paid", "n": 3}))))[0] \
+        == 429  # the rate still holds for new deliveries
+    stored = await WebhookEventStore(gw.app.db).list(source=source)
+    assert sum(r.status == "duplicate" for r in stored) == 3  # recorded up to the rate, then only answered
+    assert len(stored) == 6
