@@ -4,6 +4,7 @@ tried against it)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from bot.settings import Settings
 from core.store.webhook_events import WebhookEventStore
+from core.webhooks.thread_key import MAX_KEY, render_thread_key
 from tests.conftest import GatewayClient
 from tests.event_requests import MAX_BODY, PUSH, dumps, events_config, github, signed
 from tests.fakes.core import ShiftedClock
@@ -21,6 +23,8 @@ from tests.fakes.slack_api import FakeSlack
 from tests.test_events import SECRET, _toml, _workflow_run, deliver, settled
 
 pytestmark = pytest.mark.usefixtures("clean_env")
+
+MAX_EVENT_BODY = 1024 * 1024  # EVENT_MAX_BODY_BYTES by default
 
 
 @pytest.fixture
@@ -105,3 +109,15 @@ async def test_a_captured_delivery_sent_over_and_over_does_not_use_up_the_sender
     stored = await WebhookEventStore(gw.app.db).list(source=source)
     assert sum(r.status == "duplicate" for r in stored) == 3  # recorded up to the rate, then only answered
     assert len(stored) == 6
+
+
+def test_a_huge_payload_field_does_not_hold_the_event_loop_while_its_thread_key_renders() -> None:
+    """The key is rendered in the intake, on the event loop, before the rate is counted: each field was copied
+    whole and filtered a character at a time, so a field of a megabyte (a commit message, a comment body) under
+    a template naming it a few times held every request of the process for seconds per delivery."""
+    payload = {"a": "x" * MAX_EVENT_BODY, "b": "\x00" * 1000 + "id-7"}
+    started = time.perf_counter()
+    key = render_thread_key("{a}" * 85, payload)
+    assert time.perf_counter() - started < 1.0  # it took 10 s
+    assert key == "x" * MAX_KEY
+    assert render_thread_key("{b}/{a}", {"b": "id-7", "a": "short"}) == "id-7/short"  # what a key always was
