@@ -4,6 +4,7 @@ tried against it)."""
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -14,6 +15,7 @@ import pytest
 
 from bot.settings import Settings
 from core.store.webhook_events import WebhookEventStore
+from core.webhooks.signatures import secret_problem
 from core.webhooks.thread_key import MAX_KEY, render_thread_key
 from tests.conftest import GatewayClient
 from tests.event_requests import MAX_BODY, PUSH, dumps, events_config, github, signed
@@ -121,3 +123,11 @@ def test_a_huge_payload_field_does_not_hold_the_event_loop_while_its_thread_key_
     assert time.perf_counter() - started < 1.0  # it took 10 s
     assert key == "x" * MAX_KEY
     assert render_thread_key("{b}/{a}", {"b": "id-7", "a": "short"}) == "id-7/short"  # what a key always was
+
+
+def test_bot_doctor_fails_a_standard_webhooks_key_short_enough_to_guess() -> None:
+    """A GitHub secret or a bearer token under 16 characters fails `bot doctor`; a `whsec_` key only had to
+    open, so `whsec_AA==` (one byte: 256 keys to try, and refusals are not rate limited) passed."""
+    assert secret_problem("standard", "whsec_AA==") is not None
+    assert secret_problem("standard", "whsec_" + base64.b64encode(b"k" * 15).decode()) is not None
+    assert secret_problem("standard", "whsec_" + base64.b64encode(b"k" * 24).decode()) is None
