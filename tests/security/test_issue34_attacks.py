@@ -4,17 +4,21 @@ tried against it)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import hashlib
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bot.settings import Settings
+from core.store import Database
 from core.store.webhook_events import WebhookEventStore
+from core.webhooks.model import EventArrival
 from core.webhooks.signatures import secret_problem
 from core.webhooks.thread_key import MAX_KEY, render_thread_key
 from tests.conftest import GatewayClient
@@ -131,3 +135,24 @@ def test_bot_doctor_fails_a_standard_webhooks_key_short_enough_to_guess() -> Non
     assert secret_problem("standard", "whsec_AA==") is not None
     assert secret_problem("standard", "whsec_" + base64.b64encode(b"k" * 15).decode()) is not None
     assert secret_problem("standard", "whsec_" + base64.b64encode(b"k" * 24).decode()) is None
+
+
+async def test_two_replicas_taking_one_github_body_under_two_ids_store_one_queued_row(store_db: Database) -> None:
+    """The same captured body sent at once to two replicas under two fresh ids: one is the event, the other its
+    duplicate (the unique index on the body settles the race, as the one on the delivery id does)."""
+    other = Database(store_db.url)
+    stores = (WebhookEventStore(store_db), WebhookEventStore(other))
+    try:
+        for n in range(5):
+            got = await asyncio.gather(*(store.receive(_github_arrival(f"r-{n}-{i}", body=f'{{"n": {n}}}'))
+                                         for i, store in enumerate(stores)))
+            assert sorted(g.outcome for g in got) == ["duplicate", "queued"], got
+        assert len(await stores[0].queued()) == 5
+    finally:
+        await other.close()
+
+
+def _github_arrival(delivery_id: str, *, body: str) -> EventArrival:
+    return EventArrival(source="gh", kind="github", event_type="push", delivery_id=delivery_id, payload=body,
+                        thread_key=None, filtered=False, rate_per_minute=60, now=datetime.now(UTC),
+                        body_digest=hashlib.sha256(body.encode()).hexdigest())
