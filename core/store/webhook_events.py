@@ -109,11 +109,20 @@ class WebhookEventStore:
             return await s.get(WebhookEventRow, event_id)
 
     async def queued(self) -> list[WebhookEventRow]:
-        """Events still to answer, oldest first: what a start resumes."""
+        """Events still to answer, oldest first, whole (the processor polls ``queued_ids``)."""
         async with self.db.read() as s:
             found = await s.exec(model_select(WebhookEventRow).where(col(WebhookEventRow.status) == QUEUED)
                                  .order_by(col(WebhookEventRow.id)))
             return list(found.all())
+
+    async def queued_ids(self) -> list[int]:
+        """The ids of the events still to answer, oldest first: what the processor polls for (a backlog's
+        payloads, up to EVENT_MAX_BODY_BYTES each, are read one by one as their events are taken, not at every
+        poll)."""
+        async with self.db.read() as s:
+            found = await s.exec(select(events.c.id).where(events.c.status == QUEUED)  # type: ignore[call-overload]
+                                 .order_by(events.c.id))
+            return [int(event_id) for event_id in found.scalars().all()]
 
     async def started(self, event_id: int, *, session_id: str, input_id: int | None) -> None:
         """The event's turn was accepted: in this session, as this input."""

@@ -133,9 +133,8 @@ class EventProcessor:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                for row in await self.store.queued():
-                    assert row.id is not None
-                    self._take(row.id)
+                for event_id in await self.store.queued_ids():
+                    self._take(event_id)
                 if pruned_at is None or loop.time() - pruned_at >= self.settings.prune_every_s:
                     pruned_at = loop.time()
                     pruned = await self.store.prune(self.clock.now() - self.settings.retention)

@@ -11,14 +11,18 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from sqlalchemy import event
 
 from bot.settings import Settings
+from core.delivery import Deliveries
+from core.dispatcher import Dispatcher
 from core.store import Database
 from core.store.webhook_events import WebhookEventStore
-from core.webhooks.model import EventArrival
+from core.webhooks.model import EventArrival, EventSource
+from core.webhooks.processor import EventProcessor, ProcessorSettings
 from core.webhooks.signatures import secret_problem
 from core.webhooks.thread_key import MAX_KEY, render_thread_key
 from tests.conftest import GatewayClient
@@ -156,3 +160,37 @@ def _github_arrival(delivery_id: str, *, body: str) -> EventArrival:
     return EventArrival(source="gh", kind="github", event_type="push", delivery_id=delivery_id, payload=body,
                         thread_key=None, filtered=False, rate_per_minute=60, now=datetime.now(UTC),
                         body_digest=hashlib.sha256(body.encode()).hexdigest())
+
+
+async def test_following_the_table_does_not_read_every_queued_payload_at_every_poll(store_db: Database) -> None:
+    """A backlog of queued events (a thread whose turns take their time, a model down for an hour) was read
+    whole, payloads of up to a megabyte each, at every poll (2 s): 60 events a minute of a megabyte made the
+    process read gigabytes a minute and hold them. The poll needs their ids; each payload is read when its
+    event is taken."""
+    store = WebhookEventStore(store_db)
+    backlog = 20
+    for n in range(backlog):
+        await store.receive(_github_arrival(f"b-{n}", body=f'{{"n": {n}, "pad": "{"x" * 1000}"}}'))
+    never = asyncio.Event()
+
+    async def resolve(destination: str) -> str:  # the platform is slow to answer: the events stay queued
+        await never.wait()
+        return "C1"
+
+    source = EventSource(name="gh", kind="github", secret_env="X", destination="#ops")
+    processor = EventProcessor(store, cast(Dispatcher, None), cast(Deliveries, None), ShiftedClock(),
+                               {"gh": source}, resolve, ProcessorSettings(channel="slack", poll_s=0.01))
+    payload_reads: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "webhook_events.payload" in statement:
+            payload_reads.append(statement)
+
+    event.listen(store_db.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        await processor.start()
+        await asyncio.sleep(0.3)  # some thirty polls
+        await processor.stop()
+    finally:
+        event.remove(store_db.engine.sync_engine, "before_cursor_execute", seen)
+    assert len(payload_reads) <= backlog  # each event's payload read once, when it is taken (it was every poll)
