@@ -57,6 +57,13 @@ def own_session(source: str, event_id: int) -> str:
     return f"{EVENT_PREFIX}{source}:own-{event_id}"
 
 
+def event_place(channel: str, source: str, destination: str) -> str:
+    """Where a source's event turns live (``slack:event-ci:C2``): their approvals are asked, and "Always allow"
+    grants kept, per source. Not a schedule's firing's ``slack:dest:C2``, nor another source's: a grant given
+    to a trusted source's call must not let the same call run unasked for a source outsiders write to."""
+    return f"{channel}:event-{source}:{destination}"
+
+
 def event_sender(source: str) -> str:
     """Who an event's words are from: the source, never a person (so nobody is its requester)."""
     return f"{EVENT_PREFIX}{source}"
@@ -181,7 +188,7 @@ class EventProcessor:
                     session_id=session_id, channel=self.settings.channel, sender=event_sender(source.name), text=text,
                     addressed=True, reply_ref={"channel": destination, "open_thread": True}, ref=MessageRef(),
                     idempotency_key=f"event:{event_id}", agent=source.agent,
-                    place=f"{self.settings.channel}:dest:{destination}",
+                    place=event_place(self.settings.channel, source.name, destination),
                 ), internal=True)
             except Unavailable:  # stopping: the next start takes it
                 return

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import hmac
+import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -30,7 +32,8 @@ from tests.event_requests import MAX_BODY, PUSH, dumps, events_config, github, s
 from tests.fakes.core import ShiftedClock
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
-from tests.test_events import SECRET, _toml, _workflow_run, deliver, settled
+from tests.slack_requests import block_action
+from tests.test_events import DEST, SECRET, _dest_posts, _toml, _workflow_run, deliver, settled
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -194,3 +197,55 @@ async def test_following_the_table_does_not_read_every_queued_payload_at_every_p
     finally:
         event.remove(store_db.engine.sync_engine, "before_cursor_execute", seen)
     assert len(payload_reads) <= backlog  # each event's payload read once, when it is taken (it was every poll)
+
+
+TWO_SOURCES = """
+[[event_sources]]
+name = "ci"
+kind = "github"
+secret_env = "CI_WEBHOOK_SECRET"
+destination = "#ops"
+trust = "member"
+
+[[event_sources]]
+name = "pub"
+kind = "github"
+secret_env = "CI_WEBHOOK_SECRET"
+destination = "#ops"
+trust = "member"
+"""
+
+
+async def test_an_always_allow_given_for_one_sources_call_does_not_cover_another_sources_events(
+        make_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Every event turn (and every schedule's firing) posting to #ops lived at the place "slack:dest:C…", and
+    grants are by place: "Always allow" given to a call of the trusted CI source let the same call run unasked
+    in the events of a source whose payloads outsiders write (a public repository's PR bodies)."""
+    monkeypatch.setenv("CI_WEBHOOK_SECRET", SECRET)
+    toml = tmp_path / "bot.toml"
+    toml.write_text(TWO_SOURCES)
+    gateway: GatewayClient = await start_gateway(make_settings(bot_config=toml, bot_approvers="U0ONCALL"))
+    call = ("shell_run", {"command": "echo rerun-tests"})
+    fake_llm.then(Reply(tool_calls=[call]))
+    assert await deliver(gateway.base, _workflow_run(1), "d-1") == 202  # to "ci"
+    card = (await fake_slack.wait_for("chat.postMessage"))[0]
+    request_id = card.params["blocks"][-1]["elements"][0]["value"]
+    fake_llm.then(Reply("re-ran them"))
+    await gateway.interact(block_action("approval:always", request_id, user="U0ONCALL", channel=DEST))
+    await settled(gateway, 1)
+
+    fake_llm.then(Reply(tool_calls=[call]), Reply("ran it for the outsider"))
+    body = json.dumps(_workflow_run(2)).encode()
+    headers = {"Content-Type": "application/json", "X-GitHub-Event": "workflow_run", "X-GitHub-Delivery": "p-1",
+               "X-Hub-Signature-256": "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()}
+    async with gateway.http.post(f"{gateway.base}/events/pub", data=body, headers=headers) as resp:
+        assert resp.status == 202
+    async with asyncio.timeout(10):
+        while True:  # until the outsider's event asks, or its call has run
+            texts = [json.dumps(p.params) for p in _dest_posts(fake_slack)[1:]]
+            if any("echo rerun-tests" in t or "ran it for the outsider" in t for t in texts):
+                break
+            await asyncio.sleep(0.02)
+    assert not any("ran it for the outsider" in t for t in texts)  # it ran unasked, under ci's grant
+    assert any("echo rerun-tests" in t and "approval:approve" in t for t in texts)  # a card asks instead
