@@ -399,6 +399,9 @@ class WebhookEventRow(SQLModel, table=True):
               sqlite_where=text("status <> 'duplicate'"), postgresql_where=text("status <> 'duplicate'")),
         Index("ix_webhook_events_status_id", "status", "id"),
         Index("ix_webhook_events_received", "received_at"),
+        # An id is never given twice, even once pruning took the newest rows: a turn is deduplicated by
+        # ``event:<id>`` in its conversation, so a reused id would be taken for the old event (never answered).
+        {"sqlite_autoincrement": True},
     )
 
     id: int | None = Field(default=None, primary_key=True)

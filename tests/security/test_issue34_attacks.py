@@ -249,3 +249,17 @@ async def test_an_always_allow_given_for_one_sources_call_does_not_cover_another
             await asyncio.sleep(0.02)
     assert not any("ran it for the outsider" in t for t in texts)  # it ran unasked, under ci's grant
     assert any("echo rerun-tests" in t and "approval:approve" in t for t in texts)  # a card asks instead
+
+
+async def test_an_event_id_is_never_given_twice_even_after_pruning_took_the_newest(store_db: Database) -> None:
+    """SQLite gives the next row the largest id + 1: once the retention pruned every event (a quiet month), the
+    next event got id 1 again. Its turn is deduplicated by ``event:<id>`` in its conversation, so an event whose
+    conversation had taken event 1 (a key's, or "own-1") was taken for that old one: never answered, and marked
+    answered all the same."""
+    store = WebhookEventStore(store_db)
+    first = await store.receive(_github_arrival("old", body='{"n": 1}'))
+    assert first.event_id is not None
+    await store.finish(first.event_id, status="answered", note=None, now=datetime.now(UTC))
+    assert await store.prune(datetime.now(UTC) + timedelta(days=1)) == 1
+    again = await store.receive(_github_arrival("new", body='{"n": 2}'))
+    assert again.event_id is not None and again.event_id > first.event_id

@@ -35,6 +35,7 @@ def upgrade() -> None:
         sa.Column("received_at", UTCDateTime(), nullable=False),
         sa.Column("finished_at", UTCDateTime(), nullable=True),
         sa.Column("replay_of", sa.Integer(), nullable=True),
+        sqlite_autoincrement=True,  # ids never reused after a prune (the turn's dedupe key is event:<id>)
     )
     op.create_index("uq_webhook_events_delivery", "webhook_events", ["source", "delivery_id"], unique=True,
                     sqlite_where=_FIRST, postgresql_where=_FIRST)
