@@ -32,8 +32,10 @@ class EventRoutes:
         name = request.match_info["name"]
         if name not in self.intake.sources:
             return _closing(await self.intake.deliver(name, request.headers, b""))  # 404, body unread
-        if request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
-            # Not inflated here: a small compressed body can grow past any cap before it is counted.
+        if any(coding.strip().lower() not in ("", "identity")
+               for header in request.headers.getall("Content-Encoding", []) for coding in header.split(",")):
+            # Not inflated here: a small compressed body can grow past any cap before it is counted. Every
+            # header, every coding in it: aiohttp would inflate by one the first alone does not name.
             return _closing(IntakeAnswer(400, "compressed bodies are not accepted"))
         declared = request.content_length
         if declared is not None and declared > self.max_body_bytes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import hashlib
 import hmac
 import json
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from multidict import CIMultiDict
 from sqlalchemy import event
 
 from bot.settings import Settings
@@ -263,3 +265,17 @@ async def test_an_event_id_is_never_given_twice_even_after_pruning_took_the_newe
     assert await store.prune(datetime.now(UTC) + timedelta(days=1)) == 1
     again = await store.receive(_github_arrival("new", body='{"n": 2}'))
     assert again.event_id is not None and again.event_id > first.event_id
+
+
+async def test_a_second_content_encoding_header_does_not_slip_a_compressed_body_in(events: GatewayClient) -> None:
+    """Only the first Content-Encoding was looked at, while aiohttp inflates by another: "identity" then "gzip"
+    got a compressed body in (the cap still held, on the inflated bytes: memory stayed flat for a 400 MB bomb).
+    Compressed bodies are refused, whichever header says so."""
+    gw = events
+    body, headers = github("push", PUSH)
+    sent = CIMultiDict(headers)
+    sent.add("Content-Encoding", "identity")
+    sent.add("Content-Encoding", "gzip")
+    async with gw.http.post(f"{gw.base}/events/gh", data=gzip.compress(body), headers=sent) as resp:
+        assert (resp.status, await resp.text()) == (400, "compressed bodies are not accepted")
+    assert await WebhookEventStore(gw.app.db).list() == []
