@@ -28,8 +28,8 @@ class EventStore(Protocol):
 
 
 class RefusalCounter:
-    """Deliveries refused, by source and reason (``unknown_source``, ``signature``, ``stale``, ``malformed``,
-    ``too_large``, ``rate``, ``no_secret``): for /metrics."""
+    """Deliveries refused, by source and reason (``unknown_source``, ``signature``, ``unsigned``, ``stale``,
+    ``malformed``, ``too_large``, ``too_slow``, ``rate``, ``no_secret``): for /metrics."""
 
     def __init__(self) -> None:
         self._counts: Counter[tuple[str, str]] = Counter()
@@ -86,6 +86,11 @@ class WebhookIntake:
         """The answer to a body over the cap (the HTTP handler stops reading it)."""
         self.refusals.add(name if name in self.sources else "?", "too_large")
         return IntakeAnswer(413, "the body is too large")
+
+    def too_slow(self, name: str) -> IntakeAnswer:
+        """The answer to a body that did not arrive in time (the HTTP handler stops waiting for it)."""
+        self.refusals.add(name if name in self.sources else "?", "too_slow")
+        return IntakeAnswer(408, "the body took too long to arrive")
 
     async def _deliver(self, source: EventSource, headers: dict[str, str], body: bytes) -> IntakeAnswer:
         self._verify(source, headers, body)

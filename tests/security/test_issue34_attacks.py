@@ -279,3 +279,25 @@ async def test_a_second_content_encoding_header_does_not_slip_a_compressed_body_
     async with gw.http.post(f"{gw.base}/events/gh", data=gzip.compress(body), headers=sent) as resp:
         assert (resp.status, await resp.text()) == (400, "compressed bodies are not accepted")
     assert await WebhookEventStore(gw.app.db).list() == []
+
+
+async def test_a_body_that_never_finishes_arriving_does_not_hold_its_connection_and_memory(
+        make_settings: Callable[..., Settings], start_gateway: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body is read (up to the cap) before its signature can be checked, and aiohttp sets no time limit on
+    it: anyone could open connections, send all but the last byte of a megabyte each and stop, and each held a
+    megabyte and a connection for as long as they liked (thousands of them: the process's memory). A body that
+    has not arrived in time is answered 408 and its connection closed."""
+    monkeypatch.setattr("bot.event_routes.BODY_READ_TIMEOUT_S", 0.3, raising=False)
+    config = events_config(tmp_path, monkeypatch)
+    gw: GatewayClient = await start_gateway(make_settings(bot_config=config, event_max_body_bytes=MAX_BODY))
+    host, port = gw.base.split("//")[1].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /events/gh HTTP/1.1\r\nHost: x\r\nContent-Length: 4000\r\nX-GitHub-Event: push\r\n"
+                 b"X-GitHub-Delivery: slow\r\nX-Hub-Signature-256: sha256=00\r\n\r\n" + b"{" * 3999)
+    await writer.drain()
+    try:
+        # What was read is let go; aiohttp then discards what still comes for its lingering time, and closes.
+        assert (await asyncio.wait_for(reader.readline(), 3)).split(b" ")[1] == b"408"
+    finally:
+        writer.close()
