@@ -5,6 +5,7 @@ environment (or ``.env``) at start."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from pathlib import Path
@@ -18,6 +19,9 @@ from core.webhooks.model import EventSource, IntakeAnswer
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 64 * 1024
+# The whole body, from the handler's start: it is held (up to the cap) before its signature can be checked, so
+# a sender that stops short must not keep the memory and the connection for as long as it likes.
+BODY_READ_TIMEOUT_S = 30.0
 
 
 class EventRoutes:
@@ -32,13 +36,19 @@ class EventRoutes:
         name = request.match_info["name"]
         if name not in self.intake.sources:
             return _closing(await self.intake.deliver(name, request.headers, b""))  # 404, body unread
-        if request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
-            # Not inflated here: a small compressed body can grow past any cap before it is counted.
+        if any(coding.strip().lower() not in ("", "identity")
+               for header in request.headers.getall("Content-Encoding", []) for coding in header.split(",")):
+            # Not inflated here: a small compressed body can grow past any cap before it is counted. Every
+            # header, every coding in it: aiohttp would inflate by one the first alone does not name.
             return _closing(IntakeAnswer(400, "compressed bodies are not accepted"))
         declared = request.content_length
         if declared is not None and declared > self.max_body_bytes:
             return _closing(self.intake.too_large(name))  # said at once: not a byte of it read
-        body = await self._read(request)
+        try:
+            async with asyncio.timeout(BODY_READ_TIMEOUT_S):
+                body = await self._read(request)
+        except TimeoutError:
+            return _closing(self.intake.too_slow(name))
         if body is None:
             return _closing(self.intake.too_large(name))
         return _response(await self.intake.deliver(name, request.headers, body))

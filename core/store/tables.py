@@ -394,8 +394,14 @@ class WebhookEventRow(SQLModel, table=True):
         # and is stored as a duplicate. Duplicate rows repeat the id; NULL ids (bearer) never collide.
         Index("uq_webhook_events_delivery", "source", "delivery_id", unique=True,
               sqlite_where=text("status <> 'duplicate'"), postgresql_where=text("status <> 'duplicate'")),
+        # A GitHub body is taken once per source too, whatever its (unsigned) delivery id says.
+        Index("uq_webhook_events_body", "source", "body_digest", unique=True,
+              sqlite_where=text("status <> 'duplicate'"), postgresql_where=text("status <> 'duplicate'")),
         Index("ix_webhook_events_status_id", "status", "id"),
         Index("ix_webhook_events_received", "received_at"),
+        # An id is never given twice, even once pruning took the newest rows: a turn is deduplicated by
+        # ``event:<id>`` in its conversation, so a reused id would be taken for the old event (never answered).
+        {"sqlite_autoincrement": True},
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -403,6 +409,7 @@ class WebhookEventRow(SQLModel, table=True):
     kind: str = Field(max_length=16)  # github | standard | bearer
     event_type: str = Field(max_length=255)
     delivery_id: str | None = Field(default=None, max_length=255)
+    body_digest: str | None = Field(default=None, max_length=64)  # GitHub: the body's SHA-256 (hex)
     status: str = Field(max_length=16)  # queued | answered | failed | filtered | duplicate
     payload: str = Field(sa_column=Column(Text, nullable=False))  # the body as received
     thread_key: str | None = Field(default=None, max_length=255)  # the rendered `thread`; None: its own thread

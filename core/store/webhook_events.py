@@ -1,6 +1,7 @@
-"""Events in, stored (SPEC §17): each delivery counted in its source's rate window, deduplicated by its delivery id
-and stored in one transaction before it is answered; then taken by the processor, finished, listed, replayed and
-pruned. Deliveries that arrive together are committed in groups (``core.store.intake.GroupCommit``)."""
+"""Events in, stored (SPEC §17): each delivery deduplicated by its delivery id (GitHub: or its body), counted in its
+source's rate window (duplicates in a window of their own) and stored in one transaction before it is answered;
+then taken by the processor, finished, listed, replayed and pruned. Deliveries that arrive together are committed
+in groups (``core.store.intake.GroupCommit``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, or_, select, update
 from sqlmodel import Session, col
 from sqlmodel import select as model_select
 
@@ -21,10 +22,13 @@ from core.webhooks.model import DUPLICATE, FILTERED, QUEUED, EventArrival, Recei
 events = WebhookEventRow.__table__  # type: ignore[attr-defined]
 rates = WebhookRateRow.__table__  # type: ignore[attr-defined]
 WINDOW = timedelta(minutes=1)
+DUPLICATES = "/dup"  # a source's duplicates are counted under its name + this (no source name holds a "/")
 
+# The first row of a delivery: the same delivery id, or (GitHub) the same signed body. A NULL matches nothing.
 FIRST_DELIVERY = select(events.c.id).where(events.c.source == bindparam("b_source"),
-                                           events.c.delivery_id == bindparam("b_delivery"),
-                                           events.c.status != DUPLICATE)
+                                           or_(events.c.delivery_id == bindparam("b_delivery"),
+                                               events.c.body_digest == bindparam("b_digest")),
+                                           events.c.status != DUPLICATE).limit(1)
 INSERT_EVENT = insert(events)
 
 
@@ -48,8 +52,9 @@ class WebhookEventStore:
         return self._group
 
     async def receive(self, arrival: EventArrival) -> Received:
-        """Count the delivery in its source's minute; over the rate nothing is stored (``limited``). A delivery id
-        already taken is stored as a ``duplicate``; anything else as ``queued`` or ``filtered``. Returns once
+        """A delivery id (or GitHub body) already taken is a ``duplicate``: recorded up to the rate's number a
+        minute, never counted against new deliveries. Anything else is counted in its source's minute; over the
+        rate nothing is stored (``limited``), else it is stored ``queued`` or ``filtered``. Returns once
         committed."""
         return await self._group.submit(arrival)
 
@@ -61,21 +66,28 @@ class WebhookEventStore:
     def _receive_one(self, s: Session, arrival: EventArrival) -> Received:
         conn = s.connection()
         start = window_start(arrival.now)
-        count = int(conn.execute(self._count, {"source": arrival.source, "window_start": start}).scalar_one())
-        if count > arrival.rate_per_minute:
-            # The count stays raised (it only says how hard the source knocked); the window ends on its own.
-            left = (start + WINDOW - arrival.now).total_seconds()
-            return Received("limited", retry_after_s=max(1, math.ceil(left)))
-        status, note = (FILTERED if arrival.filtered else QUEUED), None
-        if arrival.delivery_id is not None:
-            first = conn.execute(FIRST_DELIVERY, {"b_source": arrival.source,
-                                                  "b_delivery": arrival.delivery_id}).scalar()
-            if first is not None:
-                status, note = DUPLICATE, f"duplicate of {first}"
+        first = None
+        if arrival.delivery_id is not None or arrival.body_digest is not None:
+            first = conn.execute(FIRST_DELIVERY, {"b_source": arrival.source, "b_delivery": arrival.delivery_id,
+                                                  "b_digest": arrival.body_digest}).scalar()
+        if first is not None:
+            # Counted apart: a captured delivery sent over and over must not use up the source's rate (its real
+            # events would be refused), and only so many of its copies are recorded.
+            counted = {"source": arrival.source + DUPLICATES, "window_start": start}
+            if int(conn.execute(self._count, counted).scalar_one()) > arrival.rate_per_minute:
+                return Received("duplicate", int(first))  # answered as one, not recorded
+            status, note = DUPLICATE, f"duplicate of {first}"
+        else:
+            count = int(conn.execute(self._count, {"source": arrival.source, "window_start": start}).scalar_one())
+            if count > arrival.rate_per_minute:
+                # The count stays raised (it only says how hard the source knocked); the window ends on its own.
+                left = (start + WINDOW - arrival.now).total_seconds()
+                return Received("limited", retry_after_s=max(1, math.ceil(left)))
+            status, note = (FILTERED if arrival.filtered else QUEUED), None
         inserted = conn.execute(INSERT_EVENT, dict(
             source=arrival.source, kind=arrival.kind, event_type=arrival.event_type, delivery_id=arrival.delivery_id,
-            status=status, payload=arrival.payload, thread_key=arrival.thread_key, note=note,
-            received_at=arrival.now))
+            body_digest=arrival.body_digest, status=status, payload=arrival.payload, thread_key=arrival.thread_key,
+            note=note, received_at=arrival.now))
         event_id = int(inserted.inserted_primary_key[0])  # type: ignore[index]
         return Received(status, event_id)  # type: ignore[arg-type]
 
@@ -84,11 +96,20 @@ class WebhookEventStore:
             return await s.get(WebhookEventRow, event_id)
 
     async def queued(self) -> list[WebhookEventRow]:
-        """Events still to answer, oldest first: what a start resumes."""
+        """Events still to answer, oldest first, whole (the processor polls ``queued_ids``)."""
         async with self.db.read() as s:
             found = await s.exec(model_select(WebhookEventRow).where(col(WebhookEventRow.status) == QUEUED)
                                  .order_by(col(WebhookEventRow.id)))
             return list(found.all())
+
+    async def queued_ids(self) -> list[int]:
+        """The ids of the events still to answer, oldest first: what the processor polls for (a backlog's
+        payloads, up to EVENT_MAX_BODY_BYTES each, are read one by one as their events are taken, not at every
+        poll)."""
+        async with self.db.read() as s:
+            found = await s.exec(select(events.c.id).where(events.c.status == QUEUED)  # type: ignore[call-overload]
+                                 .order_by(events.c.id))
+            return [int(event_id) for event_id in found.scalars().all()]
 
     async def started(self, event_id: int, *, session_id: str, input_id: int | None) -> None:
         """The event's turn was accepted: in this session, as this input."""

@@ -5,6 +5,7 @@ status is decided here, and bad input never raises: the HTTP handler only passes
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import logging
 from collections import Counter
@@ -27,8 +28,8 @@ class EventStore(Protocol):
 
 
 class RefusalCounter:
-    """Deliveries refused, by source and reason (``unknown_source``, ``signature``, ``stale``, ``malformed``,
-    ``too_large``, ``rate``, ``no_secret``): for /metrics."""
+    """Deliveries refused, by source and reason (``unknown_source``, ``signature``, ``unsigned``, ``stale``,
+    ``malformed``, ``too_large``, ``too_slow``, ``rate``, ``no_secret``): for /metrics."""
 
     def __init__(self) -> None:
         self._counts: Counter[tuple[str, str]] = Counter()
@@ -86,6 +87,11 @@ class WebhookIntake:
         self.refusals.add(name if name in self.sources else "?", "too_large")
         return IntakeAnswer(413, "the body is too large")
 
+    def too_slow(self, name: str) -> IntakeAnswer:
+        """The answer to a body that did not arrive in time (the HTTP handler stops waiting for it)."""
+        self.refusals.add(name if name in self.sources else "?", "too_slow")
+        return IntakeAnswer(408, "the body took too long to arrive")
+
     async def _deliver(self, source: EventSource, headers: dict[str, str], body: bytes) -> IntakeAnswer:
         self._verify(source, headers, body)
         payload = _payload(body, source)
@@ -96,7 +102,8 @@ class WebhookIntake:
         arrival = EventArrival(
             source=source.name, kind=source.kind, event_type=event_type, delivery_id=delivery_id,
             payload=body.decode("utf-8"), thread_key=None if filtered else render_thread_key(source.thread, payload),
-            filtered=filtered, rate_per_minute=source.rate_per_minute, now=self.clock.now())
+            filtered=filtered, rate_per_minute=source.rate_per_minute, now=self.clock.now(),
+            body_digest=hashlib.sha256(body).hexdigest() if source.kind == "github" else None)
         received = await self.store.receive(arrival)
         if received.outcome == "limited":
             self.refusals.add(source.name, "rate")

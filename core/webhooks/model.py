@@ -44,6 +44,9 @@ class EventArrival:
     filtered: bool  # the source's `events` leave it out: recorded, nothing started
     rate_per_minute: int
     now: datetime
+    # GitHub: the body's SHA-256. Its delivery id is not signed, its body is: a second delivery of the same body
+    # under any id is a capture sent again (GitHub's redeliveries keep their id), stored as a duplicate.
+    body_digest: str | None = None
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,19 @@ def event_session(source: str, key: str) -> str:
     return f"{EVENT_PREFIX}{source}:{digest}"
 
 
+def own_session(source: str, event_id: int) -> str:
+    """The conversation of an event without a thread key: its own. Not a digest of any key (a key "#1" renders
+    from an outsider's payload; it must not name event 1's conversation)."""
+    return f"{EVENT_PREFIX}{source}:own-{event_id}"
+
+
+def event_place(channel: str, source: str, destination: str) -> str:
+    """Where a source's event turns live (``slack:event-ci:C2``): their approvals are asked, and "Always allow"
+    grants kept, per source. Not a schedule's firing's ``slack:dest:C2``, nor another source's: a grant given
+    to a trusted source's call must not let the same call run unasked for a source outsiders write to."""
+    return f"{channel}:event-{source}:{destination}"
+
+
 def event_sender(source: str) -> str:
     """Who an event's words are from: the source, never a person (so nobody is its requester)."""
     return f"{EVENT_PREFIX}{source}"
@@ -127,9 +140,8 @@ class EventProcessor:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                for row in await self.store.queued():
-                    assert row.id is not None
-                    self._take(row.id)
+                for event_id in await self.store.queued_ids():
+                    self._take(event_id)
                 if pruned_at is None or loop.time() - pruned_at >= self.settings.prune_every_s:
                     pruned_at = loop.time()
                     pruned = await self.store.prune(self.clock.now() - self.settings.retention)
@@ -167,7 +179,8 @@ class EventProcessor:
             except InvalidInput as exc:
                 await self._finish(event_id, FAILED, f"destination {source.destination}: {exc}")
                 return
-            session_id = event_session(source.name, row.thread_key or f"#{event_id}")
+            session_id = (event_session(source.name, row.thread_key) if row.thread_key
+                          else own_session(source.name, event_id))
             text = render_event(source=source.name, kind=row.kind, event_type=row.event_type, payload=row.payload,
                                 prompt=source.prompt)
             try:
@@ -175,7 +188,7 @@ class EventProcessor:
                     session_id=session_id, channel=self.settings.channel, sender=event_sender(source.name), text=text,
                     addressed=True, reply_ref={"channel": destination, "open_thread": True}, ref=MessageRef(),
                     idempotency_key=f"event:{event_id}", agent=source.agent,
-                    place=f"{self.settings.channel}:dest:{destination}",
+                    place=event_place(self.settings.channel, source.name, destination),
                 ), internal=True)
             except Unavailable:  # stopping: the next start takes it
                 return

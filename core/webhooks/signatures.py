@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 STANDARD_TOLERANCE = timedelta(minutes=5)
 WHSEC_PREFIX = "whsec_"
+MIN_STANDARD_KEY_BYTES = 16
 
 
 class SignatureRefused(Exception):
@@ -96,14 +97,17 @@ def verify_bearer(token: str, header: str | None) -> bool:
 
 def secret_problem(kind: str, secret: str) -> str | None:
     """What is wrong with a source's secret (``bot doctor``), or None: a GitHub secret is long enough to resist
-    guessing, a Standard Webhooks key opens."""
+    guessing, a Standard Webhooks key opens and is long enough too."""
     if kind == "github" and len(secret) < 16:
         return f"a GitHub webhook secret must have at least 16 characters (it has {len(secret)})"
     if kind == "standard":
         try:
-            standard_key(secret)
+            key = standard_key(secret)
         except ValueError as exc:
             return str(exc)
+        if len(key) < MIN_STANDARD_KEY_BYTES:  # the senders' keys are 24 to 64 bytes
+            return (f"a Standard Webhooks key must decode to at least {MIN_STANDARD_KEY_BYTES} bytes (it has "
+                    f"{len(key)})")
     if kind == "bearer" and len(secret) < 16:
         return f"a bearer token should have at least 16 characters (it has {len(secret)})"
     return None

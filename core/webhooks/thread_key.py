@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 MAX_KEY = 255  # the column's length (webhook_events.thread_key)
+FIELD_ROOM = 4 * MAX_KEY  # characters of one field looked at
 FIELD = re.compile(r"\{([^{}]*)\}")
 PATH = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
@@ -46,7 +47,9 @@ def _field(payload: Any, path: str) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return value
+        # Only what a key can hold, and some room for what is filtered out: a field of a megabyte named a few
+        # times must not be copied and filtered whole on the event loop (the key is cut to MAX_KEY anyway).
+        return value[:FIELD_ROOM]
     if isinstance(value, int) and abs(value) < 10**64:  # past that, not an id (and str() of a huge int raises)
         return str(value)
     return ""

@@ -25,6 +25,7 @@ def upgrade() -> None:
         sa.Column("kind", sa.String(16), nullable=False),
         sa.Column("event_type", sa.String(255), nullable=False),
         sa.Column("delivery_id", sa.String(255), nullable=True),
+        sa.Column("body_digest", sa.String(64), nullable=True),
         sa.Column("status", sa.String(16), nullable=False),
         sa.Column("payload", sa.Text(), nullable=False),
         sa.Column("thread_key", sa.String(255), nullable=True),
@@ -34,8 +35,11 @@ def upgrade() -> None:
         sa.Column("received_at", UTCDateTime(), nullable=False),
         sa.Column("finished_at", UTCDateTime(), nullable=True),
         sa.Column("replay_of", sa.Integer(), nullable=True),
+        sqlite_autoincrement=True,  # ids never reused after a prune (the turn's dedupe key is event:<id>)
     )
     op.create_index("uq_webhook_events_delivery", "webhook_events", ["source", "delivery_id"], unique=True,
+                    sqlite_where=_FIRST, postgresql_where=_FIRST)
+    op.create_index("uq_webhook_events_body", "webhook_events", ["source", "body_digest"], unique=True,
                     sqlite_where=_FIRST, postgresql_where=_FIRST)
     op.create_index("ix_webhook_events_status_id", "webhook_events", ["status", "id"])
     op.create_index("ix_webhook_events_received", "webhook_events", ["received_at"])
@@ -51,5 +55,6 @@ def downgrade() -> None:
     op.drop_table("webhook_rates")
     op.drop_index("ix_webhook_events_received", "webhook_events")
     op.drop_index("ix_webhook_events_status_id", "webhook_events")
+    op.drop_index("uq_webhook_events_body", "webhook_events")
     op.drop_index("uq_webhook_events_delivery", "webhook_events")
     op.drop_table("webhook_events")
