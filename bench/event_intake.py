@@ -25,18 +25,30 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 from bench.common import free_port, pct, summary
-from bench.intake_load import ROOT, TimedLLM, _start, _stop
+from bench.intake_load import ROOT, TimedLLM, _cpu_s, _start, _stop
 from tests.fakes.server import RunningServer
 from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import SIGNING_SECRET, dumps, event_body, mention, next_ts, signed_headers
 
 LABEL = re.compile(r"load (\d+)")
 GITHUB_SECRET = "bench-github-secret-0123456789"
-DESTINATION = "C0EVENTS"
+DESTINATION = "#ops"  # a channel the fake Slack knows (COPS)
+
+
+class ShortLLM(TimedLLM):
+    """An instant model whose answer is one short line naming what it answered, for a mention and an event
+    alike: what both paths cost is compared, not the length of an echo (an event's rendering is longer)."""
+
+    @staticmethod
+    def _echo(body: dict[str, Any]) -> str:
+        users = [m for m in body["messages"] if m["role"] == "user"]
+        found = LABEL.search(str(users[-1]["content"])) if users else None
+        return f"answered {found[0]}" if found else "answered"
 
 
 def _delivery(i: int) -> tuple[bytes, dict[str, str]]:
@@ -49,7 +61,7 @@ def _delivery(i: int) -> tuple[bytes, dict[str, str]]:
 
 
 async def _send(http: aiohttp.ClientSession, base: str, kind: str, rate: float, indexes: range,
-                acks: list[float], statuses: dict[int, int]) -> None:
+                acks: list[float], statuses: dict[int, int], sent: dict[int, float] | None = None) -> None:
     async def one(i: int) -> None:
         if kind == "slack":
             body = dumps(event_body(mention(f"load {i}", channel=f"C{i % 50}", ts=next_ts()),
@@ -60,6 +72,8 @@ async def _send(http: aiohttp.ClientSession, base: str, kind: str, rate: float, 
             data, headers = _delivery(i)
             url = f"{base}/events/ci"
         start = time.monotonic()
+        if sent is not None:
+            sent[i] = start
         async with http.post(url, data=data, headers=headers) as resp:
             await resp.read()
             statuses[resp.status] = statuses.get(resp.status, 0) + 1
@@ -86,8 +100,19 @@ async def _answered(slack: FakeSlack, wanted: set[int], timeout: float = 180) ->
             await asyncio.sleep(0.05)
 
 
+def _latencies(slack: FakeSlack, llm: TimedLLM, sent: dict[int, float]) -> tuple[float, float]:
+    """p50 of sent → model request, and of model answer → Slack post."""
+    posted: dict[int, float] = {}
+    for call in slack.of("chat.postMessage"):
+        if (m := LABEL.search(call.params.get("text") or "")) and int(m[1]) in sent:
+            posted.setdefault(int(m[1]), call.at)
+    to_model = [llm.asked[i] - t for i, t in sent.items() if i in llm.asked]
+    to_post = [posted[i] - llm.answered[i] for i in sent if i in posted and i in llm.answered]
+    return statistics.median(to_model), statistics.median(to_post)
+
+
 async def measure(rate: float, seconds: float) -> dict[str, list[float]]:
-    slack, llm = FakeSlack(), TimedLLM()
+    slack, llm = FakeSlack(), ShortLLM()
     slack_server = await RunningServer(slack.app()).start()
     llm_server = await RunningServer(llm.app()).start()
     count = int(rate * seconds)
@@ -121,9 +146,16 @@ async def measure(rate: float, seconds: float) -> dict[str, list[float]]:
                     acks: list[float] = []
                     statuses: dict[int, int] = {}
                     indexes = range(offset, offset + count)
+                    cpu_before = _cpu_s(proc.pid)
                     t0 = time.monotonic()
-                    await _send(http, base, kind, rate, indexes, acks, statuses)
+                    sent: dict[int, float] = {}
+                    await _send(http, base, kind, rate, indexes, acks, statuses, sent)
                     done = await _answered(slack, set(indexes)) - t0
+                    cpu = _cpu_s(proc.pid) - cpu_before
+                    print(f"  {kind}: {cpu * 1000 / count:.1f} ms of CPU each", file=sys.stderr)
+                    to_model, to_post = _latencies(slack, llm, sent)
+                    print(f"  {kind}: sent → model request p50 {to_model * 1000:.1f} ms, model answer → Slack post "
+                          f"p50 {to_post * 1000:.1f} ms", file=sys.stderr)
                     wanted = 200 if kind == "slack" else 202
                     if set(statuses) != {wanted}:
                         print(f"  {kind}: unexpected answers {statuses}", file=sys.stderr)
@@ -135,6 +167,11 @@ async def measure(rate: float, seconds: float) -> dict[str, list[float]]:
             raise
         finally:
             await _stop(proc)
+            problems = [line for line in (home / "output.log").read_text().splitlines()
+                        if " WARNING " in line or " ERROR " in line]
+            if problems:  # what the gateway complained of (a figure measured through errors means little)
+                print(f"  the gateway logged {len(problems)} warning(s)/error(s), e.g.:", *problems[:5],
+                      sep="\n    ", file=sys.stderr)
     await slack_server.stop()
     await llm_server.stop()
     return results

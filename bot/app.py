@@ -368,7 +368,7 @@ def build_application(
         for tool in schedule_tools(schedules, store, channel=destination):
             tools.register(tool)
     # Stored events become turns answered in their destination (``resolve`` set once that channel is built).
-    events = EventProcessor(WebhookEventStore(db), dispatcher, deliveries, clock, event_sources,
+    events = EventProcessor(WebhookEventStore(db), dispatcher, clock, event_sources,
                             resolve=_destinations(ports, destination), settings=ProcessorSettings(
                                 channel=destination or "", retention=timedelta(days=settings.event_retention_days),
                                 poll_s=settings.approval_poll_s)

@@ -236,8 +236,12 @@ async def replicas(store_db: Database, clock: ShiftedClock) -> AsyncIterator[tup
     queued: list[int] = []
     other = Database(store_db.url)
     secrets = {"gh": GITHUB_SECRET, "am": BEARER_TOKEN}
-    yield (WebhookIntake(SOURCES, secrets, WebhookEventStore(store_db), clock, queued.append),
-           WebhookIntake(SOURCES, secrets, WebhookEventStore(other), clock, queued.append), queued)
+
+    def woken(event_id: int, _arrival: object) -> None:
+        queued.append(event_id)
+
+    yield (WebhookIntake(SOURCES, secrets, WebhookEventStore(store_db), clock, woken),
+           WebhookIntake(SOURCES, secrets, WebhookEventStore(other), clock, woken), queued)
     await other.close()
 
 

@@ -59,6 +59,7 @@ async def settled(gateway: GatewayClient, count: int, timeout: float = 10.0) -> 
         while True:
             rows = await store.list(source="ci", limit=100)
             if sum(r.status in ("answered", "failed") for r in rows) >= count:
+                await gateway.idle()  # and their answers posted (an event is answered once its turn is)
                 return sorted(rows, key=lambda r: r.id)
             await asyncio.sleep(0.02)
 

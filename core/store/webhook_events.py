@@ -9,7 +9,7 @@ import math
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, text, update
 from sqlmodel import Session, col
 from sqlmodel import select as model_select
 
@@ -25,10 +25,13 @@ WINDOW = timedelta(minutes=1)
 DUPLICATES = "/dup"  # a source's duplicates are counted under its name + this (no source name holds a "/")
 
 # The first row of a delivery: the same delivery id, or (GitHub) the same signed body. A NULL matches nothing.
-FIRST_DELIVERY = select(events.c.id).where(events.c.source == bindparam("b_source"),
-                                           or_(events.c.delivery_id == bindparam("b_delivery"),
-                                               events.c.body_digest == bindparam("b_digest")),
-                                           events.c.status != DUPLICATE).limit(1)
+# One look-up each, with the partial unique indexes' own condition written out (not an OR, not a bound status):
+# otherwise SQLite and PostgreSQL cannot use those indexes, and every delivery scanned the whole table.
+_FIRST = text(f"status <> '{DUPLICATE}'")
+FIRST_BY_ID = select(events.c.id).where(events.c.source == bindparam("b_source"),
+                                        events.c.delivery_id == bindparam("b_delivery"), _FIRST).limit(1)
+FIRST_BY_BODY = select(events.c.id).where(events.c.source == bindparam("b_source"),
+                                          events.c.body_digest == bindparam("b_digest"), _FIRST).limit(1)
 INSERT_EVENT = insert(events)
 
 
@@ -42,6 +45,8 @@ class WebhookEventStore:
         self.db = db
         # One transaction at a time on SQLite (one writer anyway); on PostgreSQL a few groups at once.
         self._group: GroupCommit[EventArrival, Received] = GroupCommit(self._write, writers=1 if db.is_sqlite else 4)
+        # Events settle as fast as they arrive: their ends are written in groups too, not a transaction each.
+        self._ends: GroupCommit[dict[str, Any], None] = GroupCommit(self._write_ends, writers=1 if db.is_sqlite else 2)
         counted = db.insert(rates).values(source=bindparam("source"), window_start=bindparam("window_start"), count=1)
         self._count = counted.on_conflict_do_update(
             index_elements=[rates.c.source, rates.c.window_start],
@@ -67,9 +72,10 @@ class WebhookEventStore:
         conn = s.connection()
         start = window_start(arrival.now)
         first = None
-        if arrival.delivery_id is not None or arrival.body_digest is not None:
-            first = conn.execute(FIRST_DELIVERY, {"b_source": arrival.source, "b_delivery": arrival.delivery_id,
-                                                  "b_digest": arrival.body_digest}).scalar()
+        if arrival.delivery_id is not None:
+            first = conn.execute(FIRST_BY_ID, {"b_source": arrival.source, "b_delivery": arrival.delivery_id}).scalar()
+        if first is None and arrival.body_digest is not None:
+            first = conn.execute(FIRST_BY_BODY, {"b_source": arrival.source, "b_digest": arrival.body_digest}).scalar()
         if first is not None:
             # Counted apart: a captured delivery sent over and over must not use up the source's rate (its real
             # events would be refused), and only so many of its copies are recorded.
@@ -115,9 +121,23 @@ class WebhookEventStore:
         """The event's turn was accepted: in this session, as this input."""
         await self._update(event_id, session_id=session_id, input_id=input_id)
 
-    async def finish(self, event_id: int, *, status: str, note: str | None, now: datetime) -> None:
-        """Answered or failed (why, in ``note``)."""
-        await self._update(event_id, status=status, note=note, finished_at=now)
+    async def finish(self, event_id: int, *, status: str, note: str | None, now: datetime,
+                     session_id: str | None = None, input_id: int | None = None) -> None:
+        """Answered or failed (why, in ``note``); with the session and input its turn took it as, when it got one."""
+        values: dict[str, Any] = {"b_id": event_id, "status": status, "note": note, "finished_at": now}
+        if session_id is not None:
+            values |= {"session_id": session_id, "input_id": input_id}
+        await self._ends.submit(values)
+
+    async def _write_ends(self, ends: list[dict[str, Any]]) -> list[Exception | None]:
+        def write(s: Session) -> list[Exception | None]:
+            conn = s.connection()
+            for values in ends:
+                conn.execute(update(events).where(events.c.id == bindparam("b_id"))
+                             .values(**{k: bindparam(k) for k in values if k != "b_id"}), values)
+            return [None] * len(ends)
+
+        return await self.db.run_write(write)
 
     async def _update(self, event_id: int, **values: Any) -> None:
         statement = update(events).where(events.c.id == event_id).values(**values)

@@ -54,7 +54,7 @@ class WebhookIntake:
     from its ``secret_env`` (a source without one refuses every delivery: nothing unsigned gets in)."""
 
     def __init__(self, sources: list[EventSource], secrets: Mapping[str, str], store: EventStore, clock: Clock,
-                 on_queued: Callable[[int], None], refusals: RefusalCounter | None = None) -> None:
+                 on_queued: Callable[[int, EventArrival], None], refusals: RefusalCounter | None = None) -> None:
         self.sources = {source.name: source for source in sources}
         self._secrets = dict(secrets)
         self._keys: dict[str, bytes] = {}  # Standard Webhooks sources' decoded keys
@@ -115,7 +115,7 @@ class WebhookIntake:
             return IntakeAnswer(202, "filtered out", event_id=received.event_id)
         if received.event_id is not None:
             try:
-                self.on_queued(received.event_id)
+                self.on_queued(received.event_id, arrival)  # what was stored: the processor need not read it
             except Exception:  # the event is stored: the processor finds it at its next start all the same
                 log.exception("event %s of %s: waking the processor failed", received.event_id, source.name)
         return IntakeAnswer(202, "accepted", event_id=received.event_id)

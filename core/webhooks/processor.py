@@ -16,20 +16,26 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
 from core.clock import Clock
-from core.delivery import Deliveries
 from core.dispatcher import Dispatcher
 from core.errors import InvalidInput, Unavailable
+from core.events import Event, TurnCancelled, TurnFailed, TurnFinished
 from core.model import EVENT_PREFIX, Inbound, MessageRef, OutcomeStatus
+from core.store import AcceptOutcome
+from core.store.tables import WebhookEventRow
 from core.store.webhook_events import WebhookEventStore
-from core.webhooks.model import ANSWERED, FAILED, QUEUED, EventSource
+from core.webhooks.model import ANSWERED, FAILED, QUEUED, EventArrival, EventSource
 from core.webhooks.rendering import render_event
 
 log = logging.getLogger(__name__)
+
+_End = tuple[str, str | None]  # an event's status when its turn ended, and why (failed)
+_ENDS_KEPT = 10_000
 
 # Where a destination as the operator typed it ("#ops") is resolved to the platform's id (a port's
 # ``resolve_destination``); InvalidInput when it cannot be posted to.
@@ -40,6 +46,8 @@ Resolve = Callable[[str], Awaitable[str]]
 class ProcessorSettings:
     channel: str  # the channel whose places destinations are (Slack)
     poll_s: float = 2.0  # how soon a row queued by another process (a replay, a crash) is taken
+    settle_poll_s: float = 10.0  # how soon a turn another replica ran (or a steered input) settles its event
+    takes_per_s: float = 25.0  # events taken to their turns per second at most (far above any source's rate)
     retry_s: float = 30.0  # a destination that could not be resolved for now (the platform is down) is retried
     retention: timedelta = timedelta(days=30)  # EVENT_RETENTION_DAYS
     prune_every_s: float = 3600.0
@@ -92,20 +100,23 @@ class SourceLevels:
 
 
 class EventProcessor:
-    def __init__(self, store: WebhookEventStore, dispatcher: Dispatcher, deliveries: Deliveries, clock: Clock,
+    def __init__(self, store: WebhookEventStore, dispatcher: Dispatcher, clock: Clock,
                  sources: Mapping[str, EventSource], resolve: Resolve | None, settings: ProcessorSettings) -> None:
         self.store = store
         self.dispatcher = dispatcher
-        self.deliveries = deliveries
         self.clock = clock
         self.sources = dict(sources)
         self.resolve = resolve  # None: no channel here can post to a destination
         self.settings = settings
         self._destinations: dict[str, str] = {}  # source name → resolved destination id (operator-written)
         self._running: set[int] = set()  # rows this process is taking to an answer
+        self._next_take = 0.0  # the loop time before which the next event is not taken
         self._tasks: set[asyncio.Task[None]] = set()
-        self._wake = asyncio.Event()
         self._started = False
+        # Inputs of event turns: the tasks watching them, and ends seen before anyone watched (bounded).
+        self._watching: dict[int, asyncio.Future[_End]] = {}
+        self._ended: OrderedDict[int, _End] = OrderedDict()
+        dispatcher.bus.subscribe(self._observe)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -119,15 +130,35 @@ class EventProcessor:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def queued(self, event_id: int) -> None:
-        """The intake stored an event: take it now (a wake-up; the table is the truth)."""
+    def queued(self, event_id: int, arrival: EventArrival | None = None) -> None:
+        """The intake stored an event (``arrival``: what it stored, so it need not be read again): take it now.
+        A wake-up only: the table is the truth, polled for what this misses."""
         if self._started:
-            self._take(event_id)
+            self._take(event_id, arrival)
 
-    def _take(self, event_id: int) -> None:
+    def _take(self, event_id: int, arrival: EventArrival | None = None) -> None:
         if event_id not in self._running:
             self._running.add(event_id)
-            self._spawn(self._answer(event_id))
+            self._spawn(self._answer(event_id, arrival))
+
+    async def _observe(self, event: Event) -> None:
+        """How the turns of event conversations end, as they end: what settles their events (without a read each)."""
+        if not isinstance(event, TurnFinished | TurnFailed | TurnCancelled) or source_of(event.session.id) is None:
+            return
+        if isinstance(event, TurnFinished):
+            end: _End = (ANSWERED, None)
+        elif isinstance(event, TurnFailed):
+            end = (FAILED, f"failed: {event.message}"[:1000])
+        else:
+            end = (FAILED, f"cancelled by {event.by or 'someone'}")
+        for input_id in event.turn.input_ids:
+            waiting = self._watching.pop(input_id, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(end)
+            else:  # ended before its event's task began to watch it: kept a while for it
+                self._ended[input_id] = end
+                while len(self._ended) > _ENDS_KEPT:
+                    self._ended.popitem(last=False)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
@@ -153,9 +184,13 @@ class EventProcessor:
 
     # -- one event ------------------------------------------------------------------------------
 
-    async def _answer(self, event_id: int) -> None:
+    async def _answer(self, event_id: int, arrival: EventArrival | None) -> None:
         try:
-            await self._answer_once(event_id)
+            # Events are taken to their turns at a bounded pace; a burst waits stored. A turn costs the process
+            # more than storing its event does: unpaced, a burst of them starves the intake's 202s (which never
+            # wait for this), and no model is that fast anyway. A turn's own length never holds the next one back.
+            await self._paced()
+            await self._answer_once(event_id, arrival)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -164,15 +199,26 @@ class EventProcessor:
         finally:
             self._running.discard(event_id)
 
-    async def _answer_once(self, event_id: int) -> None:
-        row = await self.store.get(event_id)
-        if row is None or row.status != QUEUED:
-            return
+    async def _paced(self) -> None:
+        loop = asyncio.get_running_loop()
+        at = max(loop.time(), self._next_take)
+        self._next_take = at + 1 / self.settings.takes_per_s
+        if at > loop.time():
+            await asyncio.sleep(at - loop.time())
+
+    async def _answer_once(self, event_id: int, arrival: EventArrival | None) -> None:
+        row: EventArrival | WebhookEventRow | None = arrival
+        if row is None:  # found in the table (a restart, a replay, another replica's): read it now
+            row = await self.store.get(event_id)
+            if row is None or row.status != QUEUED:
+                return
         source = self.sources.get(row.source)
         if source is None:
             await self._finish(event_id, FAILED, f"event source {row.source!r} is no longer configured")
             return
-        input_id = row.input_id
+        # Accepting again after a restart is safe: the idempotency key finds the input the first accept stored.
+        input_id = row.input_id if isinstance(row, WebhookEventRow) else None
+        session_id = row.session_id if isinstance(row, WebhookEventRow) else None
         if input_id is None:
             try:
                 destination = await self._destination(source)
@@ -199,15 +245,34 @@ class EventProcessor:
                 await self._finish(event_id, FAILED, f"not accepted ({accepted.outcome})")
                 return
             input_id = accepted.input_id
-            await self.store.started(event_id, session_id=session_id, input_id=input_id)
-        outcome = await self.dispatcher.outcome(input_id)
-        if outcome.status != OutcomeStatus.ANSWERED:
-            await self._finish(event_id, FAILED, f"{outcome.status}: {outcome.text}"[:1000])
-            return
-        error = None
-        if outcome.turn_id is not None:  # core delivers the answer (retrying through outages): how did it land?
-            error = (await self.deliveries.wait(outcome.turn_id)).error
-        await self._finish(event_id, FAILED if error else ANSWERED, error)
+            if accepted.outcome is AcceptOutcome.REFUSED:
+                await self._finish(event_id, FAILED, f"refused: {accepted.note}"[:1000], session_id=session_id,
+                                   input_id=input_id)
+                return
+        # Answered once its turn answered: posting it is the delivery outbox's job (retried like every answer).
+        status, note = await self._settled(input_id)
+        await self._finish(event_id, status, note, session_id=session_id, input_id=input_id)
+
+    async def _settled(self, input_id: int) -> _End:
+        """How the input's turn ended: as this process sees it end (``_observe``: no read at all), else as read
+        every ``settle_poll_s`` (a turn another replica ran, a steered input, one that ended before a restart)."""
+        end = self._ended.pop(input_id, None)
+        if end is not None:
+            return end
+        waiting = self._watching.setdefault(input_id, asyncio.get_running_loop().create_future())
+        try:
+            while True:
+                try:
+                    return await asyncio.wait_for(asyncio.shield(waiting), self.settings.settle_poll_s)
+                except TimeoutError:
+                    pass
+                outcome = await self.dispatcher.inputs.outcome(input_id)
+                if outcome is not None:
+                    if outcome.status == OutcomeStatus.ANSWERED:
+                        return ANSWERED, None
+                    return FAILED, f"{outcome.status}: {outcome.text}"[:1000]
+        finally:
+            self._watching.pop(input_id, None)
 
     async def _destination(self, source: EventSource) -> str:
         if self.resolve is None:
@@ -217,7 +282,9 @@ class EventProcessor:
             found = self._destinations[source.name] = await self.resolve(source.destination)
         return found
 
-    async def _finish(self, event_id: int, status: str, note: str | None) -> None:
+    async def _finish(self, event_id: int, status: str, note: str | None, *, session_id: str | None = None,
+                      input_id: int | None = None) -> None:
         if status == FAILED:
             log.warning("event %s failed: %s", event_id, note)
-        await self.store.finish(event_id, status=status, note=note, now=self.clock.now())
+        await self.store.finish(event_id, status=status, note=note, now=self.clock.now(), session_id=session_id,
+                                input_id=input_id)

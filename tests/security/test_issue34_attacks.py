@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -21,8 +22,8 @@ from multidict import CIMultiDict
 from sqlalchemy import event
 
 from bot.settings import Settings
-from core.delivery import Deliveries
 from core.dispatcher import Dispatcher
+from core.events import EventBus
 from core.store import Database
 from core.store.webhook_events import WebhookEventStore
 from core.webhooks.model import EventArrival, EventSource
@@ -183,8 +184,10 @@ async def test_following_the_table_does_not_read_every_queued_payload_at_every_p
         return "C1"
 
     source = EventSource(name="gh", kind="github", secret_env="X", destination="#ops")
-    processor = EventProcessor(store, cast(Dispatcher, None), cast(Deliveries, None), ShiftedClock(),
-                               {"gh": source}, resolve, ProcessorSettings(channel="slack", poll_s=0.01))
+    # Only the table is followed here: no turn is accepted (the destination never resolves).
+    dispatcher = cast(Dispatcher, SimpleNamespace(bus=EventBus()))
+    processor = EventProcessor(store, dispatcher, ShiftedClock(), {"gh": source}, resolve,
+                               ProcessorSettings(channel="slack", poll_s=0.01))
     payload_reads: list[str] = []
 
     def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
