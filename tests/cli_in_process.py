@@ -10,6 +10,8 @@ Slack, model and OAuth servers the command talks to), with, for the command's du
   ``sys.stderr`` its own (the test's thread keeps writing where it wrote before);
 - logging as a fresh interpreter has it: no handler on the root logger, level WARNING (a warning
   reaches stderr through logging's last resort, as it would in the process), restored afterwards;
+- warnings (the interpreter's default filters), exceptions ignored in ``__del__`` and uncaught in threads
+  printed on stderr, not collected into pytest's report;
 - the exit code as the interpreter makes it: ``main``'s return or ``SystemExit``, and for any other
   exception the traceback on stderr and code 1.
 
@@ -29,6 +31,7 @@ import os
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +131,35 @@ def _fresh_logging() -> Iterator[None]:
         logging.disable(disabled)
 
 
+# The interpreter's default warning filters (no -W, no PYTHONWARNINGS, not a debug build), in order.
+_DEFAULT_FILTERS: tuple[tuple[str, type[Warning], str], ...] = (
+    ("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
+    ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""), ("ignore", ResourceWarning, ""),
+)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+@contextlib.contextmanager
+def _fresh_reporting() -> Iterator[None]:
+    """Warnings, exceptions in ``__del__`` and in threads printed on stderr as a fresh interpreter does (pytest
+    otherwise collects them into its own report, out of the command's output)."""
+    hooks = sys.unraisablehook, threading.excepthook
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        for action, category, module in _DEFAULT_FILTERS:
+            warnings.filterwarnings(action, category=category, module=module, append=True)  # type: ignore[arg-type]
+        warnings.showwarning = _show_warning
+        sys.unraisablehook, threading.excepthook = sys.__unraisablehook__, threading.__excepthook__
+        try:
+            yield
+        finally:
+            sys.unraisablehook, threading.excepthook = hooks
+
+
 @contextlib.contextmanager
 def _as_process(cwd: Path, env: dict[str, str], args: tuple[str, ...], stdin: bytes,
                 out: TextIO, err: TextIO, test_thread: threading.Thread) -> Iterator[None]:
@@ -142,7 +174,7 @@ def _as_process(cwd: Path, env: dict[str, str], args: tuple[str, ...], stdin: by
     sys.stdout = _ThreadStream(out, saved_streams[1], test_thread)  # type: ignore[assignment]
     sys.stderr = _ThreadStream(err, saved_streams[2], test_thread)  # type: ignore[assignment]
     try:
-        with _fresh_logging():
+        with _fresh_logging(), _fresh_reporting():
             yield
     finally:
         sys.stdin, sys.stdout, sys.stderr = saved_streams
@@ -175,17 +207,21 @@ def run_main(cwd: Path, env: dict[str, str], args: tuple[str, ...], *, stdin: by
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))
     out, err = _stdout(out_pipe, unbuffered), _stderr(err_pipe, unbuffered)
     with _ONE_AT_A_TIME:
-        # What earlier tests left for the cycle collector is finalized now, with their output: a task of a
-        # closed loop collected during the command would log "Task exception was never retrieved" into it.
-        gc.collect()
-        with _as_process(cwd, env, args, stdin, out, err, test_thread or threading.main_thread()):
-            try:
-                raise SystemExit(main(list(args)))  # bot/__main__.py
-            except BaseException as exc:
-                code = _exit_code(exc, err)
-            gc.collect()  # the command's own garbage, finalized with its streams (as at the process's end)
-            out.flush()  # at exit
-            err.flush()
+        # What earlier tests left for the cycle collector must not be finalized during the command (a task of a
+        # closed loop would log "Task exception was never retrieved" into its stderr): set aside for its
+        # duration. A full collection instead costs a second in a worker holding most of a million objects.
+        gc.freeze()
+        try:
+            with _as_process(cwd, env, args, stdin, out, err, test_thread or threading.main_thread()):
+                try:
+                    raise SystemExit(main(list(args)))  # bot/__main__.py
+                except BaseException as exc:  # whatever the process would die of
+                    code = _exit_code(exc, err)
+                gc.collect()  # the command's own garbage (only it), finalized with its streams as at the process's end
+                out.flush()  # at exit
+                err.flush()
+        finally:
+            gc.unfreeze()
     return Finished(code, out_pipe.text(), "" if merge else err_pipe.text())
 
 
