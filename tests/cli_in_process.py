@@ -7,7 +7,8 @@ Slack, model and OAuth servers the command talks to), with, for the command's du
 
 - ``os.environ`` replaced by the environment the process would get, and the working directory changed;
 - ``sys.stdin`` (given bytes, else empty: not a terminal, as /dev/null), ``sys.stdout`` and
-  ``sys.stderr`` its own (the test's thread keeps writing where it wrote before);
+  ``sys.stderr`` its own, buffered as the interpreter buffers them on pipes (the test's thread keeps
+  writing where it wrote before);
 - logging as a fresh interpreter has it: no handler on the root logger, level WARNING (a warning
   reaches stderr through logging's last resort, as it would in the process), restored afterwards;
 - warnings (the interpreter's default filters), exceptions ignored in ``__del__`` and uncaught in threads
