@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 
+from tests.cli_in_process import Finished, run_main_async
 from tests.slack_requests import SIGNING_SECRET, dumps, event_body, signed_headers
 
 # Variables a developer's shell may carry that would change what the bot under test does.
@@ -75,20 +76,36 @@ class BotProcess:
 
 
 async def run_to_exit(cwd: Path, env: dict[str, str], timeout: float = 30.0) -> tuple[int, str]:
-    """Run ``bot run`` expecting it to refuse to start; return its exit code and output."""
+    """Run ``bot run`` expecting it to refuse to start; return its exit code and output. Always a real process:
+    ``bot run`` installs signal handlers and holds its lock for the process's life."""
     return await run_cli(cwd, env, "run", timeout=timeout)
 
 
-async def run_cli(cwd: Path, env: dict[str, str], *args: str, timeout: float = 30.0) -> tuple[int, str]:
-    """Run a ``bot`` command to its end; return its exit code and output."""
-    bot = BotProcess(cwd, env)
+async def run_cli(cwd: Path, env: dict[str, str], *args: str, timeout: float = 30.0, stdin: bytes = b"",
+                  process: bool = False) -> tuple[int, str]:
+    """Run a ``bot`` command to its end; return its exit code and output (stdout and stderr, as one pipe).
+
+    In this process (tests/cli_in_process.py) unless ``process``: the same environment (``BotProcess``'s
+    scrubbing), directory, streams and exit code a subprocess would have, a second of CPU less per command.
+    ``bot run`` is always a real process."""
+    finished = await run_command(cwd, env, *args, timeout=timeout, stdin=stdin, merge=True, process=process)
+    return finished.code, finished.out
+
+
+async def run_command(cwd: Path, env: dict[str, str], *args: str, timeout: float = 30.0, stdin: bytes = b"",
+                      merge: bool = False, process: bool = False) -> Finished:
+    """``python -m bot *args`` to its end: exit code, stdout, stderr (``merge``: stderr into stdout)."""
+    full_env = BotProcess(cwd, env).env
+    if not process and args[:1] != ("run",):
+        return await run_main_async(cwd, full_env, args, stdin=stdin, merge=merge, timeout=timeout)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", *args, cwd=cwd, env=bot.env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        sys.executable, "-m", "bot", *args, cwd=cwd, env=full_env, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT if merge else asyncio.subprocess.PIPE,
     )
+    STARTED.append(proc)
     async with asyncio.timeout(timeout):
-        out, _ = await proc.communicate()
-    return int(proc.returncode or 0), out.decode()
+        out, err = await proc.communicate(stdin)
+    return Finished(int(proc.returncode or 0), out.decode(), (err or b"").decode())
 
 
 def slack_env(fake_slack: Any, fake_llm: Any, port: int) -> dict[str, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -182,12 +181,8 @@ async def test_credentials_from_the_command_line(tmp_path: Path) -> None:
     k1 = f"k1:{base64.b64encode(os.urandom(32)).decode()}"
     k2 = f"k2:{base64.b64encode(os.urandom(32)).decode()}"
     env = {"BOT_SECRET_KEYS": k1}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "credentials", "set", "acc.token", cwd=tmp_path,
-        env=BotProcess(tmp_path, env).env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
-    out, _ = await proc.communicate(b"cli-secret-value-5\n")
-    assert proc.returncode == 0 and b"sealed with key 'k1'" in out and b"cli-secret-value-5" not in out
+    code, out = await run_cli(tmp_path, env, "credentials", "set", "acc.token", stdin=b"cli-secret-value-5\n")
+    assert code == 0 and "sealed with key 'k1'" in out and "cli-secret-value-5" not in out
     code, out = await run_cli(tmp_path, env, "credentials", "list")
     assert code == 0 and "acc.token" in out and "key k1" in out and "cli-secret-value-5" not in out
     code, out = await run_cli(tmp_path, {"BOT_SECRET_KEYS": f"{k2},{k1}"}, "credentials", "rotate")

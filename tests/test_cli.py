@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
 from pathlib import Path
 
 import pytest
 
 from bot.cli import EXIT_CODES, build_parser, main, masked
-from tests.bot_process import BotProcess
+from tests.bot_process import run_command
 
 COMMANDS_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "operations.md"  # the `bot` command
 
@@ -22,15 +20,11 @@ def _process_database(database_url: str | None, monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setenv("BOT_PROCESS_DATABASE_URL", database_url)
 
 
-async def bot(cwd: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """Run the real ``bot`` in a subprocess: exit code, stdout, stderr."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", *args, cwd=cwd, env=BotProcess(cwd, env or {}).env,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    async with asyncio.timeout(30):
-        out, err = await proc.communicate()
-    return int(proc.returncode or 0), out.decode(), err.decode()
+async def bot(cwd: Path, *args: str, env: dict[str, str] | None = None, process: bool = False) -> tuple[int, str, str]:
+    """Run ``bot`` as a user would (in this process unless ``process``: tests/cli_in_process.py): exit code,
+    stdout, stderr."""
+    finished = await run_command(cwd, env or {}, *args, process=process)
+    return finished.code, finished.out, finished.err
 
 
 def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...],

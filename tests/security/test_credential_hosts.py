@@ -8,7 +8,6 @@ import asyncio
 import base64
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 
 from core.credential_links import CredentialLinks
 from core.credentials import CredentialService
-from tests.bot_process import BotProcess, run_cli
+from tests.bot_process import run_cli
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
@@ -90,11 +89,7 @@ def test_wildcards_below_a_registrable_domain_are_kept() -> None:
 
 
 async def _cli_set(tmp_path: Path, env: dict[str, str], *args: str, value: bytes) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "credentials", "set", *args, cwd=tmp_path, env=BotProcess(tmp_path, env).env,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    out, _ = await asyncio.wait_for(proc.communicate(value), 30)
-    return int(proc.returncode or 0), out.decode()
+    return await run_cli(tmp_path, env, "credentials", "set", *args, stdin=value)
 
 
 async def test_hosts_from_the_command_line(tmp_path: Path) -> None:
