@@ -45,7 +45,8 @@ def export_row(row: AuditEntry) -> dict[str, Any]:
             "detail": detail}
 
 
-def write(rows: list[AuditEntry], fmt: str, out: IO[str] = sys.stdout) -> int:
+def write(rows: list[AuditEntry], fmt: str, out: IO[str] | None = None) -> int:
+    out = out if out is not None else sys.stdout  # looked up at the call: whatever stdout is then
     if fmt == "jsonl":
         for row in rows:
             out.write(json.dumps(export_row(row), ensure_ascii=False, sort_keys=True) + "\n")
