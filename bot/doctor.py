@@ -225,9 +225,8 @@ def _config_file(settings: Settings) -> list[Check]:
 async def _event_sources(settings: Settings) -> list[Check]:
     """Each ``[[event_sources]]``: its secret is set (a GitHub secret long enough, a Standard Webhooks key that
     opens), its destination resolves, and the URL to give the sender."""
-    import os
-
     from bot.config.file import load_config
+    from bot.event_routes import secret_values
     from core.webhooks.signatures import secret_problem
 
     if not settings.bot_config.exists():
@@ -239,10 +238,11 @@ async def _event_sources(settings: Settings) -> list[Check]:
     base = (settings.bot_public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
     plugin = next((p for p in installed_channels() if p.destinations), None)
     checks = []
+    secrets = secret_values(sources)  # as `bot run` reads them: the environment, else .env
     for source in sources:
         name = f"event source {source.name}"
         url = f"{base}/events/{source.name}"
-        secret = os.environ.get(source.secret_env)
+        secret = secrets.get(source.name)
         if not secret:
             checks.append(Check(name, False, f"{source.secret_env} is not set: every delivery is refused (401)",
                                 f"set {source.secret_env} to the {source.kind} secret the sender signs with"))

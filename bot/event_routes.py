@@ -78,16 +78,21 @@ def _closing(answer: IntakeAnswer) -> web.Response:
     return response
 
 
-def event_secrets(sources: list[EventSource], *, env_file: Path | None = Path(".env")) -> dict[str, str]:
-    """Each source's secret, from its ``secret_env`` in the environment (or ``.env``). A source without one is
-    said once here; the intake refuses its deliveries (401)."""
+def secret_values(sources: list[EventSource], env_file: Path | None = Path(".env")) -> dict[str, str]:
+    """Each source's secret that is set, by source name: its ``secret_env`` in the environment, else in ``.env``
+    (as every setting is read)."""
     dotenv: dict[str, str | None] = dict(dotenv_values(env_file)) if env_file and env_file.exists() else {}
-    secrets: dict[str, str] = {}
+    found = {source.name: os.environ.get(source.secret_env) or str(dotenv.get(source.secret_env) or "")
+             for source in sources}
+    return {name: secret for name, secret in found.items() if secret}
+
+
+def event_secrets(sources: list[EventSource], *, env_file: Path | None = Path(".env")) -> dict[str, str]:
+    """Each source's secret (``secret_values``). A source without one is said once here; the intake refuses its
+    deliveries (401)."""
+    secrets = secret_values(sources, env_file)
     for source in sources:
-        secret = os.environ.get(source.secret_env) or str(dotenv.get(source.secret_env) or "")
-        if secret:
-            secrets[source.name] = secret
-        else:
+        if source.name not in secrets:
             log.error("event source %s: the environment variable %s (secret_env) is not set: every delivery to "
                       "POST /events/%s is refused (401) until it is", source.name, source.secret_env, source.name)
     return secrets

@@ -369,6 +369,11 @@ class Probe:
             log.warning("%s; to fix: %s", self.summary, self.fix)
 
 
+# The user flags that worked for a bubblewrap, and its version, per process: an application built again (tests
+# build hundreds) need not start two processes to learn it again. A failure is not kept: it is probed again.
+_WORKING: dict[tuple[str, bool, str, str], tuple[tuple[str, ...], str]] = {}
+
+
 def probe(mode: str, *, network: bool = True, hide: Sequence[Path] = (), peers: SandboxPeers | None = None) -> Probe:
     """Find a working sandbox once, at start, by running a trivial command in it. ``hide``: the bot's own files
     (``bot.home.private_paths``), never shown to a command. ``peers``: told which calls run (the bot's own
@@ -380,6 +385,11 @@ def probe(mode: str, *, network: bool = True, hide: Sequence[Path] = (), peers: 
         return Probe(mode, None, "bubblewrap is not installed (no bwrap on PATH)")
     uid = str(os.getuid() or 65534)  # root maps to nobody: no uid 0 inside
     gid = str(os.getgid() or 65534)
+    found = _WORKING.get((bwrap, network, uid, gid))
+    if found is not None:  # this process probed this bubblewrap already: the same flags work (or nothing did)
+        flags, version = found
+        return Probe(mode, Bubblewrap(bwrap, network=network, user_flags=flags, hide=hide, peers=peers),
+                     version=version)
     candidates = [("--unshare-user", "--disable-userns", "--uid", uid, "--gid", gid),  # no nested namespaces
                   ("--unshare-user", "--uid", uid, "--gid", gid),  # bubblewrap before 0.8
                   ()]  # root (or a setuid bwrap) where user namespaces are refused
@@ -394,7 +404,9 @@ def probe(mode: str, *, network: bool = True, hide: Sequence[Path] = (), peers: 
                 errors.append(f"{type(exc).__name__}: {exc}")
                 continue
             if done.returncode == 0:
-                return Probe(mode, sandbox, version=_version(bwrap))
+                version = _version(bwrap)
+                _WORKING[(bwrap, network, uid, gid)] = (flags, version)
+                return Probe(mode, sandbox, version=version)
             errors.append((done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1])
     return Probe(mode, None, f"bubblewrap cannot create its namespaces here ({errors[0]})")
 

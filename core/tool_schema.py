@@ -18,6 +18,7 @@ finite (``NaN``, which ``json.loads`` accepts) or arithmetic that overflows are 
 from __future__ import annotations
 
 import contextvars
+import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -162,7 +163,7 @@ class ArgumentSchema:
     """One tool's parameters schema, compiled once; ``first_error`` checks a call's arguments against it."""
 
     def __init__(self, schema: dict[str, Any]) -> None:
-        Draft202012Validator.check_schema(schema)
+        _check_schema(schema)
         self._validator = _BoundedValidator(schema, registry=_NOTHING)
 
     def first_error(self, args: dict[str, Any]) -> ValidationError | None:
@@ -178,3 +179,20 @@ class ArgumentSchema:
             raise SchemaCheckError(f"a number in them cannot be checked ({type(exc).__name__})") from exc
         finally:
             _deadline.reset(token)
+
+
+_VALID_SCHEMAS: set[str] = set()  # schemas already found valid, as canonical JSON (the same tools each build)
+
+
+def _check_schema(schema: dict[str, Any]) -> None:
+    """Draft 2020-12's check of a schema (SchemaError when invalid), done once per distinct schema: the built-in
+    tools are registered again by every application built, and the check is most of a registration's cost."""
+    try:
+        key = json.dumps(schema, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):  # not plain JSON: checked every time (and refused there)
+        Draft202012Validator.check_schema(schema)
+        return
+    if key not in _VALID_SCHEMAS:
+        Draft202012Validator.check_schema(schema)
+        if len(_VALID_SCHEMAS) < 4096:  # MCP servers list tools too: bounded, whatever they list
+            _VALID_SCHEMAS.add(key)

@@ -115,7 +115,9 @@ async def test_event_sources_are_checked_and_the_url_to_configure_is_named(
     assert "✗ event source alerts: destination #nowhere:" in out
     assert "✗ event source deploys: SW_KEY: the Standard Webhooks key is" in out
 
-    env |= {"CI_SECRET": "a-github-secret-of-32-characters", "SW_KEY": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}
+    # Read as `bot run` reads them: the environment, else .env.
+    (tmp_path / ".env").write_text("CI_SECRET=a-github-secret-of-32-characters\n")
+    env = {k: v for k, v in env.items() if k != "CI_SECRET"} | {"SW_KEY": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}
     code, out = await run_cli(tmp_path, env, "doctor")
     assert "✓ event source ci: github, answers in #ops (COPS) at trust external; configure the sender with " \
            "POST https://bot.example.com/events/ci" in out, out

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 from bot.egress import EgressPolicy
@@ -36,10 +37,17 @@ def build_registry(home: Path, *, sandbox: Sandbox | None = None, shell_env: Env
     return registry
 
 
+@functools.cache
+def _tool_points() -> tuple[EntryPoint, ...]:
+    """The installed packages' ``bot.tools`` entry points, looked up once per process (every installed package's
+    metadata is read to find them; what is installed does not change while it runs)."""
+    return tuple(entry_points(group="bot.tools"))
+
+
 def _plugin_tools() -> list[Tool]:
     """Tools from installed packages' ``bot.tools`` entry points (each a Tool or a zero-arg factory)."""
     tools: list[Tool] = []
-    for ep in entry_points(group="bot.tools"):
+    for ep in _tool_points():
         obj = ep.load()
         tool = obj() if callable(obj) and not isinstance(obj, Tool) else obj
         if not isinstance(tool, Tool):
