@@ -42,6 +42,9 @@ class ToolContext:
     # A person approved this very call (GateDecision.asked). False: it runs unasked (an allow rule, a grant, a
     # firing's preapproval, a safe tool), so a tool must not load what earlier calls left (shell_run: a fresh HOME).
     asked: bool = False
+    # Everyone whose words the turn took (TurnInfo.senders, steered ones added): a tool that reads on someone's
+    # behalf checks each of them (e.g. that every one of them may see what it reads).
+    senders: tuple[str, ...] = ()
 
     @property
     def requester(self) -> str | None:
@@ -73,6 +76,15 @@ class Tool:
     concurrent: bool = False
     # The parameters compiled once: validation resolves no reference and bounds its patterns (core.tool_schema).
     schema: ArgumentSchema = field(init=False, repr=False, compare=False)
+    # A problem with the arguments the schema cannot say in plain words (e.g. a channel name's rules): refused as a
+    # ToolError for the model, before anyone is asked.
+    check: Callable[[dict[str, Any]], str | None] | None = None
+    # Checks the call against the world before anyone is asked (raises ToolError): what cannot run is never put
+    # on an approval card.
+    precheck: Callable[[ToolContext, dict[str, Any]], Awaitable[None]] | None = None
+    # Whether it is offered in this turn at all (e.g. only where its channel's workspace is in scope and the
+    # token it would use has what it needs); None: wherever its agent allows it.
+    offered: Callable[[ToolContext], Awaitable[bool]] | None = None
 
     def __post_init__(self) -> None:
         problem = schema_problem(self.parameters)
@@ -119,6 +131,9 @@ class Tool:
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "arguments"
             raise ToolError(f"invalid arguments for {self.name} ({where}): {error.message}")
+        problem = self.check(args) if self.check is not None else None
+        if problem is not None:
+            raise ToolError(f"invalid arguments for {self.name}: {problem}")
         return args
 
 
