@@ -18,6 +18,7 @@ from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import BOT_USER_ID, FakeSlack
 from tests.slack_requests import block_action, mention
+from tests.slack_workspaces import send
 
 SLACK_TOOLS = set(TOOL_SCOPES)
 HERE = "CHERE"  # the channel the conversation lives in (an id the port takes as one)
@@ -170,6 +171,19 @@ async def test_a_scope_the_token_lacks_hides_its_tools(
     offered = _offered(fake_llm)
     assert "message_read" in offered and "message_send" in offered
     assert not offered & {"message_pin", "channel_create", "channel_invite", "channel_archive"}
+
+
+async def test_each_workspace_is_offered_what_its_own_install_allows(
+    workspaces: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    fake_slack.team_scopes["T2"] = [s for s in BOT_SCOPES if s != "pins:write"]
+    fake_llm.then(Reply("one"), Reply("two"))
+    await send(workspaces, "T1", mention("hello"))
+    await fake_slack.wait_for("chat.postMessage")
+    await send(workspaces, "T2", mention("hello"))
+    await fake_slack.wait_for("chat.postMessage", 2)
+    assert "message_pin" in _offered(fake_llm, 0)
+    assert "message_pin" not in _offered(fake_llm, 1) and "message_read" in _offered(fake_llm, 1)
 
 
 # -- the gated tools ------------------------------------------------------------------------------------------

@@ -84,6 +84,7 @@ class FakeSlack(FakeSlackOAuth):
     mpims: set[str] = field(default_factory=set)
     archived: set[str] = field(default_factory=set)
     pins: list[tuple[str, str]] = field(default_factory=list)
+    team_scopes: dict[str, list[str]] = field(default_factory=dict)  # an install's own scopes (else ``scopes``)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -248,7 +249,8 @@ class FakeSlack(FakeSlackOAuth):
             return web.json_response({"ok": False, "error": "invalid_auth"})
         if method == "auth.test" and token in self.tokens:
             answer = self._answer(method, params) | {"team_id": self.tokens[token]}
-            return web.json_response(answer, headers={"x-oauth-scopes": ",".join(self.scopes)})
+            scopes = self.team_scopes.get(self.tokens[token], self.scopes)
+            return web.json_response(answer, headers={"x-oauth-scopes": ",".join(scopes)})
         headers = {"x-oauth-scopes": ",".join(self.scopes)} if method == "auth.test" else {}
         answer = self._answer(method, params)
         if method == "users.info" and token in self.tokens and isinstance(answer.get("user"), dict) \
