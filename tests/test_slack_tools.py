@@ -107,8 +107,8 @@ async def test_message_read_refuses_what_the_asker_could_not_read(
     await fake_slack.wait_for("chat.postMessage")
     await gateway.idle()
     dm, group, outside, secret, own, too_many = _results(fake_llm)
-    assert dm.startswith("error: ") and "direct messages" in dm
-    assert group.startswith("error: ") and "direct messages" in group
+    assert dm.startswith("error: ") and "no direct message or group DM" in dm
+    assert group.startswith("error: ") and "no direct message or group DM" in group
     assert outside.startswith("error: the bot is not in #outside")
     assert secret.startswith("error: ") and "U1 is not" in secret and "the secret plan" not in secret
     assert "earlier in this channel" in own  # the turn's own conversation's channel
@@ -227,6 +227,28 @@ async def test_an_invalid_name_or_a_crafted_user_id_is_the_models_error_not_a_ca
     assert "there is no message 123.456 in #ops" in missing
     assert not fake_slack.of("conversations.create") + fake_slack.of("conversations.invite") + fake_slack.of(
         "conversations.archive") + fake_slack.of("pins.add")
+
+
+async def test_the_gated_tools_act_only_in_channels_everyone_asking_is_in(
+    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    fake_slack.channels["secret"] = "CSEC"
+    fake_slack.members["CSEC"] = ["U2", BOT_USER_ID]
+    ts = _said(fake_slack, "CSEC", "U2", "the secret plan")
+    fake_llm.then(Reply(tool_calls=[("message_pin", {"channel": "#secret", "ts": ts}),
+                                    ("channel_invite", {"channel": "#secret", "users": ["U1"]}),
+                                    ("channel_archive", {"channel": "#secret"}),
+                                    ("channel_invite", {"channel": "#outside", "users": ["U2"]})]), Reply("ok"))
+    await gateway.send_event(mention("let me in", channel=HERE))
+    [answer] = await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert answer.params["text"] == "ok"  # no card
+    pin, invite, archive, outside = _results(fake_llm)
+    for said in (pin, invite, archive):
+        assert said.startswith("error: not everyone asking here is a member of #secret (U1 is not)"), said
+    assert outside.startswith("error: the bot is not in #outside")
+    assert "the secret plan" not in json.dumps([c.params for c in fake_slack.posts()])
+    assert "the secret plan" not in json.dumps(fake_llm.requests)
 
 
 async def test_channel_invite_card_names_the_people_and_slack_refusals_come_back_in_words(

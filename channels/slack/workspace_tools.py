@@ -6,7 +6,9 @@ Offered only in a Slack conversation whose workspace token has the scopes the to
 lets one person read, through the bot, what they cannot read themselves: no other conversation's direct messages,
 no channel the bot is not in, no channel that anyone whose words the turn took is not a member of; a turn nobody in
 Slack asked for (a schedule's firing, an event's) reads only the channel it posts to. What it returns is framed as
-data (people wrote it), and masked by the runner like every tool output.
+data (people wrote it), and masked by the runner like every tool output. The gated tools act only where
+``message_read`` would read (before their card is posted, and again once approved): a card never quotes another
+channel's message, and nobody invites people to, archives or pins in a channel they are not in.
 """
 
 from __future__ import annotations
@@ -162,9 +164,7 @@ class WorkspaceTools:
     def _message_read(self) -> Tool:
         async def message_read(ctx: ToolContext, args: dict[str, Any]) -> str:
             given = str(args["channel"])
-            channel = await self.port.channel_id(given)
-            if channel != own_channel(ctx.place):  # the conversation's own channel: whoever asked is reading it
-                await self._may_read(ctx, given, channel, (await self._channel(channel))[1])
+            channel = await self._usable(ctx, given, "reads")
             thread_ts, limit = args.get("thread_ts"), int(args.get("limit") or 20)
             messages = await self._messages(channel, thread_ts, limit)
             return await self._shown(given, channel, thread_ts, messages)
@@ -194,21 +194,29 @@ class WorkspaceTools:
             offered=self._offered("message_read"),
         )
 
-    async def _may_read(self, ctx: ToolContext, given: str, channel: str, info: dict[str, Any]) -> None:
-        """Refuses what the people asking could not read themselves (another conversation than the turn's own)."""
+    async def _usable(self, ctx: ToolContext, given: str, verb: str) -> str:
+        """The id of the channel ``given`` names, if the people asking could read it themselves: the turn's own
+        conversation's, or a channel (no DM) the bot is in and each of them is a member of. ``verb``: "reads" or
+        "acts in" (what a refusal says the bot does only there). The gated tools ask the same: a card must not show
+        another channel's message, and nobody invites people to, or archives, a channel they are not in."""
+        channel = await self.port.channel_id(given)
+        if channel == own_channel(ctx.place):  # whoever asked is in it: they wrote there
+            return channel
+        info = (await self._channel(channel))[1]
         if info.get("is_im") or info.get("is_mpim"):
-            raise ToolError("message_read does not read direct messages or group DMs, except this conversation's own")
+            raise ToolError(f"the bot {verb} no direct message or group DM but this conversation's own")
         if not info.get("is_member"):
-            raise ToolError(f"the bot is not in {given}: it reads only channels it was invited to")
+            raise ToolError(f"the bot is not in {given}: it {verb} only channels it was invited to")
         askers = slack_askers(ctx)
         if askers is None:
-            raise ToolError("nobody in Slack asked in this turn (a schedule's firing or an event): it reads only "
+            raise ToolError(f"nobody in Slack asked in this turn (a schedule's firing or an event): it {verb} only "
                             "the channel it posts to")
         members = await self.members(channel)
         outside = [who for who in askers if who not in members]
         if outside:
             raise ToolError(f"not everyone asking here is a member of {given} ({', '.join(outside)} is not): "
-                            "nobody reads, through the bot, a channel they are not in")
+                            f"the bot {verb} only channels everyone asking is in")
+        return channel
 
     async def _messages(self, channel: str, thread_ts: Any, limit: int) -> list[dict[str, Any]]:
         """The newest ``limit`` messages, oldest first."""
@@ -300,14 +308,11 @@ class WorkspaceTools:
         )
 
     def _channel_invite(self) -> Tool:
-        async def invite_check(_ctx: ToolContext, args: dict[str, Any]) -> None:
-            _channel, info = await self._channel(str(args["channel"]))
-            if info.get("is_im") or info.get("is_mpim"):
-                raise ToolError("people are invited to channels, not to direct messages")
+        async def invite_check(ctx: ToolContext, args: dict[str, Any]) -> None:
+            await self._usable(ctx, str(args["channel"]), "acts in")
 
         async def channel_invite(ctx: ToolContext, args: dict[str, Any]) -> str:
-            await invite_check(ctx, args)
-            channel = await self.port.channel_id(str(args["channel"]))
+            channel = await self._usable(ctx, str(args["channel"]), "acts in")
             users = [str(u) for u in args["users"]]
             await self._call(f"invite them to {args['channel']}", "conversations_invite", channel=channel,
                              users=",".join(users))
@@ -343,8 +348,7 @@ class WorkspaceTools:
             info = (await self._channel(channel))[1]
             if info.get("is_general") or info.get("name") == "general":
                 raise ToolError("the workspace's general channel is never archived")
-            if info.get("is_im") or info.get("is_mpim"):
-                raise ToolError("a direct message cannot be archived")
+            await self._usable(ctx, str(args["channel"]), "acts in")
 
         async def channel_archive(ctx: ToolContext, args: dict[str, Any]) -> str:
             await archive_check(ctx, args)  # again: what it names may have changed while a person decided
@@ -371,13 +375,14 @@ class WorkspaceTools:
         )
 
     def _message_pin(self) -> Tool:
-        async def pin_check(_ctx: ToolContext, args: dict[str, Any]) -> None:
-            channel = await self.port.channel_id(str(args["channel"]))
+        async def pin_check(ctx: ToolContext, args: dict[str, Any]) -> None:
+            # Before its card quotes the message: nobody sees, through a card, a channel they are not in.
+            channel = await self._usable(ctx, str(args["channel"]), "acts in")
             if await find_message(self.client, channel, str(args["ts"])) is None:
                 raise ToolError(f"there is no message {args['ts']} in {args['channel']}")
 
-        async def message_pin(_ctx: ToolContext, args: dict[str, Any]) -> str:
-            channel = await self.port.channel_id(str(args["channel"]))
+        async def message_pin(ctx: ToolContext, args: dict[str, Any]) -> str:
+            channel = await self._usable(ctx, str(args["channel"]), "acts in")
             await self._call(f"pin that message in {args['channel']}", "pins_add", channel=channel,
                              timestamp=str(args["ts"]))
             return f"pinned message {args['ts']} in {args['channel']}"
