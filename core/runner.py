@@ -29,7 +29,7 @@ from core.redaction import Redactor
 from core.store import ConversationStore
 from core.store.summaries import SummaryStore
 from core.text import clean_text
-from core.tools import Risk, Tool, ToolContext, ToolGate, ToolRegistry, run_tool
+from core.tools import Risk, Tool, ToolContext, ToolGate, ToolRegistry, offered_in, precheck_call, run_tool
 from core.trust import SenderTrust, Trust, least_trusted
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class AgentRunner:
             # Credentials and grants stay the parent agent's: delegating never borrows another agent's.
             ctx = replace(ctx, agent=parent.agent, sender=parent.sender, place=parent.place, interactive=False,
                           subagent=True, senders=parent.senders)
-        allowed = [t for t in self.tools.allowed(agent.tools) if t.offered is None or await t.offered(ctx)]
+        allowed = [t for t in self.tools.allowed(agent.tools) if await offered_in(t, ctx)]
         specs = [t.spec() for t in allowed]
         allowed_names = {t.name for t in allowed}
         # Read where the turn was taken, in the same transaction, unless the caller did not.
@@ -258,8 +258,7 @@ class AgentRunner:
         ctx = replace(ctx, call_id=call.id, asked=False)
         try:
             args = tool.parse_arguments(call.arguments)
-            if tool.precheck is not None:  # what cannot run is refused before anyone is asked about it
-                await tool.precheck(ctx, args)
+            await precheck_call(tool, ctx, args)  # what cannot run is refused before anyone is asked about it
             if self.gate is not None:  # every call: approval policies may refuse or ask about safe tools too
                 decision = await self.gate.authorize(ctx, tool, args)
                 if not decision.allowed:

@@ -6,6 +6,7 @@ import asyncio
 import enum
 import fnmatch
 import json
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -14,6 +15,8 @@ from core.errors import CoreError, SchemaCheckError, ToolError
 from core.model import EVENT_PREFIX
 from core.text import clean_text, text_problem, tree_problem
 from core.tool_schema import ArgumentSchema, schema_problem
+
+log = logging.getLogger(__name__)
 
 
 class Risk(enum.StrEnum):
@@ -222,3 +225,30 @@ async def run_tool(tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolError(clean_text(str(exc))) from exc
     except Exception as exc:
         raise ToolError(clean_text(f"{tool.name} failed: {type(exc).__name__}: {exc}")) from exc
+
+
+async def precheck_call(tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> None:
+    """The tool's own check of a call before anyone is asked (``Tool.precheck``), with its timeout: every failure is a
+    ToolError for the model, as when it runs."""
+    if tool.precheck is None:
+        return
+    try:
+        async with asyncio.timeout(tool.timeout_s):
+            await tool.precheck(ctx, args)
+    except TimeoutError as exc:
+        raise ToolError(f"{tool.name} could not be checked within {tool.timeout_s:g} s") from exc
+    except ToolError as exc:
+        raise ToolError(clean_text(str(exc))) from exc
+    except Exception as exc:
+        raise ToolError(clean_text(f"{tool.name} could not be checked: {type(exc).__name__}: {exc}")) from exc
+
+
+async def offered_in(tool: Tool, ctx: ToolContext) -> bool:
+    """Whether the tool is offered in this turn (``Tool.offered``); a check that fails offers it not (logged)."""
+    if tool.offered is None:
+        return True
+    try:
+        return await tool.offered(ctx)
+    except Exception as exc:
+        log.warning("tool %s not offered: checking whether it could be failed (%s)", tool.name, type(exc).__name__)
+        return False
