@@ -3,6 +3,7 @@ their cards, and tools offered only where the token's scopes allow (against the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -160,6 +161,19 @@ async def test_slack_tools_are_offered_only_in_slack_and_with_their_scopes(fake_
     assert {n for n, t in tools.items() if t.offered is not None and await t.offered(_ctx())} == SLACK_TOOLS
     assert tools_lacking(set(BOT_SCOPES)) == []
     assert tools_lacking(set(BOT_SCOPES) - {"pins:write"}) == ["message_pin"]
+
+
+async def test_the_web_chat_is_not_offered_the_slack_tools(gateway: GatewayClient, fake_llm: FakeLLM) -> None:
+    fake_llm.then(Reply("hi"))
+    async with gateway.http.post(f"{gateway.base}/api/conversations/{'0' * 32}/messages",
+                                 json={"text": "hello", "client_id": "w1"}) as resp:
+        assert resp.status == 200
+    async with asyncio.timeout(10):
+        while not fake_llm.requests:
+            await asyncio.sleep(0.01)
+    await gateway.idle()
+    offered = _offered(fake_llm)
+    assert "time_now" in offered and not offered & SLACK_TOOLS
 
 
 async def test_a_scope_the_token_lacks_hides_its_tools(
