@@ -10,7 +10,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import TRANSPORT_ERRORS, error_code, transient
-from channels.slack.workspaces import current_team
+from channels.slack.workspaces import TOKEN_GONE, current_team
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ class TokenScopes:
             code = error_code(exc)
             if transient(exc, code):
                 return None
+            if code in TOKEN_GONE:  # no working token here now (uninstalled, or a re-install racing): asked again
+                return frozenset()
             log.warning("auth.test refused (%s): no Slack tools offered in this workspace", code)
             scopes: frozenset[str] | None = frozenset()
         except TRANSPORT_ERRORS as exc:
