@@ -29,7 +29,7 @@ from core.redaction import Redactor
 from core.store import ConversationStore
 from core.store.summaries import SummaryStore
 from core.text import clean_text
-from core.tools import Risk, Tool, ToolContext, ToolGate, ToolRegistry, run_tool
+from core.tools import Risk, Tool, ToolContext, ToolGate, ToolRegistry, offered_in, precheck_call, run_tool
 from core.trust import SenderTrust, Trust, least_trusted
 
 log = logging.getLogger(__name__)
@@ -131,16 +131,17 @@ class AgentRunner:
                    save_answer: bool, on_text: Emit | None, on_tool: Callable[[str], None] | None, *,
                    parent: ToolContext | None, max_steps: int) -> str:
         session_id = turn.session.id
-        allowed = self.tools.allowed(agent.tools)
-        specs = [t.spec() for t in allowed]
-        allowed_names = {t.name for t in allowed}
         ctx = ToolContext(session_id=session_id, turn_id=turn.id, agent=agent.name, sender=turn.sender,
                           place=turn.session.place, preapproved=turn.session.preapproved,
-                          trust=await self._trust_of(turn) if parent is None else parent.trust)
+                          trust=await self._trust_of(turn) if parent is None else parent.trust,
+                          senders=turn.senders or ((turn.sender,) if turn.sender is not None else ()))
         if parent is not None:  # a sub-agent: the parent's sender, place and trust; nobody to ask
             # Credentials and grants stay the parent agent's: delegating never borrows another agent's.
             ctx = replace(ctx, agent=parent.agent, sender=parent.sender, place=parent.place, interactive=False,
-                          subagent=True)
+                          subagent=True, senders=parent.senders)
+        allowed = [t for t in self.tools.allowed(agent.tools) if await offered_in(t, ctx)]
+        specs = [t.spec() for t in allowed]
+        allowed_names = {t.name for t in allowed}
         # Read where the turn was taken, in the same transaction, unless the caller did not.
         rows = transcript if transcript is not None else await self.store.transcript(session_id,
                                                                                      self.limits.history_messages)
@@ -225,7 +226,9 @@ class AgentRunner:
                 steered = await steer()
                 history.extend(steered)
                 joined = tuple(sender for message in steered for sender in message.senders)
-                if joined and self.trust is not None:  # their words are the model's from this step on
+                if joined:  # their words are the model's from this step on
+                    ctx = replace(ctx, senders=tuple(dict.fromkeys((*ctx.senders, *joined))))
+                if joined and self.trust is not None:
                     joining = await self.trust.of_senders(turn.session.channel, joined, turn.session.place)
                     ctx = replace(ctx, trust=least_trusted([Trust(ctx.trust or Trust.MEMBER), joining]))
         raise StepLimitReached(
@@ -255,6 +258,7 @@ class AgentRunner:
         ctx = replace(ctx, call_id=call.id, asked=False)
         try:
             args = tool.parse_arguments(call.arguments)
+            await precheck_call(tool, ctx, args)  # what cannot run is refused before anyone is asked about it
             if self.gate is not None:  # every call: approval policies may refuse or ask about safe tools too
                 decision = await self.gate.authorize(ctx, tool, args)
                 if not decision.allowed:

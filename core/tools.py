@@ -6,6 +6,7 @@ import asyncio
 import enum
 import fnmatch
 import json
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -14,6 +15,8 @@ from core.errors import CoreError, SchemaCheckError, ToolError
 from core.model import EVENT_PREFIX
 from core.text import clean_text, text_problem, tree_problem
 from core.tool_schema import ArgumentSchema, schema_problem
+
+log = logging.getLogger(__name__)
 
 
 class Risk(enum.StrEnum):
@@ -42,6 +45,9 @@ class ToolContext:
     # A person approved this very call (GateDecision.asked). False: it runs unasked (an allow rule, a grant, a
     # firing's preapproval, a safe tool), so a tool must not load what earlier calls left (shell_run: a fresh HOME).
     asked: bool = False
+    # Everyone whose words the turn took (TurnInfo.senders, steered ones added): a tool that reads on someone's
+    # behalf checks each of them (e.g. that every one of them may see what it reads).
+    senders: tuple[str, ...] = ()
 
     @property
     def requester(self) -> str | None:
@@ -73,6 +79,15 @@ class Tool:
     concurrent: bool = False
     # The parameters compiled once: validation resolves no reference and bounds its patterns (core.tool_schema).
     schema: ArgumentSchema = field(init=False, repr=False, compare=False)
+    # A problem with the arguments the schema cannot say in plain words (e.g. a channel name's rules): refused as a
+    # ToolError for the model, before anyone is asked.
+    check: Callable[[dict[str, Any]], str | None] | None = None
+    # Checks the call against the world before anyone is asked (raises ToolError): what cannot run is never put
+    # on an approval card.
+    precheck: Callable[[ToolContext, dict[str, Any]], Awaitable[None]] | None = None
+    # Whether it is offered in this turn at all (e.g. only where its channel's workspace is in scope and the
+    # token it would use has what it needs); None: wherever its agent allows it.
+    offered: Callable[[ToolContext], Awaitable[bool]] | None = None
 
     def __post_init__(self) -> None:
         problem = schema_problem(self.parameters)
@@ -119,6 +134,9 @@ class Tool:
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "arguments"
             raise ToolError(f"invalid arguments for {self.name} ({where}): {error.message}")
+        problem = self.check(args) if self.check is not None else None
+        if problem is not None:
+            raise ToolError(f"invalid arguments for {self.name}: {problem}")
         return args
 
 
@@ -207,3 +225,30 @@ async def run_tool(tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolError(clean_text(str(exc))) from exc
     except Exception as exc:
         raise ToolError(clean_text(f"{tool.name} failed: {type(exc).__name__}: {exc}")) from exc
+
+
+async def precheck_call(tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> None:
+    """The tool's own check of a call before anyone is asked (``Tool.precheck``), with its timeout: every failure is a
+    ToolError for the model, as when it runs."""
+    if tool.precheck is None:
+        return
+    try:
+        async with asyncio.timeout(tool.timeout_s):
+            await tool.precheck(ctx, args)
+    except TimeoutError as exc:
+        raise ToolError(f"{tool.name} could not be checked within {tool.timeout_s:g} s") from exc
+    except ToolError as exc:
+        raise ToolError(clean_text(str(exc))) from exc
+    except Exception as exc:
+        raise ToolError(clean_text(f"{tool.name} could not be checked: {type(exc).__name__}: {exc}")) from exc
+
+
+async def offered_in(tool: Tool, ctx: ToolContext) -> bool:
+    """Whether the tool is offered in this turn (``Tool.offered``); a check that fails offers it not (logged)."""
+    if tool.offered is None:
+        return True
+    try:
+        return await tool.offered(ctx)
+    except Exception as exc:
+        log.warning("tool %s not offered: checking whether it could be failed (%s)", tool.name, type(exc).__name__)
+        return False

@@ -51,6 +51,8 @@ async def test_missing_scopes_are_listed(tmp_path: Path, fake_slack: FakeSlack, 
     fake_slack.scopes = ["chat:write", "app_mentions:read"]
     code, out = await run_cli(tmp_path, slack_env(fake_slack, fake_llm, 3000), "doctor")
     assert code == 1 and "missing scopes: " in out and "reactions:write" in out and "bot manifest" in out
+    assert ("tools not offered for want of them: message_read, channel_create, channel_invite, channel_archive, "
+            "message_pin") in out
 
 
 async def test_a_bad_bot_toml_and_the_new_scopes_are_named(tmp_path: Path, fake_slack: FakeSlack,

@@ -18,7 +18,7 @@ from bot.tools.time_now import time_now_tool
 from core.errors import CoreError, ProviderError, SchemaCheckError, ToolError
 from core.providers import ChatMessage, CompletionRequest, RetryPolicy, complete_with_retries
 from core.tool_schema import ArgumentSchema
-from core.tools import Risk, Tool, ToolContext, ToolRegistry, run_tool
+from core.tools import Risk, Tool, ToolContext, ToolRegistry, offered_in, precheck_call, run_tool
 from tests.fakes.core import FlakyProvider
 
 try:  # the installed openai client may be built on the renamed ``httpx2`` package
@@ -162,6 +162,29 @@ async def test_run_tool_wraps_exceptions() -> None:
     with pytest.raises(ToolError, match="broken failed: KeyError"):
         await run_tool(tool, CTX, {})
 
+
+async def test_a_tools_own_checks_are_tool_errors_and_a_failing_offer_check_hides_it() -> None:
+    async def refuse(_ctx: ToolContext, args: dict[str, Any]) -> None:
+        if args.get("n") == 1:
+            raise ToolError("not that one")
+        raise KeyError("gone")
+
+    async def offered(ctx: ToolContext) -> bool:
+        if ctx.place is None:
+            raise RuntimeError("no place")
+        return ctx.place.startswith("here:")
+
+    tool = Tool(name="picky", description="d", parameters=SCHEMA, risk=Risk.SAFE, function=make_tool().function,
+                check=lambda args: "n must be odd" if args["n"] % 2 == 0 else None, precheck=refuse, offered=offered)
+    with pytest.raises(ToolError, match="invalid arguments for picky: n must be odd"):
+        tool.parse_arguments({"n": 2})
+    with pytest.raises(ToolError, match=r"^not that one$"):
+        await precheck_call(tool, CTX, {"n": 1})
+    with pytest.raises(ToolError, match="picky could not be checked: KeyError"):
+        await precheck_call(tool, CTX, {"n": 3})
+    assert await offered_in(tool, ToolContext(session_id="s", turn_id=1, agent="a", sender=None, place="here:1"))
+    assert not await offered_in(tool, CTX)  # its check failed: not offered
+    assert await offered_in(make_tool(), CTX)
 
 
 class FixedClock:

@@ -41,8 +41,10 @@ def budget_blocks(request: ApprovalInfo) -> list[dict[str, Any]]:
         Button("Continue", "approval:approve", "primary"), Button("Stop", "approval:stop", "danger"))))
 
 
-def approval_blocks(request: ApprovalInfo, *, attached: str | None = None) -> list[dict[str, Any]]:
-    """The card: every argument in full (over several sections, or in the attached file ``attached``)."""
+def approval_blocks(request: ApprovalInfo, *, attached: str | None = None,
+                    effect: str | None = None) -> list[dict[str, Any]]:
+    """The card: what the call will do (``effect``, mrkdwn, for the tools that say: channels.slack.tool_effects),
+    then every argument in full (over several sections, or in the attached file ``attached``)."""
     if request.risk == BUDGET_RISK:
         return budget_blocks(request)
     asked_by_whom = asked_by(request, SLACK_MARKS)
@@ -55,7 +57,8 @@ def approval_blocks(request: ApprovalInfo, *, attached: str | None = None) -> li
         body = [section(f"```\n{chunk}\n```") for chunk in chunks]
     else:
         body = [section(_too_long_note(request, len(shown), attached))]
-    asked: list[dict[str, Any]] = [section(header), *body]
+    effect_blocks = [section(effect[:_SECTION_CHARS])] if effect else []
+    asked: list[dict[str, Any]] = [section(header), *effect_blocks, *body]
     if "⟦" in shown:
         asked.append(context("Marks like ⟦3 spaces⟧, ⟦TAB⟧ or ⟦U+202E⟧ stand for whitespace and invisible characters "
                              "in the arguments."))

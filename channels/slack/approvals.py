@@ -29,6 +29,7 @@ from channels.slack.formatting import escape
 from channels.slack.payloads import channel_id, input_value, slack_person, user_id
 from channels.slack.request_cards import CardMessages, carried_id, section
 from channels.slack.threads import SessionThreads
+from channels.slack.tool_effects import ToolEffects
 from channels.slack.workspaces import in_workspace, request_workspace
 from core.display import arguments_text
 from core.errors import InvalidInput, NotFound
@@ -53,6 +54,7 @@ class SlackApprovals:
         self.threads = threads or SessionThreads(gateway)  # where the request's conversation posts now
         self._private = PrivateReplies(client)
         self._cards = CardMessages(client, "approval", self.threads)
+        self._effects = ToolEffects(client)  # what a Slack tool's call will do, in words, on its card
         app.action(ACTION)(self._on_click)
         app.view(DENY_VIEW)(self._on_deny_submitted)
 
@@ -69,15 +71,16 @@ class SlackApprovals:
                 await self.gateway.approval_unshowable(request.id)
                 return
         where: dict[str, Any] = {}
+        effect = await self._effects.describe(request.tool, request.arguments)
         cut = False
         if "dm" in request.notify:
-            where["copies"], cut = await self._dm_cards(request, deciders)
+            where["copies"], cut = await self._dm_cards(request, deciders, effect=effect)
         # The thread too, unless only DMs were asked for and every one landed: never shown nowhere.
         if "thread" in request.notify or not where.get("copies") or cut:
             for attempt in range(2):
                 try:
                     # The conversation's first post (an event's) opens its thread: the answer follows it there.
-                    posted = await self.threads.post(request.session, self._card_sender(request, attached),
+                    posted = await self.threads.post(request.session, self._card_sender(request, attached, effect),
                                                      lambda posted: str(posted["ts"]))
                     where |= {"channel": posted["channel"], "ts": posted["ts"]}
                     break
@@ -91,13 +94,15 @@ class SlackApprovals:
                     await self.gateway.approval_unshowable(request.id)
                     break
         if where:
+            if effect is not None:  # kept with the card: the settled card says what was asked, not what is true now
+                where["effect"] = effect
             await self.gateway.approval_shown(request.id, where)
 
-    def _card_sender(self, request: ApprovalInfo, attached: str | None
+    def _card_sender(self, request: ApprovalInfo, attached: str | None, effect: str | None
                      ) -> Callable[[str, str | None], Awaitable[AsyncSlackResponse]]:
         async def send(channel: str, thread_ts: str | None) -> AsyncSlackResponse:
             return await self.client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=fallback_text(request),
-                                                      blocks=approval_blocks(request, attached=attached))
+                                                      blocks=approval_blocks(request, attached=attached, effect=effect))
         return send
 
     async def remind(self, request: ApprovalInfo, deciders: tuple[str, ...], left: timedelta) -> None:
@@ -115,7 +120,7 @@ class SlackApprovals:
         except SlackApiError as exc:
             log.warning("could not remind about approval %s: %s", request.id, error_code(exc))
         if "dm" in request.notify:
-            copies, _cut = await self._dm_cards(current, deciders, reminder=True)
+            copies, _cut = await self._dm_cards(current, deciders, reminder=True, effect=_effect(current))
             latest = await self.gateway.approval(request.id) or current
             where = dict(latest.announcement or {})
             where["copies"] = [*where.get("copies", []), *copies]
@@ -124,8 +129,8 @@ class SlackApprovals:
             if settled is not None and settled.settled:  # decided while these went out: no buttons left on them
                 await self.resolve(settled)
 
-    async def _dm_cards(self, request: ApprovalInfo, deciders: tuple[str, ...], *,
-                        reminder: bool = False) -> tuple[list[dict[str, str]], bool]:
+    async def _dm_cards(self, request: ApprovalInfo, deciders: tuple[str, ...], *, reminder: bool = False,
+                        effect: str | None = None) -> tuple[list[dict[str, str]], bool]:
         """The card in each decider's DM (people named first, then user groups' members; at most
         _MAX_DM_CARDS): where each landed, and whether the list was cut short. Arguments too long for a card
         go to each DM as a file first."""
@@ -150,7 +155,7 @@ class SlackApprovals:
                     attached = await self._attach(request, channel=channel)
                     if attached is None:
                         continue
-                blocks = approval_blocks(request, attached=attached)
+                blocks = approval_blocks(request, attached=attached, effect=effect)
                 if reminder:
                     blocks = [section(":bell: Reminder: this still waits for your decision."), *blocks]
                 posted = await self.client.chat_postMessage(channel=channel, text=fallback_text(request), blocks=blocks)
@@ -188,7 +193,7 @@ class SlackApprovals:
         where = request.announcement or {}
         places = ([{"channel": where["channel"], "ts": where["ts"]}] if "channel" in where else []) + list(
             where.get("copies") or [])
-        text, blocks = fallback_text(request), approval_blocks(request)
+        text, blocks = fallback_text(request), approval_blocks(request, effect=_effect(request))
         if not places:  # never announced (Slack was down): say how it ended instead
             await self._cards.post(request, text, blocks)
             return
@@ -259,3 +264,9 @@ class SlackApprovals:
 
 def _request_id(value: Any) -> int | None:
     return carried_id(value) or None  # 0 is no request
+
+
+def _effect(request: ApprovalInfo) -> str | None:
+    """What the card said the call would do, when it was first shown."""
+    effect = (request.announcement or {}).get("effect")
+    return effect if isinstance(effect, str) else None

@@ -3,7 +3,7 @@ every installed workspace's own token (multi-workspace mode)."""
 
 from __future__ import annotations
 
-from channels.slack.manifest import BOT_SCOPES
+from channels.slack.manifest import BOT_SCOPES, tools_lacking
 from channels.slack.settings import SlackSettings
 from core.plugins import Check, DoctorContext
 
@@ -34,7 +34,7 @@ async def _one_workspace(settings: SlackSettings) -> Check:
     missing = sorted(set(BOT_SCOPES) - granted) if granted else []
     who = f"bot {response.get('user')} in team {response.get('team')}"
     if missing:
-        return Check("slack", False, f"{who}; missing scopes: {', '.join(missing)}",
+        return Check("slack", False, f"{who}; missing scopes: {', '.join(missing)}{_unoffered(granted)}",
                      "update the app from `bot manifest` and reinstall it to the workspace")
     return Check("slack", True, f"{who}; scopes match the manifest ({settings.mode} mode)")
 
@@ -107,10 +107,16 @@ async def _installations(settings: SlackSettings, context: DoctorContext,
             missing = sorted(wanted - granted) if granted else []
             who = f"bot {response.get('user')} in team {response.get('team')}"
             if missing:
-                checks.append(Check(name, False, f"{who}; missing scopes: {', '.join(missing)}",
+                checks.append(Check(name, False, f"{who}; missing scopes: {', '.join(missing)}{_unoffered(granted)}",
                                     "update the app from `bot manifest --distribution` and install it again"))
             else:
                 checks.append(Check(name, True, f"{who}; scopes match (multi-workspace mode)"))
         return checks
     finally:
         await db.close()
+
+
+def _unoffered(granted: set[str]) -> str:
+    """The Slack tools the token's scopes leave out (they are not offered to the model there)."""
+    lacking = tools_lacking(granted)
+    return f"; tools not offered for want of them: {', '.join(lacking)}" if lacking else ""

@@ -19,14 +19,34 @@ BOT_SCOPES = [
     "reactions:write",  # the progress and queued signs on messages
     "assistant:write",  # a working turn's thread status line ("is thinking…")
     "commands",  # the /bot slash command
-    "channels:read",  # message_send: find a public channel by #name
-    "groups:read",  # message_send: find a private channel the bot is in by #name
+    "channels:read",  # message_send, the Slack tools: find a public channel by #name; its members
+    "groups:read",  # the same for private channels the bot is in
+    "channels:manage",  # channel_create, channel_invite, channel_archive (public channels)
+    "groups:write",  # the same for private channels
+    "channels:join",  # conversations.join: asked for by SPEC §17; no tool joins a channel yet
+    "pins:write",  # message_pin
     "usergroups:read",  # BOT_APPROVERS may name user groups (S…): read their members
     "im:write",  # tell a schedule's creator by DM when it keeps failing
     "files:write",  # attach an approval request's arguments in full when they do not fit on the card
     "users:read",  # names in the status line; senders' trust levels (guest, external, bot: core.trust)
     "files:read",  # files shared with a mention: images and text files go to the model
 ]
+# The scopes each Slack tool needs (channels.slack.tools): a tool whose scopes the token lacks is not offered, and
+# ``bot doctor`` names it. History and read scopes of both kinds: a tool may act in a public or a private channel.
+TOOL_SCOPES = {
+    "message_read": ("channels:history", "groups:history", "channels:read", "groups:read", "users:read"),
+    "channel_create": ("channels:manage", "groups:write", "channels:read", "groups:read"),
+    "channel_invite": ("channels:manage", "groups:write", "channels:read", "groups:read", "users:read"),
+    "channel_archive": ("channels:manage", "groups:write", "channels:read", "groups:read"),
+    "message_pin": ("pins:write", "channels:history", "groups:history", "channels:read", "groups:read"),
+}
+
+
+def tools_lacking(granted: set[str]) -> list[str]:
+    """The Slack tools a token with ``granted`` scopes cannot serve (each lacks a scope it needs)."""
+    return [tool for tool, needs in TOOL_SCOPES.items() if not set(needs) <= granted]
+
+
 BOT_EVENTS = [
     "app_mention", "message.channels", "message.groups", "message.im", "message.mpim",
     "assistant_thread_started",  # a new chat in the assistant pane: suggested prompts

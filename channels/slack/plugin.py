@@ -1,5 +1,6 @@
 """Slack as a plug-in channel (entry point ``slack`` of ``bot.channels``): its settings, its ``build``, its
-doctor checks, the ``message_send`` tool, and its sealed table of workspace installs."""
+doctor checks, its tools (``message_send``, and those acting in the workspace: channels.slack.workspace_tools),
+and its sealed table of workspace installs."""
 
 from __future__ import annotations
 
@@ -67,9 +68,10 @@ def sealed(db: Database) -> list[SealedKind[Any]]:
 def tools(channel: Channel) -> list[Tool]:
     from channels.slack.adapter import SlackChannel
     from channels.slack.message_tool import message_send_tool
+    from channels.slack.workspace_tools import WorkspaceTools
 
     assert isinstance(channel, SlackChannel)
-    return [message_send_tool(channel.port.send_message)]
+    return [message_send_tool(channel.port.send_message), *WorkspaceTools(channel.port).tools()]
 
 
 async def resolve_destination(settings: SlackSettings, destination: str) -> str:

@@ -17,6 +17,7 @@ from channels.slack.blocks import answer_blocks
 from channels.slack.files import FILE_HOSTS, fetch_shared_file
 from channels.slack.formatting import split_message, to_mrkdwn
 from channels.slack.people import SlackPeople
+from channels.slack.scopes import TokenScopes
 from channels.slack.streams import LiveStream, SlackStreams
 from channels.slack.threads import SessionThreads, opens_thread, place_of
 from channels.slack.workspaces import (
@@ -58,6 +59,7 @@ class SlackPort:
         # Caches are per workspace (the key "" in single-workspace mode, where no call names one).
         self._groups: dict[tuple[str, str], tuple[float, set[str]]] = {}
         self.people = SlackPeople(client)  # users.info, cached: names and trust labels
+        self.scopes = TokenScopes(client)  # what the token may do: which Slack tools are offered
         self._channel_ids: dict[str, dict[str, str]] = {}
         self._identity: dict[str, tuple[str, str]] = {}  # (bot_id, bot user id) from auth.test
         self._team: str | None = None  # the installation's team, from the same auth.test
@@ -91,6 +93,7 @@ class SlackPort:
         for key in [key for key in self._groups if key[0] == team]:
             del self._groups[key]
         self.people.forget(team)
+        self.scopes.forget(team)
 
     # -- answers --------------------------------------------------------------------------------
 
@@ -309,7 +312,7 @@ class SlackPort:
     async def resolve_destination(self, destination: str) -> str:
         """A schedule's destination: the channel id, if the bot can post there (else InvalidInput)."""
         try:
-            channel_id = await self._channel_id(destination)
+            channel_id = await self.channel_id(destination)
         except ToolError as exc:
             raise InvalidInput(str(exc)) from None
         if channel_id.startswith("D"):
@@ -340,7 +343,7 @@ class SlackPort:
     async def send_message(self, channel: str, text: str) -> str:
         """``message_send``: post to ``#name`` or a channel id; errors become tool errors the model reads.
         It never carries delivery metadata: the model cannot make a post look like a delivered answer."""
-        channel_id = await self._channel_id(channel)
+        channel_id = await self.channel_id(channel)
         try:
             response = await self.client.chat_postMessage(channel=channel_id, text=text)
         except SlackApiError as exc:
@@ -350,7 +353,9 @@ class SlackPort:
             raise ToolError(f"Slack refused the message to {channel}: {hint.get(error, error)}") from None
         return f"posted to {channel} (ts {response.get('ts')})"
 
-    async def _channel_id(self, channel: str) -> str:
+    async def channel_id(self, channel: str) -> str:
+        """The id of ``#name`` (any channel the bot can see, looked up again when a name is not known yet) or of a
+        channel id as given; ToolError when there is none."""
         if not channel.startswith("#"):
             if re.fullmatch(r"[CGD][A-Z0-9]{2,}", channel):
                 return channel

@@ -76,6 +76,15 @@ class FakeSlack(FakeSlackOAuth):
     # {"is_bot": True}, {"deleted": True}); ``None`` for an id answers user_not_found.
     names: dict[str, str] = field(default_factory=dict)
     people: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    # Channels' members (conversations.members, ``member_page`` a page); a channel not listed has U1 and the bot.
+    # Private channels and group DMs (conversations.info says so), archived channels, and pinned (channel, ts).
+    members: dict[str, list[str]] = field(default_factory=dict)
+    member_page: int = 1000
+    private: set[str] = field(default_factory=set)
+    mpims: set[str] = field(default_factory=set)
+    archived: set[str] = field(default_factory=set)
+    pins: list[tuple[str, str]] = field(default_factory=list)
+    team_scopes: dict[str, list[str]] = field(default_factory=dict)  # an install's own scopes (else ``scopes``)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -240,7 +249,8 @@ class FakeSlack(FakeSlackOAuth):
             return web.json_response({"ok": False, "error": "invalid_auth"})
         if method == "auth.test" and token in self.tokens:
             answer = self._answer(method, params) | {"team_id": self.tokens[token]}
-            return web.json_response(answer, headers={"x-oauth-scopes": ",".join(self.scopes)})
+            scopes = self.team_scopes.get(self.tokens[token], self.scopes)
+            return web.json_response(answer, headers={"x-oauth-scopes": ",".join(scopes)})
         headers = {"x-oauth-scopes": ",".join(self.scopes)} if method == "auth.test" else {}
         answer = self._answer(method, params)
         if method == "users.info" and token in self.tokens and isinstance(answer.get("user"), dict) \
@@ -359,13 +369,70 @@ class FakeSlack(FakeSlackOAuth):
             if channel not in names:
                 return {"ok": False, "error": "channel_not_found"}
             return {"ok": True, "channel": {"id": channel, "name": names[channel],
-                                            "is_member": channel not in self.not_member}}
+                                            "is_member": channel not in self.not_member,
+                                            "is_private": channel in self.private or channel in self.mpims,
+                                            "is_mpim": channel in self.mpims, "is_general": channel == "CGEN",
+                                            "is_archived": channel in self.archived}}
+        if method.startswith(("conversations.", "pins.")) and method not in ("conversations.open",
+                                                                              "conversations.list"):
+            return self._channel_work(method, params)
         if method == "conversations.open":
             return {"ok": True, "channel": {"id": f"D{params.get('users')}"}}
         if method == "conversations.list":
             return {"ok": True, "channels": [{"id": i, "name": n} for n, i in self.channels.items()],
                     "response_metadata": {"next_cursor": ""}}
         return {"ok": False, "error": "unknown_method", "detail": json.dumps(params)[:200]}
+
+
+    def _channel_work(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Members, and what the Slack tools change: create, invite, archive, set a topic, pin."""
+        if method == "conversations.create":
+            name = str(params.get("name"))
+            if not name or any(not (c.islower() or c.isdigit() or c in "-_") for c in name) or len(name) > 80:
+                return {"ok": False, "error": "invalid_name_specials"}
+            if name in self.channels:
+                return {"ok": False, "error": "name_taken"}
+            channel = f"CNEW{len(self.channels) + 1}"
+            self.channels[name] = channel
+            self.members[channel] = [BOT_USER_ID]
+            if str(params.get("is_private")).lower() in ("1", "true"):
+                self.private.add(channel)
+            return {"ok": True, "channel": {"id": channel, "name": name}}
+        channel = str(params.get("channel"))
+        if channel not in self.channels.values():
+            return {"ok": False, "error": "channel_not_found"}
+        members = self.members.setdefault(channel, ["U1", BOT_USER_ID])
+        if method == "conversations.members":
+            start = int(params.get("cursor") or 0)
+            end = start + min(int(params.get("limit") or 100), self.member_page)
+            return {"ok": True, "members": members[start:end],
+                    "response_metadata": {"next_cursor": str(end) if end < len(members) else ""}}
+        if channel in self.not_member:
+            return {"ok": False, "error": "not_in_channel"}
+        if channel in self.archived:
+            return {"ok": False, "error": "already_archived" if method == "conversations.archive" else "is_archived"}
+        if method == "conversations.invite":
+            users = str(params.get("users")).split(",")
+            if BOT_USER_ID in users:
+                return {"ok": False, "error": "cant_invite_self"}
+            if any(user in members for user in users):
+                return {"ok": False, "error": "already_in_channel"}
+            members.extend(users)
+            return {"ok": True, "channel": {"id": channel}}
+        if method == "conversations.archive":
+            if channel == "CGEN":
+                return {"ok": False, "error": "cant_archive_general"}
+            self.archived.add(channel)
+            return {"ok": True}
+        if method == "conversations.setTopic":
+            return {"ok": True, "channel": {"id": channel, "topic": {"value": params.get("topic")}}}
+        if method == "pins.add":
+            pin = (channel, str(params.get("timestamp")))
+            if pin in self.pins:
+                return {"ok": False, "error": "already_pinned"}
+            self.pins.append(pin)
+            return {"ok": True}
+        return {"ok": False, "error": "unknown_method"}
 
 
 _BLOCK_TYPES = {"markdown", "context_actions", "actions", "section", "context", "divider", "header", "rich_text"}
