@@ -309,7 +309,7 @@ class SlackPort:
     async def resolve_destination(self, destination: str) -> str:
         """A schedule's destination: the channel id, if the bot can post there (else InvalidInput)."""
         try:
-            channel_id = await self._channel_id(destination)
+            channel_id = await self.channel_id(destination)
         except ToolError as exc:
             raise InvalidInput(str(exc)) from None
         if channel_id.startswith("D"):
@@ -340,7 +340,7 @@ class SlackPort:
     async def send_message(self, channel: str, text: str) -> str:
         """``message_send``: post to ``#name`` or a channel id; errors become tool errors the model reads.
         It never carries delivery metadata: the model cannot make a post look like a delivered answer."""
-        channel_id = await self._channel_id(channel)
+        channel_id = await self.channel_id(channel)
         try:
             response = await self.client.chat_postMessage(channel=channel_id, text=text)
         except SlackApiError as exc:
@@ -350,7 +350,7 @@ class SlackPort:
             raise ToolError(f"Slack refused the message to {channel}: {hint.get(error, error)}") from None
         return f"posted to {channel} (ts {response.get('ts')})"
 
-    async def _channel_id(self, channel: str) -> str:
+    async def channel_id(self, channel: str) -> str:
         if not channel.startswith("#"):
             if re.fullmatch(r"[CGD][A-Z0-9]{2,}", channel):
                 return channel

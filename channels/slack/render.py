@@ -128,7 +128,8 @@ class SlackRenderer:
             await self._clear(event.turn)
         elif isinstance(event, TurnFailed):
             await self._end_stream(event.turn, "(stopped: see below)")
-            await self.port.post_for(event.session, f":warning: {escape(event.message)}")  # it may quote an endpoint
+            if not event.turn.answer_optional:  # nobody asked a listening turn anything: its failure is only logged
+                await self.port.post_for(event.session, f":warning: {escape(event.message)}")  # may quote an endpoint
             await self._clear(event.turn)
         elif isinstance(event, Notice):
             await self.port.post_notice(event.session, event.text)
