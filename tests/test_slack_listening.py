@@ -19,7 +19,7 @@ from core.model import TurnStatus
 from core.store.tables import DeliveryRow, InputRow, TurnRow
 from tests.conftest import GatewayClient
 from tests.fakes.core import ShiftedClock
-from tests.fakes.llm import FakeLLM, Reply
+from tests.fakes.llm import FakeLLM, HttpError, Reply
 from tests.fakes.slack_api import BOT_USER_ID, FakeSlack
 from tests.slack_requests import mention, message
 
@@ -174,3 +174,14 @@ async def test_an_empty_answer_to_a_mention_there_is_still_said(
     await listening.send_event(mention("anything?", channel=LISTENED))
     posts = await fake_slack.wait_for("chat.postMessage")
     assert posts[0].params["text"] == "(the model returned an empty answer)"
+
+
+async def test_a_listening_turn_that_fails_says_nothing_in_the_channel(
+        listening: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
+    fake_llm.then(HttpError(400, "bad request"))
+    await listening.send_event(message("cpu at 95%", channel=LISTENED))
+    await listening.idle()
+    (turn,) = await turns(listening)
+    assert turn.status == TurnStatus.FAILED  # logged, and on record...
+    assert fake_slack.posts() == []  # ...but nobody asked: no warning in the channel
+    assert len(fake_slack.of("reactions.add")) == len(fake_slack.of("reactions.remove"))
