@@ -5,6 +5,7 @@ Against the fake Slack, with the real app over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -19,7 +20,7 @@ from core.model import TurnStatus
 from core.store.tables import DeliveryRow, InputRow, TurnRow
 from tests.conftest import GatewayClient
 from tests.fakes.core import ShiftedClock
-from tests.fakes.llm import FakeLLM, HttpError, Reply
+from tests.fakes.llm import FakeLLM, Gate, HttpError, Reply
 from tests.fakes.slack_api import BOT_USER_ID, FakeSlack
 from tests.slack_requests import mention, message
 
@@ -36,11 +37,20 @@ def clock() -> ShiftedClock:
 
 
 @pytest.fixture
-async def listening(make_settings: Callable[..., Settings], start_gateway: Any, tmp_path: Path,
-                    clock: ShiftedClock) -> GatewayClient:
-    config = tmp_path / "bot.toml"
-    config.write_text(f'[slack]\nlisten_channels = ["#ops", "{BY_ID}"]\n', encoding="utf-8")  # the default rate, 6
-    gateway: GatewayClient = await start_gateway(make_settings(bot_config=config), clock=clock)
+def start_listening(make_settings: Callable[..., Settings], start_gateway: Any, tmp_path: Path,
+                    clock: ShiftedClock) -> Callable[..., Any]:
+    async def start(**overrides: Any) -> GatewayClient:
+        config = tmp_path / "bot.toml"
+        config.write_text(f'[slack]\nlisten_channels = ["#ops", "{BY_ID}"]\n', encoding="utf-8")  # the default rate
+        gateway: GatewayClient = await start_gateway(make_settings(bot_config=config, **overrides), clock=clock)
+        return gateway
+
+    return start
+
+
+@pytest.fixture
+async def listening(start_listening: Callable[..., Any]) -> GatewayClient:
+    gateway: GatewayClient = await start_listening()
     return gateway
 
 
@@ -185,3 +195,16 @@ async def test_a_listening_turn_that_fails_says_nothing_in_the_channel(
     assert turn.status == TurnStatus.FAILED  # logged, and on record...
     assert fake_slack.posts() == []  # ...but nobody asked: no warning in the channel
     assert len(fake_slack.of("reactions.add")) == len(fake_slack.of("reactions.remove"))
+
+
+async def test_a_long_listening_turn_offers_nobody_a_stop_button(
+        start_listening: Callable[..., Any], fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
+    gateway: GatewayClient = await start_listening(slack_stop_offer_s=0.1)
+    gate = Gate(Reply(""))
+    fake_llm.then(gate)
+    await gateway.send_event(message("rolling restart of api", channel=LISTENED))
+    await asyncio.wait_for(gate.reached.wait(), 5)
+    await asyncio.sleep(0.3)
+    gate.opened.set()
+    await gateway.idle()
+    assert fake_slack.of("chat.postEphemeral") == [] and fake_slack.posts() == []  # they asked nothing
