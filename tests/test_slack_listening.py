@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from sqlmodel import select
 
 from bot.settings import Settings
+from channels.slack.toml import SlackSection, listening_of
 from core.listening import NO_REPLY
 from core.model import TurnStatus
 from core.store.tables import DeliveryRow, InputRow, TurnRow
@@ -91,6 +93,7 @@ async def test_a_message_nobody_addressed_in_a_listening_channel_is_answered(
     await listening.send_event(message("lunch?", channel="C1"))
     await listening.idle()
     assert len(fake_llm.requests) == 3
+    assert len(fake_slack.of("conversations.list")) == 1  # #ops was looked up once, and kept
 
 
 @pytest.mark.parametrize("silence", [Reply(""), Reply("Nothing to add.", tool_calls=[(NO_REPLY, {})])],
@@ -208,3 +211,14 @@ async def test_a_long_listening_turn_offers_nobody_a_stop_button(
     gate.opened.set()
     await gateway.idle()
     assert fake_slack.of("chat.postEphemeral") == [] and fake_slack.posts() == []  # they asked nothing
+
+
+def test_bot_toml_names_listening_channels_by_name_or_id_and_bounds_the_rate() -> None:
+    section = SlackSection.model_validate({"listen_channels": ["#ops-alerts", "C0123ABCD", "#ops-alerts"]})
+    assert listening_of(section) == (("#ops-alerts", "C0123ABCD"), 6)
+    assert listening_of(None) == ((), 6)
+    for wrong in ({"listen_channels": ["ops-alerts"]}, {"listen_channels": ["#Ops"]}, {"listen_channels": ["U123"]},
+                  {"listen_channels": ["#two words"]}, {"listen_rate_per_minute": 0},
+                  {"listen_rate_per_minute": "6"}):
+        with pytest.raises(ValidationError):
+            SlackSection.model_validate(wrong)
