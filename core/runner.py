@@ -99,7 +99,8 @@ class AgentRunner:
         max_steps: int | None = None,
     ) -> str:
         """Answer the turn; every message is saved as soon as it exists (the final answer too, unless
-        ``save_answer`` is False). Returns the final text.
+        ``save_answer`` is False). Returns the final text ("" when a turn whose answer is optional stays silent:
+        core.listening).
 
         With ``save_answer=False`` the final answer (the assistant message without tool calls) is left
         to the caller, which stores it with the turn's end in one transaction (core.turns).
