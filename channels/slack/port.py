@@ -351,6 +351,8 @@ class SlackPort:
         return f"posted to {channel} (ts {response.get('ts')})"
 
     async def channel_id(self, channel: str) -> str:
+        """The id of ``#name`` (any channel the bot can see, looked up again when a name is not known yet) or of a
+        channel id as given; ToolError when there is none."""
         if not channel.startswith("#"):
             if re.fullmatch(r"[CGD][A-Z0-9]{2,}", channel):
                 return channel
