@@ -93,6 +93,8 @@ class Metrics:
             self._started[event.turn.id] = time.monotonic()
         elif isinstance(event, TurnFinished | TurnFailed | TurnCancelled):
             outcome = {TurnFinished: "answered", TurnFailed: "failed", TurnCancelled: "cancelled"}[type(event)]
+            if isinstance(event, TurnFinished) and event.silent:
+                outcome = "silent"  # a listening turn that had nothing to add (core.listening)
             TURNS_ENDED.labels(outcome=outcome).inc()
             started = self._started.pop(event.turn.id, None)
             if started is not None:

@@ -154,7 +154,7 @@ class Deliveries:
 
     async def _on_event(self, event: Event) -> None:
         # The first attempt, at once and in order per session (the bus serializes a session's events).
-        if not isinstance(event, TurnFinished) or self.ports.find(event.channel) is None:
+        if not isinstance(event, TurnFinished) or event.silent or self.ports.find(event.channel) is None:
             return
         now, turn_id = self.clock.now(), event.turn.id
         fresh = event.outbox

@@ -183,7 +183,13 @@ class Dispatcher:
             raise Unavailable("the gateway is not accepting messages right now")
         text = message.text.strip()
         command = is_command(text) if message.addressed else False
-        kind = InputKind.CONTROL if command else InputKind.MESSAGE if message.addressed else InputKind.CONTEXT
+        # Unaddressed in a listening place: a message whose answer is optional, while the place's rate has room
+        # (core.store.listen_rates, counted as it is stored).
+        listening = not message.addressed and message.listen_per_minute is not None and message.listen_per_minute > 0
+        if not listening and message.listen_per_minute is not None:
+            message = replace(message, listen_per_minute=None)
+        kind = (InputKind.CONTROL if command else InputKind.MESSAGE if message.addressed or listening
+                else InputKind.CONTEXT)
         if kind == InputKind.CONTEXT and not self.config.record_thread_context:
             # Kept nowhere, not even its dedupe keys: the same message arriving later as a mention is
             # then answered (once, by the keys that mention stores).
@@ -200,13 +206,14 @@ class Dispatcher:
         result = await self.inputs.accept(
             message, kind=kind, agent=self.agents.get(message.agent).name, refuse=None,
             max_waiting=self.config.max_waiting, now=self.clock.now(),
-            refuse_if_paused=_PAUSED if kind == InputKind.MESSAGE else None,
+            refuse_if_paused=_PAUSED if kind == InputKind.MESSAGE and message.addressed else None,
+            listen_per_minute=message.listen_per_minute,
         )
         session = result.session
         if session is None:
             return result
         if result.outcome is AcceptOutcome.QUEUED:
-            if self.turns.turn_running(session.id):
+            if self.turns.turn_running(session.id) and message.addressed:  # nobody waits on an unaddressed one
                 assert result.input_id is not None
                 self.bus.emit(InputQueued(session, result.input_id, message.ref))
             self.turns.kick(session.id)

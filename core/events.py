@@ -71,6 +71,7 @@ class TurnFinished(TurnEvent):
     name: ClassVar[str] = "turn.finished"
     text: str
     outbox: OutboxClaim | None = None  # the claim its outbox row was written with (core.delivery)
+    silent: bool = False  # a turn nobody asked for ended without an answer (core.listening): nothing to post
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,10 @@ class Inbound:
     # What the person is looking at (context, e.g. the channel beside an assistant chat): it may open the
     # conversation before anything is asked, and a newer one replaces one that still waits.
     view_context: bool = False
+    # Unaddressed, in a place the bot listens in (Slack's ``listen_channels``): it still starts a turn, whose answer
+    # is optional, at most this many such turns per place a minute (core counts them; beyond, it is context only).
+    # None: the bot does not listen there. The channel says where it listens; core decides what follows.
+    listen_per_minute: int | None = None
     # Reserved for core (a scheduled firing's destination); refused from channels.
     preapproved: tuple[tuple[str, str], ...] = ()
 
@@ -177,6 +181,9 @@ class TurnInfo:
     # The transcript messages (ids) of the inputs that addressed the bot (not context): the newest of them is
     # never cut to fit the context window (core.context_window).
     asked: tuple[int, ...] = ()
+    # Every message it took came unaddressed, in a place the bot listens in: the model may stay silent
+    # (core.listening), and a silent end posts nothing.
+    answer_optional: bool = False
 
 
 class ApprovalStatus(enum.StrEnum):

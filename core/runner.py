@@ -16,6 +16,7 @@ from core.chat_history import merge_user_runs, to_chat, turn_start
 from core.clock import Clock
 from core.context_window import ContextWindow, estimate, request_tokens
 from core.errors import ProviderError, StepLimitReached, ToolError
+from core.listening import LISTENING_NOTE, NO_REPLY, NO_REPLY_SPEC
 from core.model import TurnInfo
 from core.providers import (
     ChatMessage,
@@ -98,7 +99,8 @@ class AgentRunner:
         max_steps: int | None = None,
     ) -> str:
         """Answer the turn; every message is saved as soon as it exists (the final answer too, unless
-        ``save_answer`` is False). Returns the final text.
+        ``save_answer`` is False). Returns the final text ("" when a turn whose answer is optional stays silent:
+        core.listening).
 
         With ``save_answer=False`` the final answer (the assistant message without tool calls) is left
         to the caller, which stores it with the turn's end in one transaction (core.turns).
@@ -146,6 +148,10 @@ class AgentRunner:
         rows = transcript if transcript is not None else await self.store.transcript(session_id,
                                                                                      self.limits.history_messages)
         history = await self._close_dangling_calls(to_chat(rows, turn.asked), allowed_names, ctx, checking)
+        # A turn nobody asked for may end silently (core.listening): offered ``no_reply``, and told so.
+        optional = turn.answer_optional and parent is None
+        instructions = agent.instructions + LISTENING_NOTE if optional else agent.instructions
+        offered = [*specs, NO_REPLY_SPEC] if optional else specs
         # This turn's messages begin here (resumed or not): older ones are left out first to fit the context window,
         # and its newest question (``asked``) never.
         keep_from, tight = turn_start(rows, turn.id, history), False
@@ -157,9 +163,9 @@ class AgentRunner:
         for _step in range(max_steps):
             if self.budget is not None:  # used up: parked until Continue (or ended by Stop), before any call
                 await self.budget.before_call(ctx)
-            room = self.window.room(agent.instructions, specs, tight=tight)
+            room = self.window.room(instructions, offered, tight=tight)
             messages = merge_user_runs(await self.window.fit(session_id, history, room, keep_from=keep_from))
-            request = CompletionRequest(instructions=agent.instructions, messages=messages, tools=specs)
+            request = CompletionRequest(instructions=instructions, messages=messages, tools=offered)
             try:
                 reply = await complete_with_retries(self.provider, request, self.retry, on_text=live)
                 if self.budget is not None:
@@ -183,6 +189,8 @@ class AgentRunner:
                 raise
             if live is not None:
                 live.finish(final=not reply.tool_calls)
+            if optional and any(call.name == NO_REPLY for call in reply.tool_calls):
+                return ""  # silence, whatever else the reply said or called: nothing of it is stored or run
             # The model may repeat a secret it saw: masked before it is stored, posted or shown. A
             # call whose arguments hold one never runs (see _call_tool): it would put the secret on
             # an approval card, in a grant or in a command line.

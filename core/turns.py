@@ -33,6 +33,7 @@ from core.events import (
     TurnStarted,
 )
 from core.leasing import LeaseHold, SessionLeases
+from core.listening import silent
 from core.model import Attachment, QueueMode, SessionInfo, TurnInfo, TurnStatus
 from core.outcomes import OutcomeWaiters
 from core.parking import HOLD, Hold, TurnSlot
@@ -332,7 +333,9 @@ class TurnDrivers:
         return await self.runner.run(
             turn, agent, images=images, steer=lambda: self._steer(turn, slot), transcript=transcript,
             save_answer=False, secrets=None if taken.attachments else taken.secrets,  # files take time: read again
-            on_text=lambda text, again: self.bus.emit(AnswerDelta(turn.session, turn, text, again)),
+            # A turn that may stay silent shows nothing while it is written: it may yet decide to say nothing.
+            on_text=None if turn.answer_optional
+            else lambda text, again: self.bus.emit(AnswerDelta(turn.session, turn, text, again)),
             on_tool=lambda tool: self.bus.emit(ToolStarted(turn.session, turn, tool)))
 
     async def _read_files(self, session: SessionInfo, turn_id: int,
@@ -395,6 +398,13 @@ class TurnDrivers:
     async def _finish(self, turn: TurnInfo, answer: str, *, saved: bool = False) -> None:
         """The answer (unless ``saved`` already), the turn's end and its outbox row: one commit."""
         now = self.clock.now()
+        if turn.answer_optional and silent(answer):
+            # Nobody asked, and the model had nothing to add: finished with no answer and no outbox row (one commit),
+            # so nothing is posted for it, now or after a crash.
+            final = await self._end(turn, status=TurnStatus.FINISHED, answer=None, error=None, now=now)
+            log.info("turn %s ended silently (session %s)", turn.id, turn.session.id)
+            self.bus.emit(TurnFinished(final.session, final, "", silent=True))
+            return
         outbox = self.outbox(turn.session.channel, now) if self.outbox is not None else None
         final = await self._end(turn, status=TurnStatus.FINISHED, answer=answer, error=None, now=now, outbox=outbox,
                                 answer_message=not saved)

@@ -35,6 +35,7 @@ from channels.slack.credentials import SlackCredentials
 from channels.slack.feedback import SlackFeedback
 from channels.slack.files import FILE_HOSTS
 from channels.slack.install import SlackInstall
+from channels.slack.listening import ListeningChannels
 from channels.slack.payloads import (
     PERSON_SUBTYPES,
     channel_id,
@@ -72,6 +73,8 @@ class SlackConfig:
     stream_delay_s: float = 0.3  # ...once it has written for this long (SLACK_STREAM_DELAY_S)
     stop_offer_s: float = 10.0  # a turn working this long offers whoever asked a Stop button (0: never)
     suggested_prompts: tuple[tuple[str, str], ...] = ()  # (title, message): a new assistant pane chat offers them
+    listen_channels: tuple[str, ...] = ()  # #names or ids: there an unaddressed message starts a turn ([slack])
+    listen_rate_per_minute: int = 6  # ...at most this many a channel a minute (core counts them)
 
 
 class SlackChannel:
@@ -113,6 +116,7 @@ class SlackChannel:
         # its thread: channels.slack.threads).
         threads = SessionThreads(gateway)
         self.port = SlackPort(self.client, streams, file_hosts=frozenset(file_hosts), threads=threads)
+        self.listening = ListeningChannels(self.port, config.listen_channels, config.listen_rate_per_minute)
         self.started = False
         if install is not None:
             self.app.use(self._in_workspace)
@@ -249,6 +253,7 @@ class SlackChannel:
         if isinstance(self.client, WorkspaceClient):
             self.client.forget(team)
         self.port.forget(team)
+        self.listening.forget(team)
         self.renderer.status.refused_in.discard(team)  # a re-install may have granted what was refused
 
     # -- inbound --------------------------------------------------------------------------------
@@ -263,13 +268,20 @@ class SlackChannel:
             return
         bot_user = context.bot_user_id
         text = event.get("text") or ""
+        # A mention in any form app_mention reports (``<@U1>``, ``<@U1|name>``): its twin event is then the same
+        # addressed message (deduplicated by core), never an unaddressed one that would start a second turn.
         addressed = event.get("channel_type") == "im" or (
-            bot_user is not None and isinstance(text, str) and f"<@{bot_user}>" in text
+            bot_user is not None and isinstance(text, str) and _mentions(text, bot_user)
         )
-        await self._take(body, event, bot_user, addressed=addressed)
+        listen = None
+        own = bot_user is not None and event.get("user") == bot_user
+        if not addressed and not own and is_id(event.get("channel")):
+            listen = await self.listening.rate_in(str(event["channel"]))
+        await self._take(body, event, bot_user, addressed=addressed, listen_per_minute=listen)
 
     async def _take(
-        self, body: dict[str, Any], event: dict[str, Any], bot_user: str | None, *, addressed: bool
+        self, body: dict[str, Any], event: dict[str, Any], bot_user: str | None, *, addressed: bool,
+        listen_per_minute: int | None = None,
     ) -> None:
         if not isinstance(event, dict):
             raise MalformedPayload("event is not an object")
@@ -297,11 +309,13 @@ class SlackChannel:
             delivery_key=f"slack:{event_id}" if isinstance(event_id, str) else None,
             place=f"slack:{team}:{channel}",
             attachments=shared_files(event.get("files")),
+            listen_per_minute=listen_per_minute,
         )
         try:
             accepted = await self.gateway.accept(message)
         except InvalidInput as exc:
-            await self.port.post(str(channel), thread_ts, f":no_entry: I can't take this message: {exc}")
+            if addressed:  # an unaddressed message asked nothing: no refusal to tell
+                await self.port.post(str(channel), thread_ts, f":no_entry: I can't take this message: {exc}")
             return
         if accepted.outcome is AcceptOutcome.QUEUED:
             self.assistant.asked(str(channel), thread_ts, message.text)  # a new assistant chat's first question
@@ -329,6 +343,10 @@ def _checked_socket_handler(app: AsyncApp, app_token: str, web_client: AsyncWebC
             await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
 
     return CheckedSocketModeHandler(app, app_token, web_client=web_client)
+
+
+def _mentions(text: str, bot_user: str) -> bool:
+    return re.search(rf"<@{re.escape(bot_user)}(\|[^>]*)?>", text) is not None
 
 
 def _strip_mention(text: str, bot_user: str | None) -> str:

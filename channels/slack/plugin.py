@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from channels.slack.doctor import slack_checks
 from channels.slack.payloads import PERSON
 from channels.slack.settings import SlackSettings
-from channels.slack.toml import SlackSection, prompts_of
+from channels.slack.toml import SlackSection, listening_of, prompts_of
 from core.errors import InvalidInput
 from core.plugins import ChannelContext, ChannelPlugin
 
@@ -29,6 +29,7 @@ def build(settings: SlackSettings, context: ChannelContext) -> SlackChannel:
 
     install = (slack_install(settings, context.db, context.keys, context.learn_secret, context.clock,
                              context.public_url) if settings.oauth else None)
+    listen_channels, listen_rate = listening_of(context.section)
     config = SlackConfig(
         bot_token=settings.bot_token,
         signing_secret=settings.signing_secret,
@@ -39,6 +40,8 @@ def build(settings: SlackSettings, context: ChannelContext) -> SlackChannel:
         progress_delay_s=settings.progress_delay_s,
         streaming=settings.streaming,
         suggested_prompts=prompts_of(context.section),
+        listen_channels=listen_channels,
+        listen_rate_per_minute=listen_rate,
         stream_delay_s=settings.stream_delay_s,
         stop_offer_s=settings.stop_offer_s,
     )

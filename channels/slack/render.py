@@ -128,7 +128,8 @@ class SlackRenderer:
             await self._clear(event.turn)
         elif isinstance(event, TurnFailed):
             await self._end_stream(event.turn, "(stopped: see below)")
-            await self.port.post_for(event.session, f":warning: {escape(event.message)}")  # it may quote an endpoint
+            if not event.turn.answer_optional:  # nobody asked a listening turn anything: its failure is only logged
+                await self.port.post_for(event.session, f":warning: {escape(event.message)}")  # may quote an endpoint
             await self._clear(event.turn)
         elif isinstance(event, Notice):
             await self.port.post_notice(event.session, event.text)
@@ -241,8 +242,9 @@ class SlackRenderer:
         thread (Slack lets no button ride on a status line or on a message while it streams)."""
         ref = turn.session.reply_ref
         # Only to a Slack person (not an event's sender), in a thread (an event's first turn has none yet).
+        # Nor to whoever wrote what a listening turn took: they asked nothing, and it may end without a word.
         if self.stop_offer_s <= 0 or not turn.sender or slack_person(turn.sender) is None or not ref.get("channel") \
-                or not ref.get("thread_ts"):
+                or not ref.get("thread_ts") or turn.answer_optional:
             return
         progress = self._progress.setdefault(turn.id, _Progress())
 

@@ -121,7 +121,8 @@ class ConversationStore:
                 error=clean_text(error) if error is not None else None, finished_at=now))
             session = _set_status(s, turn.session_id,
                                   SessionStatus.FAILED if status == TurnStatus.FAILED else SessionStatus.IDLE, now)
-            if outbox is not None and status == TurnStatus.FINISHED:
+            # A finished turn without an answer (one that stayed silent: core.listening) has nothing to deliver.
+            if outbox is not None and status == TurnStatus.FINISHED and answer is not None:
                 conn.execute(st.INSERT_DELIVERY, dict(
                     turn_id=turn_id, session_id=session.id, channel=session.channel, status=DeliveryStatus.PENDING,
                     attempts=1, next_attempt_at=outbox.until, claimed_by=outbox.holder, created_at=now))

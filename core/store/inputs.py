@@ -31,7 +31,7 @@ from core.store.control import queue_mode_of
 from core.store.conversations import resume_interrupted, transcript
 from core.store.database import Database
 from core.store.intake import Accepted, Arrival, Intake, waiting_messages
-from core.store.row_views import session_info, turn_info, turn_outcome
+from core.store.row_views import answer_optional, session_info, turn_info, turn_outcome
 from core.store.tables import InputRow, MessageRow, ProcessedEventRow, SessionRow, TurnRow
 
 
@@ -84,12 +84,13 @@ class InputStore:
 
     async def accept(
         self, msg: Inbound, *, kind: str, agent: str, refuse: str | None, max_waiting: int, now: datetime,
-        refuse_if_paused: str | None = None,
+        refuse_if_paused: str | None = None, listen_per_minute: int | None = None,
     ) -> Accepted:
         """Take one inbound message in: dedupe, then store it as waiting, a command, context, or refused
         (``refuse`` is the operator's reason; ``refuse_if_paused`` the one given while intake is paused).
         Committed together with whatever else arrived meanwhile (core.store.intake)."""
-        return await self.intake.accept(Arrival(msg, kind, agent, refuse, max_waiting, now, refuse_if_paused))
+        return await self.intake.accept(Arrival(msg, kind, agent, refuse, max_waiting, now, refuse_if_paused,
+                                                listen_per_minute))
 
     async def prune_deliveries(self, older_than: datetime) -> int:
         async with self.db.write() as s:
@@ -139,6 +140,11 @@ class InputStore:
             if (queue_mode_of(s, session) or default_mode) != QueueMode.STEER:
                 return None
             batch = _fit(waiting, budget, one_message=False)
+            if any(i.kind == InputKind.MESSAGE and not i.answer_optional for i in batch) and answer_optional(
+                    conn.execute(st.TURN_INPUTS, {"b_turn": turn_id}).all()):
+                # A turn that may end silently never takes in a question someone asked: it gets a turn of its own,
+                # which answers it (next, once this one ends).
+                return None
             _take(s, turn_id, batch, now)
             return _taken(turn_info(s, turn_id, turn.input_message_id, session_info(session)), batch)
 
@@ -258,7 +264,7 @@ def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, n
     sender = messages[0].sender if messages else batch[0].sender
     turn = TurnInfo(id=turn_id, session=info, inputs=refs, sender=sender, input_ids=tuple(i.id for i in batch),
                     senders=senders_of(batch), everyone=conversation_senders(s, session_id, senders_of(batch)),
-                    asked=asked)
+                    asked=asked, answer_optional=answer_optional(batch))
     return replace(_taken(turn, batch), more=more)
 
 

@@ -7,7 +7,7 @@ import asyncio
 import enum
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Generic, TypeVar
@@ -20,6 +20,7 @@ from core.model import VIEW_KEY, Inbound, InputKind, InputStatus, SessionInfo, S
 from core.store import statements as st
 from core.store.control import INTAKE_PAUSED
 from core.store.database import Database
+from core.store.listen_rates import ListenRates
 from core.store.row_views import session_info
 
 MAX_GROUP = 256  # inputs per transaction: a burst larger than this is written in several
@@ -47,7 +48,9 @@ class Accepted:
 class Arrival:
     """One inbound message and what to do with it. ``refuse`` is an operator's reason to refuse it;
     ``refuse_if_paused`` is the reason given when intake turns out to be paused (read in the same
-    transaction that stores it)."""
+    transaction that stores it). ``listen_per_minute``: an unaddressed message in a listening place
+    (``Inbound.listen_per_minute``), stored as a message whose answer is optional while its place's minute has room,
+    else as context."""
 
     msg: Inbound
     kind: str
@@ -56,6 +59,7 @@ class Arrival:
     max_waiting: int
     now: datetime
     refuse_if_paused: str | None = None
+    listen_per_minute: int | None = None
 
 
 Req = TypeVar("Req")
@@ -112,6 +116,7 @@ class Intake:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.listen_rates = ListenRates(db)
         self._group: GroupCommit[Arrival, Accepted] = GroupCommit(self._write, writers=1 if db.is_sqlite else 4)
 
     async def accept(self, arrival: Arrival) -> Accepted:
@@ -123,7 +128,8 @@ class Intake:
 
     async def _write(self, arrivals: list[Arrival]) -> list[Accepted | Exception]:
         return await written_apart(
-            lambda group: self.db.run_write(lambda s: _accept_group(s, self.db, group), urgent=True), arrivals)
+            lambda group: self.db.run_write(lambda s: _accept_group(s, self.db, self.listen_rates, group), urgent=True),
+            arrivals)
 
 
 async def written_apart(write: Callable[[list[Req]], Awaitable[list[Res | Exception]]], group: list[Req], *,
@@ -146,7 +152,7 @@ async def written_apart(write: Callable[[list[Req]], Awaitable[list[Res | Except
         return [result for one in group for result in await written_apart(write, [one])]
 
 
-def _accept_group(s: Session, db: Database, arrivals: list[Arrival]) -> list[Accepted | Exception]:
+def _accept_group(s: Session, db: Database, rates: ListenRates, arrivals: list[Arrival]) -> list[Accepted | Exception]:
     paused: bool | None = None
     results: dict[int, Accepted | Exception] = {}
     # Sessions are written in the order of their ids (arrival order within one): two replicas committing
@@ -158,8 +164,13 @@ def _accept_group(s: Session, db: Database, arrivals: list[Arrival]) -> list[Acc
                 paused = s.connection().execute(st.CONTROL_VALUE, {"b_key": INTAKE_PAUSED}).scalar() == "1"
             if paused:
                 arrival = _refused(arrival, arrival.refuse_if_paused)
+        if arrival.listen_per_minute is not None:
+            if paused is None:
+                paused = s.connection().execute(st.CONTROL_VALUE, {"b_key": INTAKE_PAUSED}).scalar() == "1"
+            if paused:  # nobody asked: no refusal to tell, the message is only context
+                arrival = replace(arrival, kind=InputKind.CONTEXT, listen_per_minute=None)
         try:
-            results[index] = _accept_one(s, db, arrival)
+            results[index] = _accept_one(s, db, rates, arrival)
         except InvalidInput as exc:  # raised before the input wrote anything: the rest of its group stands
             results[index] = exc
     return [results[i] for i in range(len(arrivals))]
@@ -169,7 +180,7 @@ def _refused(arrival: Arrival, reason: str) -> Arrival:
     return Arrival(arrival.msg, arrival.kind, arrival.agent, reason, arrival.max_waiting, arrival.now)
 
 
-def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
+def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival) -> Accepted:
     """Dedupe, then store the input as waiting, a command, context, or refused."""
     msg, kind, now = arrival.msg, arrival.kind, arrival.now
     conn = s.connection()
@@ -183,6 +194,20 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
         if not conn.execute(claim, {"key": msg.delivery_key, "received_at": now}).rowcount:
             return Accepted(AcceptOutcome.DUPLICATE)
     new_session = found is None
+    if found is not None and msg.idempotency_key is not None:
+        seen_id = conn.execute(st.INPUT_BY_KEY, {"b_session": msg.session_id, "b_key": msg.idempotency_key}).scalar()
+        if seen_id is not None:
+            return Accepted(AcceptOutcome.DUPLICATE, seen_id, session_info(found))
+    optional = False
+    if arrival.listen_per_minute is not None and kind == InputKind.MESSAGE:
+        # Counted only once it is known to be new (a redelivery, or its mention's twin event, counts nothing).
+        # A conversation already full of waiting messages, or a place past its minute's turns: context only, and
+        # nobody is told (nobody asked).
+        if (not new_session and waiting_messages(s, msg.session_id) >= arrival.max_waiting) or not rates.admit(
+                s, msg.place or msg.session_id, now, arrival.listen_per_minute):
+            kind = InputKind.CONTEXT
+        else:
+            optional = True
     if found is None:
         if kind == InputKind.CONTEXT and not msg.view_context:
             return Accepted(AcceptOutcome.IGNORED)
@@ -196,10 +221,6 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
         info = session_info(SimpleNamespace(**values))
     else:
         info = session_info(found)
-    if msg.idempotency_key is not None and not new_session:
-        seen_id = conn.execute(st.INPUT_BY_KEY, {"b_session": msg.session_id, "b_key": msg.idempotency_key}).scalar()
-        if seen_id is not None:
-            return Accepted(AcceptOutcome.DUPLICATE, seen_id, info)
     status, outcome, note = InputStatus.WAITING, AcceptOutcome.QUEUED, None
     if msg.view_context and not new_session:  # only the newest view waits: one line, not a day of them
         conn.execute(st.REPLACE_VIEWS, {"b_session": msg.session_id, "b_view": f"{VIEW_KEY}%",
@@ -219,7 +240,7 @@ def _accept_one(s: Session, db: Database, arrival: Arrival) -> Accepted:
         images=json.dumps(list(msg.images)) if msg.images else None,
         attachments=json.dumps([asdict(a) for a in msg.attachments]) if msg.attachments else None, sender=msg.sender,
         agent=msg.agent, platform_channel=msg.ref.channel, platform_ts=msg.ref.ts,
-        idempotency_key=msg.idempotency_key, note=note, created_at=now,
+        idempotency_key=msg.idempotency_key, note=note, created_at=now, answer_optional=optional,
     ))
     if not new_session:
         conn.execute(st.UPDATE_SESSION, {"b_session": msg.session_id, "updated_at": now})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -42,7 +43,14 @@ def turn_info(s: Session, turn_id: int, input_message_id: int | None, session: S
     if not senders and sender is not None:
         senders = (sender,)
     return TurnInfo(id=turn_id, session=session, inputs=refs, sender=sender, input_ids=ids, senders=senders,
-                    asked=asked)
+                    asked=asked, answer_optional=answer_optional(inputs))
+
+
+def answer_optional(inputs: Sequence[Any]) -> bool:
+    """A turn's answer is optional when every message it took is (unaddressed, in a listening place): one that asked
+    makes it an answer owed."""
+    messages = [i for i in inputs if i.kind == "message"]
+    return bool(messages) and all(i.answer_optional for i in messages)
 
 
 def turn_outcome(turn: TurnRow) -> Outcome | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Column, Index, Integer, Text, UniqueConstraint, text
+from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, Text, UniqueConstraint, false, text
 from sqlmodel import Field, SQLModel
 
 from core.store.columns import UTCDateTime, timestamp
@@ -105,6 +105,8 @@ class InputRow(SQLModel, table=True):
     note: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # why refused or cancelled
     created_at: datetime = timestamp()
     taken_at: datetime | None = timestamp(nullable=True)
+    # A message nobody addressed, in a place the bot listens in: its turn may end silently (core.listening).
+    answer_optional: bool = Field(default=False, sa_column=Column(Boolean, nullable=False, server_default=false()))
 
 
 class ControlRow(SQLModel, table=True):
@@ -427,5 +429,16 @@ class WebhookRateRow(SQLModel, table=True):
     __tablename__ = "webhook_rates"
 
     source: str = Field(primary_key=True, max_length=64)
+    window_start: datetime = Field(sa_column=Column(UTCDateTime(), primary_key=True))
+    count: int = Field(default=0)
+
+
+class ListenRateRow(SQLModel, table=True):
+    """Unaddressed turns started in one place (a channel the bot listens in) in one fixed minute: counted in the
+    database, so ``listen_per_minute`` holds across restarts and replicas."""
+
+    __tablename__ = "listen_rates"
+
+    place: str = Field(primary_key=True, max_length=255)
     window_start: datetime = Field(sa_column=Column(UTCDateTime(), primary_key=True))
     count: int = Field(default=0)
