@@ -4,7 +4,9 @@ the feature promises; this file what an attacker tried against it)."""
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
@@ -46,3 +48,28 @@ async def test_an_earlier_asker_in_the_thread_cannot_read_a_channel_through_the_
     await gateway.idle()
     [read] = _results(fake_llm, 2)
     assert read.startswith("error: ") and "U2 is not" in read and "the secret plan" not in read
+
+
+async def _card(gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM, tool: str,
+                args: dict[str, Any]) -> str:
+    """The model calls a gated tool: the card's blocks as JSON."""
+    fake_llm.then(Reply(tool_calls=[(tool, args)]))
+    await gateway.send_event(mention(f"please {tool}", channel=HERE))
+    [card] = await fake_slack.wait_for("chat.postMessage")
+    return json.dumps(card.params["blocks"])
+
+
+async def test_an_invite_card_says_which_invitees_are_apps_guests_or_from_another_organisation(
+    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    """Finding: the invite card named everyone as a person. Text injected into a read channel makes the model invite
+    an app's bot user called "Alice Smith" (it then reads the channel's history), or an outsider: the approver saw
+    "*Alice Smith* (U…)", the same as a colleague. Now the card says what each invitee is."""
+    fake_slack.names |= {"UAPP": "Alice Smith", "UGST": "Gus", "UEXT": "Eve", "U2": "Bob"}
+    fake_slack.people |= {"UAPP": {"is_bot": True}, "UGST": {"is_restricted": True}, "UEXT": {"team_id": "TOTHER"}}
+    card = await _card(gateway, fake_slack, fake_llm, "channel_invite",
+                       {"channel": HERE, "users": ["UAPP", "UGST", "UEXT", "U2"]})
+    assert "*Alice Smith* (UAPP, an app)" in card
+    assert "*Gus* (UGST, a guest)" in card
+    assert "*Eve* (UEXT, from another organisation)" in card
+    assert "*Bob* (U2)" in card
