@@ -194,12 +194,12 @@ class WorkspaceTools:
             offered=self._offered("message_read"),
         )
 
-    async def _usable(self, ctx: ToolContext, given: str, verb: str) -> str:
+    async def _usable(self, ctx: ToolContext, given: str, verb: str, *, fresh: bool = False) -> str:
         """The id of the channel ``given`` names, if the people asking could read it themselves: the turn's own
         conversation's, or a channel (no DM) the bot is in and each of them is a member of. ``verb``: "reads" or
         "acts in" (what a refusal says the bot does only there). The gated tools ask the same: a card must not show
         another channel's message, and nobody invites people to, or archives, a channel they are not in."""
-        channel = await self.port.channel_id(given)
+        channel = await self.port.channel_id(given, fresh=fresh)
         if channel == own_channel(ctx.place):  # whoever asked is in it: they wrote there
             return channel
         info = (await self._channel(channel))[1]
@@ -309,10 +309,10 @@ class WorkspaceTools:
 
     def _channel_invite(self) -> Tool:
         async def invite_check(ctx: ToolContext, args: dict[str, Any]) -> None:
-            await self._usable(ctx, str(args["channel"]), "acts in")
+            await self._usable(ctx, str(args["channel"]), "acts in", fresh=True)
 
         async def channel_invite(ctx: ToolContext, args: dict[str, Any]) -> str:
-            channel = await self._usable(ctx, str(args["channel"]), "acts in")
+            channel = await self._usable(ctx, str(args["channel"]), "acts in", fresh=True)
             users = [str(u) for u in args["users"]]
             await self._call(f"invite them to {args['channel']}", "conversations_invite", channel=channel,
                              users=",".join(users))
@@ -342,13 +342,14 @@ class WorkspaceTools:
 
     def _channel_archive(self) -> Tool:
         async def archive_check(ctx: ToolContext, args: dict[str, Any]) -> None:
-            channel = await self.port.channel_id(str(args["channel"]))
+            # Looked up now, as its card will be: a renamed channel's old name is not acted on.
+            channel = await self.port.channel_id(str(args["channel"]), fresh=True)
             if channel == own_channel(ctx.place):
                 raise ToolError("this conversation's own channel is not archived from within it")
             info = (await self._channel(channel))[1]
             if info.get("is_general") or info.get("name") == "general":
                 raise ToolError("the workspace's general channel is never archived")
-            await self._usable(ctx, str(args["channel"]), "acts in")
+            await self._usable(ctx, str(args["channel"]), "acts in")  # the names just listed
 
         async def channel_archive(ctx: ToolContext, args: dict[str, Any]) -> str:
             await archive_check(ctx, args)  # again: what it names may have changed while a person decided
@@ -377,12 +378,12 @@ class WorkspaceTools:
     def _message_pin(self) -> Tool:
         async def pin_check(ctx: ToolContext, args: dict[str, Any]) -> None:
             # Before its card quotes the message: nobody sees, through a card, a channel they are not in.
-            channel = await self._usable(ctx, str(args["channel"]), "acts in")
+            channel = await self._usable(ctx, str(args["channel"]), "acts in", fresh=True)
             if await find_message(self.client, channel, str(args["ts"])) is None:
                 raise ToolError(f"there is no message {args['ts']} in {args['channel']}")
 
         async def message_pin(ctx: ToolContext, args: dict[str, Any]) -> str:
-            channel = await self._usable(ctx, str(args["channel"]), "acts in")
+            channel = await self._usable(ctx, str(args["channel"]), "acts in", fresh=True)
             await self._call(f"pin that message in {args['channel']}", "pins_add", channel=channel,
                              timestamp=str(args["ts"]))
             return f"pinned message {args['ts']} in {args['channel']}"

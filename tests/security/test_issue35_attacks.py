@@ -11,7 +11,7 @@ from typing import Any
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import BOT_USER_ID, FakeSlack
-from tests.slack_requests import mention
+from tests.slack_requests import block_action, mention
 
 HERE = "CHERE"
 
@@ -73,3 +73,28 @@ async def test_an_invite_card_says_which_invitees_are_apps_guests_or_from_anothe
     assert "*Gus* (UGST, a guest)" in card
     assert "*Eve* (UEXT, from another organisation)" in card
     assert "*Bob* (U2)" in card
+
+
+async def test_a_renamed_channel_is_acted_on_as_the_card_named_it(
+    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    """Finding: the port kept ``#name`` → id for ever, while the card looked the name up afresh. Once #ops was
+    renamed #prod-db and a new #ops made, the card said "Archive #ops (COPS2)" and the approved call archived
+    #prod-db (COPS), which nobody was asked about."""
+    fake_llm.then(Reply(tool_calls=[("message_read", {"channel": "#ops"})]), Reply("read"))
+    await gateway.send_event(mention("what happened in #ops?", channel=HERE))
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    fake_slack.channels |= {"prod-db": "COPS", "ops": "COPS2"}  # renamed, and a new #ops
+    fake_slack.calls.clear()
+    fake_llm.then(Reply(tool_calls=[("channel_archive", {"channel": "#ops"})]))
+    await gateway.send_event(mention("archive #ops", channel=HERE))
+    [card] = await fake_slack.wait_for("chat.postMessage")
+    blocks = card.params["blocks"]
+    assert "*#ops* (COPS2, public)" in json.dumps(blocks)
+    fake_llm.then(Reply("done"))
+    await gateway.interact(block_action("approval:approve", blocks[-1]["elements"][0]["value"], user="U1",
+                                        channel=HERE))
+    await fake_slack.wait_for("chat.postMessage", 2)
+    await gateway.idle()
+    assert [c.params["channel"] for c in fake_slack.of("conversations.archive")] == ["COPS2"]
