@@ -13,6 +13,7 @@ from channels.slack.api import TRANSPORT_ERRORS, error_code
 from channels.slack.formatting import escape
 from channels.slack.people import SlackPeople
 from channels.slack.workspace_tools import find_message
+from core.display import visible
 
 QUOTE_CHARS = 1_500
 _INVITEE = {"bot": ", an app", "guest": ", a guest", "external": ", from another organisation"}
@@ -41,7 +42,8 @@ class ToolEffects:
             kind = "*private*" if args.get("private") else "*public* (anyone in the workspace can find and join it)"
             said = f"Create a {kind} channel *#{escape(name)}*"
             topic = args.get("topic")
-            return said + (f", with the topic “{escape(str(topic))}”." if topic else ".")
+            # The model's words, on one line and nothing invisible: they cannot pose as the card's own.
+            return said + (f", with the topic “{escape(_one_line(str(topic)))}”." if topic else ".")
         channel = await self._channel(str(args.get("channel") or ""))
         if tool == "channel_invite":
             people = [await self._person(str(u), team) for u in args.get("users") or []]
@@ -99,3 +101,7 @@ class ToolEffects:
         what = _INVITEE.get(await self.people.trust(user, team) or "", "")
         # Named, never mentioned: a card must not ping the people it is about.
         return f"*{escape(name)}* ({escape(user)}{what})"
+
+
+def _one_line(text: str) -> str:
+    return " ⏎ ".join(line.strip() for line in visible(text).splitlines() if line.strip())

@@ -98,3 +98,15 @@ async def test_a_renamed_channel_is_acted_on_as_the_card_named_it(
     await fake_slack.wait_for("chat.postMessage", 2)
     await gateway.idle()
     assert [c.params["channel"] for c in fake_slack.of("conversations.archive")] == ["COPS2"]
+
+
+async def test_a_new_channels_topic_cannot_write_its_own_lines_on_the_card(
+    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    """Finding: the topic (the model's, so possibly injected) went onto the card's "what will happen" text as given:
+    a line break ended the sentence and the rest read as the card's own words, and a bidi override hid what
+    followed it. Now it stays one line inside its quotes, invisible characters marked."""
+    topic = "on-call\u201d.\n\n*Nothing else will happen.* \u202eevil"
+    card = await _card(gateway, fake_slack, fake_llm, "channel_create", {"name": "inc-1", "topic": topic})
+    effect = json.loads(card)[1]["text"]["text"]
+    assert "\n" not in effect and "\u202e" not in effect and "⟦U+202E⟧" in effect
