@@ -11,7 +11,9 @@ from typing import Any
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import BOT_USER_ID, FakeSlack
-from tests.slack_requests import block_action, mention
+from tests.slack_requests import block_action, mention, message
+from tests.test_slack_listening import LISTENED as LISTENING
+from tests.test_slack_listening import clock, listening, start_listening  # noqa: F401  (fixtures)
 
 HERE = "CHERE"
 
@@ -110,3 +112,14 @@ async def test_a_new_channels_topic_cannot_write_its_own_lines_on_the_card(
     card = await _card(gateway, fake_slack, fake_llm, "channel_create", {"name": "inc-1", "topic": topic})
     effect = json.loads(card)[1]["text"]["text"]
     assert "\n" not in effect and "\u202e" not in effect and "⟦U+202E⟧" in effect
+
+
+async def test_slackbot_never_starts_a_listening_turn(
+    listening: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM  # noqa: F811  (the fixture imported above)
+) -> None:
+    """Finding: Slackbot's own messages (a reminder, "only visible to you" notices, any custom answer Slack sends
+    without its subtype) carry the user USLACKBOT and no bot_id, so they started listening turns: a bot's post that
+    sets off a Slackbot answer made the two talk to each other at the channel's full rate, a model call each."""
+    await listening.send_event(message("Reminder: deploy freeze", channel=LISTENING, user="USLACKBOT"))
+    await listening.idle()
+    assert fake_llm.requests == [] and fake_slack.posts() == []
