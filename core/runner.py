@@ -139,11 +139,11 @@ class AgentRunner:
         ctx = ToolContext(session_id=session_id, turn_id=turn.id, agent=agent.name, sender=turn.sender,
                           place=turn.session.place, preapproved=turn.session.preapproved,
                           trust=await self._trust_of(turn, everyone) if parent is None else parent.trust,
-                          senders=everyone)
+                          senders=everyone, unaddressed=turn.answer_optional)
         if parent is not None:  # a sub-agent: the parent's sender, place and trust; nobody to ask
             # Credentials and grants stay the parent agent's: delegating never borrows another agent's.
             ctx = replace(ctx, agent=parent.agent, sender=parent.sender, place=parent.place, interactive=False,
-                          subagent=True, senders=parent.senders)
+                          subagent=True, senders=parent.senders, unaddressed=parent.unaddressed)
         allowed = [t for t in self.tools.allowed(agent.tools) if await offered_in(t, ctx)]
         specs = [t.spec() for t in allowed]
         allowed_names = {t.name for t in allowed}

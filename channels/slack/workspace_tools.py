@@ -82,8 +82,9 @@ def own_channel(place: str | None) -> str | None:
 
 def slack_askers(ctx: ToolContext) -> tuple[str, ...] | None:
     """The Slack people whose words the turn took; None when anyone else's are among them, or nobody's (a firing,
-    an event): then it acts for nobody whose membership can be checked."""
-    if thread_of(ctx.session_id).startswith(_NO_SLACK_ASKER):
+    an event), or when none of them addressed the bot (a listening turn): then it acts for nobody whose membership
+    can be checked."""
+    if ctx.unaddressed or thread_of(ctx.session_id).startswith(_NO_SLACK_ASKER):
         return None
     senders = tuple(s.removeprefix("slack:") for s in ctx.senders)
     if not senders or any(_USER.fullmatch(s) is None for s in senders):
@@ -209,8 +210,8 @@ class WorkspaceTools:
             raise ToolError(f"the bot is not in {given}: it {verb} only channels it was invited to")
         askers = slack_askers(ctx)
         if askers is None:
-            raise ToolError(f"nobody in Slack asked in this turn (a schedule's firing or an event): it {verb} only "
-                            "the channel it posts to")
+            raise ToolError(f"nobody in Slack asked in this turn (a schedule's firing, an event, or a message that did "
+                            f"not address the bot): it {verb} only the channel it posts to")
         members = await self.members(channel)
         outside = [who for who in askers if who not in members]
         if outside:

@@ -4,6 +4,7 @@ the feature promises; this file what an attacker tried against it)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -123,3 +124,24 @@ async def test_slackbot_never_starts_a_listening_turn(
     await listening.send_event(message("Reminder: deploy freeze", channel=LISTENING, user="USLACKBOT"))
     await listening.idle()
     assert fake_llm.requests == [] and fake_slack.posts() == []
+
+
+async def test_a_listening_turn_reads_no_other_channel(
+    listening: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM  # noqa: F811  (the fixture imported above)
+) -> None:
+    """Finding: a listening turn acted for the author of a message that asked the bot nothing. "anyone know what's
+    up in #secret?" in a busy listening channel had the bot read the private #secret (its author is a member) and
+    post it there, for everyone in the listening channel. Nobody asked: like a firing's, such a turn reads only the
+    channel it answers in."""
+    fake_slack.channels |= {"secret": "CSEC"}
+    fake_slack.members |= {"CSEC": ["U1", BOT_USER_ID]}
+    fake_slack.private.add("CSEC")
+    _said(fake_slack, "CSEC", "U1", "the secret plan")
+    fake_llm.then(Reply(tool_calls=[("message_read", {"channel": "#secret"})]), Reply(""))
+    await listening.send_event(message("anyone know what's up in #secret?", channel=LISTENING))
+    async with asyncio.timeout(10):
+        while len(fake_llm.requests) < 2:
+            await asyncio.sleep(0.01)
+    await listening.idle()
+    [read] = _results(fake_llm, 1)
+    assert read.startswith("error: ") and "the secret plan" not in read
