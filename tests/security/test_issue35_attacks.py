@@ -9,6 +9,12 @@ import json
 import time
 from typing import Any
 
+import pytest
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.slack.port import SlackPort
+from channels.slack.workspace_tools import WorkspaceTools
+from core.errors import ToolError
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import BOT_USER_ID, FakeSlack
@@ -145,3 +151,16 @@ async def test_a_listening_turn_reads_no_other_channel(
     await listening.idle()
     [read] = _results(fake_llm, 1)
     assert read.startswith("error: ") and "the secret plan" not in read
+
+
+def test_an_id_with_a_trailing_line_break_is_not_an_id() -> None:
+    """Finding: tool schemas' patterns were matched with Python's ``$``, which also matches before a final line break
+    (JSON Schema's, ECMA-262's, does not): ``"U1\\n"`` passed ``^[UW][A-Z0-9]{1,31}$``, and a card that named
+    "nobody by that id" could invite whomever Slack took it for; a ``ts`` or ``thread_ts`` the same."""
+    tools = {t.name: t for t in WorkspaceTools(SlackPort(AsyncWebClient(token="xoxb-unused"))).tools()}
+    for tool, args in (("channel_invite", {"channel": "C1", "users": ["U1\n"]}),
+                       ("message_pin", {"channel": "C1", "ts": "1700000000.000100\n"}),
+                       ("message_read", {"channel": "C1", "thread_ts": "1700000000.000100\n"})):
+        with pytest.raises(ToolError, match="does not match"):
+            tools[tool].parse_arguments(json.dumps(args))
+    assert tools["channel_invite"].parse_arguments(json.dumps({"channel": "C1", "users": ["U1", "W2"]}))
