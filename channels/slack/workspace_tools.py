@@ -432,7 +432,9 @@ def _when(ts: Any) -> str:
 
 def _text(message: dict[str, Any]) -> str:
     text = clean_text(str(message.get("text") or ""))
-    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + f" […{len(text) - MESSAGE_CHARS} more]"
+    text = text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + f" […{len(text) - MESSAGE_CHARS} more]"
+    # Its further lines indented under its author: no line of one message reads as another's ("[time] who: …").
+    return "\n    ".join(text.splitlines())
 
 
 def _extras(message: dict[str, Any]) -> str:
