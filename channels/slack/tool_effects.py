@@ -43,7 +43,8 @@ class ToolEffects:
             said = f"Create a {kind} channel *#{escape(name)}*"
             topic = args.get("topic")
             # The model's words, on one line and nothing invisible: they cannot pose as the card's own.
-            return said + (f", with the topic “{escape(_one_line(str(topic)))}”." if topic else ".")
+            said += f", with the topic “{escape(_one_line(str(topic)))}”." if topic else "."
+            return said + " The people asking in this conversation join it."
         channel = await self._channel(str(args.get("channel") or ""))
         if tool == "channel_invite":
             people = [await self._person(str(u), team) for u in args.get("users") or []]

@@ -270,13 +270,23 @@ class WorkspaceTools:
     # -- the gated tools ---------------------------------------------------------------------------
 
     def _channel_create(self) -> Tool:
-        async def channel_create(_ctx: ToolContext, args: dict[str, Any]) -> str:
+        async def channel_create(ctx: ToolContext, args: dict[str, Any]) -> str:
             name = str(args["name"]).removeprefix("#")
             private = bool(args.get("private"))
             response = await self._call(f"create #{name}", "conversations_create", name=name, is_private=private)
             created = response.get("channel") or {}
             channel = str(created.get("id"))
             said = f"created #{created.get('name') or name} ({channel}, {'private' if private else 'public'})"
+            # Made for the people asking: they join it, so what the conversation goes on to do there (invite the
+            # on-call, pin the summary) is done in a channel they are in, as every other act of these tools is.
+            askers = slack_askers(ctx)
+            if askers:
+                try:
+                    await self._call("invite the people asking", "conversations_invite", channel=channel,
+                                     users=",".join(askers))
+                    said += f"; {', '.join(askers)} invited (the people asking)"
+                except ToolError as exc:
+                    said += f"; the people asking were not invited: {exc}"
             if args.get("topic"):
                 try:
                     await self._call("set its topic", "conversations_setTopic", channel=channel,
@@ -288,7 +298,8 @@ class WorkspaceTools:
 
         return Tool(
             name="channel_create",
-            description="Create a Slack channel (the bot is its first member). A person must approve it.",
+            description=("Create a Slack channel; the bot and the people asking are its first members. A person must "
+                         "approve it."),
             parameters={
                 "type": "object",
                 "properties": {
