@@ -133,14 +133,17 @@ class AgentRunner:
                    save_answer: bool, on_text: Emit | None, on_tool: Callable[[str], None] | None, *,
                    parent: ToolContext | None, max_steps: int) -> str:
         session_id = turn.session.id
+        # Everyone whose words the model reads (earlier askers in the thread too): a tool that reads on someone's
+        # behalf must be theirs to read, or an earlier asker reads through the next one's turn.
+        everyone = await self._everyone(turn) if parent is None else ()
         ctx = ToolContext(session_id=session_id, turn_id=turn.id, agent=agent.name, sender=turn.sender,
                           place=turn.session.place, preapproved=turn.session.preapproved,
-                          trust=await self._trust_of(turn) if parent is None else parent.trust,
-                          senders=turn.senders or ((turn.sender,) if turn.sender is not None else ()))
+                          trust=await self._trust_of(turn, everyone) if parent is None else parent.trust,
+                          senders=everyone, unaddressed=turn.answer_optional)
         if parent is not None:  # a sub-agent: the parent's sender, place and trust; nobody to ask
             # Credentials and grants stay the parent agent's: delegating never borrows another agent's.
             ctx = replace(ctx, agent=parent.agent, sender=parent.sender, place=parent.place, interactive=False,
-                          subagent=True, senders=parent.senders)
+                          subagent=True, senders=parent.senders, unaddressed=parent.unaddressed)
         allowed = [t for t in self.tools.allowed(agent.tools) if await offered_in(t, ctx)]
         specs = [t.spec() for t in allowed]
         allowed_names = {t.name for t in allowed}
@@ -248,14 +251,18 @@ class AgentRunner:
         tool = self.tools.get(name)
         return tool is not None and tool.concurrent
 
-    async def _trust_of(self, turn: TurnInfo) -> Trust | None:
-        """The least-trusted level among everyone whose words the model reads: this turn's senders and every
-        earlier one in the conversation (a guest's request stays in the history when a member says "go")."""
-        if self.trust is None:
-            return None
+    async def _everyone(self, turn: TurnInfo) -> tuple[str, ...]:
+        """Everyone whose words the model reads: this turn's senders first, then every earlier one in the
+        conversation (a guest's request stays in the history when a member says "go"), each once."""
         everyone = turn.everyone
         if everyone is None:  # not read with the turn's start (a resumed turn): one query
             everyone = (*(turn.senders or (turn.sender,)), *await self.store.conversation_senders(turn.session.id))
+        return tuple(dict.fromkeys(s for s in (*(turn.senders or (turn.sender,)), *everyone) if s is not None))
+
+    async def _trust_of(self, turn: TurnInfo, everyone: tuple[str, ...]) -> Trust | None:
+        """The least-trusted level among ``everyone`` whose words the model reads."""
+        if self.trust is None:
+            return None
         return await self.trust.of_turn(turn.session, everyone or (turn.sender,))
 
     async def _call_tool(self, call: ToolCall, allowed: set[str], ctx: ToolContext,

@@ -18,6 +18,7 @@ finite (``NaN``, which ``json.loads`` accepts) or arithmetic that overflows are 
 from __future__ import annotations
 
 import contextvars
+import functools
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -53,11 +54,37 @@ def _remaining() -> float:
 
 def _search(pattern: str, text: str) -> bool:
     try:
-        return regex.search(pattern, text, timeout=_remaining()) is not None
+        return regex.search(_ecma_end(pattern), text, timeout=_remaining()) is not None
     except TimeoutError as exc:
         raise SchemaCheckError(_TOO_LONG) from exc
     except regex.error as exc:
         raise SchemaCheckError(f"the schema's pattern {pattern[:80]!r} is not a valid regular expression") from exc
+
+
+@functools.lru_cache(maxsize=1024)
+def _ecma_end(pattern: str) -> str:
+    """``pattern`` with each ``$`` (outside a character class, unescaped) as JSON Schema's dialect (ECMA-262) reads
+    it: the end of the text. Python's ``$`` also matches before a final line break, so ``"U1\\n"`` would pass
+    ``^U[0-9]+$``."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+        elif in_class:
+            in_class = ch != "]"
+            out.append(ch)
+            i += 1
+        elif ch == "[":  # the class's opening: [, an optional ^, and a ] right after them (a literal one)
+            j = i + 1 + (pattern[i + 1:i + 2] == "^")
+            j += pattern[j:j + 1] == "]"
+            out.append(pattern[i:j])
+            i, in_class = j, True
+        else:
+            out.append(r"(?!\n)$" if ch == "$" else ch)  # zero-width: the end, never before a final line break
+            i += 1
+    return "".join(out)
 
 
 def _pattern(validator: Validator, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:

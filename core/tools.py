@@ -48,6 +48,9 @@ class ToolContext:
     # Everyone whose words the turn took (TurnInfo.senders, steered ones added): a tool that reads on someone's
     # behalf checks each of them (e.g. that every one of them may see what it reads).
     senders: tuple[str, ...] = ()
+    # Nobody addressed the bot (a listening turn, TurnInfo.answer_optional): nobody asked it to act for them, so a tool
+    # that reads or acts on someone's behalf does so only where the turn answers.
+    unaddressed: bool = False
 
     @property
     def requester(self) -> str | None:

@@ -18,7 +18,7 @@ from core.tools import ToolContext
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import BOT_USER_ID, FakeSlack
-from tests.slack_requests import block_action, mention
+from tests.slack_requests import block_action, mention, next_ts
 from tests.slack_workspaces import send
 
 SLACK_TOOLS = set(TOOL_SCOPES)
@@ -217,6 +217,30 @@ async def test_channel_create_card_says_what_is_created_and_approval_creates_it(
     [create] = fake_slack.of("conversations.create")
     assert create.params["name"] == "inc-api-latency" and str(create.params["is_private"]).lower() in ("1", "true")
     assert "Create a *private* channel" in json.dumps(fake_slack.of("chat.update")[0].params["blocks"])
+
+
+async def test_the_incident_flow_create_then_invite_the_on_call_into_the_new_channel(
+    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    """The issue's example: open #inc-…, invite the on-call. The people asking join the channel made for them, so
+    the invite that follows acts in a channel they are in (as every act of these tools must)."""
+    card, request_id = await _card(gateway, fake_slack, fake_llm, "channel_create", {"name": "inc-api-latency"})
+    assert "The people asking in this conversation join it." in card
+    said = await _approve(gateway, fake_slack, fake_llm, request_id)
+    assert said.startswith("created #inc-api-latency (CNEW") and "U1 invited (the people asking)" in said
+    new = fake_slack.channels["inc-api-latency"]
+    assert fake_slack.members[new] == [BOT_USER_ID, "U1"]
+
+    fake_llm.then(Reply(tool_calls=[("channel_invite", {"channel": "#inc-api-latency", "users": ["U7"]})]))
+    await gateway.send_event(mention("now invite the on-call", channel=HERE, ts=next_ts()))
+    card = (await fake_slack.wait_for("chat.postMessage", 3))[2]
+    assert "Invite 1 person to" in json.dumps(card.params["blocks"])
+    fake_llm.then(Reply("invited"))
+    await gateway.interact(block_action("approval:approve", card.params["blocks"][-1]["elements"][0]["value"],
+                                        user="U1", channel=HERE))
+    await fake_slack.wait_for("chat.postMessage", 4)
+    await gateway.idle()
+    assert fake_slack.members[new] == [BOT_USER_ID, "U1", "U7"]
 
 
 async def test_an_invalid_name_or_a_crafted_user_id_is_the_models_error_not_a_card(

@@ -275,7 +275,9 @@ class SlackChannel:
         )
         listen = None
         own = bot_user is not None and event.get("user") == bot_user
-        if not addressed and not own and is_id(event.get("channel")):
+        # Slackbot writes as a user (no bot_id): it is a bot all the same, and never starts a listening turn.
+        bot = own or event.get("user") == SLACKBOT
+        if not addressed and not bot and is_id(event.get("channel")):
             listen = await self.listening.rate_in(str(event["channel"]))
         await self._take(body, event, bot_user, addressed=addressed, listen_per_minute=listen)
 
@@ -343,6 +345,9 @@ def _checked_socket_handler(app: AsyncApp, app_token: str, web_client: AsyncWebC
             await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
 
     return CheckedSocketModeHandler(app, app_token, web_client=web_client)
+
+
+SLACKBOT = "USLACKBOT"
 
 
 def _mentions(text: str, bot_user: str) -> bool:

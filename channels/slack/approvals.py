@@ -30,7 +30,7 @@ from channels.slack.payloads import channel_id, input_value, slack_person, user_
 from channels.slack.request_cards import CardMessages, carried_id, section
 from channels.slack.threads import SessionThreads
 from channels.slack.tool_effects import ToolEffects
-from channels.slack.workspaces import in_workspace, request_workspace
+from channels.slack.workspaces import in_workspace, request_workspace, team_of
 from core.display import arguments_text
 from core.errors import InvalidInput, NotFound
 from core.gateway import Gateway
@@ -71,7 +71,7 @@ class SlackApprovals:
                 await self.gateway.approval_unshowable(request.id)
                 return
         where: dict[str, Any] = {}
-        effect = await self._effects.describe(request.tool, request.arguments)
+        effect = await self._effects.describe(request.tool, request.arguments, team=team_of(request.session.place))
         cut = False
         if "dm" in request.notify:
             where["copies"], cut = await self._dm_cards(request, deciders, effect=effect)

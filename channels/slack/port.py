@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 BLOCKS_REFUSED = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_blocks_too_long", "invalid_arguments"})
 DELIVERY_EVENT = "bot_delivery"  # the message metadata type that marks an answer's chunks
 GROUP_CACHE_S = 60.0  # approvers are checked on every click: a group's members are looked up once a minute
+CHANNEL_NAMES_S = 300.0  # #names are listed again this often: a renamed channel's name stops meaning it
 _LOOKUP_PAGES = 10  # how many messages a retry reads looking for an earlier attempt's chunks (200 a page)
 # A retry reads only messages posted since the answer was written, less this: Slack refuses request signatures
 # 5 minutes off, so a working bot's clock is within that of Slack's.
@@ -60,7 +61,7 @@ class SlackPort:
         self._groups: dict[tuple[str, str], tuple[float, set[str]]] = {}
         self.people = SlackPeople(client)  # users.info, cached: names and trust labels
         self.scopes = TokenScopes(client)  # what the token may do: which Slack tools are offered
-        self._channel_ids: dict[str, dict[str, str]] = {}
+        self._channel_ids: dict[str, tuple[float, dict[str, str]]] = {}  # workspace → (when listed, name → id)
         self._identity: dict[str, tuple[str, str]] = {}  # (bot_id, bot user id) from auth.test
         self._team: str | None = None  # the installation's team, from the same auth.test
         # What find_delivered just saw of an incomplete delivery, so the resumed deliver needs no second look.
@@ -353,17 +354,19 @@ class SlackPort:
             raise ToolError(f"Slack refused the message to {channel}: {hint.get(error, error)}") from None
         return f"posted to {channel} (ts {response.get('ts')})"
 
-    async def channel_id(self, channel: str) -> str:
-        """The id of ``#name`` (any channel the bot can see, looked up again when a name is not known yet) or of a
-        channel id as given; ToolError when there is none."""
+    async def channel_id(self, channel: str, *, fresh: bool = False) -> str:
+        """The id of ``#name`` (any channel the bot can see, looked up again when a name is not known yet, and
+        every CHANNEL_NAMES_S: channels are renamed) or of a channel id as given; ToolError when there is none.
+        ``fresh``: listed now (a call a person approves acts on the channel its card named, just looked up)."""
         if not channel.startswith("#"):
             if re.fullmatch(r"[CGD][A-Z0-9]{2,}", channel):
                 return channel
             raise ToolError(f"{channel!r} is not a channel: use #name or a channel id such as C0123ABCD")
         name = channel[1:].lower()
-        known = self._channel_ids.setdefault(current_team() or "", {})
-        if name not in known:
-            cursor = None
+        team = current_team() or ""
+        listed, known = self._channel_ids.get(team) or (0.0, {})
+        if fresh or name not in known or time.monotonic() - listed >= CHANNEL_NAMES_S:
+            started, known, cursor = time.monotonic(), {}, None
             while True:
                 response = await self.client.conversations_list(
                     types="public_channel,private_channel", exclude_archived=True, limit=1000, cursor=cursor)
@@ -372,6 +375,7 @@ class SlackPort:
                 cursor = (response.get("response_metadata") or {}).get("next_cursor")
                 if not cursor:
                     break
+            self._channel_ids[team] = (started, known)  # whole lists only: a failed one leaves the last
         if name not in known:
             raise ToolError(f"there is no channel {channel} that the bot can see")
         return known[name]

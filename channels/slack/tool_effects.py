@@ -13,8 +13,10 @@ from channels.slack.api import TRANSPORT_ERRORS, error_code
 from channels.slack.formatting import escape
 from channels.slack.people import SlackPeople
 from channels.slack.workspace_tools import find_message
+from core.display import visible
 
 QUOTE_CHARS = 1_500
+_INVITEE = {"bot": ", an app", "guest": ", a guest", "external": ", from another organisation"}
 EFFECT_TOOLS = frozenset({"channel_create", "channel_invite", "channel_archive", "message_pin"})
 
 
@@ -23,26 +25,29 @@ class ToolEffects:
         self.client = client
         self.people = people or SlackPeople(client)
 
-    async def describe(self, tool: str, args: dict[str, Any]) -> str | None:
-        """The call's effect as mrkdwn, None for a tool that is not one of these."""
+    async def describe(self, tool: str, args: dict[str, Any], *, team: str | None = None) -> str | None:
+        """The call's effect as mrkdwn, None for a tool that is not one of these. ``team``: the conversation's
+        workspace (whom an invitee is from another organisation relative to)."""
         if tool not in EFFECT_TOOLS:
             return None
         try:
-            return await self._describe(tool, args)
+            return await self._describe(tool, args, team)
         except (SlackApiError, *TRANSPORT_ERRORS) as exc:
             why = error_code(exc) if isinstance(exc, SlackApiError) else type(exc).__name__
             return f":warning: What this would do could not be looked up ({escape(why)}): read the arguments below."
 
-    async def _describe(self, tool: str, args: dict[str, Any]) -> str:
+    async def _describe(self, tool: str, args: dict[str, Any], team: str | None) -> str:
         if tool == "channel_create":
             name = str(args.get("name") or "").removeprefix("#")
             kind = "*private*" if args.get("private") else "*public* (anyone in the workspace can find and join it)"
             said = f"Create a {kind} channel *#{escape(name)}*"
             topic = args.get("topic")
-            return said + (f", with the topic “{escape(str(topic))}”." if topic else ".")
+            # The model's words, on one line and nothing invisible: they cannot pose as the card's own.
+            said += f", with the topic “{escape(_one_line(str(topic)))}”." if topic else "."
+            return said + " The people asking in this conversation join it."
         channel = await self._channel(str(args.get("channel") or ""))
         if tool == "channel_invite":
-            people = [await self._person(str(u)) for u in args.get("users") or []]
+            people = [await self._person(str(u), team) for u in args.get("users") or []]
             return f"Invite {len(people)} {'person' if len(people) == 1 else 'people'} to {channel}: " + ", ".join(
                 people) + "."
         if tool == "channel_archive":
@@ -88,7 +93,16 @@ class ToolEffects:
         kind = "private" if info.get("is_private") else "public"
         return f"*#{escape(str(name))}* ({escape(channel_id)}, {kind})" if name else f"*{escape(given)}*"
 
-    async def _person(self, user: str) -> str:
+    async def _person(self, user: str, team: str | None = None) -> str:
         name = await self.people.name(user)
+        if not name:
+            return f"{escape(user)} (:warning: nobody by that id)"
+        # An invitee that is an app (it reads the channel), a guest or an outsider is no colleague: the card says so,
+        # whatever name it took.
+        what = _INVITEE.get(await self.people.trust(user, team) or "", "")
         # Named, never mentioned: a card must not ping the people it is about.
-        return f"*{escape(name)}* ({escape(user)})" if name else f"{escape(user)} (:warning: nobody by that id)"
+        return f"*{escape(name)}* ({escape(user)}{what})"
+
+
+def _one_line(text: str) -> str:
+    return " ⏎ ".join(line.strip() for line in visible(text).splitlines() if line.strip())

@@ -82,8 +82,9 @@ def own_channel(place: str | None) -> str | None:
 
 def slack_askers(ctx: ToolContext) -> tuple[str, ...] | None:
     """The Slack people whose words the turn took; None when anyone else's are among them, or nobody's (a firing,
-    an event): then it acts for nobody whose membership can be checked."""
-    if thread_of(ctx.session_id).startswith(_NO_SLACK_ASKER):
+    an event), or when none of them addressed the bot (a listening turn): then it acts for nobody whose membership
+    can be checked."""
+    if ctx.unaddressed or thread_of(ctx.session_id).startswith(_NO_SLACK_ASKER):
         return None
     senders = tuple(s.removeprefix("slack:") for s in ctx.senders)
     if not senders or any(_USER.fullmatch(s) is None for s in senders):
@@ -194,12 +195,12 @@ class WorkspaceTools:
             offered=self._offered("message_read"),
         )
 
-    async def _usable(self, ctx: ToolContext, given: str, verb: str) -> str:
+    async def _usable(self, ctx: ToolContext, given: str, verb: str, *, fresh: bool = False) -> str:
         """The id of the channel ``given`` names, if the people asking could read it themselves: the turn's own
         conversation's, or a channel (no DM) the bot is in and each of them is a member of. ``verb``: "reads" or
         "acts in" (what a refusal says the bot does only there). The gated tools ask the same: a card must not show
         another channel's message, and nobody invites people to, or archives, a channel they are not in."""
-        channel = await self.port.channel_id(given)
+        channel = await self.port.channel_id(given, fresh=fresh)
         if channel == own_channel(ctx.place):  # whoever asked is in it: they wrote there
             return channel
         info = (await self._channel(channel))[1]
@@ -209,8 +210,8 @@ class WorkspaceTools:
             raise ToolError(f"the bot is not in {given}: it {verb} only channels it was invited to")
         askers = slack_askers(ctx)
         if askers is None:
-            raise ToolError(f"nobody in Slack asked in this turn (a schedule's firing or an event): it {verb} only "
-                            "the channel it posts to")
+            raise ToolError(f"nobody in Slack asked in this turn (a schedule's firing, an event, or a message that did "
+                            f"not address the bot): it {verb} only the channel it posts to")
         members = await self.members(channel)
         outside = [who for who in askers if who not in members]
         if outside:
@@ -269,13 +270,23 @@ class WorkspaceTools:
     # -- the gated tools ---------------------------------------------------------------------------
 
     def _channel_create(self) -> Tool:
-        async def channel_create(_ctx: ToolContext, args: dict[str, Any]) -> str:
+        async def channel_create(ctx: ToolContext, args: dict[str, Any]) -> str:
             name = str(args["name"]).removeprefix("#")
             private = bool(args.get("private"))
             response = await self._call(f"create #{name}", "conversations_create", name=name, is_private=private)
             created = response.get("channel") or {}
             channel = str(created.get("id"))
             said = f"created #{created.get('name') or name} ({channel}, {'private' if private else 'public'})"
+            # Made for the people asking: they join it, so what the conversation goes on to do there (invite the
+            # on-call, pin the summary) is done in a channel they are in, as every other act of these tools is.
+            askers = slack_askers(ctx)
+            if askers:
+                try:
+                    await self._call("invite the people asking", "conversations_invite", channel=channel,
+                                     users=",".join(askers))
+                    said += f"; {', '.join(askers)} invited (the people asking)"
+                except ToolError as exc:
+                    said += f"; the people asking were not invited: {exc}"
             if args.get("topic"):
                 try:
                     await self._call("set its topic", "conversations_setTopic", channel=channel,
@@ -287,7 +298,8 @@ class WorkspaceTools:
 
         return Tool(
             name="channel_create",
-            description="Create a Slack channel (the bot is its first member). A person must approve it.",
+            description=("Create a Slack channel; the bot and the people asking are its first members. A person must "
+                         "approve it."),
             parameters={
                 "type": "object",
                 "properties": {
@@ -309,10 +321,10 @@ class WorkspaceTools:
 
     def _channel_invite(self) -> Tool:
         async def invite_check(ctx: ToolContext, args: dict[str, Any]) -> None:
-            await self._usable(ctx, str(args["channel"]), "acts in")
+            await self._usable(ctx, str(args["channel"]), "acts in", fresh=True)
 
         async def channel_invite(ctx: ToolContext, args: dict[str, Any]) -> str:
-            channel = await self._usable(ctx, str(args["channel"]), "acts in")
+            channel = await self._usable(ctx, str(args["channel"]), "acts in", fresh=True)
             users = [str(u) for u in args["users"]]
             await self._call(f"invite them to {args['channel']}", "conversations_invite", channel=channel,
                              users=",".join(users))
@@ -342,13 +354,14 @@ class WorkspaceTools:
 
     def _channel_archive(self) -> Tool:
         async def archive_check(ctx: ToolContext, args: dict[str, Any]) -> None:
-            channel = await self.port.channel_id(str(args["channel"]))
+            # Looked up now, as its card will be: a renamed channel's old name is not acted on.
+            channel = await self.port.channel_id(str(args["channel"]), fresh=True)
             if channel == own_channel(ctx.place):
                 raise ToolError("this conversation's own channel is not archived from within it")
             info = (await self._channel(channel))[1]
             if info.get("is_general") or info.get("name") == "general":
                 raise ToolError("the workspace's general channel is never archived")
-            await self._usable(ctx, str(args["channel"]), "acts in")
+            await self._usable(ctx, str(args["channel"]), "acts in")  # the names just listed
 
         async def channel_archive(ctx: ToolContext, args: dict[str, Any]) -> str:
             await archive_check(ctx, args)  # again: what it names may have changed while a person decided
@@ -377,12 +390,12 @@ class WorkspaceTools:
     def _message_pin(self) -> Tool:
         async def pin_check(ctx: ToolContext, args: dict[str, Any]) -> None:
             # Before its card quotes the message: nobody sees, through a card, a channel they are not in.
-            channel = await self._usable(ctx, str(args["channel"]), "acts in")
+            channel = await self._usable(ctx, str(args["channel"]), "acts in", fresh=True)
             if await find_message(self.client, channel, str(args["ts"])) is None:
                 raise ToolError(f"there is no message {args['ts']} in {args['channel']}")
 
         async def message_pin(ctx: ToolContext, args: dict[str, Any]) -> str:
-            channel = await self._usable(ctx, str(args["channel"]), "acts in")
+            channel = await self._usable(ctx, str(args["channel"]), "acts in", fresh=True)
             await self._call(f"pin that message in {args['channel']}", "pins_add", channel=channel,
                              timestamp=str(args["ts"]))
             return f"pinned message {args['ts']} in {args['channel']}"
@@ -430,7 +443,9 @@ def _when(ts: Any) -> str:
 
 def _text(message: dict[str, Any]) -> str:
     text = clean_text(str(message.get("text") or ""))
-    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + f" […{len(text) - MESSAGE_CHARS} more]"
+    text = text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + f" […{len(text) - MESSAGE_CHARS} more]"
+    # Its further lines indented under its author: no line of one message reads as another's ("[time] who: …").
+    return "\n    ".join(text.splitlines())
 
 
 def _extras(message: dict[str, Any]) -> str:
