@@ -257,7 +257,9 @@ async def test_a_failing_first_model_call_does_not_cut_the_secret_check_short() 
     runner = AgentRunner(None, Failing(), noop_tools(), SystemClock(), redactor=redactor)  # type: ignore[arg-type]
     session = SessionInfo(id="s", channel="test", agent="default", status=SessionStatus.RUNNING, reply_ref={})
     with pytest.raises(ProviderError) as failure:
-        await runner.run(TurnInfo(id=1, session=session, inputs=(), sender="U1"), Agent(), transcript=[])
+        # Who wrote in the conversation, as read with the turn's start (this runner has no store to read it from).
+        await runner.run(TurnInfo(id=1, session=session, inputs=(), sender="U1", everyone=("U1",)), Agent(),
+                         transcript=[])
     assert secret not in await runner.redact(str(failure.value))
 
 
