@@ -123,10 +123,9 @@ class Deliveries:
             return None
         return OutboxClaim(self.holder, now + self._claim, now)
 
-    async def wait(self, turn_id: int, *, poll_s: float | None = None) -> DeliveryOutcome:
-        """Until the turn's answer is delivered or given up (recorded by this process or another; ``poll_s``: how
-        often another's record is looked for)."""
-        outcome = await self.waiters.wait(turn_id, lambda: self.outcome(turn_id), poll_s=poll_s)
+    async def wait(self, turn_id: int) -> DeliveryOutcome:
+        """Until the turn's answer is delivered or given up (recorded by this process or another)."""
+        outcome = await self.waiters.wait(turn_id, lambda: self.outcome(turn_id))
         assert outcome is not None  # no timeout: every row ends, delivered or given up
         return outcome
 

@@ -252,10 +252,9 @@ class Dispatcher:
 
     # -- outcomes and cancellation --------------------------------------------------------------
 
-    async def outcome(self, input_id: int, *, poll_s: float | None = None) -> Outcome:
-        """Wait until the input is answered, failed, cancelled or refused (woken at once when this process records
-        it; ``poll_s``: how often to look for another process's record, OUTCOME_POLL's by default)."""
-        return await self.waiters.wait(input_id, poll_s=poll_s)
+    async def outcome(self, input_id: int) -> Outcome:
+        """Wait until the input is answered, failed, cancelled or refused."""
+        return await self.waiters.wait(input_id)
 
     async def cancel(self, session_id: str, by: str | None, *, announce: bool = True, turn_id: int | None = None,
                      started_before: datetime | None = None) -> StopReport:

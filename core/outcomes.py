@@ -18,8 +18,8 @@ class OutcomeWaiters:
         self.inputs = inputs
         self._waiters: Waiters[Outcome] = Waiters(poll_s)
 
-    async def wait(self, input_id: int, *, poll_s: float | None = None) -> Outcome:
-        outcome = await self._waiters.wait(input_id, lambda: self.inputs.outcome(input_id), poll_s=poll_s)
+    async def wait(self, input_id: int) -> Outcome:
+        outcome = await self._waiters.wait(input_id, lambda: self.inputs.outcome(input_id))
         assert outcome is not None  # no timeout: only a value ends the wait
         return outcome
 

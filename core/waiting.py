@@ -30,10 +30,8 @@ class Waiters(Generic[V]):
         return key in self._events
 
     async def wait(self, key: Hashable, load: Callable[[], Awaitable[V | None]], *,
-                   timeout_s: float | None = None, poll_s: float | None = None) -> V | None:
-        """Until ``load`` returns a value (returned), or ``timeout_s`` passes (None). ``poll_s``: re-read this
-        seldom instead (a caller that many wait as, and that can wait for another process's record)."""
-        poll_s = self.poll_s if poll_s is None else poll_s
+                   timeout_s: float | None = None) -> V | None:
+        """Until ``load`` returns a value (returned), or ``timeout_s`` passes (None)."""
         event = self._events.setdefault(key, asyncio.Event())
         self._counts[key] = self._counts.get(key, 0) + 1
         loop = asyncio.get_running_loop()
@@ -44,7 +42,7 @@ class Waiters(Generic[V]):
                 value = await load()
                 if value is not None:
                     return value
-                step = poll_s if deadline is None else min(poll_s, deadline - loop.time())
+                step = self.poll_s if deadline is None else min(self.poll_s, deadline - loop.time())
                 if step <= 0:
                     return None
                 try:  # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancel that races a wake

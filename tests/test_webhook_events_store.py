@@ -101,8 +101,8 @@ async def test_the_rate_holds_across_replicas(store: WebhookEventStore, replica:
 
 async def test_started_finished_listed(store: WebhookEventStore) -> None:
     ids = [(await store.receive(arrival(f"d-{n}", source="gh" if n % 2 else "am"))).event_id or 0 for n in range(4)]
-    await store.started(ids[0], session_id="event:am:x", input_id=7)
-    await store.finish(ids[0], status="answered", note=None, now=T0 + timedelta(seconds=5))
+    await store.finish(ids[0], status="answered", note=None, now=T0 + timedelta(seconds=5), session_id="event:am:x",
+                       input_id=7)
     await store.finish(ids[1], status="failed", note="the model is down", now=T0 + timedelta(seconds=6))
     first = await store.get(ids[0])
     assert first is not None and (first.status, first.session_id, first.input_id, first.finished_at) == (

@@ -33,6 +33,10 @@ FIRST_BY_ID = select(events.c.id).where(events.c.source == bindparam("b_source")
 FIRST_BY_BODY = select(events.c.id).where(events.c.source == bindparam("b_source"),
                                           events.c.body_digest == bindparam("b_digest"), _FIRST).limit(1)
 INSERT_EVENT = insert(events)
+# An event's end, with (or without) the session and input its turn took it as: built once, not per row.
+END = update(events).where(events.c.id == bindparam("b_id")).values(
+    status=bindparam("status"), note=bindparam("note"), finished_at=bindparam("finished_at"))
+END_TAKEN = END.values(session_id=bindparam("session_id"), input_id=bindparam("input_id"))
 
 
 def window_start(now: datetime) -> datetime:
@@ -117,10 +121,6 @@ class WebhookEventStore:
                                  .order_by(events.c.id))
             return [int(event_id) for event_id in found.scalars().all()]
 
-    async def started(self, event_id: int, *, session_id: str, input_id: int | None) -> None:
-        """The event's turn was accepted: in this session, as this input."""
-        await self._update(event_id, session_id=session_id, input_id=input_id)
-
     async def finish(self, event_id: int, *, status: str, note: str | None, now: datetime,
                      session_id: str | None = None, input_id: int | None = None) -> None:
         """Answered or failed (why, in ``note``); with the session and input its turn took it as, when it got one."""
@@ -133,15 +133,10 @@ class WebhookEventStore:
         def write(s: Session) -> list[Exception | None]:
             conn = s.connection()
             for values in ends:
-                conn.execute(update(events).where(events.c.id == bindparam("b_id"))
-                             .values(**{k: bindparam(k) for k in values if k != "b_id"}), values)
+                conn.execute(END_TAKEN if "session_id" in values else END, values)
             return [None] * len(ends)
 
         return await self.db.run_write(write)
-
-    async def _update(self, event_id: int, **values: Any) -> None:
-        statement = update(events).where(events.c.id == event_id).values(**values)
-        await self.db.run_write(lambda s: s.connection().execute(statement))
 
     async def list(self, *, source: str | None = None, limit: int = 50) -> list[WebhookEventRow]:
         """The newest events first, of one source or all."""

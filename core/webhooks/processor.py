@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 _End = tuple[str, str | None]  # an event's status when its turn ended, and why (failed)
 _ENDS_KEPT = 10_000
+_TAKING_MAX = 1_000  # events being taken at once (most waiting for their pace); the table keeps the rest
 
 # Where a destination as the operator typed it ("#ops") is resolved to the platform's id (a port's
 # ``resolve_destination``); InvalidInput when it cannot be posted to.
@@ -122,6 +123,7 @@ class EventProcessor:
 
     async def start(self) -> None:
         self._started = True
+        self._next_take = 0.0
         self._spawn(self._follow_table())
 
     async def stop(self) -> None:
@@ -134,9 +136,13 @@ class EventProcessor:
         """The intake stored an event (``arrival``: what it stored, so it need not be read again): take it now.
         A wake-up only: the table is the truth, polled for what this misses."""
         if self._started:
-            self._take(event_id, arrival)
+            # Behind a backlog the payload is read again when its turn comes: waiting events hold no payload.
+            idle = self._next_take <= asyncio.get_running_loop().time()
+            self._take(event_id, arrival if idle else None)
 
     def _take(self, event_id: int, arrival: EventArrival | None = None) -> None:
+        if len(self._running) >= _TAKING_MAX:  # a flood: the rest stay stored, and the poll takes them later
+            return
         if event_id not in self._running:
             self._running.add(event_id)
             self._spawn(self._answer(event_id, arrival))

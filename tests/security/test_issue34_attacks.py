@@ -204,6 +204,41 @@ async def test_following_the_table_does_not_read_every_queued_payload_at_every_p
     assert len(payload_reads) <= backlog  # each event's payload read once, when it is taken (it was every poll)
 
 
+async def test_a_flood_above_the_take_pace_holds_neither_its_payloads_nor_unbounded_tasks(store_db: Database) -> None:
+    """A source whose rate_per_minute lets it send faster than events are taken (25 a second): each stored event
+    waited for its pace as a task holding its whole payload (a megabyte each), with no bound on their number. Behind
+    a backlog the payload is left in the table (read when the event's turn comes), and at most 1,000 events are
+    being taken at once; the table poll takes the rest later."""
+    store = WebhookEventStore(store_db)
+    never = asyncio.Event()
+
+    async def resolve(destination: str) -> str:
+        await never.wait()
+        return "C1"
+
+    source = EventSource(name="gh", kind="github", secret_env="X", destination="#ops", rate_per_minute=10_000)
+    dispatcher = cast(Dispatcher, SimpleNamespace(bus=EventBus()))
+    processor = EventProcessor(store, dispatcher, ShiftedClock(), {"gh": source}, resolve,
+                               ProcessorSettings(channel="slack", poll_s=3600))
+    taken: list[object] = []
+
+    async def answer(event_id: int, arrival: object) -> None:  # what each take carries, then its pace
+        taken.append(arrival)
+        await never.wait()
+
+    processor._answer = answer  # type: ignore[method-assign]
+    await processor.start()
+    try:
+        arrival = _github_arrival("f-0", body='{"pad": "' + "x" * 1000 + '"}')
+        processor._next_take = asyncio.get_running_loop().time() + 60  # a backlog is ahead
+        for n in range(1500):
+            processor.queued(n + 1, arrival)
+        await asyncio.sleep(0)
+        assert len(taken) == 1000 and not any(taken)  # bounded, and none holds its payload
+    finally:
+        await processor.stop()
+
+
 TWO_SOURCES = """
 [[event_sources]]
 name = "ci"
