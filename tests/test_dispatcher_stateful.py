@@ -105,15 +105,26 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         if hasattr(self, "dispatcher"):
-            for _ in range(200):  # finish everything: every held call gets a final answer
-                if not self.provider.pending and not self.dispatcher.running_sessions:
-                    break
-                self.provider.resolve(0, step=False) if self.provider.pending else None
-                self.run(asyncio.sleep(0))
+            self.run(self._finish_every_input())
             self.run(self._check_every_input_ended_once())
             self.run(self.core.stop(drain_s=1))
         self.loop.close()
         self.tmp.cleanup()
+
+    async def _finish_every_input(self) -> None:
+        # Every held call gets a final answer until each input has its outcome. A waiting input's
+        # turn may start only once a slot frees, after a moment with nothing running, so "nothing
+        # held and nothing running" alone does not mean finished.
+        deadline = self.loop.time() + 20
+        for _session, input_id, _key in self.accepted:
+            ended = asyncio.ensure_future(self.dispatcher.outcome(input_id))
+            while not ended.done():
+                if self.provider.pending:
+                    self.provider.resolve(0, step=False)
+                await asyncio.wait({ended}, timeout=0.005)
+                if self.loop.time() > deadline:
+                    ended.cancel()
+                    raise AssertionError(f"input {input_id} never ended")
 
     async def _check_every_input_ended_once(self) -> None:
         assert not self.provider.pending and not self.dispatcher.running_sessions
