@@ -7,7 +7,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from core.agents import Agent
 from core.answer_stream import AnswerStream, Emit
@@ -36,6 +36,15 @@ from core.trust import SenderTrust, Trust, least_trusted
 log = logging.getLogger(__name__)
 
 Steer = Callable[[], Awaitable[list[ChatMessage]]]
+
+
+class PromptSection(Protocol):
+    """A part of a turn's system prompt after the agent's instructions (pinned memories, the skill list).
+
+    It is written for this turn (its agent, trust and whether it is a sub-agent's) and bounded by its own cap:
+    the context window never cuts the system prompt, so the section must keep itself small. "" adds nothing."""
+
+    async def render(self, agent: Agent, ctx: ToolContext) -> str: ...
 
 SECRET_IN_ARGUMENTS = ("error: the arguments of `{tool}` contain the value of a secret, so it did not run; "
                        "never write a secret's value: name it instead (shell_run: credentials=[name]; "
@@ -66,6 +75,7 @@ class AgentRunner:
         budget: ThreadBudget | None = None,
         resumable: Callable[[ToolContext], Awaitable[bool]] | None = None,
         trust: SenderTrust | None = None,
+        sections: Sequence[PromptSection] = (),
     ) -> None:
         self.store = store
         self.provider = provider
@@ -80,6 +90,7 @@ class AgentRunner:
         # waits on, or goes on once; core.connections).
         self.resumable = resumable
         self.trust = trust  # senders' levels: a turn runs at the least trusted of everyone whose words it took
+        self.sections = tuple(sections)
         self.window = ContextWindow(limits.context_tokens, SummaryStore(store.db) if store is not None else None,
                                     self._summarise, mask=self.redact)
 
@@ -153,7 +164,7 @@ class AgentRunner:
         history = await self._close_dangling_calls(to_chat(rows, turn.asked), allowed_names, ctx, checking)
         # A turn nobody asked for may end silently (core.listening): offered ``no_reply``, and told so.
         optional = turn.answer_optional and parent is None
-        instructions = agent.instructions + LISTENING_NOTE if optional else agent.instructions
+        instructions = await self._instructions(agent, ctx, optional)
         offered = [*specs, NO_REPLY_SPEC] if optional else specs
         # This turn's messages begin here (resumed or not): older ones are left out first to fit the context window,
         # and its newest question (``asked``) never.
@@ -246,6 +257,15 @@ class AgentRunner:
             f"I used all {max_steps} steps without finishing. "
             "Ask me to continue, or raise MAX_STEPS."
         )
+
+    async def _instructions(self, agent: Agent, ctx: ToolContext, optional: bool) -> str:
+        """The system prompt: the agent's instructions, then each section written for this turn."""
+        parts = [agent.instructions + LISTENING_NOTE if optional else agent.instructions]
+        for section in self.sections:
+            text = await section.render(agent, ctx)
+            if text:
+                parts.append(text)
+        return "\n\n".join(parts)
 
     def _concurrent(self, name: str) -> bool:
         tool = self.tools.get(name)
