@@ -159,3 +159,24 @@ def _head_revision() -> str:
     head = ScriptDirectory.from_config(cfg).get_current_head()
     assert head is not None
     return head
+
+
+def test_the_head_read_from_the_files_is_alembics() -> None:
+    """A migrated database starts without alembic when it is at the head read from the files' revision lines
+    (core.store.database): that head must be alembic's, or a new migration would be skipped."""
+    from core.store.database import _head_revision as files_head
+
+    assert files_head() == _head_revision()
+
+
+async def test_a_database_behind_the_head_is_still_migrated(tmp_path: Path) -> None:
+    database = Database(f"sqlite:///{tmp_path}/behind.db")
+    try:
+        async with database._write_engine.begin() as conn:
+            await conn.run_sync(_upgrade_to("0018"))
+        await database.migrate()
+        async with database.engine.connect() as conn:
+            version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalars().all()
+        assert version == [_head_revision()] != ["0018"]
+    finally:
+        await database.close()

@@ -8,10 +8,9 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import openai
 from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
@@ -20,6 +19,9 @@ from bot.providers.retry_after import retry_after_seconds
 from core.errors import ProviderError
 from core.providers import ChatMessage, Completion, CompletionRequest, TextStream, ToolCall
 from core.text import clean_text
+
+if TYPE_CHECKING:
+    import openai
 
 log = logging.getLogger(__name__)
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -272,7 +274,11 @@ def _message(m: ChatMessage) -> dict[str, Any]:
 
 
 def classify(exc: openai.APIError) -> ProviderError:
-    """Map the OpenAI SDK's exceptions (``bot doctor`` asks through the SDK) onto core's error kinds (SPEC §6)."""
+    """Map the OpenAI SDK's exceptions (``bot doctor`` asks through the SDK) onto core's error kinds (SPEC §6).
+
+    The SDK is imported only here: importing it costs half a second of CPU, and ``bot run`` never needs it."""
+    import openai
+
     if isinstance(exc, openai.APIConnectionError):  # includes timeouts
         return ProviderError("network", f"cannot reach the model endpoint: {exc}", retryable=True)
     if isinstance(exc, openai.APIResponseValidationError):

@@ -92,6 +92,8 @@ class SlackChannel:
         self.client.retry_handlers.append(AsyncRateLimitErrorRetryHandler(max_retry_count=config.rate_limit_retries))
         http_mode = config.app_token is None
         self.app = AsyncApp(
+            # Named, or bolt names it from inspect.stack(), which reads every caller's source file.
+            name="chatops-gateway",
             client=self.client,
             signing_secret=config.signing_secret or "",
             request_verification_enabled=http_mode,

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, InvalidatePoolError, SQLAlchemyError
@@ -266,6 +268,9 @@ def _ping_when_idle(engine: AsyncEngine) -> None:
 
 
 def _upgrade_to_head(conn: Connection) -> None:
+    head = _head_revision()
+    if head is not None and _current_revisions(conn) == [head]:
+        return  # current: every start of a migrated database, without importing alembic (a tenth of a second)
     from alembic import command
     from alembic.config import Config
 
@@ -273,3 +278,30 @@ def _upgrade_to_head(conn: Connection) -> None:
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.attributes["connection"] = conn
     command.upgrade(cfg, "head")
+
+
+_REVISION_LINE = re.compile(r'^(down_revision|revision) = (None|"([0-9A-Za-z_]+)")$', re.MULTILINE)
+
+
+@functools.cache
+def _head_revision() -> str | None:
+    """The newest migration, read from the files' ``revision`` / ``down_revision`` lines; None when that is not one
+    plain chain's single head (alembic then decides)."""
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for path in (MIGRATIONS_DIR / "versions").glob("[!_]*.py"):
+        found = dict((m.group(1), m.group(3)) for m in _REVISION_LINE.finditer(path.read_text(encoding="utf-8")))
+        if "revision" not in found or found["revision"] is None or "down_revision" not in found:
+            return None
+        revisions.add(found["revision"])
+        if found["down_revision"] is not None:
+            parents.add(found["down_revision"])
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 else None
+
+
+def _current_revisions(conn: Connection) -> list[str]:
+    """The revisions the database says it is at (none for a new database)."""
+    if not inspect(conn).has_table("alembic_version"):
+        return []
+    return [row[0] for row in conn.exec_driver_sql("SELECT version_num FROM alembic_version")]

@@ -328,7 +328,9 @@ async def test_a_flood_from_a_command_does_not_delay_a_local_user(
         (work / "release").touch()
         out = await call
     assert status == 200
-    assert elapsed < 1, f"a local request waited {elapsed:.2f} s"
+    # Served while the flood still holds its connections (released only after this request): a server that
+    # read them first would wait out the timeout. The bound is loose on purpose: a loaded 2-core runner took 1.8 s.
+    assert elapsed < 5, f"a local request waited {elapsed:.2f} s"
     assert "statuses [('403', 300)]" in out, out
     assert CID not in await _conversations(gw)
 
