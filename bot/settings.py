@@ -115,7 +115,7 @@ class Settings(BaseSettings):
     @field_validator(
         "database_url", "bot_secret_keys",
         "llm_base_url", "llm_api_key", "llm_model", "bot_admins", "bot_instructions", "llm_provider",
-        "bot_web_token", "bot_public_url", "http_allow_hosts", "bot_trusted_proxies",
+        "bot_web_token", "bot_public_url", "http_allow_hosts", "bot_trusted_proxies", "skills_dir",
         mode="before",
     )
     @classmethod
