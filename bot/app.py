@@ -16,19 +16,21 @@ from bot.channels import installed_channels
 from bot.config.file import BotToml, load_config
 from bot.connections_config import build_connections
 from bot.egress import EgressPolicy
-from bot.errors import Failed
+from bot.errors import Failed, SettingsError
 from bot.event_routes import EventRoutes, event_secrets
 from bot.health import healthz, readyz_handler, until_ready
-from bot.home import sandbox_hidden, secure_home
+from bot.home import sandbox_hidden, secure_home, skills_dir_problem
 from bot.http_headers import server_app
 from bot.keys import load_keyring
 from bot.metrics import EventFigures, Metrics
 from bot.people import people
 from bot.policy_check import flag_warnings
 from bot.providers import build_provider
+from bot.sandbox import SKILLS, Bubblewrap
 from bot.sandbox import probe as probe_sandbox
 from bot.sandbox_peers import SandboxPeers
 from bot.settings import Settings
+from bot.skills import BUILTIN_SKILLS
 from bot.tools import build_registry
 from bot.tools.schedules import schedule_tools
 from channels.web.credential_link import CredentialLinkPage
@@ -56,6 +58,8 @@ from core.providers import Provider, RetryPolicy
 from core.runner import AgentRunner, RunnerLimits
 from core.schedules import ScheduleService
 from core.schedules.jobs import JobSettings, ScheduleJobs
+from core.skill_access import SkillAccess
+from core.skills import SkillCatalog, SkillRoot
 from core.store import (
     ApprovalStore,
     ControlStore,
@@ -294,8 +298,10 @@ def build_application(
     # The port actually bound (PORT=0 picks one) is never a destination of http_request on this machine.
     egress = EgressPolicy.from_settings(settings, own_port=lambda: address.bound or settings.port or None)
     peers = SandboxPeers()  # a command's processes must not be "this machine" to our own server
+    if (problem := skills_dir_problem(settings)) is not None:
+        raise SettingsError(problem)
     shell = probe_sandbox(settings.shell_sandbox, network=settings.shell_network, hide=sandbox_hidden(settings),
-                          peers=peers)
+                          peers=peers, skills=settings.resolved_skills_dir)
     shell.log()  # without a working sandbox shell_run is off, and the log says how to fix it
     # Links and the redirect URI: BOT_PUBLIC_URL, else this machine at the port actually bound.
     connections = build_connections(settings, toml.connection_specs(settings.bot_config), db, credentials, bus,
@@ -308,6 +314,13 @@ def build_application(
                            connections=connections.service if connections is not None else None,
                            connection_wait_s=settings.connection_timeout_s)
     tools.register(credentials.tool())
+    # Skills: the built-in one, then SKILLS_DIR's (read again when they change); listed in each turn's prompt.
+    catalog = SkillCatalog([SkillRoot(BUILTIN_SKILLS, builtin=True), SkillRoot(settings.resolved_skills_dir)])
+    catalog.refresh()  # a malformed skill is named in the start-up log (and by `bot doctor`); the bot starts anyway
+    skills = SkillAccess(catalog, tools, agents, credentials.stored_names, shell_folder=(
+        SKILLS if isinstance(shell.sandbox, Bubblewrap) else
+        str(settings.resolved_skills_dir) if shell.sandbox is not None else None))
+    tools.register(skills.tool())
     mcp_specs = toml.mcp_specs()
     mcp = None
     if mcp_specs:
@@ -331,6 +344,7 @@ def build_application(
         budget=ThreadBudget(settings.thread_token_budget, BudgetStore(db), approvals),
         resumable=connections.service.resumable if connections is not None else None,
         trust=trust,
+        sections=[skills],
     )
     if len(agents.names()) > 1:  # delegate: only where there is another agent to hand work to (core.subagents)
         tools.register(SubAgents(runner, agents, clock, max_per_turn=settings.max_subagents_per_turn,

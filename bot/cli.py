@@ -168,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     pcheck.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
                         help="a header the http_request call sends (repeatable)")
     pcheck.add_argument("--body", default=None, help="the body the http_request call sends")
+    skills = _command(sub, "skills", "the skills of SKILLS_DIR and the built-in one, each with its status",
+                      "Available, unavailable (and why: a tool the agent lacks, a credential not stored) or "
+                      "malformed (path:line), for each agent of bot.toml.")
+    skverbs = skills.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
+    _command(skverbs, "list", "each skill, its status for each agent, and every malformed skill file").add_argument(
+        "--agent", default=None, help="only this agent's view (its name in bot.toml)")
     config = _command(sub, "config", "print the JSON Schema of bot.toml (BOT_CONFIG), or check the file")
     cfverbs = config.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
     _command(cfverbs, "schema", "print the JSON Schema of bot.toml (every table and key), for editors")
@@ -278,6 +284,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from bot.operator import events_command
 
         return asyncio.run(events_command(args))
+    if args.command == "skills":
+        from bot.skills_command import skills_command
+
+        return asyncio.run(skills_command(args))
     if args.command == "schedules":
         from bot.operator import schedules_command
 

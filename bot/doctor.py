@@ -24,6 +24,7 @@ async def run_doctor() -> int:
     checks += await _deliveries(settings)
     checks += await _keys(settings)
     checks += _trust_boundary(settings)
+    checks += _skills(settings)
     checks += await _mcp_servers(settings)
     checks += await _event_sources(settings)
     context = doctor_context(settings)
@@ -177,6 +178,12 @@ def _trust_boundary(settings: Settings) -> list[Check]:
     if found.sandbox is not None and shared:  # shell_run is offered to people other than the operator
         checks += _approvers(settings)
     return checks
+
+
+def _skills(settings: Settings) -> list[Check]:
+    from bot.skills_command import doctor_checks
+
+    return doctor_checks(settings)
 
 
 def _egress(settings: Settings) -> Check:

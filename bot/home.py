@@ -27,6 +27,7 @@ from bot.settings import Settings
 log = logging.getLogger(__name__)
 
 WORK_DIR = "work"
+SKILLS_DIR = "skills"  # the default SKILLS_DIR (bot.settings.Settings.resolved_skills_dir)
 HOMES_DIR = "homes"  # the agents' kept HOMEs, seen only by the shell_run calls people approved (bot.tools.shell)
 _SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
@@ -40,6 +41,8 @@ def secure_home(settings: Settings) -> None:
     _make_private_dir(home)
     _refuse_shared(home)
     _make_private_dir(home / WORK_DIR)
+    if settings.skills_dir is None:  # the default $BOT_HOME/skills, made so an operator sees where skills go
+        _make_private_dir(home / SKILLS_DIR)
     if database is not None:
         _make_private_dir(database.parent)  # only created here if missing; an existing one is left as it is
         _create_private_file(database)
@@ -47,6 +50,25 @@ def secure_home(settings: Settings) -> None:
         # A key file in use has a stricter rule: bot.keys refuses a loose one (it may have been copied).
         if path != home / KEY_FILE or settings.bot_secret_keys:
             _tighten(path)
+
+
+def skills_dir_problem(settings: Settings) -> str | None:
+    """Why SKILLS_DIR cannot be used, or None. Mounted for every shell_run command, it must not hold what a command
+    must never see (BOT_HOME, the database, ``.env``); and what commands write (the work folders, their kept HOMEs)
+    must not become skills, or an unasked command could write the runbook the next turn follows."""
+    skills = settings.resolved_skills_dir
+    real = skills.resolve()
+    for hidden in sandbox_hidden(settings):
+        for path in {hidden, hidden.resolve()}:
+            if path.is_relative_to(skills) or path.is_relative_to(real):
+                return (f"SKILLS_DIR {skills} holds {path}, which shell_run commands must never see; point SKILLS_DIR "
+                        "at a folder of its own (default $BOT_HOME/skills)")
+    home = settings.bot_home.resolve()
+    for written in (home / WORK_DIR, home / HOMES_DIR):
+        if real.is_relative_to(written) or skills.is_relative_to(settings.bot_home.absolute() / written.name):
+            return (f"SKILLS_DIR {skills} is inside {written}, which shell_run commands write to: a command could "
+                    "write the skills the agent follows; point SKILLS_DIR at a folder only the operator writes")
+    return None
 
 
 def sandbox_hidden(settings: Settings) -> list[Path]:

@@ -1,8 +1,9 @@
 """Where ``shell_run`` commands run (SPEC §16): a bubblewrap sandbox, or (``SHELL_SANDBOX=none``) the host.
 
-In the sandbox a command sees the system read-only, its agent's work folder read-write (as ``/work``), an
-empty ``/tmp``, its own ``/proc`` (own PID, IPC and UTS namespaces), and no part of BOT_HOME besides that
-folder: not the bot's environment, database or keys. Its HOME is never the work folder, which unasked commands
+In the sandbox a command sees the system read-only, its agent's work folder read-write (as ``/work``), the
+skills folder read-only (as ``/skills``: a skill's scripts can be run, never changed), an empty ``/tmp``, its own
+``/proc`` (own PID, IPC and UTS namespaces), and no part of BOT_HOME besides those folders: not the bot's
+environment, database or keys. Its HOME is never the work folder, which unasked commands
 write to: a call a person approved gets its agent's own kept HOME (``kept_home``: ``$BOT_HOME/homes/<agent>``,
 mounted only for such calls), a call that runs unasked (an allow rule, a grant) a new, empty one
 (``fresh_home``). So no dotfile one kind of call left (``.gitconfig``, ``.kube/config``, ``.npmrc``)
@@ -49,6 +50,7 @@ from bot.sandbox_peers import SandboxPeers
 log = logging.getLogger(__name__)
 
 WORK = "/work"  # where the work folder appears inside the sandbox
+SKILLS = "/skills"  # where SKILLS_DIR appears inside the sandbox, read-only (a skill's scripts can be run)
 CALL_HOME = "/home/sandbox"  # inside the sandbox: a call's HOME (its agent's kept one, or a tmpfs of its own)
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FIX = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) where unprivileged user namespaces "
@@ -204,8 +206,9 @@ class Bubblewrap(Sandbox):
     reports_init = True
 
     def __init__(self, bwrap: str, *, network: bool, user_flags: Sequence[str] = (), hide: Sequence[Path] = (),
-                 peers: SandboxPeers | None = None) -> None:
+                 peers: SandboxPeers | None = None, skills: Path | None = None) -> None:
         super().__init__(peers=peers)
+        self.skills = skills  # SKILLS_DIR: mounted read-only at /skills (when it exists and hides nothing private)
         self.bwrap = bwrap
         self.network = network
         self.user_flags = tuple(user_flags)  # the user-namespace flags the probe found working
@@ -257,8 +260,21 @@ class Bubblewrap(Sandbox):
             args += ["--bind", str(home.kept.resolve()), home.inside]
         elif home is not None:
             args += ["--tmpfs", home.inside]
+        if (skills := self._skills_mount()) is not None:
+            args += ["--ro-bind-try", skills, SKILLS]
         args += ["--bind", str(workdir.resolve()), WORK, "--chdir", WORK, "--remount-ro", "/", *command]
         return args
+
+    def _skills_mount(self) -> str | None:
+        """SKILLS_DIR as resolved now, unless it holds a file the sandbox hides (BOT_HOME, the database, .env): the
+        wiring refuses such a SKILLS_DIR at start (bot.home.skills_dir_problem); this holds if it is re-pointed."""
+        if self.skills is None:
+            return None
+        real = self.skills.resolve()
+        if any(p.is_relative_to(real) for h in self.hide for p in (h, h.resolve())):
+            log.warning("SKILLS_DIR %s holds files shell_run must not see: it is not mounted at %s", real, SKILLS)
+            return None
+        return str(real)
 
     def _kill_all(self, proc: asyncio.subprocess.Process, env: Mapping[str, str], init: int | None) -> None:
         # The namespace's first process: when it dies the kernel kills every process in the namespace.
@@ -374,10 +390,11 @@ class Probe:
 _WORKING: dict[tuple[str, bool, str, str], tuple[tuple[str, ...], str]] = {}
 
 
-def probe(mode: str, *, network: bool = True, hide: Sequence[Path] = (), peers: SandboxPeers | None = None) -> Probe:
+def probe(mode: str, *, network: bool = True, hide: Sequence[Path] = (), peers: SandboxPeers | None = None,
+          skills: Path | None = None) -> Probe:
     """Find a working sandbox once, at start, by running a trivial command in it. ``hide``: the bot's own files
     (``bot.home.private_paths``), never shown to a command. ``peers``: told which calls run (the bot's own
-    server refuses their processes)."""
+    server refuses their processes). ``skills``: SKILLS_DIR, mounted read-only at /skills for every command."""
     if mode == "none":
         return Probe(mode, Unsandboxed(peers=peers))
     bwrap = shutil.which("bwrap")
@@ -388,15 +405,15 @@ def probe(mode: str, *, network: bool = True, hide: Sequence[Path] = (), peers: 
     found = _WORKING.get((bwrap, network, uid, gid))
     if found is not None:  # this process probed this bubblewrap already: the same flags work (or nothing did)
         flags, version = found
-        return Probe(mode, Bubblewrap(bwrap, network=network, user_flags=flags, hide=hide, peers=peers),
-                     version=version)
+        return Probe(mode, Bubblewrap(bwrap, network=network, user_flags=flags, hide=hide, peers=peers,
+                                      skills=skills), version=version)
     candidates = [("--unshare-user", "--disable-userns", "--uid", uid, "--gid", gid),  # no nested namespaces
                   ("--unshare-user", "--uid", uid, "--gid", gid),  # bubblewrap before 0.8
                   ()]  # root (or a setuid bwrap) where user namespaces are refused
     errors: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bot-sandbox-probe-") as scratch:
         for flags in candidates:
-            sandbox = Bubblewrap(bwrap, network=network, user_flags=flags, hide=hide, peers=peers)
+            sandbox = Bubblewrap(bwrap, network=network, user_flags=flags, hide=hide, peers=peers, skills=skills)
             try:
                 done = subprocess.run(sandbox.argv(["/bin/sh", "-c", "exit 0"], Path(scratch)), capture_output=True,
                                       text=True, timeout=10, env=sandbox.environment(Path(scratch)), check=False)

@@ -47,6 +47,8 @@ class Settings(BaseSettings):
     # PostgreSQL: connections `bot run` keeps open (up to twice as many while busy)
     database_pool_size: int = Field(default=10, ge=1, le=100)
     bot_secret_keys: str | None = None
+    # Skills (SPEC §17): <name>/SKILL.md folders; default $BOT_HOME/skills. Mounted read-only at /skills for shell_run.
+    skills_dir: Path | None = None
 
     # Model
     llm_provider: ProviderName | None = None
@@ -113,7 +115,7 @@ class Settings(BaseSettings):
     @field_validator(
         "database_url", "bot_secret_keys",
         "llm_base_url", "llm_api_key", "llm_model", "bot_admins", "bot_instructions", "llm_provider",
-        "bot_web_token", "bot_public_url", "http_allow_hosts", "bot_trusted_proxies",
+        "bot_web_token", "bot_public_url", "http_allow_hosts", "bot_trusted_proxies", "skills_dir",
         mode="before",
     )
     @classmethod
@@ -241,6 +243,11 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.bot_home / 'bot.db').resolve()}"
+
+    @property
+    def resolved_skills_dir(self) -> Path:
+        """SKILLS_DIR, or ``$BOT_HOME/skills``, as an absolute path."""
+        return (self.skills_dir or self.bot_home / "skills").absolute()
 
     @property
     def approvers(self) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""Agents: a name, instructions and the tools they may call."""
+"""Agents: a name, instructions, the tools they may call and the skills they may use."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ class Agent:
     name: str = "default"
     instructions: str = DEFAULT_INSTRUCTIONS
     tools: tuple[str, ...] = ("*",)
+    skills: tuple[str, ...] = ("*",)  # globs over skill names (core.skills): the skills its prompt lists
     approvers: tuple[str, ...] = field(default_factory=tuple)
 
 

@@ -266,6 +266,11 @@ class CredentialService:
         await self.store.touch([r.id for r in rows if r.id is not None], self.clock.now())
         return env
 
+    async def stored_names(self, agent: str) -> set[str]:
+        """The names of the credentials stored for ``agent`` (its own, and shared ones granted to it): what a
+        skill's ``requires.credentials`` is checked against (core.skill_access). Nothing is opened."""
+        return {row.name for row in await self.store.usable(agent)}
+
     async def headers_for(self, ctx: ToolContext, name: str) -> CredentialUse:
         """The headers a credential adds to one request, and where it may be sent."""
         rows = await self.store.usable(ctx.agent, name)

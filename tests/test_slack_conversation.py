@@ -150,7 +150,7 @@ async def test_tool_calls_run_and_their_results_reach_the_model(
     assert [t["function"]["name"] for t in fake_llm.requests[0]["tools"]] == [
         "channel_archive", "channel_create", "channel_invite", "credential_request", "http_request", "message_pin",
         "message_read", "message_send", "schedule_cancel", "schedule_create", "schedule_list", "shell_run",
-        "time_now"]
+        "skill_read", "time_now"]
 
 
 async def test_invalid_tool_arguments_go_back_to_the_model_as_an_error(

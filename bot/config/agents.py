@@ -1,4 +1,4 @@
-"""``[[agents]]`` (SPEC §6, §16): named agents with their own instructions, tools and approvers."""
+"""``[[agents]]`` (SPEC §6, §16, §17): named agents with their own instructions, tools, skills and approvers."""
 
 from __future__ import annotations
 
@@ -28,10 +28,12 @@ class AgentTable(Table):
     instructions: Annotated[str, AfterValidator(_not_blank)] | None = Field(
         None, description="a non-empty string: the agent's system prompt (default BOT_INSTRUCTIONS)")
     tools: list[Text] = Field(["*"], description="a list of tool names or globs it may use (default all)")
+    skills: list[Text] = Field(["*"], description="a list of skill names or globs whose skills it may use (default "
+                                                  "all; [] for none)")
     approvers: list[Person] = Field([], description="a list of who approves its gated calls: user ids (U…), user "
                                                     "group ids (S…), 'requester' or 'web' (default BOT_APPROVERS)")
 
     def agent(self, default_instructions: str | None) -> Agent:
         instructions = self.instructions or default_instructions or DEFAULT_INSTRUCTIONS
         return Agent(name=self.name, instructions=instructions, tools=tuple(self.tools),
-                     approvers=tuple(self.approvers))
+                     skills=tuple(self.skills), approvers=tuple(self.approvers))
