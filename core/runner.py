@@ -262,7 +262,8 @@ class AgentRunner:
         """The system prompt: the agent's instructions, then each section written for this turn."""
         parts = [agent.instructions + LISTENING_NOTE if optional else agent.instructions]
         for section in self.sections:
-            text = await section.render(agent, ctx)
+            # Written from files or rows others wrote (a skill's description): masked like everything the model reads.
+            text = await self.redact(await section.render(agent, ctx))
             if text:
                 parts.append(text)
         return "\n\n".join(parts)

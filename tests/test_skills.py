@@ -310,6 +310,19 @@ async def test_the_system_prompt_of_a_real_turn_lists_the_skills(make_settings: 
     assert "- restart: Restart it, now with a canary." in fake_llm.requests[-1]["messages"][0]["content"]
 
 
+async def test_a_stored_secret_in_a_skill_description_is_masked_in_the_prompt(
+        make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path) -> None:
+    secret = "skill-desc-secret-8f3a2b71c9"
+    skill(tmp_path / "runbooks", "deploy", f"name: deploy\ndescription: Deploy with token {secret} please.\n")
+    gateway = await start_gateway(make_settings(skills_dir=tmp_path / "runbooks"))
+    await gateway.app.credentials.set_secret("deploy.token", secret, scope="agent", agent="default", by="U1")
+    fake_llm.then(Reply("ok"))
+    await gateway.send_event(mention("deploy?"))
+    await fake_slack.wait_for("chat.postMessage")
+    system = fake_llm.requests[0]["messages"][0]["content"]
+    assert "- deploy: Deploy with token [redacted:deploy.token] please." in system and secret not in system
+
+
 async def test_what_a_skill_says_to_run_is_still_asked_about(make_settings: Any, start_gateway: Any,
                                                               fake_slack: FakeSlack, fake_llm: FakeLLM,
                                                               tmp_path: Path) -> None:
