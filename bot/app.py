@@ -49,6 +49,8 @@ from core.events import EventBus
 from core.failed_turns import announce_cancelled_requests
 from core.feedback import FeedbackBook
 from core.gateway import Gateway
+from core.memory import MemoryLimits, MemoryPass, MemoryService, PinnedMemories, memory_tools
+from core.memory.tools import REMEMBER
 from core.plugins import ChannelContext
 from core.policies import PolicyBook
 from core.ports import Channel, Ports
@@ -68,10 +70,12 @@ from core.store import (
 from core.store.budgets import BudgetStore
 from core.store.deliveries import DeliveryStore
 from core.store.feedback import FeedbackStore
+from core.store.memories import MemoryStore
 from core.store.schedules import ScheduleStore
 from core.store.stats import snapshot
 from core.store.webhook_events import WebhookEventStore
 from core.subagents import SubAgents
+from core.tools import ToolRegistry
 from core.trust import SenderTrust
 from core.webhooks.intake import WebhookIntake
 from core.webhooks.processor import EventProcessor, ProcessorSettings, SourceLevels
@@ -112,6 +116,7 @@ class Application:
     connections: ConnectionService | None = None  # [[connections]] in bot.toml
     mcp: McpServers | None = None  # [[mcp_servers]] in bot.toml: started (their tools listed) before turns run
     events: EventProcessor | None = None  # [[event_sources]]: stored events taken to their answers
+    memory: MemoryService | None = None  # the agents' memories (remember / recall / forget, pinned ones in prompts)
     channels: list[Channel] = field(default_factory=list)
     routes: list[web.RouteDef] = field(default_factory=list)  # served beside health, readiness and the channels'
     intake: WebhookIntake | None = None  # [[event_sources]] in bot.toml: POST /events/<name>
@@ -308,6 +313,11 @@ def build_application(
                            connections=connections.service if connections is not None else None,
                            connection_wait_s=settings.connection_timeout_s)
     tools.register(credentials.tool())
+    # Memories: an agent's, across its threads; the pinned ones in every turn's system prompt (SPEC §17).
+    memory = MemoryService(MemoryStore(db), clock, redactor=credentials.redactor, trust=trust, limits=MemoryLimits(
+        max_items=settings.memory_max_items, pinned_max_chars=settings.memory_pinned_max_chars))
+    for tool in memory_tools(memory):
+        tools.register(tool)
     mcp_specs = toml.mcp_specs()
     mcp = None
     if mcp_specs:
@@ -318,9 +328,10 @@ def build_application(
                          credential_headers=credentials.headers_for,
                          connections=connections.service if connections is not None else None,
                          connection_wait_s=settings.connection_timeout_s)
+    model = provider or build_provider(settings)
     runner = AgentRunner(
         store,
-        provider or build_provider(settings),
+        model,
         tools,
         clock,
         limits=RunnerLimits(max_steps=settings.max_steps, tool_result_max_chars=settings.tool_result_max_chars,
@@ -331,7 +342,10 @@ def build_application(
         budget=ThreadBudget(settings.thread_token_budget, BudgetStore(db), approvals),
         resumable=connections.service.resumable if connections is not None else None,
         trust=trust,
+        sections=[PinnedMemories(memory, mask=credentials.redactor.redact)],
     )
+    if settings.memory_pass:  # after a member's turn, one bounded call proposes memories (best effort)
+        bus.subscribe(MemoryPass(memory, model, store, trust=trust, enabled_for=_remembers(tools, agents)).on_event)
     if len(agents.names()) > 1:  # delegate: only where there is another agent to hand work to (core.subagents)
         tools.register(SubAgents(runner, agents, clock, max_per_turn=settings.max_subagents_per_turn,
                                  max_steps=settings.subagent_max_steps).tool())
@@ -400,9 +414,14 @@ def build_application(
                              trusted_proxies=settings.trusted_proxies).routes()
     return Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals, credentials=credentials,
                        schedules=schedules, schedule_jobs=schedule_jobs, deliveries=deliveries, gateway=gateway,
-                       address=address, sandbox_peers=peers, events=events,
+                       address=address, sandbox_peers=peers, events=events, memory=memory,
                        connections=connections.service if connections is not None else None, mcp=mcp,
                        channels=[channel for channel, _tools in channels], routes=routes, intake=intake)
+
+
+def _remembers(tools: ToolRegistry, agents: AgentDirectory) -> Callable[[str], bool]:
+    """Whether an agent may call ``remember`` ([[agents]] tools): only then does the memory pass propose for it."""
+    return lambda name: any(tool.name == REMEMBER for tool in tools.allowed(agents.get(name).tools))
 
 
 def _destinations(ports: Ports, channel: str | None) -> Callable[[str], Awaitable[str]] | None:
