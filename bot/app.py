@@ -388,7 +388,7 @@ def build_application(
                                 poll_s=settings.approval_poll_s)
                             ) if event_sources else None
     commands = Commands(dispatcher, approvals, schedules,
-                        connections=connections.service if connections is not None else None)
+                        connections=connections.service if connections is not None else None, memory=memory)
     feedback = FeedbackBook(FeedbackStore(db), store, bus, clock)
     gateway = Gateway(dispatcher, approvals, credentials, schedules, commands=commands, feedback=feedback,
                       consent=connections)
