@@ -342,7 +342,7 @@ def build_application(
         budget=ThreadBudget(settings.thread_token_budget, BudgetStore(db), approvals),
         resumable=connections.service.resumable if connections is not None else None,
         trust=trust,
-        sections=[PinnedMemories(memory, mask=credentials.redactor.redact)],
+        sections=[PinnedMemories(memory)],
     )
     if settings.memory_pass:  # after a member's turn, one bounded call proposes memories (best effort)
         bus.subscribe(MemoryPass(memory, model, store, trust=trust, enabled_for=_remembers(tools, agents)).on_event)

@@ -271,7 +271,9 @@ async def memory_command(args: argparse.Namespace) -> int:
     from core.store.memories import MemoryStore
 
     async with _core() as core:
-        service = MemoryService(MemoryStore(core.credentials.store.db), SystemClock())
+        # A memory kept before its words became a stored secret's value is printed masked, as the agents see it.
+        service = MemoryService(MemoryStore(core.credentials.store.db), SystemClock(),
+                                redactor=core.credentials.redactor)
         if args.verb == "forget":
             gone = await service.forget_as_operator(args.id, by=operator_name())  # NotFound: bot.cli's exit 3
             print(f"forgot memory {gone.id} of agent {gone.agent}")
@@ -282,7 +284,7 @@ async def memory_command(args: argparse.Namespace) -> int:
         for m in rows:  # whole, with invisible characters marked: what the model reads
             print(f"{m.id}\t{m.agent}\t{'pinned' if m.pinned else '-'}\t{'proposed' if m.proposed else '-'}"
                   f"\tby {visible(m.written_by or '-')}\t{m.created_at:%Y-%m-%d %H:%M:%S}Z"
-                  f"\t{visible(m.session_id or '-')}\t{visible(m.text).replace(chr(10), ' ⏎ ')}")
+                  f"\t{visible(m.session_id or '-')}\t{visible(await service.mask(m.text)).replace(chr(10), ' ⏎ ')}")
         return 0
 
 

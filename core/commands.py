@@ -243,8 +243,9 @@ class Commands:
         if len(pinned) > MEMORY_SHOWN:
             head += f" newest shown (of more: `bot memory list --agent {agent}` lists all)"
         lines = [head]
-        lines += [f"• #{m.id} {marks.text(_short(m.text))} (by {marks.user(m.written_by or 'unknown')}, "
-                  f"{m.created_at:%Y-%m-%d})" for m in pinned[:MEMORY_SHOWN]]
+        for m in pinned[:MEMORY_SHOWN]:  # masked: a memory kept before its words became a stored secret
+            lines.append(f"• #{m.id} {marks.text(_short(await self.memory.mask(m.text)))} "
+                         f"(by {marks.user(m.written_by or 'unknown')}, {m.created_at:%Y-%m-%d})")
         lines.append(f"{held} memor{'y' if held == 1 else 'ies'} in all (the agent finds the rest with recall). "
                      "Ask me to remember or forget something, or an operator: `bot memory forget <id>`.")
         return "\n".join(lines)

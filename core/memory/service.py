@@ -125,3 +125,8 @@ class MemoryService:
 
     async def pinned(self, agent: str, *, limit: int = 200) -> list[Memory]:
         return await self.store.pinned(agent, limit=limit)
+
+    async def mask(self, text: str) -> str:
+        """``text`` (a memory as shown) with every stored secret masked: a memory kept before its words became a
+        stored secret's value shows the mask, in the prompt and to people."""
+        return await self.redactor.redact(text) if self.redactor is not None else text
