@@ -25,10 +25,11 @@ from core.store.tables import MemoryRow
 
 memories = MemoryRow.__table__  # type: ignore[attr-defined]
 
-# What the search needs beside the table, made by migration 0020 and not described by the table metadata:
-# schema comparisons leave these names out (``in_metadata``).
-SEARCH_OBJECTS = frozenset({"memories_fts", "memories_fts_data", "memories_fts_idx", "memories_fts_docsize",
-                            "memories_fts_config", "ix_memories_search"})
+# What the search needs beside the table, made by migration 0020 and not described by the table metadata (SQLite's
+# FTS5 tables; PostgreSQL's generated column and its index): schema comparisons leave them out (``in_metadata``).
+SEARCH_TABLES = frozenset({"memories_fts", "memories_fts_data", "memories_fts_idx", "memories_fts_docsize",
+                           "memories_fts_config"})
+SEARCH_COLUMN, SEARCH_INDEX = "text_search", "ix_memories_search"
 MAX_TERMS = 16  # words of a query searched for (the rest are dropped)
 MAX_TERM_CHARS = 64
 _WORD = re.compile(r"[^\W_]+")  # letters and digits: FTS5's unicode61 and PostgreSQL's parser both split on the rest
@@ -38,17 +39,22 @@ _SQLITE_SEARCH = text(
     "FROM memories_fts JOIN memories AS m ON m.id = memories_fts.rowid "
     "WHERE memories_fts MATCH :query AND m.agent = :agent "
     "ORDER BY bm25(memories_fts), m.id DESC LIMIT :limit").columns(*memories.c)
-# The same expression as the GIN index (``to_tsvector('simple', text)``), so the index is used.
+# ``text_search``: the stored ``to_tsvector('simple', text)``, GIN-indexed (migration 0020).
 _POSTGRES_SEARCH = text(
     "SELECT m.id, m.agent, m.text, m.pinned, m.proposed, m.written_by, m.session_id, m.created_at "
     "FROM memories AS m, to_tsquery('simple', :query) AS q "
-    "WHERE m.agent = :agent AND to_tsvector('simple', m.text) @@ q "
-    "ORDER BY ts_rank(to_tsvector('simple', m.text), q) DESC, m.id DESC LIMIT :limit").columns(*memories.c)
+    "WHERE m.agent = :agent AND m.text_search @@ q "
+    "ORDER BY ts_rank(m.text_search, q) DESC, m.id DESC LIMIT :limit").columns(*memories.c)
 
 
-def in_metadata(name: str | None, type_: str, _parents: Any = None) -> bool:
-    """For schema comparisons (alembic ``include_name``): False for the search's own tables and index."""
-    return name not in SEARCH_OBJECTS
+def in_metadata(name: str | None, type_: str, parents: Any = None) -> bool:
+    """For schema comparisons (alembic ``include_name``): False for the search's own tables, column and index."""
+    if type_ == "table":
+        return name not in SEARCH_TABLES
+    if type_ in ("column", "index"):
+        on_memories = (parents or {}).get("table_name") == "memories"
+        return not (on_memories and name == (SEARCH_COLUMN if type_ == "column" else SEARCH_INDEX))
+    return True
 
 
 def search_terms(query: str) -> list[str]:

@@ -446,8 +446,8 @@ class ListenRateRow(SQLModel, table=True):
 
 class MemoryRow(SQLModel, table=True):
     """A note an agent keeps across its threads (SPEC §17 memory): written with ``remember`` or proposed by the
-    memory pass, found by words (``memories_fts`` on SQLite, a ``tsvector`` GIN index on PostgreSQL: neither is
-    in this metadata, see ``core.store.memories.SEARCH_OBJECTS``)."""
+    memory pass, found by words (``memories_fts`` on SQLite, a stored ``text_search`` tsvector with a GIN index on
+    PostgreSQL: neither is in this metadata, see ``core.store.memories.in_metadata``)."""
 
     __tablename__ = "memories"
     __table_args__ = (

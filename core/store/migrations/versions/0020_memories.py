@@ -1,7 +1,8 @@
 """Memory (issue 36): an agent's notes across its threads, searched by words.
 
 SQLite: an FTS5 table over ``memories.text`` (external content), kept in step by triggers, so every writer (the
-bot, the CLI) keeps it current in its own transaction. PostgreSQL: a GIN index on ``to_tsvector('simple', text)``.
+bot, the CLI) keeps it current in its own transaction. PostgreSQL: a generated ``text_search`` column
+(``to_tsvector('simple', text)``, stored) with a GIN index. Neither is in the table metadata.
 
 Revision ID: 0020
 Revises: 0019
@@ -29,7 +30,13 @@ SQLITE_SEARCH = (
     "INSERT INTO memories_fts(memories_fts, rowid, text) VALUES ('delete', old.id, old.text); "
     "INSERT INTO memories_fts(rowid, text) VALUES (new.id, new.text); END",
 )
-POSTGRES_SEARCH = "CREATE INDEX ix_memories_search ON memories USING gin (to_tsvector('simple', text))"
+POSTGRES_SEARCH = (
+    # Stored, not only indexed: ranking reads each match's vector, and computing it again per match made a recall
+    # over 10,000 memories take 170 ms instead of 7 (bench.memory_recall).
+    "ALTER TABLE memories ADD COLUMN text_search tsvector "
+    "GENERATED ALWAYS AS (to_tsvector('simple', text)) STORED",
+    "CREATE INDEX ix_memories_search ON memories USING gin (text_search)",
+)
 
 
 def upgrade() -> None:
@@ -50,7 +57,8 @@ def upgrade() -> None:
         for statement in SQLITE_SEARCH:
             op.execute(statement)
     else:
-        op.execute(POSTGRES_SEARCH)
+        for statement in POSTGRES_SEARCH:
+            op.execute(statement)
 
 
 def downgrade() -> None:
@@ -60,5 +68,6 @@ def downgrade() -> None:
         op.execute("DROP TABLE IF EXISTS memories_fts")
     else:
         op.execute("DROP INDEX IF EXISTS ix_memories_search")
+        op.execute("ALTER TABLE memories DROP COLUMN IF EXISTS text_search")
     op.drop_index("ix_memories_agent_pinned_id", "memories")
     op.drop_table("memories")
