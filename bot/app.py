@@ -315,7 +315,7 @@ def build_application(
     tools.register(credentials.tool())
     # Memories: an agent's, across its threads; the pinned ones in every turn's system prompt (SPEC §17).
     memory = MemoryService(MemoryStore(db), clock, redactor=credentials.redactor, trust=trust, limits=MemoryLimits(
-        max_items=settings.memory_max_items, pinned_max_chars=settings.memory_pinned_max_chars))
+        max_items=settings.memory_max_items, pinned_max_chars=_pinned_budget(settings)))
     for tool in memory_tools(memory):
         tools.register(tool)
     mcp_specs = toml.mcp_specs()
@@ -417,6 +417,17 @@ def build_application(
                        address=address, sandbox_peers=peers, events=events, memory=memory,
                        connections=connections.service if connections is not None else None, mcp=mcp,
                        channels=[channel for channel, _tools in channels], routes=routes, intake=intake)
+
+
+def _pinned_budget(settings: Settings) -> int:
+    """MEMORY_PINNED_MAX_CHARS, at most half of LLM_CONTEXT_TOKENS (a character is at most about a token): the system
+    prompt is never cut, so pinned memories must leave the window room for the conversation."""
+    most = settings.llm_context_tokens // 2
+    if settings.memory_pinned_max_chars > most:
+        log.warning("MEMORY_PINNED_MAX_CHARS=%d is more than half of LLM_CONTEXT_TOKENS=%d: pinned memories get %d "
+                    "characters", settings.memory_pinned_max_chars, settings.llm_context_tokens, most)
+        return most
+    return settings.memory_pinned_max_chars
 
 
 def _remembers(tools: ToolRegistry, agents: AgentDirectory) -> Callable[[str], bool]:

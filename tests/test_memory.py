@@ -302,6 +302,16 @@ async def test_pinned_memories_stay_within_their_budget_newest_first_and_cannot_
     assert "older pinned memories did not fit here; recall finds them." in section
 
 
+async def test_pinned_memories_never_take_more_than_half_the_context_window(
+    make_settings: Callable[..., Settings], start_gateway: Any
+) -> None:
+    """A prompt too large from memories: the system prompt is never cut, so the operator's cap is held to half of
+    LLM_CONTEXT_TOKENS (a character is at most about a token), and the conversation keeps its room."""
+    gateway: GatewayClient = await start_gateway(make_settings(llm_context_tokens=4_000,
+                                                               memory_pinned_max_chars=100_000))
+    assert _memory(gateway).limits.pinned_max_chars == 2_000
+
+
 def test_the_pinned_section_fits_any_budget() -> None:
     memories = [Memory(i, "default", f"note {i} " * (i % 7 + 1), True, False, "U1", None, T0) for i in range(60, 0, -1)]
     lines = [memory_line(m) for m in memories]
