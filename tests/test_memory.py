@@ -312,6 +312,26 @@ async def test_pinned_memories_never_take_more_than_half_the_context_window(
     assert _memory(gateway).limits.pinned_max_chars == 2_000
 
 
+async def test_pinned_memories_are_read_once_per_moment_and_again_after_a_change(tmp_path: Path) -> None:
+    """A turn costs no query: what was read is kept for ``fresh_s``, and read again at once after a change made in
+    this process; a change made elsewhere (another replica, the CLI) shows once ``fresh_s`` has passed."""
+    db = Database(f"sqlite:///{tmp_path}/m.db")
+    await db.migrate()
+    try:
+        memory = MemoryService(MemoryStore(db), FixedClock())
+        ctx = ToolContext(session_id="s", turn_id=1, agent="default", sender="U1", trust="member")
+        kept, fresh = PinnedMemories(memory, fresh_s=3600), PinnedMemories(memory, fresh_s=0)
+        await memory.remember(Writer(agent="default", sender="U1", trust="member"), "the first note", pinned=True)
+        assert "the first note" in await kept.render(Agent(), ctx)
+        await memory.store.add(NewMemory("default", "from elsewhere", pinned=True), max_items=10, now=T0, actor="U2")
+        assert "from elsewhere" not in await kept.render(Agent(), ctx)
+        assert "from elsewhere" in await fresh.render(Agent(), ctx)
+        await memory.forget(Writer(agent="default", sender="U1", trust="member"), 1)  # a change here: read again
+        assert "the first note" not in (shown := await kept.render(Agent(), ctx)) and "from elsewhere" in shown
+    finally:
+        await db.close()
+
+
 def test_the_pinned_section_fits_any_budget() -> None:
     memories = [Memory(i, "default", f"note {i} " * (i % 7 + 1), True, False, "U1", None, T0) for i in range(60, 0, -1)]
     lines = [memory_line(m) for m in memories]

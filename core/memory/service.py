@@ -57,6 +57,7 @@ class MemoryService:
         self.limits = limits
         self.redactor = redactor
         self.trust = trust  # audits a refusal by trust level
+        self.generation = 0  # counts this process's changes: what is cached of the memories is stale when it moves
 
     async def check_writer(self, writer: Writer, action: str) -> None:
         """NotAllowed when ``writer``'s turn may not ``action`` ("write", "forget") memories."""
@@ -92,23 +93,28 @@ class MemoryService:
     async def remember(self, writer: Writer, text: str, *, pinned: bool = False) -> Added:
         await self.check_writer(writer, "write")
         kept = await self.check_text(text)
-        return await self.store.add(
+        added = await self.store.add(
             NewMemory(agent=writer.agent, text=kept, pinned=pinned, written_by=writer.sender,
                       session_id=writer.session_id),
             max_items=self.limits.max_items, now=self.clock.now(), actor=writer.actor)
+        self.generation += 1
+        return added
 
     async def propose(self, writer: Writer, text: str) -> Added:
         """A memory the memory pass proposes from ``writer``'s turn: unpinned, marked proposed, checked as any."""
         await self.check_writer(writer, "write")
         kept = await self.check_text(text)
-        return await self.store.add(
+        added = await self.store.add(
             NewMemory(agent=writer.agent, text=kept, proposed=True, written_by=writer.sender,
                       session_id=writer.session_id),
             max_items=self.limits.max_items, now=self.clock.now(), actor=writer.actor)
+        self.generation += 1  # it may have pushed out a pinned one's neighbour: counted as a change all the same
+        return added
 
     async def forget(self, writer: Writer, memory_id: int) -> Memory:
         await self.check_writer(writer, "forget")
         gone = await self.store.forget(memory_id, agent=writer.agent, now=self.clock.now(), actor=writer.actor)
+        self.generation += 1
         if gone is None:  # another agent's is not there either, as far as this one can tell
             raise NotFound(f"there is no memory #{memory_id} (recall shows the ids)")
         return gone
@@ -116,6 +122,7 @@ class MemoryService:
     async def forget_as_operator(self, memory_id: int, by: str) -> Memory:
         """``bot memory forget``: any agent's memory (audited under ``by``)."""
         gone = await self.store.forget(memory_id, agent=None, now=self.clock.now(), actor=by)
+        self.generation += 1
         if gone is None:
             raise NotFound(f"there is no memory {memory_id}")
         return gone
