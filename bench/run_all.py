@@ -2,7 +2,7 @@
 
     python -m bench.run_all                                   # about 5 minutes on 2 cores
     python -m bench.run_all --database-url postgresql://...   # also the intake figures on PostgreSQL,
-                                                              # one process and two replicas
+                                                              # one process and two replicas, and recall
 
 Each figure is measured in the same run as its baseline and given as a ratio.
 """
@@ -38,6 +38,8 @@ RUNS = [
     ("schedule drift", ["bench.schedule_drift", "--every", "1", "--firings", "8"]),
     ("recovery", ["bench.recovery", "--parked", "1000", "10000", "--rounds", "2"]),
     ("memory", ["bench.memory", "--sessions", "10000"]),
+    # recall (issue 36): a word search over one agent's 10,000 memories, p50 / p99 against a read by id.
+    ("memory recall", ["bench.memory_recall", "--memories", "10000"]),
 ]
 
 
@@ -54,6 +56,8 @@ def main() -> None:
             runs.append((f"intake on PostgreSQL, {replicas} replica(s), burst of 200",
                          ["bench.intake_load", "--burst", "200", "--database-url", args.database_url,
                           "--replicas", replicas]))
+        runs.append(("memory recall on PostgreSQL", ["bench.memory_recall", "--memories", "10000", "--no-sqlite",
+                                                     "--database-url", args.database_url]))
     rows: list[list[str]] = []
     started = time.monotonic()
     for label, argv in runs:

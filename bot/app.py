@@ -51,6 +51,8 @@ from core.events import EventBus
 from core.failed_turns import announce_cancelled_requests
 from core.feedback import FeedbackBook
 from core.gateway import Gateway
+from core.memory import MemoryLimits, MemoryPass, MemoryService, PinnedMemories, memory_tools
+from core.memory.tools import REMEMBER
 from core.plugins import ChannelContext
 from core.policies import PolicyBook
 from core.ports import Channel, Ports
@@ -72,10 +74,12 @@ from core.store import (
 from core.store.budgets import BudgetStore
 from core.store.deliveries import DeliveryStore
 from core.store.feedback import FeedbackStore
+from core.store.memories import MemoryStore
 from core.store.schedules import ScheduleStore
 from core.store.stats import snapshot
 from core.store.webhook_events import WebhookEventStore
 from core.subagents import SubAgents
+from core.tools import ToolRegistry
 from core.trust import SenderTrust
 from core.webhooks.intake import WebhookIntake
 from core.webhooks.processor import EventProcessor, ProcessorSettings, SourceLevels
@@ -116,6 +120,7 @@ class Application:
     connections: ConnectionService | None = None  # [[connections]] in bot.toml
     mcp: McpServers | None = None  # [[mcp_servers]] in bot.toml: started (their tools listed) before turns run
     events: EventProcessor | None = None  # [[event_sources]]: stored events taken to their answers
+    memory: MemoryService | None = None  # the agents' memories (remember / recall / forget, pinned ones in prompts)
     channels: list[Channel] = field(default_factory=list)
     routes: list[web.RouteDef] = field(default_factory=list)  # served beside health, readiness and the channels'
     intake: WebhookIntake | None = None  # [[event_sources]] in bot.toml: POST /events/<name>
@@ -314,6 +319,11 @@ def build_application(
                            connections=connections.service if connections is not None else None,
                            connection_wait_s=settings.connection_timeout_s)
     tools.register(credentials.tool())
+    # Memories: an agent's, across its threads; the pinned ones in every turn's system prompt (SPEC §17).
+    memory = MemoryService(MemoryStore(db), clock, redactor=credentials.redactor, trust=trust, limits=MemoryLimits(
+        max_items=settings.memory_max_items, pinned_max_chars=_pinned_budget(settings)))
+    for tool in memory_tools(memory):
+        tools.register(tool)
     # Skills: the built-in one, then SKILLS_DIR's (read again when they change); listed in each turn's prompt.
     catalog = SkillCatalog([SkillRoot(BUILTIN_SKILLS, builtin=True), SkillRoot(settings.resolved_skills_dir)])
     catalog.refresh()  # a malformed skill is named in the start-up log (and by `bot doctor`); the bot starts anyway
@@ -331,9 +341,10 @@ def build_application(
                          credential_headers=credentials.headers_for,
                          connections=connections.service if connections is not None else None,
                          connection_wait_s=settings.connection_timeout_s)
+    model = provider or build_provider(settings)
     runner = AgentRunner(
         store,
-        provider or build_provider(settings),
+        model,
         tools,
         clock,
         limits=RunnerLimits(max_steps=settings.max_steps, tool_result_max_chars=settings.tool_result_max_chars,
@@ -344,8 +355,10 @@ def build_application(
         budget=ThreadBudget(settings.thread_token_budget, BudgetStore(db), approvals),
         resumable=connections.service.resumable if connections is not None else None,
         trust=trust,
-        sections=[skills],
+        sections=[PinnedMemories(memory), skills],
     )
+    if settings.memory_pass:  # after a member's turn, one bounded call proposes memories (best effort)
+        bus.subscribe(MemoryPass(memory, model, store, trust=trust, enabled_for=_remembers(tools, agents)).on_event)
     if len(agents.names()) > 1:  # delegate: only where there is another agent to hand work to (core.subagents)
         tools.register(SubAgents(runner, agents, clock, max_per_turn=settings.max_subagents_per_turn,
                                  max_steps=settings.subagent_max_steps).tool())
@@ -388,7 +401,7 @@ def build_application(
                                 poll_s=settings.approval_poll_s)
                             ) if event_sources else None
     commands = Commands(dispatcher, approvals, schedules,
-                        connections=connections.service if connections is not None else None)
+                        connections=connections.service if connections is not None else None, memory=memory)
     feedback = FeedbackBook(FeedbackStore(db), store, bus, clock)
     gateway = Gateway(dispatcher, approvals, credentials, schedules, commands=commands, feedback=feedback,
                       consent=connections)
@@ -414,9 +427,25 @@ def build_application(
                              trusted_proxies=settings.trusted_proxies).routes()
     return Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals, credentials=credentials,
                        schedules=schedules, schedule_jobs=schedule_jobs, deliveries=deliveries, gateway=gateway,
-                       address=address, sandbox_peers=peers, events=events,
+                       address=address, sandbox_peers=peers, events=events, memory=memory,
                        connections=connections.service if connections is not None else None, mcp=mcp,
                        channels=[channel for channel, _tools in channels], routes=routes, intake=intake)
+
+
+def _pinned_budget(settings: Settings) -> int:
+    """MEMORY_PINNED_MAX_CHARS, at most half of LLM_CONTEXT_TOKENS (a character is at most about a token): the system
+    prompt is never cut, so pinned memories must leave the window room for the conversation."""
+    most = settings.llm_context_tokens // 2
+    if settings.memory_pinned_max_chars > most:
+        log.warning("MEMORY_PINNED_MAX_CHARS=%d is more than half of LLM_CONTEXT_TOKENS=%d: pinned memories get %d "
+                    "characters", settings.memory_pinned_max_chars, settings.llm_context_tokens, most)
+        return most
+    return settings.memory_pinned_max_chars
+
+
+def _remembers(tools: ToolRegistry, agents: AgentDirectory) -> Callable[[str], bool]:
+    """Whether an agent may call ``remember`` ([[agents]] tools): only then does the memory pass propose for it."""
+    return lambda name: any(tool.name == REMEMBER for tool in tools.allowed(agents.get(name).tools))
 
 
 def _destinations(ports: Ports, channel: str | None) -> Callable[[str], Awaitable[str]] | None:

@@ -40,7 +40,7 @@ exit codes:
   1    failed: it could not be done now (database unreachable, port in use...),
        or `bot doctor` found a problem; fix the cause and try again
   2    usage: bad arguments or invalid settings (environment, .env, bot.toml)
-  3    not found: no such request, grant, credential, schedule or event
+  3    not found: no such request, grant, credential, schedule, event or memory
   4    refused: not allowed, or its state does not allow it (already decided,
        expired, cancelled)
   130  interrupted (Ctrl-C)
@@ -55,6 +55,7 @@ _LIST_HINT = {
     "credentials": "`bot credentials list` shows them",
     "schedules": "`bot schedules list` shows them",
     "events": "`bot events list` shows them",
+    "memory": "`bot memory list` shows them",
 }
 
 
@@ -144,6 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
     _command(everbs, "replay", "run an event again as a new turn, in the thread its key names",
              "The running bot takes it within seconds (or at its next start).").add_argument(
         "id", type=_id, help="the event's id (from `bot events list`)")
+    memory = _command(sub, "memory", "what the agents remember across their threads (remember / recall / forget)")
+    mverbs = memory.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
+    mlist = _command(mverbs, "list", "the newest memories: id, agent, pinned, proposed, who, when, thread, the text",
+                     "Pinned ones are in every turn's system prompt; proposed ones came from the memory pass.")
+    mlist.add_argument("--agent", default=None, help="only this agent's memories (its name in bot.toml)")
+    mlist.add_argument("--limit", type=_id, default=200, help="how many to list (default: %(default)s)")
+    _command(mverbs, "forget", "delete a memory (audited); the agents no longer see it").add_argument(
+        "id", type=_id, help="the memory's id (from `bot memory list`)")
     feedback = _command(sub, "feedback", "what people said of the answers (the buttons under each answer)")
     fverbs = feedback.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
     flist = _command(fverbs, "list", "the newest verdicts: when, positive or negative, which turn, who, where",
@@ -280,6 +289,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from bot.operator import feedback_command
 
         return asyncio.run(feedback_command(args))
+    if args.command == "memory":
+        from bot.operator import memory_command
+
+        return asyncio.run(memory_command(args))
     if args.command == "events":
         from bot.operator import events_command
 

@@ -265,6 +265,29 @@ async def events_command(args: argparse.Namespace) -> int:
         return 0
 
 
+async def memory_command(args: argparse.Namespace) -> int:
+    """``bot memory list|forget``: the memories table, which every running process reads at each turn."""
+    from core.memory import MemoryService
+    from core.store.memories import MemoryStore
+
+    async with _core() as core:
+        # A memory kept before its words became a stored secret's value is printed masked, as the agents see it.
+        service = MemoryService(MemoryStore(core.credentials.store.db), SystemClock(),
+                                redactor=core.credentials.redactor)
+        if args.verb == "forget":
+            gone = await service.forget_as_operator(args.id, by=operator_name())  # NotFound: bot.cli's exit 3
+            print(f"forgot memory {gone.id} of agent {gone.agent}")
+            return 0
+        rows = await service.store.recent(args.agent, limit=args.limit)
+        if not rows:
+            print("no memories" + (f" of agent {args.agent}" if args.agent else ""))
+        for m in rows:  # whole, with invisible characters marked: what the model reads
+            print(f"{m.id}\t{m.agent}\t{'pinned' if m.pinned else '-'}\t{'proposed' if m.proposed else '-'}"
+                  f"\tby {visible(m.written_by or '-')}\t{m.created_at:%Y-%m-%d %H:%M:%S}Z"
+                  f"\t{visible(m.session_id or '-')}\t{visible(await service.mask(m.text)).replace(chr(10), ' ⏎ ')}")
+        return 0
+
+
 async def _thread(conversations: Any, row: Any) -> str:
     """Where an event's answers go: its thread key, and the thread once its first post opened it."""
     key = f"key {visible(row.thread_key)!r}" if row.thread_key else "own thread"

@@ -73,6 +73,12 @@ class Settings(BaseSettings):
     tool_result_max_chars: int = Field(default=16_000, ge=200)
     bot_record_thread_context: bool = True
 
+    # Memory (SPEC §17): pinned memories' share of every system prompt (characters, frame included), memories one
+    # agent keeps (the oldest unpinned go first), and the optional memory pass after each member's turn.
+    memory_pinned_max_chars: int = Field(default=4_000, ge=0, le=100_000)
+    memory_max_items: int = Field(default=1_000, ge=1, le=100_000)
+    memory_pass: bool = False
+
     # People and policy
     bot_approvers: str = "requester"
     bot_admins: str | None = None

@@ -14,7 +14,9 @@ from typing import Any
 from core.approvals import ApprovalBroker
 from core.connections.service import ConnectionService
 from core.dispatcher import Dispatcher
+from core.display import visible
 from core.errors import InvalidInput
+from core.memory import MemoryService
 from core.model import RESERVED_SESSION_PREFIXES, SessionInfo, SessionStatus
 from core.people import Person
 from core.replies import PLAIN, Marks, asked_by, listed_call, typed
@@ -52,8 +54,9 @@ class Status:
 
 class Commands:
     def __init__(self, dispatcher: Dispatcher, approvals: ApprovalBroker, schedules: ScheduleService, *,
-                 connections: ConnectionService | None = None) -> None:
+                 connections: ConnectionService | None = None, memory: MemoryService | None = None) -> None:
         self.dispatcher = dispatcher
+        self.memory = memory
         self.connections = connections
         self.approvals = approvals
         self.schedules = schedules
@@ -80,6 +83,8 @@ class Commands:
             return await self._schedule(command, command.text.strip()[len("schedule"):].strip(), marks)
         if sub == "connections":
             return await self._connections(command, words[1:], marks)
+        if sub == "memory" and len(words) == 1:
+            return await self._memory(command, marks)
         if sub == "help":
             return help_text(command.name)
         typed_words = f"{command.name} {typed(' '.join(words))}"  # quoted back: no backtick can end the code span
@@ -225,6 +230,37 @@ class Commands:
         return "Your connections:\n" + "\n".join(lines) if views else "\n".join(["You have no connections.", *lines])
 
 
+    async def _memory(self, command: Command, marks: Marks) -> str:
+        """The pinned memories of the agent that answers here (the thread's, else the default): what goes into every
+        one of its conversations. Shown to whoever asks, as the agent could repeat them to them anyway."""
+        if self.memory is None:
+            return "Memory is not available here."
+        session = await self.dispatcher.conversations.get_session(command.session) if command.session else None
+        agent = session.agent if session is not None else self.dispatcher.agents.default.name
+        pinned = await self.memory.pinned(agent, limit=MEMORY_SHOWN + 1)
+        held = await self.memory.store.count(agent)
+        head = f"{marks.bold(f'Pinned memories of agent {marks.text(agent)}:')} {min(len(pinned), MEMORY_SHOWN)}"
+        if len(pinned) > MEMORY_SHOWN:
+            head += f" newest shown (of more: `bot memory list --agent {agent}` lists all)"
+        lines = [head]
+        for m in pinned[:MEMORY_SHOWN]:  # masked: a memory kept before its words became a stored secret
+            lines.append(f"• #{m.id} {marks.text(_short(await self.memory.mask(m.text)))} "
+                         f"(by {marks.user(m.written_by or 'unknown')}, {m.created_at:%Y-%m-%d})")
+        lines.append(f"{held} memor{'y' if held == 1 else 'ies'} in all (the agent finds the rest with recall). "
+                     "Ask me to remember or forget something, or an operator: `bot memory forget <id>`.")
+        return "\n".join(lines)
+
+
+MEMORY_SHOWN = 20  # pinned memories listed by `/bot memory`
+_SHOWN_CHARS = 200
+
+
+def _short(text: str) -> str:
+    """A memory on one line, every character accounted for, at most ``_SHOWN_CHARS`` (a reply has a size limit)."""
+    line = visible(text).replace("\n", " ⏎ ")
+    return line if len(line) <= _SHOWN_CHARS else line[:_SHOWN_CHARS - 1] + "…"
+
+
 def _trigger(command: Command) -> str:
     """The command's own id in its origin session's id: the platform's, when it has a safe shape."""
     if command.trigger is not None and _TRIGGER.fullmatch(command.trigger):
@@ -248,5 +284,6 @@ def help_text(name: str) -> str:
         "list, pause, resume, cancel\n"
         f"`{c} approvals` — pending approvals and \"Always allow\" grants; "
         f"`{c} approvals revoke <id>` (admins)\n"
-        f"`{c} connections` — your connected accounts; `{c} connections disconnect <name>`\n`{c} help` — this text"
+        f"`{c} connections` — your connected accounts; `{c} connections disconnect <name>`\n"
+        f"`{c} memory` — the agent's pinned memories (only you see this)\n`{c} help` — this text"
     )

@@ -41,6 +41,7 @@ class CompletionRequest:
     instructions: str
     messages: list[ChatMessage]
     tools: list[dict[str, Any]] = field(default_factory=list)
+    max_output_tokens: int | None = None  # a cap on the answer (a side call's, e.g. the memory pass); None: the model's
 
 
 @dataclass(frozen=True)

@@ -303,7 +303,7 @@ async def test_the_system_prompt_of_a_real_turn_lists_the_skills(make_settings: 
     assert "SECRET-BODY-MARKER" in result and "written by whoever can write the skills folder" in result
     # Edited while the bot runs: the next turn's prompt has the new description, no restart.
     skill(skills_dir, "restart", "name: restart\ndescription: Restart it, now with a canary.\n")
-    gateway.app.dispatcher.runner.sections[0].catalog.refresh(force=True)
+    gateway.app.dispatcher.runner.sections[1].catalog.refresh(force=True)
     fake_llm.then(Reply("ok"))
     await gateway.send_event(mention("and now?"))
     await fake_slack.wait_for("chat.postMessage", 2)

@@ -148,9 +148,9 @@ async def test_tool_calls_run_and_their_results_reach_the_model(
     assert second[-2]["tool_calls"][0]["function"]["name"] == "time_now"
     assert second[-1]["role"] == "tool" and "UTC" in second[-1]["content"]
     assert [t["function"]["name"] for t in fake_llm.requests[0]["tools"]] == [
-        "channel_archive", "channel_create", "channel_invite", "credential_request", "http_request", "message_pin",
-        "message_read", "message_send", "schedule_cancel", "schedule_create", "schedule_list", "shell_run",
-        "skill_read", "time_now"]
+        "channel_archive", "channel_create", "channel_invite", "credential_request", "forget", "http_request",
+        "message_pin", "message_read", "message_send", "recall", "remember", "schedule_cancel", "schedule_create",
+        "schedule_list", "shell_run", "skill_read", "time_now"]
 
 
 async def test_invalid_tool_arguments_go_back_to_the_model_as_an_error(

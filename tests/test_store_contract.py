@@ -51,6 +51,7 @@ from core.store import (
 from core.store.database import async_url
 from core.store.deliveries import DeliveryStore, OutboxClaim
 from core.store.leases import LeaseClaim
+from core.store.memories import MemoryFull, MemoryStore, NewMemory, in_metadata  # in_metadata: search objects out
 from core.store.schedules import ScheduleStore
 from core.store.tables import (
     ApprovalRow,
@@ -181,7 +182,7 @@ async def test_sqlite_pragmas(db: Database) -> None:
 
 async def test_migrated_schema_matches_metadata(db: Database) -> None:
     def diff(conn: Connection) -> list[Any]:
-        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        context = MigrationContext.configure(conn, opts={"compare_type": True, "include_name": in_metadata})
         return list(compare_metadata(context, SQLModel.metadata))
 
     async with db.engine.connect() as conn:
@@ -1423,3 +1424,63 @@ async def test_a_second_vote_is_one_vote_a_deny_settles_and_a_late_vote_counts_n
     assert (counted, won) == (False, False) and current is not None and current.status == "pending"
     audit = [row.action for row in await audit_log(approvals.db)]
     assert audit.count("approval.vote.approve") == 1 and "approval.vote.deny" in audit and "approval.denied" in audit
+
+
+# -- memories (SPEC §17) -----------------------------------------------------------------------------------
+
+
+def memory(text_: str, *, agent: str = "default", pinned: bool = False) -> NewMemory:
+    return NewMemory(agent=agent, text=text_, pinned=pinned, written_by="U1", session_id=SID)
+
+
+async def test_memories_are_found_by_words_on_both_backends_and_a_query_cannot_speak_search_syntax(
+        db: Database) -> None:
+    store = MemoryStore(db)
+    deploy = (await store.add(memory("Staging deploys need the blue-green flag"), max_items=10, now=T0,
+                              actor="U1")).memory
+    odd = (await store.add(memory('Quote " star * NEAR(a b) - :x !y & | ( ) Ünïcode café'), max_items=10,
+                           now=T0 + timedelta(seconds=1), actor="U1")).memory
+    await store.add(memory("deploy notes of another agent", agent="other"), max_items=10, now=T0, actor="U1")
+    found = {q: [m.id for m in await store.search("default", q, limit=5)] for q in (
+        "deploy", "STAGING", "blue-green", "flag staging", 'deploy" OR *', "NEAR(", "-staging", "x:*", "!y &",
+        "(", '"', "*", "AND OR NOT", "ÜNÏCODE", "Café", "cafe", "nothing-like-it")}
+    assert found["deploy"] == found["STAGING"] == found["blue-green"] == found["-staging"] == [deploy.id]
+    assert found["flag staging"] == found['deploy" OR *'] == [deploy.id]  # any word; a word's beginning too
+    assert found["NEAR("] == found["x:*"] == found["!y &"] == found["ÜNÏCODE"] == found["Café"] == [odd.id]
+    assert found["nothing-like-it"] == found["AND OR NOT"] == found["cafe"] == []  # case folds, accents stay
+    assert found["("] == found['"'] == found["*"] == [odd.id, deploy.id]  # no words: the newest
+    assert [m.text for m in await store.search("other", "deploy", limit=5)] == ["deploy notes of another agent"]
+    assert (await store.get(deploy.id)) == deploy and deploy.created_at == T0 and deploy.written_by == "U1"
+
+
+async def test_memories_past_the_limit_push_out_the_oldest_unpinned_and_ids_are_never_reused(db: Database) -> None:
+    store = MemoryStore(db)
+    first = (await store.add(memory("one", pinned=True), max_items=3, now=T0, actor="U1")).memory
+    two = (await store.add(memory("two"), max_items=3, now=T0, actor="U1")).memory
+    three = (await store.add(memory("three"), max_items=3, now=T0, actor="U1")).memory
+    four = await store.add(memory("four"), max_items=3, now=T0, actor="U1")
+    assert four.created and four.evicted == (two.id,) and await store.count("default") == 3
+    assert [m.text for m in await store.search("default", "two", limit=5)] == []  # its words went with it
+    again = await store.add(memory("three", pinned=True), max_items=3, now=T0, actor="U2")  # the same text: pinned
+    assert (again.created, again.memory.id, again.memory.pinned) == (False, three.id, True)
+    assert [m.id for m in await store.pinned("default", limit=10)] == [three.id, first.id]  # newest first
+    assert (await store.add(memory("five"), max_items=3, now=T0, actor="U1")).evicted == (four.memory.id,)
+    await store.add(memory("five", pinned=True), max_items=3, now=T0, actor="U1")
+    with pytest.raises(MemoryFull, match="all pinned"):  # all pinned, and full
+        await store.add(memory("six"), max_items=3, now=T0, actor="U1")
+    assert await store.forget(first.id, agent="other", now=T0, actor="U1") is None  # another agent's id: nothing
+    forgotten = await store.forget(first.id, agent="default", now=T0, actor="U1")
+    assert forgotten is not None and forgotten.text == "one" and await store.get(first.id) is None
+    six = (await store.add(memory("six"), max_items=3, now=T0, actor="U1")).memory
+    assert six.id > max(first.id, three.id, four.memory.id)  # a forgotten id is never given again
+    assert [m.text for m in await store.search("default", "one", limit=5)] == []
+    actions = [row.action for row in await audit_log(db)]
+    assert actions.count("memory.evicted") == 2 and "memory.forgotten" in actions and "memory.pinned" in actions
+
+
+async def test_memories_added_at_once_keep_the_limit(db: Database) -> None:
+    """Several writers at once (replicas on PostgreSQL) never leave an agent above its limit."""
+    store = MemoryStore(db)
+    await asyncio.gather(*(store.add(memory(f"note {i}"), max_items=5, now=T0, actor="U1") for i in range(12)))
+    assert await store.count("default") == 5
+    assert len(await store.search("default", "note", limit=50)) == 5  # the index holds the survivors only

@@ -24,6 +24,8 @@ _BAD_ID = re.compile(r"[^A-Za-z0-9_-]")
 
 def body(model: str, max_tokens: int, request: CompletionRequest) -> dict[str, Any]:
     """The keyword arguments of ``messages.create`` for ``request``."""
+    if request.max_output_tokens is not None:
+        max_tokens = min(max_tokens, request.max_output_tokens)
     out: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "messages": messages(request.messages)}
     if request.instructions.strip():
         out["system"] = [{"type": "text", "text": request.instructions, "cache_control": CACHED}]

@@ -160,6 +160,8 @@ def _body(model: str, request: CompletionRequest) -> dict[str, Any]:
     body: dict[str, Any] = {"model": model, "messages": _messages(request)}
     if request.tools:
         body["tools"] = request.tools
+    if request.max_output_tokens is not None:
+        body["max_tokens"] = request.max_output_tokens
     return body
 
 

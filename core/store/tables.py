@@ -442,3 +442,26 @@ class ListenRateRow(SQLModel, table=True):
     place: str = Field(primary_key=True, max_length=255)
     window_start: datetime = Field(sa_column=Column(UTCDateTime(), primary_key=True))
     count: int = Field(default=0)
+
+
+class MemoryRow(SQLModel, table=True):
+    """A note an agent keeps across its threads (SPEC §17 memory): written with ``remember`` or proposed by the
+    memory pass, found by words (``memories_fts`` on SQLite, a stored ``text_search`` tsvector with a GIN index on
+    PostgreSQL: neither is in this metadata, see ``core.store.memories.in_metadata``)."""
+
+    __tablename__ = "memories"
+    __table_args__ = (
+        # An agent's pinned ones newest first, its oldest unpinned one (the first out), its count.
+        Index("ix_memories_agent_pinned_id", "agent", "pinned", "id"),
+        # A forgotten id is never given again: a recall's "#12" must not name a later memory.
+        {"sqlite_autoincrement": True},
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    agent: str = Field(max_length=64)
+    text: str = Field(sa_column=Column(Text, nullable=False))
+    pinned: bool = Field(default=False)
+    proposed: bool = Field(default=False)  # the memory pass proposed it (nobody asked for it in words)
+    written_by: str | None = Field(default=None, max_length=255)  # the sender whose turn wrote it
+    session_id: str | None = Field(default=None, max_length=255)  # the conversation it came from
+    created_at: datetime = timestamp()
