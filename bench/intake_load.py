@@ -5,6 +5,7 @@ slack-bolt app in the same run, against the same fake Slack and an instant fake 
     python -m bench.intake_load --burst 200                      # all at once
     python -m bench.intake_load --rate 10 --seconds 10 --signs --model-delay 0.5   # first visible sign
     python -m bench.intake_load --rate 100 --seconds 10 --database-url postgresql://... --replicas 2
+    python -m bench.intake_load --rate 100 --seconds 10 --context   # also a gateway with 50 skills and pinned memories
 
 Every mention opens its own thread (its own session). For each app it prints: the time until every
 mention is answered, ack p50/p99/max, event → model request p50, model answer → Slack post p50 and,
@@ -201,14 +202,19 @@ async def measure(args: argparse.Namespace) -> dict[str, Figures]:
             gateway = ["py-spy", "record", "--gil", "--format", "raw", "-r", "200", "-o", os.environ["BENCH_PROFILE"],
                        "--", *gateway]
         apps.append(("gateway", [gateway] * args.replicas, gateway_env))
-        for label, argvs, extra in apps:
+        if args.context:  # the same gateway, its prompts carrying a catalog of 50 skills and pinned memories
+            skills = _skill_catalog(Path(tmp) / "skills", 50)
+            apps.append((CONTEXT, [gateway] * args.replicas, gateway_env | {"SKILLS_DIR": str(skills)}))
+        for index, (label, argvs, extra) in enumerate(apps):
             procs, ports = [], []
             for n, argv in enumerate(argvs):
-                home = Path(tmp) / f"{label.split()[0]}-{n}"
+                home = Path(tmp) / f"{label.split()[0]}-{index}-{n}"
                 home.mkdir()
+                if label == CONTEXT and n == 0:
+                    await _pin_memories(args.database_url or f"sqlite:///{home / 'bot.db'}", 20)
                 port = free_port()
                 procs.append(await _start(argv, env | extra | {"PORT": str(port), "BOT_HOME": str(home)},
-                                          ROOT if label != "gateway" else home, home / "output.log"))
+                                          ROOT if not label.startswith("gateway") else home, home / "output.log"))
                 ports.append(port)
             try:
                 await _warm_up(ports, slack, offset + 1_000_000)
@@ -232,6 +238,40 @@ async def measure(args: argparse.Namespace) -> dict[str, Figures]:
     await slack_server.stop()
     await llm_server.stop()
     return results
+
+
+CONTEXT = "gateway, 50 skills + 20 pinned memories"
+
+
+def _skill_catalog(folder: Path, count: int) -> Path:
+    """``count`` skills of the Agent Skills format, each with a description of about 200 characters."""
+    for n in range(count):
+        (folder / f"runbook-{n:02}").mkdir(parents=True)
+        (folder / f"runbook-{n:02}" / "SKILL.md").write_text(
+            f"---\nname: runbook-{n:02}\ndescription: How the team handles incident kind {n}: check the dashboards, "
+            "drain the affected service, restart it with the blue-green flag and confirm /healthz before saying "
+            "it is done.\n---\n# Runbook\n1. Drain.\n2. Restart.\n3. Check.\n")
+    return folder
+
+
+async def _pin_memories(url: str, count: int) -> None:
+    """``count`` pinned memories of the default agent, about 150 characters each, in the gateway's database."""
+    from datetime import UTC, datetime
+
+    from core.store import Database
+    from core.store.memories import MemoryStore, NewMemory
+
+    db = Database(url)
+    try:
+        await db.migrate()
+        store = MemoryStore(db)
+        for n in range(count):
+            text = (f"Note {n}: staging deploys of service {n} need the blue-green flag, and the on-call for it is "
+                    "reached through the ops rota; never restart it during the nightly backup window.")
+            await store.add(NewMemory("default", text, pinned=True, written_by="U1"), max_items=1000,
+                            now=datetime.now(UTC), actor="U1")
+    finally:
+        await db.close()
 
 
 def _print_logs(tmp: Path) -> None:
@@ -276,6 +316,8 @@ async def main() -> None:
     parser.add_argument("--database-url", default="", help="run the gateway on this database (e.g. PostgreSQL)")
     parser.add_argument("--replicas", type=int, default=1, help="gateway processes sharing --database-url")
     parser.add_argument("--sqlite-synchronous", default="", help="SQLITE_SYNCHRONOUS for the gateway")
+    parser.add_argument("--context", action="store_true",
+                        help="also run the gateway with 50 skills and 20 pinned memories in every prompt (issue 36)")
     parser.add_argument("--progress-delay", type=float, default=None,
                         help="SLACK_PROGRESS_DELAY_S for the gateway (0: every turn shows and clears its reaction)")
     args = parser.parse_args()
@@ -306,6 +348,16 @@ async def main() -> None:
         summary(f"ack p99, burst of {args.burst}{tag}", ours.ack_p99 * 1000, base.ack_p99 * 1000, "ms", target)
         print(f"slowest ack: {ours.ack_max * 1000:.0f} ms (Slack's limit: 3000 ms)")
         return
+    if args.context:  # the ratios with the larger prompts against those without, measured in this one run
+        ctx = results[CONTEXT]
+        for name, plain, loaded in (("all answered", ours.done_s / base.done_s, ctx.done_s / base.done_s),
+                                    ("ack p99", ours.ack_p99 / base.ack_p99, ctx.ack_p99 / base.ack_p99),
+                                    ("event → model request p50", ours.to_model / base.to_model,
+                                     ctx.to_model / base.to_model),
+                                    ("model answer → Slack post p50", ours.to_post / base.to_post,
+                                     ctx.to_post / base.to_post)):
+            print(f"SUMMARY\t{name}: ratio to bare bolt, 50 skills + 20 pinned memories vs none{tag}\t{loaded:.2f}x\t"
+                  f"{plain:.2f}x\t{loaded / plain:.2f}x\t<= 1.10x (the ratio moves 10% at most)", flush=True)
     summary(f"{load}: all answered{tag}", ours.done_s, base.done_s, "s", "<= 1.15x")
     summary(f"ack p99 at {args.rate:g}/s{tag}", ours.ack_p99 * 1000, base.ack_p99 * 1000, "ms", "<= 3x; < 3 s")
     summary(f"event → model request p50{tag}", ours.to_model * 1000, base.to_model * 1000, "ms", "<= 2x")

@@ -20,6 +20,9 @@ RUNS = [
     # Every turn also adds and removes its :eyes: reaction (SLACK_PROGRESS_DELAY_S=0), as slower turns do.
     ("intake, 100/s, a reaction on every turn", ["bench.intake_load", "--rate", "100", "--seconds", "10",
                                                   "--progress-delay", "0"]),
+    # The same load with a catalog of 50 skills and 20 pinned memories in every prompt, against the plain gateway.
+    ("intake, 100/s, 50 skills + pinned memories", ["bench.intake_load", "--rate", "100", "--seconds", "10",
+                                                   "--context"]),
     ("intake, burst of 200", ["bench.intake_load", "--burst", "200"]),
     ("intake, burst of 500", ["bench.intake_load", "--burst", "500"]),
     # The model takes 0.5 s: every turn outlasts SLACK_PROGRESS_DELAY_S (0.2 s) and shows its reaction, and
