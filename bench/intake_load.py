@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import gc
 import os
 import re
@@ -163,7 +164,8 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
         for child in _children(proc.pid):
             os.kill(child, signal.SIGTERM)
         await asyncio.sleep(2)
-        proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(ProcessLookupError):  # py-spy may already have ended with its child
+            proc.send_signal(signal.SIGINT)
     else:
         proc.terminate()
     try:
@@ -248,7 +250,7 @@ def _skill_catalog(folder: Path, count: int) -> Path:
     for n in range(count):
         (folder / f"runbook-{n:02}").mkdir(parents=True)
         (folder / f"runbook-{n:02}" / "SKILL.md").write_text(
-            f"---\nname: runbook-{n:02}\ndescription: How the team handles incident kind {n}: check the dashboards, "
+            f"---\nname: runbook-{n:02}\ndescription: How the team handles incident kind {n} - check the dashboards, "
             "drain the affected service, restart it with the blue-green flag and confirm /healthz before saying "
             "it is done.\n---\n# Runbook\n1. Drain.\n2. Restart.\n3. Check.\n")
     return folder

@@ -11,6 +11,7 @@ file of its folder, framed the same way (core.skill_files says what it refuses).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,7 @@ class SkillAccess:
         self.credentials = credentials
         self.shell_folder = shell_folder
         self.max_chars = max_chars
+        self._rendered: dict[tuple[SkillStatus, ...], str] = {}  # every turn's prompt: built once per state
 
     async def statuses(self, agent: Agent, ctx: ToolContext) -> list[SkillStatus]:
         """Every skill ``agent``'s globs admit, with why it cannot be used in this turn (sorted by name).
@@ -87,6 +89,15 @@ class SkillAccess:
         statuses = await self.statuses(agent, ctx)
         if not statuses:
             return ""
+        key = tuple(statuses)  # what the text is made of: the same skills in the same states give the same text
+        text = self._rendered.get(key)
+        if text is None:
+            if len(self._rendered) >= 64:  # a few agents times the states their skills can be in; stale ones drop out
+                self._rendered.clear()
+            text = self._rendered[key] = self._render(statuses)
+        return text
+
+    def _render(self, statuses: list[SkillStatus]) -> str:
         intro = _INTRO + (f" In shell_run a skill's files are in {self.shell_folder}/<name>/ (read-only)."
                           if self.shell_folder else "")
         room = self.max_chars - len(intro) - len("\n<<<\n\n>>>") - len("(99999 more skill(s) not listed for room)")
@@ -204,6 +215,7 @@ def _reasons(reasons: tuple[str, ...]) -> str:
     return "; ".join(shown)
 
 
+@functools.lru_cache(maxsize=4096)  # every turn's prompt shows the same descriptions: visible() walks each character
 def _one_line(text: str) -> str:
     """A description on one line, every invisible character shown: nothing in it can pose as another entry."""
     return visible(" ".join(text.split()))

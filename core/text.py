@@ -85,8 +85,13 @@ def framed_data(text: str) -> str:
     written as data, never instructions. A run of three or more ``<`` or ``>`` inside becomes two (``<<<<``
     too, which one replace of ``<<<`` would leave as ``<<<``): nothing inside can close the frame early or
     open another, so what follows it cannot pass for the operator's words."""
-    inner = _FRAME_MARKS.sub(lambda m: m.group(0)[0] * 2, text)
-    return f"{DATA_OPEN}\n{inner}\n{DATA_CLOSE}"
+    return f"{DATA_OPEN}\n{frame_safe(text)}\n{DATA_CLOSE}"
+
+
+def frame_safe(text: str) -> str:
+    """``text`` as ``framed_data`` puts it inside the frame (runs of ``<`` or ``>`` cut to two). Line by line it is the
+    same as whole, since a run never spans a line break: a caller fitting lines into a frame may measure each once."""
+    return _FRAME_MARKS.sub(lambda m: m.group(0)[0] * 2, text)
 
 
 def parse_id(text: str) -> int | None:

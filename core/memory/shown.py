@@ -16,7 +16,7 @@ from core.agents import Agent
 from core.display import visible
 from core.memory.service import MemoryService
 from core.store.memories import Memory
-from core.text import framed_data
+from core.text import frame_safe, framed_data
 from core.tools import ToolContext
 
 PINNED_INTRO = (
@@ -45,10 +45,16 @@ def memory_line(memory: Memory) -> str:
 def pinned_section(lines: Sequence[str], max_chars: int) -> str:
     """The prompt section for pinned memories' ``lines`` (newest first): as many as fit in ``max_chars``, frame and
     notes included; one that does not fit is left out and an older, shorter one may still fit. "" with none."""
+    # Measured, not built, for each candidate (building the section for every line was quadratic): the intro, its
+    # line break, the empty frame, each chosen line as framed plus the line break before all but the first, and the
+    # note counting every line not yet chosen as left out.
     chosen: list[str] = []
+    size = len(PINNED_INTRO) + 1 + len(framed_data(""))
     for line in lines:
-        if len(_section(PINNED_INTRO, [*chosen, line], len(lines) - len(chosen) - 1)) <= max_chars:
+        grown = size + len(frame_safe(line)) + (1 if chosen else 0)
+        if grown + len(_left_out_note(len(lines) - len(chosen) - 1)) <= max_chars:
             chosen.append(line)
+            size = grown
     if not chosen:
         return ""
     return _section(PINNED_INTRO, chosen, len(lines) - len(chosen))
@@ -61,11 +67,12 @@ def recall_result(memories: Sequence[Memory], query: str) -> str:
         "\n".join(memory_line(m) for m in memories))
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Read:
     at: float  # time.monotonic()
     generation: int  # MemoryService.generation when it was read
     lines: list[str]
+    section: tuple[tuple[tuple[str, ...], int], str] | None = None  # (masked lines, budget) and the section they made
 
 
 class PinnedMemories:
@@ -91,13 +98,19 @@ class PinnedMemories:
             read = self._read[ctx.agent] = _Read(at, generation, [memory_line(m) for m in memories])
         # Masked at every turn (a secret stored a moment ago counts), one by one before they are fitted: the section
         # stays within its budget.
-        return pinned_section([await self.memory.mask(line) for line in read.lines], budget)
+        masked = tuple([await self.memory.mask(line) for line in read.lines])
+        if read.section is None or read.section[0] != (masked, budget):  # fitted once per state, not per turn
+            read.section = ((masked, budget), pinned_section(masked, budget))
+        return read.section[1]
 
 
 def _section(intro: str, lines: Sequence[str], left_out: int) -> str:
-    note = (f"\n({left_out} older pinned memor{'y' if left_out == 1 else 'ies'} did not fit here; recall finds "
+    return f"{intro}\n{framed_data(chr(10).join(lines))}{_left_out_note(left_out)}"
+
+
+def _left_out_note(left_out: int) -> str:
+    return (f"\n({left_out} older pinned memor{'y' if left_out == 1 else 'ies'} did not fit here; recall finds "
             "them.)") if left_out else ""
-    return f"{intro}\n{framed_data(chr(10).join(lines))}{note}"
 
 
 def _one_line(text: str) -> str:
