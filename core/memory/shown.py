@@ -8,6 +8,8 @@ the frame, start a line that passes for another memory or a header, or hide text
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,6 +87,17 @@ class PinnedMemories:
         self.memory = memory
         self.fresh_s = fresh_s
         self._read: dict[str, _Read] = {}
+        self._loading: dict[str, asyncio.Future[_Read]] = {}
+
+    def _loaded(self, agent: str, _done: asyncio.Future[_Read]) -> None:
+        self._loading.pop(agent, None)
+
+    async def _load(self, agent: str, budget: int) -> _Read:
+        at, generation = time.monotonic(), self.memory.generation  # before the query: a change meanwhile counts
+        # Each line is at least ~40 characters: more than this many can never fit.
+        memories = await self.memory.pinned(agent, limit=budget // 40 + 1)
+        read = self._read[agent] = _Read(at, generation, [memory_line(m) for m in memories])
+        return read
 
     async def render(self, agent: Agent, ctx: ToolContext) -> str:
         budget = self.memory.limits.pinned_max_chars
@@ -92,10 +105,12 @@ class PinnedMemories:
             return ""
         read = self._read.get(ctx.agent)
         if read is None or read.generation != self.memory.generation or time.monotonic() - read.at > self.fresh_s:
-            at, generation = time.monotonic(), self.memory.generation  # before the query: a change meanwhile counts
-            # Each line is at least ~40 characters: more than this many can never fit.
-            memories = await self.memory.pinned(ctx.agent, limit=budget // 40 + 1)
-            read = self._read[ctx.agent] = _Read(at, generation, [memory_line(m) for m in memories])
+            # One query however many turns start meanwhile (at 100 turns a second each would make its own).
+            loading = self._loading.get(ctx.agent)
+            if loading is None:
+                loading = self._loading[ctx.agent] = asyncio.ensure_future(self._load(ctx.agent, budget))
+                loading.add_done_callback(functools.partial(self._loaded, ctx.agent))
+            read = await asyncio.shield(loading)
         # Masked at every turn (a secret stored a moment ago counts), one by one before they are fitted: the section
         # stays within its budget.
         masked = tuple([await self.memory.mask(line) for line in read.lines])
