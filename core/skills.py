@@ -337,7 +337,8 @@ class SkillCatalog:
         try:
             read = _Read(signature, parse_skill(root, name), None)
         except _Malformed as exc:
-            path = folder if exc.line is None and not (folder / SKILL_FILE).exists() else folder / SKILL_FILE
+            # lexists: False for a folder the bot may not enter (Path.exists raises PermissionError there)
+            path = folder if exc.line is None and not os.path.lexists(folder / SKILL_FILE) else folder / SKILL_FILE
             read = _Read(signature, None, SkillProblem(path, exc.line, exc.text))
         self._read[folder] = read
         return read

@@ -4,8 +4,16 @@ folder (a careless or hostile runbook author), or names files in it, or is the t
 
 from __future__ import annotations
 
+import os
+import select
+import shutil
+import signal
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import pytest
 
 from core.skills import SkillCatalog, SkillRoot
 from tests.test_skills import skill
@@ -24,3 +32,64 @@ def test_costly_front_matter_in_many_skills_does_not_stall_the_bot(tmp_path: Pat
     took = time.perf_counter() - started
     assert len(found.skills()) == 100, found.problems()[:1]
     assert took < 2.0, f"100 skills took {took:.1f} s to read"
+
+
+@pytest.fixture
+def world_readable_dir() -> Iterator[Path]:
+    """A folder another user can reach (pytest's tmp_path is root's own, 0700, when tests run as root)."""
+    path = Path(tempfile.mkdtemp(prefix="skills-"))
+    path.chmod(0o755)
+    yield path
+    for top, dirs, _files in os.walk(path):
+        for name in dirs:
+            os.chmod(os.path.join(top, name), 0o755)
+    shutil.rmtree(path)
+
+
+def _as_unprivileged(work: Callable[[], str]) -> str:
+    """``work()`` run as a user file modes bind: in this process, unless it is root's (root enters every folder);
+    then in a forked child that became ``nobody``."""
+    if os.geteuid() != 0:
+        return work()
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            os.close(readable)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(writable, work().encode())
+            os._exit(0)
+        except BaseException as exc:
+            os.write(writable, f"raised {exc!r}".encode())
+            os._exit(1)
+    os.close(writable)
+    out = b""
+    try:
+        while select.select([readable], [], [], 10)[0]:
+            chunk = os.read(readable, 65536)
+            if not chunk:
+                break
+            out += chunk
+        else:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        os.close(readable)
+        os.waitpid(pid, 0)
+    return out.decode()
+
+
+def test_a_folder_the_bot_cannot_enter_is_left_out_not_fatal(world_readable_dir: Path) -> None:
+    """Finding: a folder in the skills folder the bot's user may not enter (another author's, mode 0700) raised
+    PermissionError out of the catalog (Path.exists, when naming the problem): `bot run` did not start, and once
+    running every turn failed while its prompt was written. Now it is left out with its path, like any other."""
+    skill(world_readable_dir, "good")
+    skill(world_readable_dir, "locked").chmod(0)
+
+    def look() -> str:
+        found = SkillCatalog([SkillRoot(world_readable_dir)])
+        return f"{sorted(found.skills())} {[str(p) for p in found.problems()]}"
+
+    out = _as_unprivileged(look)
+    assert out.startswith("['good'] ") and f"{world_readable_dir}/locked: " in out and "Permission denied" in out, out
