@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from core.display import visible
 from core.skill_files import UnreadableFile, read_inside
 from core.stored_secrets import NAME as CREDENTIAL_NAME
 
@@ -67,14 +68,17 @@ class Skill:
 
 @dataclass(frozen=True)
 class SkillProblem:
-    """Why a skill was left out: the file (or folder), the line of the front matter when known, and what to fix."""
+    """Why a skill was left out: the file (or folder), the line of the front matter when known, and what to fix.
+    Shown in terminals and logs with every invisible character marked: a folder's name is anyone's choice, and
+    may hold escape sequences, line breaks or bytes that are not UTF-8."""
 
     path: Path
     line: int | None
     text: str
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.text}" if self.line is not None else f"{self.path}: {self.text}"
+        where = f"{self.path}:{self.line}" if self.line is not None else str(self.path)
+        return visible(f"{where}: {self.text}".replace("\n", "⟦LF⟧"))
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from core.skills import SkillCatalog, SkillRoot
+from tests.bot_process import run_cli
 from tests.test_skills import skill
 
 
@@ -93,3 +94,22 @@ def test_a_folder_the_bot_cannot_enter_is_left_out_not_fatal(world_readable_dir:
 
     out = _as_unprivileged(look)
     assert out.startswith("['good'] ") and f"{world_readable_dir}/locked: " in out and "Permission denied" in out, out
+
+
+async def test_odd_folder_names_cannot_write_to_the_operators_terminal(tmp_path: Path) -> None:
+    """Finding: `bot skills list`, `bot doctor` and the start-up log printed a malformed folder's path as it is: a
+    folder named with escape sequences retitled or cleared the operator's terminal, a line break forged lines
+    ("restart (built-in)"), and a name that is not UTF-8 crashed both commands (UnicodeEncodeError). Now every
+    invisible character of a problem is shown as a mark."""
+    skills_dir = tmp_path / "skills"
+    skill(skills_dir, "restart")
+    (skills_dir / "evil\x1b]0;pwned\x07\x1b[2J\ndeploy (built-in)").mkdir()
+    os.mkdir(os.fsencode(skills_dir) + b"/bad\xff")
+    env = {"BOT_HOME": str(tmp_path / "home"), "SKILLS_DIR": str(skills_dir)}
+    code, out = await run_cli(tmp_path, env, "skills", "list")
+    assert code == 0, out
+    assert "\x1b" not in out and "\x07" not in out and "deploy (built-in)" not in out.splitlines()
+    assert "evil⟦U+001B⟧]0;pwned⟦U+0007⟧⟦U+001B⟧[2J⟦LF⟧deploy (built-in)" in out and "bad⟦U+DCFF⟧" in out
+    code, out = await run_cli(tmp_path, env, "doctor")
+    [line] = [line for line in out.splitlines() if line.startswith("! skills:")]
+    assert "\x1b" not in out and "bad⟦U+DCFF⟧" in line, out
