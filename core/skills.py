@@ -327,8 +327,9 @@ class SkillCatalog:
                     skills[read.skill.name] = read.skill
         for gone in set(self._read) - seen:
             del self._read[gone]
-        if [str(p) for p in problems] != [str(p) for p in self._problems]:
-            for problem in problems:
+        logged = {str(p) for p in self._problems}  # only what is new: an author toggling one file must not repeat all
+        for problem in problems:
+            if str(problem) not in logged:
                 log.warning("skill left out: %s", problem)
         self._skills, self._problems = skills, problems
 

@@ -4,6 +4,7 @@ folder (a careless or hostile runbook author), or names files in it, or is the t
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import shutil
@@ -17,7 +18,7 @@ import pytest
 
 from core.skills import SkillCatalog, SkillRoot
 from tests.bot_process import run_cli
-from tests.test_skills import skill
+from tests.test_skills import catalog, skill
 
 
 def test_costly_front_matter_in_many_skills_does_not_stall_the_bot(tmp_path: Path) -> None:
@@ -33,6 +34,25 @@ def test_costly_front_matter_in_many_skills_does_not_stall_the_bot(tmp_path: Pat
     took = time.perf_counter() - started
     assert len(found.skills()) == 100, found.problems()[:1]
     assert took < 2.0, f"100 skills took {took:.1f} s to read"
+
+
+def test_a_changing_skill_does_not_log_every_problem_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Finding: whenever the list of malformed skills changed at all, every problem was logged again: an author
+    toggling one file beside 500 broken ones wrote 500 warnings every 2 s to the bot's log. Now only new ones are."""
+    now = [0.0]
+    found = catalog(tmp_path, min_interval_s=1, monotonic=lambda: now[0])
+    for i in range(30):
+        skill(tmp_path, f"bad-{i}", "name: wrong\ndescription: d\n")
+    caplog.set_level(logging.WARNING, logger="core.skills")
+    found.refresh()
+    assert len(caplog.records) == 30
+    caplog.clear()
+    skill(tmp_path, "bad-new", "name: wrong\ndescription: d\n")
+    now[0] = 2
+    found.refresh()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"skill left out: {tmp_path}/bad-new/SKILL.md:2: `name` is 'wrong' but the folder is 'bad-new': they must "
+        "be the same"]
 
 
 @pytest.fixture
