@@ -48,6 +48,7 @@ FRONT_MATTER_MAX_BYTES = 16 * 1024
 MAX_NESTING = 4
 MAX_EVENTS = 2_000
 MAX_SKILLS = 500  # folders read per skills folder; the rest are named as a problem
+MAX_ENTRIES = 10 * MAX_SKILLS  # names looked at in a skills folder (files and hidden ones too): millions would stall
 # libyaml's parser (about a hundred times faster), with the same safe constructor; the pure-Python one otherwise.
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -311,9 +312,8 @@ class SkillCatalog:
         seen: set[Path] = set()
         for root in self.roots:
             names, more = _folder_names(root.path)
-            if more:
-                problems.append(SkillProblem(root.path, None, f"holds more than {MAX_SKILLS} folders: only the "
-                                                              f"first {MAX_SKILLS} by name are read"))
+            if more is not None:
+                problems.append(SkillProblem(root.path, None, more))
             for name in names:
                 folder = root.path / name
                 seen.add(folder)
@@ -349,16 +349,27 @@ class SkillCatalog:
         return read
 
 
-def _folder_names(root: Path) -> tuple[list[str], bool]:
+def _folder_names(root: Path) -> tuple[list[str], str | None]:
     """The names in ``root`` that may be skills: folders (or links, judged when read), not hidden; sorted, at most
-    MAX_SKILLS (and whether more were left out). A missing folder holds none."""
+    MAX_SKILLS; and why some were left out, if any were. No more than MAX_ENTRIES names are looked at, whatever they
+    are: the folder is listed every few seconds on the event loop. A missing folder holds none."""
+    names: list[str] = []
+    looked = 0
     try:
         with os.scandir(root) as entries:
-            names = sorted(entry.name for entry in entries if not entry.name.startswith(".")
-                           and (entry.is_symlink() or entry.is_dir(follow_symlinks=False)))
+            for entry in entries:
+                looked += 1
+                if looked > MAX_ENTRIES:
+                    return (sorted(names)[:MAX_SKILLS], f"holds more than {MAX_ENTRIES:,} entries: only the skills "
+                            f"among the first {MAX_ENTRIES:,} looked at are read; remove what is not a skill")
+                if not entry.name.startswith(".") and (entry.is_symlink() or entry.is_dir(follow_symlinks=False)):
+                    names.append(entry.name)
     except OSError:
-        return [], False
-    return names[:MAX_SKILLS], len(names) > MAX_SKILLS
+        return [], None
+    if len(names) > MAX_SKILLS:
+        return sorted(names)[:MAX_SKILLS], (f"holds more than {MAX_SKILLS} folders: only the first {MAX_SKILLS} by "
+                                            "name are read")
+    return sorted(names), None
 
 
 def _signature(folder: Path) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from core.skills import SkillCatalog, SkillRoot
+from core.skills import MAX_SKILLS, SkillCatalog, SkillRoot
 from tests.bot_process import run_cli
 from tests.test_skills import catalog, skill
 
@@ -34,6 +34,16 @@ def test_costly_front_matter_in_many_skills_does_not_stall_the_bot(tmp_path: Pat
     took = time.perf_counter() - started
     assert len(found.skills()) == 100, found.problems()[:1]
     assert took < 2.0, f"100 skills took {took:.1f} s to read"
+
+
+def test_a_skills_folder_of_countless_entries_is_not_listed_whole(tmp_path: Path) -> None:
+    """Finding: the catalog listed and sorted every name in the skills folder each time it looked (every 2 s while
+    turns run): a few million empty files (hidden ones too, never skills) stalled the bot each time. Now it looks at
+    a bounded number of names, and says so."""
+    for i in range(10 * MAX_SKILLS + 1):
+        os.symlink("nowhere", f"{tmp_path}/.junk{i}")  # the cheapest entry to make
+    problems = [str(p) for p in SkillCatalog([SkillRoot(tmp_path)]).problems()]
+    assert any(f"more than {10 * MAX_SKILLS:,} entries" in p for p in problems), problems
 
 
 def test_a_changing_skill_does_not_log_every_problem_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
