@@ -179,9 +179,9 @@ class SkillAccess:
             files, more = listing(skill.root, skill.name)
             where = (f"; for shell_run they are in {self.shell_folder}/{name}/"
                      if self.shell_folder and not skill.builtin else "")
-            if files:
+            if files or more:  # more: not all of a huge folder was looked at
                 tail = (f"\nOther files in its folder (skill_read with file=…{where}): {', '.join(files)}"
-                        + (", and more" if more else ""))
+                        + (", and more" if more and files else "and more (not all were looked at)" if more else ""))
         return f"{head}\n{framed_data(text)}{tail}"
 
     async def _status(self, name: str, ctx: ToolContext) -> SkillStatus:

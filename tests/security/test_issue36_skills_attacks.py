@@ -18,7 +18,7 @@ import pytest
 
 from core.skills import MAX_SKILLS, SkillCatalog, SkillRoot
 from tests.bot_process import run_cli
-from tests.test_skills import catalog, skill
+from tests.test_skills import access, catalog, read, skill
 
 
 def test_costly_front_matter_in_many_skills_does_not_stall_the_bot(tmp_path: Path) -> None:
@@ -34,6 +34,20 @@ def test_costly_front_matter_in_many_skills_does_not_stall_the_bot(tmp_path: Pat
     took = time.perf_counter() - started
     assert len(found.skills()) == 100, found.problems()[:1]
     assert took < 2.0, f"100 skills took {took:.1f} s to read"
+
+
+async def test_a_huge_tree_in_a_skill_folder_is_not_walked_to_its_end(tmp_path: Path) -> None:
+    """Finding: reading a SKILL.md lists the other files of its folder, and the walk stopped only after 100 plain
+    files were found: a folder of a million empty folders (or of hidden files, links, FIFOs, none of them listed)
+    was walked whole, on the event loop, at every skill_read. Now it looks at a bounded number of names and says
+    there are more."""
+    folder = skill(tmp_path, "restart")
+    for i in range(1_100):
+        (folder / f"d{i:04}").mkdir()
+    (folder / "zzz").mkdir()
+    (folder / "zzz" / "run.sh").write_text("echo\n")
+    text = await read(access(tmp_path), "restart")
+    assert "and more" in text and "zzz/run.sh" not in text
 
 
 def test_a_skills_folder_of_countless_entries_is_not_listed_whole(tmp_path: Path) -> None:
