@@ -48,7 +48,7 @@ FRONT_MATTER_MAX_BYTES = 16 * 1024
 MAX_NESTING = 4
 MAX_EVENTS = 2_000
 MAX_SKILLS = 500  # folders read per skills folder; the rest are named as a problem
-MAX_ENTRIES = 10 * MAX_SKILLS  # names looked at in a skills folder (files and hidden ones too): millions would stall
+MAX_ENTRIES = 4 * MAX_SKILLS  # names looked at in a skills folder (files and hidden ones too): millions would stall
 # libyaml's parser (about a hundred times faster), with the same safe constructor; the pure-Python one otherwise.
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
