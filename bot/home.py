@@ -55,7 +55,8 @@ def secure_home(settings: Settings) -> None:
 def skills_dir_problem(settings: Settings) -> str | None:
     """Why SKILLS_DIR cannot be used, or None. Mounted for every shell_run command, it must not hold what a command
     must never see (BOT_HOME, the database, ``.env``); and what commands write (the work folders, their kept HOMEs)
-    must not become skills, or an unasked command could write the runbook the next turn follows."""
+    must not become skills, or an unasked command could write the runbook the next turn follows; nor what MCP
+    servers write. Inside BOT_HOME only ``$BOT_HOME/skills`` may hold skills."""
     skills = settings.resolved_skills_dir
     real = skills.resolve()
     for hidden in sandbox_hidden(settings):
@@ -63,11 +64,23 @@ def skills_dir_problem(settings: Settings) -> str | None:
             if path.is_relative_to(skills) or path.is_relative_to(real):
                 return (f"SKILLS_DIR {skills} holds {path}, which shell_run commands must never see; point SKILLS_DIR "
                         "at a folder of its own (default $BOT_HOME/skills)")
-    home = settings.bot_home.resolve()
+    home, named = settings.bot_home.resolve(), settings.bot_home.absolute()
     for written in (home / WORK_DIR, home / HOMES_DIR):
-        if real.is_relative_to(written) or skills.is_relative_to(settings.bot_home.absolute() / written.name):
-            return (f"SKILLS_DIR {skills} is inside {written}, which shell_run commands write to: a command could "
-                    "write the skills the agent follows; point SKILLS_DIR at a folder only the operator writes")
+        # By the path as named and the real one: $BOT_HOME/work may be a link to a larger disk.
+        for path in {written, named / written.name, written.resolve()}:
+            if real.is_relative_to(path) or skills.is_relative_to(path):
+                return (f"SKILLS_DIR {skills} is inside {written}, which shell_run commands write to: a command "
+                        "could write the skills the agent follows; point SKILLS_DIR at a folder only the operator "
+                        "writes")
+            if path.is_relative_to(real) or path.is_relative_to(skills):
+                return (f"SKILLS_DIR {skills} holds {path}, the agents' work folders: every command would see every "
+                        "agent's files at /skills; point SKILLS_DIR at a folder of its own")
+    # Everything else in BOT_HOME is the bot's too: each MCP server runs and writes in $BOT_HOME/mcp/<name> (its
+    # SKILL.md would become a skill the agent follows), and what comes later will be written by someone.
+    for inside, own in ((real, home / SKILLS_DIR), (skills, named / SKILLS_DIR)):
+        if inside.is_relative_to(own.parent) and not inside.is_relative_to(own):
+            return (f"SKILLS_DIR {skills} is inside BOT_HOME, whose folders the bot, its commands and its MCP "
+                    f"servers write; inside BOT_HOME only {own} may hold skills")
     return None
 
 

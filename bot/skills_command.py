@@ -78,8 +78,8 @@ async def _stored_credentials(agents: list[Agent]) -> dict[str, set[str]] | None
 def doctor_checks(settings: Settings) -> list[Check]:
     """SKILLS_DIR usable, and each malformed skill file by path and line (the bot starts without them)."""
     if (problem := skills_dir_problem(settings)) is not None:
-        return [Check("skills", False, problem, "set SKILLS_DIR to a folder of its own, outside BOT_HOME's work "
-                                                "and homes folders")]
+        return [Check("skills", False, problem, "set SKILLS_DIR to a folder of its own: $BOT_HOME/skills (the "
+                                                "default) or one outside BOT_HOME and its work folders")]
     catalog = catalog_of(settings)
     skills, problems = catalog.skills(), catalog.problems()
     operator = sum(1 for skill in skills.values() if not skill.builtin)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 MAX_PATH_CHARS = 512
 MAX_DEPTH = 8
+MAX_LISTED_ENTRIES = 1_000  # names looked at when a skill's files are listed (core.skill_access, at each read)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
@@ -158,32 +159,70 @@ def decode_text(data: bytes, shown: str) -> str:
         raise UnreadableFile(f"{shown} is not UTF-8 text: only text files are returned") from None
 
 
-def listing(root: Path, folder: str, *, limit: int = 100, depth: int = 4) -> tuple[list[str], bool]:
-    """The plain files in a skill's folder other than SKILL.md (hidden ones and links left out), sorted, at most
-    ``limit`` (and whether more were left out), walked without following links."""
+def listing(root: Path, folder: str, *, limit: int = 100, depth: int = 4,
+            max_entries: int = MAX_LISTED_ENTRIES) -> tuple[list[str], bool]:
+    """The plain files in a skill's folder other than SKILL.md, sorted, at most ``limit`` (and whether more were left
+    out), walked without following links. Hidden ones, links, and names skill_read would refuse are left out. No
+    more than ``max_entries`` names are looked at, whatever they are: a folder of a million empty folders is not
+    walked to its end at each read (that is "more" too)."""
     real_root = os.path.realpath(root)
     base = os.path.realpath(os.path.join(real_root, folder))
     if not inside(base, real_root) or base == real_root:
         return [], False
-    found: list[str] = []
-    more = False
     try:
-        for top, dirs, files, _fd in os.fwalk(base, follow_symlinks=False):
-            rel = os.path.relpath(top, base)
-            level = 0 if rel == "." else rel.count(os.sep) + 1
-            dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if level < depth else []
-            for name in sorted(files):
-                if name.startswith(".") or (level == 0 and name == "SKILL.md"):
-                    continue
-                with contextlib.suppress(OSError):
-                    if not stat.S_ISREG(os.stat(name, dir_fd=_fd, follow_symlinks=False).st_mode):
-                        continue
-                    if len(found) >= limit:
-                        more = True
-                        break
-                    found.append(name if level == 0 else f"{rel}/{name}")
-            if more:
-                break
+        fd = os.open(base, _DIR_FLAGS)
     except OSError:
-        pass
+        return [], False
+    found: list[str] = []
+    with _closing(fd):
+        more = _files_below(fd, "", depth, limit, [max_entries], found)
     return sorted(found), more
+
+
+def _files_below(dir_fd: int, prefix: str, depth: int, limit: int, budget: list[int], found: list[str]) -> bool:
+    """Adds the listable files below ``dir_fd`` (``prefix`` names it) to ``found``, files first, folders ``depth``
+    deep; whether it stopped early (``limit`` files found, or ``budget[0]`` names looked at)."""
+    files: list[str] = []
+    folders: list[str] = []
+    stopped = False
+    try:
+        with os.scandir(dir_fd) as entries:
+            for entry in entries:
+                if budget[0] <= 0:
+                    stopped = True
+                    break
+                budget[0] -= 1
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.name)
+                elif entry.is_file(follow_symlinks=False) and not (prefix == "" and entry.name == "SKILL.md"):
+                    files.append(entry.name)
+    except OSError:
+        return False
+    for name in sorted(files):
+        if not _listable(prefix + name):
+            continue
+        if len(found) >= limit:
+            return True
+        found.append(prefix + name)
+    if stopped:
+        return True
+    for name in sorted(folders) if depth > 0 else []:
+        try:
+            sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        except OSError:
+            continue
+        with _closing(sub):
+            if _files_below(sub, f"{prefix}{name}/", depth - 1, limit, budget, found):
+                return True
+    return False
+
+
+def _listable(path: str) -> bool:
+    """Whether skill_read would take ``path`` (no control characters, backslashes…): only such names are listed."""
+    try:
+        relative_parts(path)
+    except UnreadableFile:
+        return False
+    return True

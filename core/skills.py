@@ -9,7 +9,9 @@ Whoever writes the folder may be careless or hostile, and the bot must start any
 is left out with a problem naming its path and line (``bot doctor``, ``bot skills list``). The front matter is
 read no further than ``FRONT_MATTER_MAX_BYTES``, and before PyYAML builds anything its events are checked: no
 anchors or aliases (the "billion laughs"), no nesting deeper than ``MAX_NESTING``, no more than ``MAX_EVENTS``;
-only then ``yaml.safe_load`` builds the values (never an object of a Python class).
+only then the safe loader builds the values (never an object of a Python class). The catalog runs on the event
+loop, so libyaml parses when PyYAML has it: the pure-Python parser takes ~25 ms per pass over 16 KiB of plain
+words, and 500 such skills (every cap kept) would stall every conversation for half a minute at each change.
 
 Changes are noticed by looking (no thread, no watcher): at most once every ``min_interval_s``, the folders'
 entries and each SKILL.md's size and times are compared with what was read, and only what changed is read again.
@@ -30,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from core.display import visible
 from core.skill_files import UnreadableFile, read_inside
 from core.stored_secrets import NAME as CREDENTIAL_NAME
 
@@ -45,6 +48,9 @@ FRONT_MATTER_MAX_BYTES = 16 * 1024
 MAX_NESTING = 4
 MAX_EVENTS = 2_000
 MAX_SKILLS = 500  # folders read per skills folder; the rest are named as a problem
+MAX_ENTRIES = 4 * MAX_SKILLS  # names looked at in a skills folder (files and hidden ones too): millions would stall
+# libyaml's parser (about a hundred times faster), with the same safe constructor; the pure-Python one otherwise.
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass(frozen=True)
@@ -63,14 +69,17 @@ class Skill:
 
 @dataclass(frozen=True)
 class SkillProblem:
-    """Why a skill was left out: the file (or folder), the line of the front matter when known, and what to fix."""
+    """Why a skill was left out: the file (or folder), the line of the front matter when known, and what to fix.
+    Shown in terminals and logs with every invisible character marked: a folder's name is anyone's choice, and
+    may hold escape sequences, line breaks or bytes that are not UTF-8."""
 
     path: Path
     line: int | None
     text: str
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.text}" if self.line is not None else f"{self.path}: {self.text}"
+        where = f"{self.path}:{self.line}" if self.line is not None else str(self.path)
+        return visible(f"{where}: {self.text}".replace("\n", "⟦LF⟧"))
 
 
 @dataclass(frozen=True)
@@ -153,11 +162,14 @@ def _front_matter(data: bytes) -> str:
 def _load(text: str) -> tuple[dict[str, Any], dict[str, int]]:
     """The front matter's values, and the file line of each top-level key (and of ``requires.<key>``)."""
     _check_events(text)
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        values = yaml.safe_load(text)
+    loader = _LOADER(text)
+    try:  # composed once: the values are built from the same nodes that give the lines
+        node = loader.get_single_node()
+        values = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         raise _Malformed(f"the front matter is not valid YAML: {_yaml_problem(exc)}", _yaml_line(exc)) from None
+    finally:
+        loader.dispose()
     if not isinstance(values, dict) or not isinstance(node, yaml.MappingNode):
         raise _Malformed("the front matter must be a mapping of keys (name: …, description: …)", 2)
     lines: dict[str, int] = {}
@@ -176,7 +188,7 @@ def _check_events(text: str) -> None:
     for a million nodes), deep nesting, and a flood of nodes."""
     depth = count = 0
     try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        for event in yaml.parse(text, Loader=_LOADER):
             count += 1
             line = event.start_mark.line + 2 if event.start_mark is not None else None
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
@@ -300,9 +312,8 @@ class SkillCatalog:
         seen: set[Path] = set()
         for root in self.roots:
             names, more = _folder_names(root.path)
-            if more:
-                problems.append(SkillProblem(root.path, None, f"holds more than {MAX_SKILLS} folders: only the "
-                                                              f"first {MAX_SKILLS} by name are read"))
+            if more is not None:
+                problems.append(SkillProblem(root.path, None, more))
             for name in names:
                 folder = root.path / name
                 seen.add(folder)
@@ -316,8 +327,9 @@ class SkillCatalog:
                     skills[read.skill.name] = read.skill
         for gone in set(self._read) - seen:
             del self._read[gone]
-        if [str(p) for p in problems] != [str(p) for p in self._problems]:
-            for problem in problems:
+        logged = {str(p) for p in self._problems}  # only what is new: an author toggling one file must not repeat all
+        for problem in problems:
+            if str(problem) not in logged:
                 log.warning("skill left out: %s", problem)
         self._skills, self._problems = skills, problems
 
@@ -330,22 +342,34 @@ class SkillCatalog:
         try:
             read = _Read(signature, parse_skill(root, name), None)
         except _Malformed as exc:
-            path = folder if exc.line is None and not (folder / SKILL_FILE).exists() else folder / SKILL_FILE
+            # lexists: False for a folder the bot may not enter (Path.exists raises PermissionError there)
+            path = folder if exc.line is None and not os.path.lexists(folder / SKILL_FILE) else folder / SKILL_FILE
             read = _Read(signature, None, SkillProblem(path, exc.line, exc.text))
         self._read[folder] = read
         return read
 
 
-def _folder_names(root: Path) -> tuple[list[str], bool]:
+def _folder_names(root: Path) -> tuple[list[str], str | None]:
     """The names in ``root`` that may be skills: folders (or links, judged when read), not hidden; sorted, at most
-    MAX_SKILLS (and whether more were left out). A missing folder holds none."""
+    MAX_SKILLS; and why some were left out, if any were. No more than MAX_ENTRIES names are looked at, whatever they
+    are: the folder is listed every few seconds on the event loop. A missing folder holds none."""
+    names: list[str] = []
+    looked = 0
     try:
         with os.scandir(root) as entries:
-            names = sorted(entry.name for entry in entries if not entry.name.startswith(".")
-                           and (entry.is_symlink() or entry.is_dir(follow_symlinks=False)))
+            for entry in entries:
+                looked += 1
+                if looked > MAX_ENTRIES:
+                    return (sorted(names)[:MAX_SKILLS], f"holds more than {MAX_ENTRIES:,} entries: only the skills "
+                            f"among the first {MAX_ENTRIES:,} looked at are read; remove what is not a skill")
+                if not entry.name.startswith(".") and (entry.is_symlink() or entry.is_dir(follow_symlinks=False)):
+                    names.append(entry.name)
     except OSError:
-        return [], False
-    return names[:MAX_SKILLS], len(names) > MAX_SKILLS
+        return [], None
+    if len(names) > MAX_SKILLS:
+        return sorted(names)[:MAX_SKILLS], (f"holds more than {MAX_SKILLS} folders: only the first {MAX_SKILLS} by "
+                                            "name are read")
+    return sorted(names), None
 
 
 def _signature(folder: Path) -> tuple[int, ...]:

@@ -345,8 +345,8 @@ async def test_skill_read_returns_skill_md_and_files_inside_as_data(tmp_path: Pa
     (folder / "scripts" / "restart.sh").write_text("systemctl restart app\n")
     (folder / "latest.sh").symlink_to("scripts/restart.sh")  # a link that stays inside: followed
     text = await read(access(tmp_path), "restart")
-    data = text.split("\n<<<\n", 1)[1]
-    assert "SECRET-BODY-MARKER" in data and data.count(">>>") == 1
+    data, after = text.split("\n<<<\n", 1)[1].split("\n>>>\n", 1)  # the skill, then its files' names (framed too)
+    assert "SECRET-BODY-MARKER" in data and ">>>" not in data and "SECRET-BODY-MARKER" not in after
     assert "it grants nothing" in text
     assert "scripts/restart.sh" in text and "/skills/restart/" in text
     assert "systemctl restart app" in await read(access(tmp_path), "restart", "scripts/restart.sh")
