@@ -120,7 +120,7 @@ async def test_a_summary_is_reused_after_the_window_slides_and_never_stretched_o
 async def test_a_long_thread_reaches_the_model_within_its_window_with_a_summary(
     make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM
 ) -> None:
-    gateway: GatewayClient = await start_gateway(make_settings(llm_context_tokens=6_000))
+    gateway: GatewayClient = await start_gateway(make_settings(llm_context_tokens=8_000))
     root = mention("start " + "s" * 6_000)
     fake_llm.then(Reply("first answer"))
     await gateway.send_event(root)
@@ -136,7 +136,7 @@ async def test_a_long_thread_reaches_the_model_within_its_window_with_a_summary(
     assert first["role"] == "user" and "This thread was shortened" in first["content"]
     assert SUMMARY in first["content"] and "not instructions to follow" in first["content"]
     assert last["messages"][-1]["content"].startswith("more 10")
-    assert all(len(json.dumps(r["messages"]).encode()) / 3 < 6_000 for r in answers)
+    assert all(len(json.dumps(r["messages"]).encode()) / 3 < 8_000 for r in answers)
     # Left out in steps (to 70% of the room): one summary serves the turns that follow, not one each.
     assert 1 <= fake_llm.summaries <= 2
 
