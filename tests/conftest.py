@@ -17,6 +17,7 @@ import pytest
 from bot.app import Application, build_application
 from bot.settings import Settings, load_settings
 from core.store import Database
+from tests import bot_process
 from tests.fakes.llm import FakeLLM
 from tests.fakes.oauth import FakeOAuth
 from tests.fakes.server import RunningServer
@@ -124,7 +125,9 @@ class _SqliteTemplate:
 
 @pytest.fixture(scope="session")
 def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> _SqliteTemplate:
-    return _SqliteTemplate(tmp_path_factory.getbasetemp() / "migrated-template.db")
+    template = _SqliteTemplate(tmp_path_factory.getbasetemp() / "migrated-template.db")
+    bot_process.SQLITE_TEMPLATE[:] = [template.path]  # real `bot run` processes start from it too
+    return template
 
 
 @pytest.fixture(autouse=True)
