@@ -44,10 +44,13 @@ def memory_line(memory: Memory) -> str:
 
 def pinned_section(lines: Sequence[str], max_chars: int) -> str:
     """The prompt section for pinned memories' ``lines`` (newest first): as many as fit in ``max_chars``, frame and
-    notes included; one that does not fit is left out and an older, shorter one may still fit. "" with none."""
+    notes included; one that does not fit is left out and an older, shorter one may still fit. "" with none.
+
+    Measured in UTF-8 bytes (ASCII: one per character): a tokenizer makes at most one token of each byte, while a
+    character outside the common scripts can cost up to four, so the budget holds in tokens too."""
     chosen: list[str] = []
     for line in lines:
-        if len(_section(PINNED_INTRO, [*chosen, line], len(lines) - len(chosen) - 1)) <= max_chars:
+        if _size(_section(PINNED_INTRO, [*chosen, line], len(lines) - len(chosen) - 1)) <= max_chars:
             chosen.append(line)
     if not chosen:
         return ""
@@ -98,6 +101,10 @@ def _section(intro: str, lines: Sequence[str], left_out: int) -> str:
     note = (f"\n({left_out} older pinned memor{'y' if left_out == 1 else 'ies'} did not fit here; recall finds "
             "them.)") if left_out else ""
     return f"{intro}\n{framed_data(chr(10).join(lines))}{note}"
+
+
+def _size(text: str) -> int:
+    return len(text.encode("utf-8", "replace"))
 
 
 def _one_line(text: str) -> str:

@@ -6,9 +6,16 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from core.memory import MemoryService, Writer
+from core.agents import Agent
+from core.memory import MemoryLimits, MemoryService, PinnedMemories, Writer
+from core.memory.shown import memory_line, pinned_section
+from core.redaction import Redactor
+from core.store import Database
+from core.store.memories import Memory, MemoryStore, NewMemory
+from core.tools import ToolContext
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
@@ -164,3 +171,46 @@ async def test_the_memory_pass_never_reads_an_answer_written_from_outside_text(
     assert len(fake_llm.requests) == 3
     said = fake_llm.requests[2]["messages"][-1]["content"]
     assert "Person: what's new in #ops? releases go out on Tuesdays" in said and POISON not in said
+
+
+# -- a prompt too large from memories -------------------------------------------------------------------------
+
+
+def test_pinned_memories_in_wide_characters_stay_within_the_budget_in_tokens_too() -> None:
+    """Finding: the budget counted characters ("a character is at most about a token"), but a character outside
+    the common scripts costs a byte-level tokenizer up to 4 tokens (one per UTF-8 byte), and the runner's own
+    estimate counts bytes / 3. A pinned note of 1,500 such characters fit a 2,000-character budget (half of a
+    4,000-token window) and took about 6,000 tokens: every turn of the agent overflowed the window. Now the section
+    is measured in UTF-8 bytes, which no tokenizer's count exceeds (ASCII text: the same as characters)."""
+    wide = Memory(2, "default", "\U00010000" * 1_500, True, False, "U1", None, T0)
+    short = Memory(1, "default", "Staging deploys need the blue-green flag", True, False, "U1", None, T0)
+    section = pinned_section([memory_line(wide), memory_line(short)], 2_000)
+    assert len(section.encode()) <= 2_000
+    assert "blue-green" in section and "\U00010000" not in section  # the older, shorter one still fits
+    assert "1 older pinned memory did not fit" in section
+
+
+async def test_the_pinned_section_fits_its_budget_whatever_the_memories_hold(tmp_path: Path) -> None:
+    """Holds (kept as a guard): escapes (⟦U+200B⟧ for each invisible character: 1 character becomes 8), runs of
+    frame markers, masks longer than what they mask: the section is fitted as the model reads it."""
+    db = Database(f"sqlite:///{tmp_path}/m.db")
+    await db.migrate()
+    try:
+        async def load() -> list[tuple[str, str]]:
+            return [("a.much.longer.credential.name.than.its.value", "abcd")]
+
+        async def fingerprint() -> int:
+            return 1
+
+        memory = MemoryService(MemoryStore(db), FixedClock(), redactor=Redactor(load, fingerprint),
+                               limits=MemoryLimits(pinned_max_chars=1_500))
+        writer = Writer(agent="default", sender="U1", trust="member")
+        await memory.remember(writer, "fits", pinned=True)
+        await memory.remember(writer, "\u200b" * 1_000, pinned=True)
+        await memory.remember(writer, "\u00e9>>>" * 300, pinned=True)
+        await memory.store.add(NewMemory("default", "abcd " * 300, pinned=True), max_items=100, now=T0, actor="U1")
+        ctx = ToolContext(session_id="s", turn_id=1, agent="default", sender="U1", trust="member")
+        section = await PinnedMemories(memory).render(Agent(), ctx)
+        assert "fits" in section and len(section.encode()) <= 1_500
+    finally:
+        await db.close()
