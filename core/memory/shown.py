@@ -68,7 +68,7 @@ def recall_result(memories: Sequence[Memory], query: str) -> str:
 class _Read:
     at: float  # time.monotonic()
     generation: int  # MemoryService.generation when it was read
-    lines: list[str]
+    memories: list[Memory]
 
 
 class PinnedMemories:
@@ -91,10 +91,11 @@ class PinnedMemories:
             at, generation = time.monotonic(), self.memory.generation  # before the query: a change meanwhile counts
             # Each line is at least ~40 characters: more than this many can never fit.
             memories = await self.memory.pinned(ctx.agent, limit=budget // 40 + 1)
-            read = self._read[ctx.agent] = _Read(at, generation, [memory_line(m) for m in memories])
+            read = self._read[ctx.agent] = _Read(at, generation, memories)
         # Masked at every turn (a secret stored a moment ago counts), one by one before they are fitted: the section
-        # stays within its budget.
-        return pinned_section([await self.memory.mask(line) for line in read.lines], budget)
+        # stays within its budget. The note is masked as written (its line marks invisible characters), then the line.
+        lines = [await self.memory.mask(memory_line(await self.memory.shown(m))) for m in read.memories]
+        return pinned_section(lines, budget)
 
 
 def _section(intro: str, lines: Sequence[str], left_out: int) -> str:

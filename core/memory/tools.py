@@ -67,7 +67,8 @@ def memory_tools(memory: MemoryService, outside: OutsideText | None = None) -> l
 
     async def recall(ctx: ToolContext, args: dict[str, Any]) -> str:
         query = str(args["query"])
-        return recall_result(await memory.recall(ctx.agent, query, limit=int(args.get("limit", 10))), query)
+        found = await memory.recall(ctx.agent, query, limit=int(args.get("limit", 10)))
+        return recall_result([await memory.shown(m) for m in found], query)  # a secret stored since: masked
 
     async def forget(ctx: ToolContext, args: dict[str, Any]) -> str:
         try:

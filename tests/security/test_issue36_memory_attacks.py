@@ -9,8 +9,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from core.agents import Agent
-from core.memory import MemoryLimits, MemoryService, PinnedMemories, Writer
+from core.errors import InvalidInput
+from core.memory import MemoryLimits, MemoryService, PinnedMemories, Writer, memory_tools
+from core.memory.service import HIDDEN
 from core.memory.shown import memory_line, pinned_section
 from core.redaction import Redactor
 from core.store import Database
@@ -212,5 +216,73 @@ async def test_the_pinned_section_fits_its_budget_whatever_the_memories_hold(tmp
         ctx = ToolContext(session_id="s", turn_id=1, agent="default", sender="U1", trust="member")
         section = await PinnedMemories(memory).render(Agent(), ctx)
         assert "fits" in section and len(section.encode()) <= 1_500
+    finally:
+        await db.close()
+
+
+# -- a stored secret kept in a memory ------------------------------------------------------------------------
+
+
+SECRET = "hunter2/super+secret-token-9876"
+
+
+@pytest.mark.parametrize("form", [
+    pytest.param(SECRET[:10] + "\u200b" + SECRET[10:], id="zero-width"),
+    pytest.param(SECRET[:5] + "\u00ad" + SECRET[5:], id="soft-hyphen"),
+    pytest.param(SECRET.upper(), id="upper-case"),
+    pytest.param(SECRET[:10] + " " + SECRET[10:], id="space"),
+    pytest.param(SECRET[:15] + "\n" + SECRET[15:], id="wrapped"),
+    pytest.param(SECRET.replace("h", "\uff48").replace("t", "\uff54"), id="fullwidth"),
+    pytest.param("hunter2%2fsuper%2bsecret-token-9876", id="percent-lower-case"),
+    pytest.param(SECRET.replace("/", "\\u002f"), id="json-unicode-escape"),
+    pytest.param(SECRET.replace("/", "&#47;"), id="html-entity"),
+])
+async def test_a_stored_secret_is_refused_however_it_is_spelt(tmp_path: Path, form: str) -> None:
+    """Finding: a memory holding a stored secret is refused "in any form the redactor masks", and the redactor masks
+    exact forms: a zero-width or soft hyphen inside, another case, a space or a line break (a wrapped paste),
+    full-width letters, lower-case percent-encoding, a JSON \\u escape or an HTML entity kept the value, readable,
+    in every later prompt of the agent (guests' too) and in /bot memory. Now the text is also compared as a reader
+    takes it in: escapes decoded, compatibility forms folded, case folded, and only letters and digits kept."""
+    db = Database(f"sqlite:///{tmp_path}/m.db")
+    await db.migrate()
+    try:
+        async def load() -> list[tuple[str, str]]:
+            return [("deploy.token", SECRET)]
+
+        async def fingerprint() -> int:
+            return 1
+
+        memory = MemoryService(MemoryStore(db), FixedClock(), redactor=Redactor(load, fingerprint))
+        with pytest.raises(InvalidInput, match="stored secret"):
+            await memory.remember(Writer(agent="default", sender="U1", trust="member"), f"the token is {form}")
+        assert await memory.store.count("default") == 0
+    finally:
+        await db.close()
+
+
+async def test_a_memory_whose_words_became_a_secret_in_another_spelling_is_hidden_wherever_it_is_shown(
+    tmp_path: Path,
+) -> None:
+    """The same, the other way round: a note kept before its words became a stored secret's value, in another case
+    (no mask matches it), was shown as written in every prompt and by recall. Now it is hidden whole."""
+    db = Database(f"sqlite:///{tmp_path}/m.db")
+    await db.migrate()
+    try:
+        stored: list[tuple[str, str]] = []
+
+        async def load() -> list[tuple[str, str]]:
+            return list(stored)
+
+        async def fingerprint() -> int:
+            return len(stored)
+
+        memory = MemoryService(MemoryStore(db), FixedClock(), redactor=Redactor(load, fingerprint, check_every_s=0))
+        writer = Writer(agent="default", sender="U1", trust="member")
+        await memory.remember(writer, "the staging password is LATER-VALUE-5551234", pinned=True)
+        stored.append(("staging.password", "later-value-5551234"))
+        ctx = ToolContext(session_id="s", turn_id=1, agent="default", sender="U1", trust="member")
+        [_remember, recall, _forget] = memory_tools(memory)
+        shown = [await PinnedMemories(memory).render(Agent(), ctx), await recall.function(ctx, {"query": "staging"})]
+        assert all(HIDDEN in text and "5551234" not in text for text in shown), shown
     finally:
         await db.close()
