@@ -286,3 +286,21 @@ async def test_a_memory_whose_words_became_a_secret_in_another_spelling_is_hidde
         assert all(HIDDEN in text and "5551234" not in text for text in shown), shown
     finally:
         await db.close()
+
+
+# -- search ----------------------------------------------------------------------------------------------------
+
+
+async def test_a_one_letter_word_of_a_query_is_a_word_not_every_words_beginning(store_db: Database) -> None:
+    """Finding: each word of a query matched as a word's beginning, so "a b c … p" (sixteen letters, anyone may
+    recall: guests too) made the search merge every word of the index starting with those letters: over 10,000
+    memories one recall cost 1.2 s on SQLite, and the model can be talked into calling it many times a turn.
+    A one-character word now matches only as a word (48 ms); "de" still finds "deploys". Both backends."""
+    store = MemoryStore(store_db)
+    await store.add(NewMemory("default", "Staging deploys need the blue-green flag"), max_items=10, now=T0,
+                    actor="U1")
+    await store.add(NewMemory("default", "Plan b is a rollback"), max_items=10, now=T0, actor="U1")
+    assert [m.text for m in await store.search("default", "d", limit=10)] == []
+    assert [m.text for m in await store.search("default", "b", limit=10)] == ["Plan b is a rollback"]
+    assert [m.text for m in await store.search("default", "de", limit=10)] == [
+        "Staging deploys need the blue-green flag"]
