@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from core.memory.shown import memory_line, pinned_section
 from core.redaction import Redactor
 from core.store import Database
 from core.store.memories import Memory, MemoryStore, NewMemory
-from core.tools import ToolContext
+from core.tools import Risk, Tool, ToolContext, as_called
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
@@ -175,6 +176,26 @@ async def test_the_memory_pass_never_reads_an_answer_written_from_outside_text(
     assert len(fake_llm.requests) == 3
     said = fake_llm.requests[2]["messages"][-1]["content"]
     assert "Person: what's new in #ops? releases go out on Tuesdays" in said and POISON not in said
+
+
+async def test_a_safe_tool_whose_need_for_approval_cannot_be_told_is_gated() -> None:
+    """The gate's side of the first finding: ``Tool.gated_when`` that fails (the database is down) asks a person
+    rather than nobody; a gated tool stays gated whatever it says."""
+    async def broken(_ctx: ToolContext, _args: dict[str, Any]) -> bool:
+        raise RuntimeError("database is down")
+
+    async def never(_ctx: ToolContext, _args: dict[str, Any]) -> bool:
+        return False
+
+    async def run(_ctx: ToolContext, _args: dict[str, Any]) -> str:
+        return "ok"
+
+    ctx = ToolContext(session_id="s", turn_id=1, agent="default", sender="U1", trust="member")
+    schema = {"type": "object", "additionalProperties": False}
+    safe = Tool(name="note", description="", parameters=schema, risk=Risk.SAFE, function=run, gated_when=broken)
+    assert (await as_called(safe, ctx, {})).risk is Risk.GATED
+    assert (await as_called(replace(safe, gated_when=never), ctx, {})).risk is Risk.SAFE
+    assert (await as_called(replace(safe, risk=Risk.GATED, gated_when=never), ctx, {})).risk is Risk.GATED
 
 
 # -- a prompt too large from memories -------------------------------------------------------------------------
