@@ -267,6 +267,7 @@ class Redactor:
         self._lock = asyncio.Lock()
         self._masks = MaskSet({})
         self._readings: tuple[str, ...] = ()  # each value as read (``reading``)
+        self.version = 0  # counts the masks' rebuilds: what was masked with older ones is stale
         self.loads = 0  # how often the stored secrets were decrypted (they are not, per call)
 
     def add_static(self, named: Iterable[tuple[str, str]]) -> None:
@@ -333,6 +334,7 @@ class Redactor:
         named = self._stored + learned + self._static
         self._masks = MaskSet.build(named)
         self._readings = _readings(value for _name, value in named)
+        self.version += 1
 
     def _tell(self, values: list[str]) -> None:
         for value in values:

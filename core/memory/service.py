@@ -146,6 +146,11 @@ class MemoryService:
         masked = await self.redactor.redact(text)
         return HIDDEN if self.redactor.reads_as_secret(masked) else masked
 
+    @property
+    def masks_version(self) -> int:
+        """Changes whenever the masks do (``Redactor.version``): what was masked before is stale."""
+        return self.redactor.version if self.redactor is not None else 0
+
     async def shown(self, memory: Memory) -> Memory:
         """``memory`` as the model and people are shown it (``mask``)."""
         return replace(memory, text=await self.mask(memory.text))

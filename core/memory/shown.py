@@ -75,12 +75,14 @@ class PinnedMemories:
     """The pinned memories of the turn's agent (a core.runner PromptSection); none for a sub-agent.
 
     Read at most every ``fresh_s`` per agent (and again after any change made in this process): a turn costs no
-    query, and a change made elsewhere (another replica, ``bot memory forget``) shows within ``fresh_s``."""
+    query, and a change made elsewhere (another replica, ``bot memory forget``) shows within ``fresh_s``. The section
+    written from a read is kept until the read or the masks change (a secret stored since counts at once)."""
 
     def __init__(self, memory: MemoryService, *, fresh_s: float = PINNED_FRESH_S) -> None:
         self.memory = memory
         self.fresh_s = fresh_s
         self._read: dict[str, _Read] = {}
+        self._written: dict[str, tuple[_Read, int, str]] = {}  # agent → (the read, the masks' version, the section)
 
     async def render(self, agent: Agent, ctx: ToolContext) -> str:
         budget = self.memory.limits.pinned_max_chars
@@ -92,10 +94,16 @@ class PinnedMemories:
             # Each line is at least ~40 characters: more than this many can never fit.
             memories = await self.memory.pinned(ctx.agent, limit=budget // 40 + 1)
             read = self._read[ctx.agent] = _Read(at, generation, memories)
-        # Masked at every turn (a secret stored a moment ago counts), one by one before they are fitted: the section
-        # stays within its budget. The note is masked as written (its line marks invisible characters), then the line.
-        lines = [await self.memory.mask(memory_line(await self.memory.shown(m))) for m in read.memories]
-        return pinned_section(lines, budget)
+        version = self.memory.masks_version
+        written = self._written.get(ctx.agent)
+        if written is not None and written[0] is read and written[1] == version:
+            return written[2]
+        # Masked one by one before they are fitted: the section stays within its budget. The note is masked as
+        # written, before its line marks invisible characters.
+        section = pinned_section([memory_line(await self.memory.shown(m)) for m in read.memories], budget)
+        if self.memory.masks_version == version:  # no mask changed while it was written
+            self._written[ctx.agent] = (read, version, section)
+        return section
 
 
 def _section(intro: str, lines: Sequence[str], left_out: int) -> str:
