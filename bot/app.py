@@ -53,6 +53,7 @@ from core.feedback import FeedbackBook
 from core.gateway import Gateway
 from core.memory import MemoryLimits, MemoryPass, MemoryService, PinnedMemories, memory_tools
 from core.memory.tools import REMEMBER
+from core.outside_text import OutsideText
 from core.plugins import ChannelContext
 from core.policies import PolicyBook
 from core.ports import Channel, Ports
@@ -322,7 +323,10 @@ def build_application(
     # Memories: an agent's, across its threads; the pinned ones in every turn's system prompt (SPEC §17).
     memory = MemoryService(MemoryStore(db), clock, redactor=credentials.redactor, trust=trust, limits=MemoryLimits(
         max_items=settings.memory_max_items, pinned_max_chars=_pinned_budget(settings)))
-    for tool in memory_tools(memory):
+    # Once a conversation holds text from outside it (a page, a command's output, a shared file), what it would write
+    # into memory is a person's to allow (core.outside_text); the tools registered later are looked up when asked.
+    outside = OutsideText(store, tools)
+    for tool in memory_tools(memory, outside):
         tools.register(tool)
     # Skills: the built-in one, then SKILLS_DIR's (read again when they change); listed in each turn's prompt.
     catalog = SkillCatalog([SkillRoot(BUILTIN_SKILLS, builtin=True), SkillRoot(settings.resolved_skills_dir)])
@@ -358,7 +362,8 @@ def build_application(
         sections=[PinnedMemories(memory), skills],
     )
     if settings.memory_pass:  # after a member's turn, one bounded call proposes memories (best effort)
-        bus.subscribe(MemoryPass(memory, model, store, trust=trust, enabled_for=_remembers(tools, agents)).on_event)
+        bus.subscribe(MemoryPass(memory, model, store, trust=trust, enabled_for=_remembers(tools, agents),
+                                 outside=outside).on_event)
     if len(agents.names()) > 1:  # delegate: only where there is another agent to hand work to (core.subagents)
         tools.register(SubAgents(runner, agents, clock, max_per_turn=settings.max_subagents_per_turn,
                                  max_steps=settings.subagent_max_steps).tool())
@@ -433,8 +438,9 @@ def build_application(
 
 
 def _pinned_budget(settings: Settings) -> int:
-    """MEMORY_PINNED_MAX_CHARS, at most half of LLM_CONTEXT_TOKENS (a character is at most about a token): the system
-    prompt is never cut, so pinned memories must leave the window room for the conversation."""
+    """MEMORY_PINNED_MAX_CHARS, at most half of LLM_CONTEXT_TOKENS (the section is measured in UTF-8 bytes, and a
+    token is at least one): the system prompt is never cut, so pinned memories must leave the window room for the
+    conversation."""
     most = settings.llm_context_tokens // 2
     if settings.memory_pinned_max_chars > most:
         log.warning("MEMORY_PINNED_MAX_CHARS=%d is more than half of LLM_CONTEXT_TOKENS=%d: pinned memories get %d "

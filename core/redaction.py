@@ -5,6 +5,10 @@ of a ``Header: value`` credential, base64 (standard and URL-safe, padded or not,
 that survives a prefix or suffix such as ``user:`` or a trailing newline), hex (lower and upper),
 percent-encoding and a JSON string's escaping.
 
+Beside the masks, ``reading`` is how a reader takes a text in (escapes decoded, case and compatibility forms folded,
+only letters and digits kept): what must never keep a secret at all (a memory) is also compared that way, so a
+zero-width character, a line break or another case inside a value does not get it kept.
+
 ``MaskSet`` is one compiled matcher for a set of values (one regex over a prefix tree of every form,
 longest match first); ``StreamMasker`` applies it to text arriving in chunks; ``Redactor`` keeps the
 current ``MaskSet`` in memory as a cache of what the database holds, reloaded when a cheap
@@ -16,19 +20,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import bisect
+import html
 import json
 import math
 import re
 import time
+import unicodedata
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from itertools import groupby
-from urllib.parse import quote, quote_plus
+from urllib.parse import quote, quote_plus, unquote
 
 MIN_VALUE_CHARS = 4  # shorter values would mangle ordinary text, and masking them hides little
 # Encoded forms look random: a 4-character base64 group occurs by chance in any long base64 blob.
 MIN_ENCODED_CHARS = 8
 MIN_LINE_CHARS = 16  # one line of a multi-line value (a PEM body line) is masked on its own
+MIN_READING_CHARS = 8  # letters and digits of a value compared as read: fewer would match ordinary words by chance
 _HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")
+_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})")
 _WRAP_WIDTHS = (76, 64)  # `base64` and PEM / `openssl base64` wrap their output at these widths
 
 
@@ -65,6 +73,25 @@ def derived_forms(value: str) -> set[str]:
     forms.update(line.strip() for line in value.splitlines()
                  if len(line.strip()) >= MIN_LINE_CHARS and not line.strip().startswith("-----"))
     return forms
+
+
+def reading(text: str) -> str:
+    """``text`` as a reader takes it in: HTML entities, percent-escapes (either case) and ``\\u``/``\\x`` escapes
+    decoded, compatibility forms folded (full-width letters), case folded, and only letters and digits kept (no
+    zero-width character, soft hyphen, space or line break between them)."""
+    text = _ESCAPE.sub(lambda m: chr(int(m.group(1) or m.group(2), 16)), unquote(html.unescape(text)))
+    return "".join(ch for ch in unicodedata.normalize("NFKC", text).casefold() if ch.isalnum())
+
+
+def _readings(values: Iterable[str]) -> tuple[str, ...]:
+    """What each value reads as (``reading``), and the part a credential naming its header sends, when long enough."""
+    read: set[str] = set()
+    for value in values:
+        sent = header_value(value)
+        for base in (value, sent) if sent else (value,):
+            if len(form := reading(base)) >= MIN_READING_CHARS:
+                read.add(form)
+    return tuple(sorted(read))
 
 
 def _escaped(text: str) -> list[str]:
@@ -239,6 +266,8 @@ class Redactor:
         self._told: set[str] = set()
         self._lock = asyncio.Lock()
         self._masks = MaskSet({})
+        self._readings: tuple[str, ...] = ()  # each value as read (``reading``)
+        self.version = 0  # counts the masks' rebuilds: what was masked with older ones is stale
         self.loads = 0  # how often the stored secrets were decrypted (they are not, per call)
 
     def add_static(self, named: Iterable[tuple[str, str]]) -> None:
@@ -285,12 +314,27 @@ class Redactor:
         """With the masks as they are now (no database access)."""
         return self._masks.mask(text)
 
+    async def holds_secret(self, text: str) -> bool:
+        """Whether ``text`` holds a secret's value: in a form the masks know, or as a reader takes it in
+        (``reading``: another case, a zero-width character or a line break inside, full-width letters, escapes)."""
+        return await self.redact(text) != text or self.reads_as_secret(text)
+
+    def reads_as_secret(self, text: str) -> bool:
+        """Whether a secret's value is in ``text`` as a reader takes it in (with the values as they are now)."""
+        if not self._readings:
+            return False
+        read = reading(text)
+        return any(value in read for value in self._readings)
+
     def stream(self) -> StreamMasker:
         return self._masks.stream()
 
     def _rebuild(self) -> None:
         learned = [(name, value) for _g, name, value in self._learned]
-        self._masks = MaskSet.build(self._stored + learned + self._static)
+        named = self._stored + learned + self._static
+        self._masks = MaskSet.build(named)
+        self._readings = _readings(value for _name, value in named)
+        self.version += 1
 
     def _tell(self, values: list[str]) -> None:
         for value in values:

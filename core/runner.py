@@ -30,7 +30,17 @@ from core.redaction import Redactor
 from core.store import ConversationStore
 from core.store.summaries import SummaryStore
 from core.text import clean_text
-from core.tools import Risk, Tool, ToolContext, ToolGate, ToolRegistry, offered_in, precheck_call, run_tool
+from core.tools import (
+    Risk,
+    Tool,
+    ToolContext,
+    ToolGate,
+    ToolRegistry,
+    as_called,
+    offered_in,
+    precheck_call,
+    run_tool,
+)
 from core.trust import SenderTrust, Trust, least_trusted
 
 log = logging.getLogger(__name__)
@@ -295,6 +305,7 @@ class AgentRunner:
         try:
             args = tool.parse_arguments(call.arguments)
             await precheck_call(tool, ctx, args)  # what cannot run is refused before anyone is asked about it
+            tool = await as_called(tool, ctx, args)  # a safe call that needs a person here (remember after a page)
             if self.gate is not None:  # every call: approval policies may refuse or ask about safe tools too
                 decision = await self.gate.authorize(ctx, tool, args)
                 if not decision.allowed:

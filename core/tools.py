@@ -8,7 +8,7 @@ import fnmatch
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from core.errors import CoreError, SchemaCheckError, ToolError
@@ -91,6 +91,13 @@ class Tool:
     # Whether it is offered in this turn at all (e.g. only where its channel's workspace is in scope and the
     # token it would use has what it needs); None: wherever its agent allows it.
     offered: Callable[[ToolContext], Awaitable[bool]] | None = None
+    # Its result may carry text nobody in the conversation wrote (a page, a command's output, another channel's
+    # messages, an MCP server's answer, a skill's file): what the conversation keeps for later after it (a memory) is
+    # a person's to allow (core.outside_text). False only for a result that is the bot's own state (the clock, memory).
+    outside_text: bool = True
+    # A safe tool whose call needs a person's approval all the same here (e.g. remember once the conversation holds
+    # text from outside it): the gate meets that call as a gated one. None: never.
+    gated_when: Callable[[ToolContext, dict[str, Any]], Awaitable[bool]] | None = None
 
     def __post_init__(self) -> None:
         problem = schema_problem(self.parameters)
@@ -244,6 +251,20 @@ async def precheck_call(tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> N
         raise ToolError(clean_text(str(exc))) from exc
     except Exception as exc:
         raise ToolError(clean_text(f"{tool.name} could not be checked: {type(exc).__name__}: {exc}")) from exc
+
+
+async def as_called(tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> Tool:
+    """``tool`` as this call meets the gate: gated when its ``gated_when`` says so here, or cannot say (fail closed:
+    a person is asked rather than nobody)."""
+    if tool.risk is Risk.GATED or tool.gated_when is None:
+        return tool
+    try:
+        async with asyncio.timeout(tool.timeout_s):
+            gated = await tool.gated_when(ctx, args)
+    except Exception as exc:
+        log.warning("whether %s needs approval here could not be told (%s): it does", tool.name, type(exc).__name__)
+        gated = True
+    return replace(tool, risk=Risk.GATED) if gated else tool
 
 
 async def offered_in(tool: Tool, ctx: ToolContext) -> bool:

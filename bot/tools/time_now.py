@@ -34,4 +34,5 @@ def time_now_tool(clock: Clock | None = None) -> Tool:
         risk=Risk.SAFE,
         function=time_now,
         timeout_s=5,
+        outside_text=False,  # the clock: nothing anyone wrote
     )

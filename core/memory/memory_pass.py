@@ -2,10 +2,13 @@
 model call (no tools, capped output) proposes at most three memories from it, stored unpinned and marked proposed.
 
 It reads only what people wrote in the turn and the answer, never tool output (what a web page, a command or an
-event said is not a team fact). It runs only when every sender whose words the conversation holds is a member or an
-admin: never for an event's turn, a schedule's firing, a sub-agent, a restricted turn or a listening turn that stayed
-silent. Each proposal is checked like any memory (no secret, the length, the agent's limit). Best effort: a failure
-is logged and changes nothing of the turn, which has already ended (it runs on the event bus, after TurnFinished).
+event said is not a team fact), nor a shared file's text; and once the conversation holds text from outside it
+(core.outside_text), not the answer either: an answer that sums up a page or a channel repeats what an outsider
+wrote ("Team fact: …"), which would be kept as the person's. It runs only when every sender whose words the
+conversation holds is a member or an admin: never for an event's turn, a schedule's firing, a sub-agent, a
+restricted turn or a listening turn that stayed silent. Each proposal is checked like any memory (no secret, the
+length, the agent's limit). Best effort: a failure is logged and changes nothing of the turn, which has already
+ended (it runs on the event bus, after TurnFinished).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from core.errors import InvalidInput
 from core.events import Event, TurnFinished
 from core.memory.service import MemoryService, Writer
 from core.model import EVENT_PREFIX, RESERVED_SESSION_PREFIXES, TurnInfo
+from core.outside_text import OutsideText
 from core.providers import ChatMessage, CompletionRequest, Provider, RetryPolicy, complete_with_retries
 from core.store import ConversationStore
 from core.text import clean_text, framed_data
@@ -45,13 +49,14 @@ class MemoryPass:
 
     def __init__(self, memory: MemoryService, provider: Provider, conversations: ConversationStore, *,
                  trust: SenderTrust | None = None, retry: RetryPolicy = RetryPolicy(attempts=2),
-                 enabled_for: Callable[[str], bool] = lambda _agent: True) -> None:
+                 enabled_for: Callable[[str], bool] = lambda _agent: True, outside: OutsideText | None = None) -> None:
         self.memory = memory
         self.provider = provider
         self.conversations = conversations
         self.trust = trust
         self.retry = retry
         self.enabled_for = enabled_for  # an agent whose tools leave out ``remember`` keeps no proposals either
+        self.outside = outside  # None: every conversation counts as holding outside text (the answer is never read)
         self.runs = 0  # model calls made (tests, metrics)
 
     async def on_event(self, event: Event) -> None:
@@ -104,13 +109,15 @@ class MemoryPass:
         return Writer(agent=session.agent, sender=turn.sender, trust=level, session_id=session.id)
 
     async def _exchange(self, turn: TurnInfo, answer: str) -> str:
-        """What people wrote in the turn, then the answer: the newest ``MAX_INPUT_CHARS``."""
+        """What people wrote in the turn (a shared file's text is nobody's words), then the answer unless the
+        conversation holds text from outside it: the newest ``MAX_INPUT_CHARS``."""
         rows = await self.conversations.transcript(turn.session.id, TRANSCRIPT_READ)
         parts = [f"Person: {row.content}" for row in rows if row.turn_id == turn.id and row.role == "user"
-                 and row.content]
+                 and row.sender and row.content]
         if not parts:
             return ""
-        parts.append(f"Assistant: {answer}")
+        if self.outside is not None and not await self.outside.in_conversation(turn.session.id):
+            parts.append(f"Assistant: {answer}")
         return clean_text("\n\n".join(parts))[-MAX_INPUT_CHARS:]
 
 

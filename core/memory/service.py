@@ -3,7 +3,10 @@
 - A turn at a restricted level (guest, external, bot: any such person's words in the conversation), an event's
   turn (its words came over the wire) and a sub-agent cannot write or forget; anyone may recall.
 - A memory is 1 to ``text_max_chars`` (2,000) characters. A text that holds a stored secret, in any form the
-  redactor masks (as written, base64, hex, percent- or JSON-escaped...), is refused whole: never masked and kept.
+  redactor masks (as written, base64, hex, percent- or JSON-escaped...) or as a reader takes it in (another case, a
+  zero-width character, space or line break inside, full-width letters: ``core.redaction.reading``), is refused
+  whole: never masked and kept. One kept before its words became a secret's value is shown masked, or hidden whole
+  when only its reading holds the value.
 - An agent keeps at most ``max_items``: the oldest unpinned ones make room (core.store.memories).
 Every write and forget is audited, with whose turn it was.
 """
@@ -11,7 +14,7 @@ Every write and forget is audited, with whose turn it was.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from core.clock import Clock
 from core.errors import InvalidInput, NotAllowed, NotFound
@@ -23,6 +26,7 @@ from core.trust import SenderTrust, is_restricted
 
 log = logging.getLogger(__name__)
 
+HIDDEN = "[hidden: this memory holds a stored secret's value in some form; forget it]"
 TEXT_MAX_CHARS = 2_000
 RECALL_MAX = 50  # memories one recall returns at most
 
@@ -85,7 +89,7 @@ class MemoryService:
                                f"{len(text):,}: shorten it")
         if self.redactor is not None:
             await self.redactor.check()  # a secret stored a moment ago (the CLI, another replica) counts
-            if await self.redactor.redact(text) != text:
+            if await self.redactor.holds_secret(text):
                 raise InvalidInput("the text holds the value of a stored secret (in some form): a memory never keeps "
                                    "one, so nothing was saved; name the credential instead of its value")
         return text
@@ -135,5 +139,18 @@ class MemoryService:
 
     async def mask(self, text: str) -> str:
         """``text`` (a memory as shown) with every stored secret masked: a memory kept before its words became a
-        stored secret's value shows the mask, in the prompt and to people."""
-        return await self.redactor.redact(text) if self.redactor is not None else text
+        stored secret's value shows the mask, in the prompt and to people; one that holds a value only as a reader
+        takes it in (``core.redaction.reading``) is hidden whole (no mask could say where the value is)."""
+        if self.redactor is None:
+            return text
+        masked = await self.redactor.redact(text)
+        return HIDDEN if self.redactor.reads_as_secret(masked) else masked
+
+    @property
+    def masks_version(self) -> int:
+        """Changes whenever the masks do (``Redactor.version``): what was masked before is stale."""
+        return self.redactor.version if self.redactor is not None else 0
+
+    async def shown(self, memory: Memory) -> Memory:
+        """``memory`` as the model and people are shown it (``mask``)."""
+        return replace(memory, text=await self.mask(memory.text))

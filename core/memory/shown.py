@@ -46,15 +46,18 @@ def memory_line(memory: Memory) -> str:
 
 def pinned_section(lines: Sequence[str], max_chars: int) -> str:
     """The prompt section for pinned memories' ``lines`` (newest first): as many as fit in ``max_chars``, frame and
-    notes included; one that does not fit is left out and an older, shorter one may still fit. "" with none."""
+    notes included; one that does not fit is left out and an older, shorter one may still fit. "" with none.
+
+    Measured in UTF-8 bytes (ASCII: one per character): a tokenizer makes at most one token of each byte, while a
+    character outside the common scripts can cost up to four, so the budget holds in tokens too."""
     # Measured, not built, for each candidate (building the section for every line was quadratic): the intro, its
     # line break, the empty frame, each chosen line as framed plus the line break before all but the first, and the
     # note counting every line not yet chosen as left out.
     chosen: list[str] = []
-    size = len(PINNED_INTRO) + 1 + len(framed_data(""))
+    size = _size(PINNED_INTRO) + 1 + _size(framed_data(""))
     for line in lines:
-        grown = size + len(frame_safe(line)) + (1 if chosen else 0)
-        if grown + len(_left_out_note(len(lines) - len(chosen) - 1)) <= max_chars:
+        grown = size + _size(frame_safe(line)) + (1 if chosen else 0)
+        if grown + _size(_left_out_note(len(lines) - len(chosen) - 1)) <= max_chars:
             chosen.append(line)
             size = grown
     if not chosen:
@@ -69,24 +72,25 @@ def recall_result(memories: Sequence[Memory], query: str) -> str:
         "\n".join(memory_line(m) for m in memories))
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Read:
     at: float  # time.monotonic()
     generation: int  # MemoryService.generation when it was read
-    lines: list[str]
-    section: tuple[tuple[tuple[str, ...], int], str] | None = None  # (masked lines, budget) and the section they made
+    memories: list[Memory]
 
 
 class PinnedMemories:
     """The pinned memories of the turn's agent (a core.runner PromptSection); none for a sub-agent.
 
     Read at most every ``fresh_s`` per agent (and again after any change made in this process): a turn costs no
-    query, and a change made elsewhere (another replica, ``bot memory forget``) shows within ``fresh_s``."""
+    query, and a change made elsewhere (another replica, ``bot memory forget``) shows within ``fresh_s``. The section
+    written from a read is kept until the read or the masks change (a secret stored since counts at once)."""
 
     def __init__(self, memory: MemoryService, *, fresh_s: float = PINNED_FRESH_S) -> None:
         self.memory = memory
         self.fresh_s = fresh_s
         self._read: dict[str, _Read] = {}
+        self._written: dict[str, tuple[_Read, int, str]] = {}  # agent → (the read, the masks' version, the section)
         self._loading: dict[str, asyncio.Future[_Read]] = {}
 
     def _loaded(self, agent: str, _done: asyncio.Future[_Read]) -> None:
@@ -96,7 +100,7 @@ class PinnedMemories:
         at, generation = time.monotonic(), self.memory.generation  # before the query: a change meanwhile counts
         # Each line is at least ~40 characters: more than this many can never fit.
         memories = await self.memory.pinned(agent, limit=budget // 40 + 1)
-        read = self._read[agent] = _Read(at, generation, [memory_line(m) for m in memories])
+        read = self._read[agent] = _Read(at, generation, memories)
         return read
 
     async def render(self, agent: Agent, ctx: ToolContext) -> str:
@@ -111,12 +115,16 @@ class PinnedMemories:
                 loading = self._loading[ctx.agent] = asyncio.ensure_future(self._load(ctx.agent, budget))
                 loading.add_done_callback(functools.partial(self._loaded, ctx.agent))
             read = await asyncio.shield(loading)
-        # Masked at every turn (a secret stored a moment ago counts), one by one before they are fitted: the section
-        # stays within its budget.
-        masked = tuple([await self.memory.mask(line) for line in read.lines])
-        if read.section is None or read.section[0] != (masked, budget):  # fitted once per state, not per turn
-            read.section = ((masked, budget), pinned_section(masked, budget))
-        return read.section[1]
+        version = self.memory.masks_version
+        written = self._written.get(ctx.agent)
+        if written is not None and written[0] is read and written[1] == version:
+            return written[2]
+        # Masked one by one before they are fitted: the section stays within its budget. The note is masked as
+        # written, before its line marks invisible characters.
+        section = pinned_section([memory_line(await self.memory.shown(m)) for m in read.memories], budget)
+        if self.memory.masks_version == version:  # no mask changed while it was written
+            self._written[ctx.agent] = (read, version, section)
+        return section
 
 
 def _section(intro: str, lines: Sequence[str], left_out: int) -> str:
@@ -126,6 +134,10 @@ def _section(intro: str, lines: Sequence[str], left_out: int) -> str:
 def _left_out_note(left_out: int) -> str:
     return (f"\n({left_out} older pinned memor{'y' if left_out == 1 else 'ies'} did not fit here; recall finds "
             "them.)") if left_out else ""
+
+
+def _size(text: str) -> int:
+    return len(text.encode("utf-8", "replace"))
 
 
 def _one_line(text: str) -> str:

@@ -3,7 +3,10 @@
 
 All three are safe (no approval by default): whether a turn may write or forget is the trust rule of
 core.memory.service, checked before anyone would be asked; ``[[policies]]`` rules can still ask about or deny any
-of them, as for every tool.
+of them, as for every tool. Once the conversation holds text from outside it (a page, a command's output, another
+channel's messages, a shared file: core.outside_text), ``remember`` and ``forget`` are gated: an instruction hidden in
+that text would otherwise write itself into every later conversation of the agent, so a person reads the exact text
+on the card first.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 from core.errors import InvalidInput, ToolError
 from core.memory.service import RECALL_MAX, MemoryService, Writer
 from core.memory.shown import recall_result
+from core.outside_text import OutsideText
 from core.text import MAX_ID
 from core.tools import Risk, Tool, ToolContext
 
@@ -28,8 +32,13 @@ async def _not_a_subagent(ctx: ToolContext) -> bool:
     return not ctx.subagent
 
 
-def memory_tools(memory: MemoryService) -> list[Tool]:
+def memory_tools(memory: MemoryService, outside: OutsideText | None = None) -> list[Tool]:
+    """The three tools; with ``outside``, writing or forgetting asks a person once the conversation holds text from
+    outside it."""
     most = memory.limits.text_max_chars
+
+    async def after_outside_text(ctx: ToolContext, _args: dict[str, Any]) -> bool:
+        return outside is not None and await outside.in_conversation(ctx.session_id)
 
     async def may_write(ctx: ToolContext, _args: dict[str, Any]) -> None:
         try:
@@ -58,7 +67,8 @@ def memory_tools(memory: MemoryService) -> list[Tool]:
 
     async def recall(ctx: ToolContext, args: dict[str, Any]) -> str:
         query = str(args["query"])
-        return recall_result(await memory.recall(ctx.agent, query, limit=int(args.get("limit", 10))), query)
+        found = await memory.recall(ctx.agent, query, limit=int(args.get("limit", 10)))
+        return recall_result([await memory.shown(m) for m in found], query)  # a secret stored since: masked
 
     async def forget(ctx: ToolContext, args: dict[str, Any]) -> str:
         try:
@@ -87,6 +97,7 @@ def memory_tools(memory: MemoryService) -> list[Tool]:
                 "additionalProperties": False,
             },
             risk=Risk.SAFE, function=remember, precheck=may_write, offered=_not_a_subagent, timeout_s=30.0,
+            outside_text=False, gated_when=after_outside_text,
         ),
         Tool(
             name=RECALL,
@@ -104,6 +115,7 @@ def memory_tools(memory: MemoryService) -> list[Tool]:
                 "additionalProperties": False,
             },
             risk=Risk.SAFE, function=recall, offered=_not_a_subagent, timeout_s=30.0,
+            outside_text=False,  # notes people saved (a write after outside text was a person's to allow)
         ),
         Tool(
             name=FORGET,
@@ -116,5 +128,6 @@ def memory_tools(memory: MemoryService) -> list[Tool]:
                 "additionalProperties": False,
             },
             risk=Risk.SAFE, function=forget, precheck=may_forget, offered=_not_a_subagent, timeout_s=30.0,
+            outside_text=False, gated_when=after_outside_text,
         ),
     ]

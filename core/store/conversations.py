@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Row, true, update
+from sqlalchemy import Row, and_, or_, true, update
 from sqlmodel import Session, col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -221,6 +221,18 @@ class ConversationStore:
             senders = (await s.exec(select(InputRow.sender).where(
                 InputRow.session_id == session_id, InputRow.kind != "control").distinct())).all()
             return sorted(sender for sender in senders if sender)
+
+    async def calls_and_files(self, session_id: str) -> tuple[set[str], bool]:
+        """What the model read in this conversation beside people's words: the names of the tools called in it, and
+        whether it holds a shared file's text (a user message nobody sent: core.turns)."""
+        async with self.db.read() as s:
+            rows = (await s.exec(select(MessageRow.tool_calls, MessageRow.role, MessageRow.sender).where(
+                MessageRow.session_id == session_id,
+                or_(col(MessageRow.tool_calls).is_not(None),
+                    and_(col(MessageRow.role) == "user", col(MessageRow.sender).is_(None)))))).all()
+        called = {str(call.get("name")) for calls, _role, _sender in rows if calls
+                  for call in json.loads(calls) if isinstance(call, dict)}
+        return called, any(role == "user" and sender is None for _calls, role, sender in rows)
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
         async with self.db.read() as s:
