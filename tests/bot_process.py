@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 
 from tests.cli_in_process import Finished, run_main_async
+from tests.forked import forked_bot
 from tests.slack_requests import SIGNING_SECRET, dumps, event_body, signed_headers
 
 # Variables a developer's shell may carry that would change what the bot under test does.
@@ -20,7 +21,7 @@ _SCRUB = ("SLACK_", "LLM_", "BOT_", "DATABASE_URL", "HOST", "PORT", "QUEUE_MODE"
 
 
 # Every process started, so none outlives the test session even when a test fails half way.
-STARTED: list[asyncio.subprocess.Process] = []
+STARTED: list[Any] = []  # asyncio.subprocess.Process or ForkedProcess
 
 # This test process's migrated SQLite file (tests/conftest.py), once its first real migration made it.
 SQLITE_TEMPLATE: list[Path] = []
@@ -49,7 +50,7 @@ class BotProcess:
         database = os.environ.get("BOT_PROCESS_DATABASE_URL")  # set per test by the database_url fixture
         if database and "DATABASE_URL" not in env:
             self.env["DATABASE_URL"] = database
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: Any = None  # asyncio.subprocess.Process or ForkedProcess
         self.stdout = ""
 
     @property
@@ -58,10 +59,12 @@ class BotProcess:
 
     async def start(self, timeout: float = 30.0) -> BotProcess:
         seed_database(self.cwd, self.env)
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot", "run", cwd=self.cwd, env=self.env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )
+        self.proc = await forked_bot(["run"], self.cwd, self.env)
+        if self.proc is None:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bot", "run", cwd=self.cwd, env=self.env,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            )
         STARTED.append(self.proc)
         assert self.proc.stdout is not None
         async with asyncio.timeout(timeout):
