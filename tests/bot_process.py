@@ -122,6 +122,13 @@ async def run_command(cwd: Path, env: dict[str, str], *args: str, timeout: float
     full_env = BotProcess(cwd, env).env
     if not process and args[:1] != ("run",):
         return await run_main_async(cwd, full_env, args, stdin=stdin, merge=merge, timeout=timeout)
+    forked = await forked_bot(list(args), cwd, full_env) if args[:1] == ("run",) and merge and not stdin else None
+    if forked is not None:  # a refused `bot run`: a process of its own, its output merged as asked
+        STARTED.append(forked)
+        async with asyncio.timeout(timeout):
+            code = await forked.wait()
+            out = await forked.stdout.read()
+        return Finished(code, out.decode(), "")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot", *args, cwd=cwd, env=full_env, stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT if merge else asyncio.subprocess.PIPE,

@@ -1,6 +1,7 @@
 """The test worker's side of tests/bot_zygote.py: ``bot run`` processes forked from a parent that has already imported
 the bot, with the asyncio.subprocess.Process surface BotProcess uses (pid, stdout, send_signal, kill, terminate, wait,
-returncode). ``BOT_TEST_FORK=0`` turns it off: every process is then started by exec, as before."""
+returncode). ``BOT_TEST_FORK=0`` turns it off: every process is then started by exec, as before; so is one whose
+environment changes what an interpreter reads as it starts (``PYTHON*``)."""
 
 from __future__ import annotations
 
@@ -99,6 +100,9 @@ class ForkedProcess:
 
 async def forked_bot(argv: list[str], cwd: Path, env: dict[str, str]) -> ForkedProcess | None:
     """``bot *argv`` forked from the zygote, output (stdout and stderr) on ``stdout``; None when forking is off."""
+    startup = {k: v for k, v in env.items() if k.startswith("PYTHON")}
+    if startup != {k: v for k, v in os.environ.items() if k.startswith("PYTHON")}:
+        return None  # what an interpreter reads as it starts (PYTHONPATH, a sitecustomize) differs: exec it
     zygote = _the_zygote()
     if zygote is None:
         return None
