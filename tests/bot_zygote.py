@@ -43,6 +43,8 @@ def _become_bot(request: dict[str, object], stdin: int, output: int) -> None:
     os.dup2(stdin, 0)
     os.dup2(output, 1)
     os.dup2(output, 2)
+    for fd in {stdin, output} - {0, 1, 2}:  # only on 0, 1 and 2, as an exec'd process has them
+        os.close(fd)
     os.chdir(str(request["cwd"]))
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})  # type: ignore[call-overload]
