@@ -392,3 +392,14 @@ async def workspaces(make_settings: Callable[..., Settings], start_gateway: Any,
     for team in ("T1", "T2"):
         await install(gw, fake_slack, team)
     return gw
+
+
+@pytest.fixture
+async def events(make_settings: Any, start_gateway: Any, tmp_path: Path,
+                 monkeypatch: pytest.MonkeyPatch, clock: Any) -> Any:
+    """A gateway with the test sources of ``events_config`` (and a small EVENT_MAX_BODY_BYTES), on the test's
+    ``clock`` (each event test file has its own: one second into a minute)."""
+    from tests.event_requests import MAX_BODY, events_config
+
+    config = events_config(tmp_path, monkeypatch)
+    return await start_gateway(make_settings(bot_config=config, event_max_body_bytes=MAX_BODY), clock=clock)

@@ -129,3 +129,4 @@ def signed(kind: str, now: datetime, *, body: bytes) -> tuple[bytes, dict[str, s
     if kind == "standard":
         return standard(None, now, body=body)
     return bearer(None, body=body)
+

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bot.settings import Settings
 from core.store import Database
 from core.store.tables import WebhookEventRow
 from core.store.webhook_events import WebhookEventStore
@@ -28,7 +26,6 @@ from tests.event_requests import (
     alert,
     bearer,
     dumps,
-    events_config,
     github,
     signed,
     standard,
@@ -40,19 +37,7 @@ pytestmark = pytest.mark.usefixtures("clean_env")
 
 @pytest.fixture
 def clock() -> ShiftedClock:
-    """One second into a minute: the rate windows of a test are one minute's."""
-    shifted = ShiftedClock()
-    shifted.jump_to(shifted.now().replace(second=1, microsecond=0) + timedelta(minutes=1))
-    return shifted
-
-
-@pytest.fixture
-async def events(make_settings: Callable[..., Settings], start_gateway: Any, tmp_path: Path,
-                 monkeypatch: pytest.MonkeyPatch, clock: ShiftedClock) -> GatewayClient:
-    config = events_config(tmp_path, monkeypatch)
-    gateway: GatewayClient = await start_gateway(make_settings(bot_config=config, event_max_body_bytes=MAX_BODY),
-                                                 clock=clock)
-    return gateway
+    return ShiftedClock.at_a_minute_start()
 
 
 async def post(gw: GatewayClient, name: str, delivery: tuple[bytes, dict[str, str]]) -> tuple[int, str, Any]:

@@ -32,10 +32,7 @@ BY_ID = "CLISTEN"  # named by its id
 
 @pytest.fixture
 def clock() -> ShiftedClock:
-    """One second into a minute: a test's rate window is one minute's."""
-    shifted = ShiftedClock()
-    shifted.jump_to(shifted.now().replace(second=1, microsecond=0) + timedelta(minutes=1))
-    return shifted
+    return ShiftedClock.at_a_minute_start()
 
 
 @pytest.fixture

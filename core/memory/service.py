@@ -95,24 +95,20 @@ class MemoryService:
         return text
 
     async def remember(self, writer: Writer, text: str, *, pinned: bool = False) -> Added:
-        await self.check_writer(writer, "write")
-        kept = await self.check_text(text)
-        added = await self.store.add(
-            NewMemory(agent=writer.agent, text=kept, pinned=pinned, written_by=writer.sender,
-                      session_id=writer.session_id),
-            max_items=self.limits.max_items, now=self.clock.now(), actor=writer.actor)
-        self.generation += 1
-        return added
+        return await self._add(writer, text, pinned=pinned, proposed=False)
 
     async def propose(self, writer: Writer, text: str) -> Added:
         """A memory the memory pass proposes from ``writer``'s turn: unpinned, marked proposed, checked as any."""
+        return await self._add(writer, text, pinned=False, proposed=True)
+
+    async def _add(self, writer: Writer, text: str, *, pinned: bool, proposed: bool) -> Added:
         await self.check_writer(writer, "write")
         kept = await self.check_text(text)
         added = await self.store.add(
-            NewMemory(agent=writer.agent, text=kept, proposed=True, written_by=writer.sender,
+            NewMemory(agent=writer.agent, text=kept, pinned=pinned, proposed=proposed, written_by=writer.sender,
                       session_id=writer.session_id),
             max_items=self.limits.max_items, now=self.clock.now(), actor=writer.actor)
-        self.generation += 1  # it may have pushed out a pinned one's neighbour: counted as a change all the same
+        self.generation += 1  # any add may push out another memory: the cached pinned ones are read again
         return added
 
     async def forget(self, writer: Writer, memory_id: int) -> Memory:

@@ -125,6 +125,13 @@ class ShiftedClock:
         """From now on it is ``when`` (and time goes on from there)."""
         self.offset += when - self.now()
 
+    @classmethod
+    def at_a_minute_start(cls) -> ShiftedClock:
+        """One second into the next minute: a test's per-minute rate windows are all one minute's."""
+        shifted = cls()
+        shifted.jump_to(shifted.now().replace(second=1, microsecond=0) + timedelta(minutes=1))
+        return shifted
+
 
 async def until(condition: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
     """Poll ``condition`` (a function, or a coroutine function) until it holds; fail saying ``what``

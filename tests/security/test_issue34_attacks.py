@@ -31,7 +31,14 @@ from core.webhooks.processor import EventProcessor, ProcessorSettings
 from core.webhooks.signatures import secret_problem
 from core.webhooks.thread_key import MAX_KEY, render_thread_key
 from tests.conftest import GatewayClient
-from tests.event_requests import MAX_BODY, PUSH, dumps, events_config, github, signed
+from tests.event_requests import (
+    MAX_BODY,
+    PUSH,
+    dumps,
+    events_config,
+    github,
+    signed,
+)
 from tests.fakes.core import ShiftedClock
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
@@ -45,19 +52,7 @@ MAX_EVENT_BODY = 1024 * 1024  # EVENT_MAX_BODY_BYTES by default
 
 @pytest.fixture
 def clock() -> ShiftedClock:
-    """One second into a minute: the rate windows of a test are one minute's."""
-    shifted = ShiftedClock()
-    shifted.jump_to(shifted.now().replace(second=1, microsecond=0) + timedelta(minutes=1))
-    return shifted
-
-
-@pytest.fixture
-async def events(make_settings: Callable[..., Settings], start_gateway: Any, tmp_path: Path,
-                 monkeypatch: pytest.MonkeyPatch, clock: ShiftedClock) -> GatewayClient:
-    config = events_config(tmp_path, monkeypatch)
-    gateway: GatewayClient = await start_gateway(make_settings(bot_config=config, event_max_body_bytes=MAX_BODY),
-                                                 clock=clock)
-    return gateway
+    return ShiftedClock.at_a_minute_start()
 
 
 async def post(gw: GatewayClient, name: str, delivery: tuple[bytes, dict[str, str]]) -> tuple[int, str]:
