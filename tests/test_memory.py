@@ -459,3 +459,35 @@ async def test_slash_bot_memory_lists_the_pinned_memories_privately(
     plain = await gateway.app.gateway.command(Command(text="memory", user="U1", channel="slack",
                                                       place=f"slack:{TEAM_ID}:C1"))
     assert "• #2 <!channel> *pinned* `one` (by U1, 2026-" in plain  # the rule is core's; a channel marks it up
+
+
+async def test_a_forget_made_while_the_pinned_ones_are_being_read_is_in_the_next_turns_prompt(tmp_path: Path) -> None:
+    """A turn starting after a forget made in this process never takes a read of the pinned memories begun before
+    it (one load per agent is shared only by turns of the same state)."""
+    db = Database(f"sqlite:///{tmp_path}/m.db")
+    await db.migrate()
+    try:
+        memory = MemoryService(MemoryStore(db), FixedClock())
+        member = Writer(agent="default", sender="U1", trust="member")
+        added = await memory.remember(member, "the old runbook is in the wiki", pinned=True)
+        section = PinnedMemories(memory)
+        ctx = ToolContext(session_id="s", turn_id=1, agent="default", sender="U1")
+        release, real_pinned = asyncio.Event(), memory.pinned
+
+        async def held_pinned(agent: str, *, limit: int = 200) -> list[Memory]:
+            rows = await real_pinned(agent, limit=limit)
+            await release.wait()
+            return rows
+
+        memory.pinned = held_pinned  # type: ignore[method-assign]
+        before = asyncio.ensure_future(section.render(Agent(), ctx))
+        await asyncio.sleep(0.05)  # its read is taken, and held
+        memory.pinned = real_pinned  # type: ignore[method-assign]
+        await memory.forget(member, added.memory.id)
+        after = asyncio.ensure_future(section.render(Agent(), ctx))
+        await asyncio.sleep(0.05)
+        release.set()
+        assert "the old runbook" in await before
+        assert "the old runbook" not in await after
+    finally:
+        await db.close()

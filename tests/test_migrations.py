@@ -181,3 +181,23 @@ async def test_a_database_behind_the_head_is_still_migrated(tmp_path: Path) -> N
         assert version == [_head_revision()] != ["0018"]
     finally:
         await database.close()
+
+
+def test_the_head_is_read_from_the_files_alembic_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A migration file whose name begins with "_" is one alembic runs: the head read from the files must count it,
+    or a database one revision behind would be taken as current and never migrated."""
+    import shutil
+
+    from core.store import database
+
+    copy = tmp_path / "migrations"
+    shutil.copytree(MIGRATIONS_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    head = _head_revision()
+    (copy / "versions" / "_9999_extra.py").write_text(
+        f'revision = "9999"\ndown_revision = "{head}"\n\n\ndef upgrade() -> None:\n    pass\n', encoding="utf-8")
+    monkeypatch.setattr(database, "MIGRATIONS_DIR", copy)
+    database._head_revision.cache_clear()
+    try:
+        assert database._head_revision() == "9999"
+    finally:
+        database._head_revision.cache_clear()

@@ -91,10 +91,11 @@ class PinnedMemories:
         self.fresh_s = fresh_s
         self._read: dict[str, _Read] = {}
         self._written: dict[str, tuple[_Read, int, str]] = {}  # agent → (the read, the masks' version, the section)
-        self._loading: dict[str, asyncio.Future[_Read]] = {}
+        self._loading: dict[str, tuple[int, asyncio.Future[_Read]]] = {}  # agent → (generation it began at, load)
 
-    def _loaded(self, agent: str, _done: asyncio.Future[_Read]) -> None:
-        self._loading.pop(agent, None)
+    def _loaded(self, agent: str, done: asyncio.Future[_Read]) -> None:
+        if agent in self._loading and self._loading[agent][1] is done:
+            del self._loading[agent]
 
     async def _load(self, agent: str, budget: int) -> _Read:
         at, generation = time.monotonic(), self.memory.generation  # before the query: a change meanwhile counts
@@ -110,10 +111,15 @@ class PinnedMemories:
         read = self._read.get(ctx.agent)
         if read is None or read.generation != self.memory.generation or time.monotonic() - read.at > self.fresh_s:
             # One query however many turns start meanwhile (at 100 turns a second each would make its own).
-            loading = self._loading.get(ctx.agent)
-            if loading is None:
-                loading = self._loading[ctx.agent] = asyncio.ensure_future(self._load(ctx.agent, budget))
+            # A load begun before a change made here since (a forget) is not the read this turn needs.
+            generation = self.memory.generation
+            began = self._loading.get(ctx.agent)
+            if began is None or began[0] != generation:
+                loading: asyncio.Future[_Read] = asyncio.ensure_future(self._load(ctx.agent, budget))
+                self._loading[ctx.agent] = (generation, loading)
                 loading.add_done_callback(functools.partial(self._loaded, ctx.agent))
+            else:
+                loading = began[1]
             read = await asyncio.shield(loading)
         version = self.memory.masks_version
         written = self._written.get(ctx.agent)

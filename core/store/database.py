@@ -289,8 +289,14 @@ def _head_revision() -> str | None:
     plain chain's single head (alembic then decides)."""
     revisions: set[str] = set()
     parents: set[str] = set()
-    for path in (MIGRATIONS_DIR / "versions").glob("[!_]*.py"):
-        found = dict((m.group(1), m.group(3)) for m in _REVISION_LINE.finditer(path.read_text(encoding="utf-8")))
+    for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
+        if path.name.startswith(("__init__", ".#")):  # the files alembic passes over, and only those
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+        found = dict((m.group(1), m.group(3)) for m in _REVISION_LINE.finditer(text))
         if "revision" not in found or found["revision"] is None or "down_revision" not in found:
             return None
         revisions.add(found["revision"])
