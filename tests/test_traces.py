@@ -281,3 +281,17 @@ def test_traces_asked_for_without_the_extra_cost_one_warning(caplog: pytest.LogC
 
 def test_core_never_imports_opentelemetry() -> None:
     assert violations("core", ("opentelemetry",)) == []
+
+
+def test_both_providers_split_their_token_counts() -> None:
+    from bot.providers.anthropic_format import usage_split
+    from bot.providers.openai_compat import tokens_of
+
+    assert tokens_of({"usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}}) == {
+        "input_tokens": 12, "output_tokens": 3}
+    assert tokens_of({"usage": {"prompt_tokens": True}}) == tokens_of({}) == {"input_tokens": None,
+                                                                               "output_tokens": None}
+    # Anthropic counts cache writes and reads apart from input_tokens: the request's tokens are all three.
+    assert usage_split({"input_tokens": 5, "cache_creation_input_tokens": 7, "cache_read_input_tokens": 11,
+                        "output_tokens": 2}) == {"input_tokens": 23, "output_tokens": 2}
+    assert usage_split(None) == {"input_tokens": None, "output_tokens": None}
