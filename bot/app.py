@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -33,6 +34,7 @@ from bot.settings import Settings
 from bot.skills import BUILTIN_SKILLS
 from bot.tools import build_registry
 from bot.tools.schedules import schedule_tools
+from bot.tracing import from_environment as traces_from_environment
 from channels.web.credential_link import CredentialLinkPage
 from channels.web.oauth_pages import OAuthPages
 from core.agents import AgentDirectory
@@ -81,6 +83,7 @@ from core.store.stats import snapshot
 from core.store.webhook_events import WebhookEventStore
 from core.subagents import SubAgents
 from core.tools import ToolRegistry
+from core.tracing import Tracer
 from core.trust import SenderTrust
 from core.webhooks.intake import WebhookIntake
 from core.webhooks.processor import EventProcessor, ProcessorSettings, SourceLevels
@@ -259,11 +262,13 @@ class Stopped:
 
 def build_application(
     settings: Settings, *, clock: Clock | None = None, provider: Provider | None = None,
-    secret_sink: Callable[[str], None] | None = None,
+    secret_sink: Callable[[str], None] | None = None, tracer: Tracer | None = None,
 ) -> Application:
     """Every object gets its collaborators when it is made, in dependency order; nothing is set afterwards.
-    ``secret_sink`` learns every stored secret value (the log filter masks them)."""
+    ``secret_sink`` learns every stored secret value (the log filter masks them). ``tracer``: where spans go
+    (None: as the OTEL_* variables say, bot.tracing; none of them set: nowhere, at no cost)."""
     clock = clock or SystemClock()
+    tracer = tracer if tracer is not None else traces_from_environment(os.environ)
     secure_home(settings)  # before anything is created under BOT_HOME: 0700 folders, 0600 files
     # Where this process listens: known before anything that must recognise its own port or link to it.
     address = Address(settings.port)
@@ -294,7 +299,7 @@ def build_application(
         log.warning("%s", warning)
     approvals = ApprovalBroker(approval_store, bus, clock, policy, agents,
                                timeout_s=settings.approval_timeout_s, poll_s=settings.approval_poll_s,
-                               policies=policies)
+                               policies=policies, tracer=tracer)
     credentials = CredentialService(
         CredentialStore(db), load_keyring(settings), bus, clock, policy, agents,
         timeout_s=settings.credential_timeout_s, max_bytes=settings.credential_max_bytes,
@@ -360,6 +365,7 @@ def build_application(
         resumable=connections.service.resumable if connections is not None else None,
         trust=trust,
         sections=[PinnedMemories(memory), skills],
+        tracer=tracer,
     )
     if settings.memory_pass:  # after a member's turn, one bounded call proposes memories (best effort)
         bus.subscribe(MemoryPass(memory, model, store, trust=trust, enabled_for=_remembers(tools, agents),
@@ -369,7 +375,7 @@ def build_application(
                                  max_steps=settings.subagent_max_steps).tool())
     deliveries = Deliveries(DeliveryStore(db), ports, bus, clock, config=DeliveryConfig(
         max_age_s=settings.delivery_max_age_s, retry_base_s=settings.delivery_retry_base_s,
-        claim_s=settings.lease_ttl_s, poll_s=settings.approval_poll_s))
+        claim_s=settings.lease_ttl_s, poll_s=settings.approval_poll_s), tracer=tracer)
     # With SQLite there is one process; with PostgreSQL several replicas share the work through leases.
     leases = None if db.is_sqlite else LeaseStore(db)
     dispatcher = build_dispatcher(
@@ -386,6 +392,7 @@ def build_application(
         policy=policy,  # who may stop or re-queue someone else's work
         deliveries=deliveries,
         attachments=AttachmentReader(ports, image_max_bytes=settings.image_max_bytes),  # files shared with messages
+        tracer=tracer,
     )
     schedule_jobs = ScheduleJobs(
         db, schedule_store, dispatcher, bus, clock,

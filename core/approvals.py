@@ -26,6 +26,7 @@ from core.requests import PersonRequests
 from core.store import ApprovalStore
 from core.store.tables import ApprovalRow, GrantRow
 from core.tools import DESTINATION_TOOL, SUBAGENT_CANNOT_ASK, GateDecision, Risk, Tool, ToolContext, canonical_call
+from core.tracing import APPROVAL, NO_TRACING, Tracer
 from core.trust import NOT_ALLOWED, is_restricted
 from core.views import AuditEntry, GrantView
 
@@ -38,7 +39,7 @@ TOO_LONG_TO_SHOW = "its arguments are too long to show an approver, and attachin
 class ApprovalBroker:
     def __init__(
         self, store: ApprovalStore, bus: EventBus, clock: Clock, policy: ApprovalPolicy, agents: AgentDirectory,
-        *, timeout_s: float, poll_s: float = 2.0, policies: PolicyBook | None = None,
+        *, timeout_s: float, poll_s: float = 2.0, policies: PolicyBook | None = None, tracer: Tracer = NO_TRACING,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -47,6 +48,7 @@ class ApprovalBroker:
         self.agents = agents
         self.timeout = timedelta(seconds=timeout_s)
         self.policies = policies or PolicyBook()  # [[policies]]: the first matching rule decides a call
+        self.tracer = tracer  # a wait on a person is a span of its call's trace (core.tracing)
         self.requests = PersonRequests("approval", store.requests, bus, clock, poll_s=poll_s, end=self._end,
                                        resolved=lambda request: ApprovalResolved(request.session, request))
 
@@ -183,7 +185,11 @@ class ApprovalBroker:
         its approvers are reminded meanwhile when its rule says so."""
         reminder = asyncio.create_task(self._remind(request)) if request.remind_at and not request.reminded else None
         try:
-            return await self.requests.wait(request, turn_id)
+            with self.tracer.span(f"{APPROVAL} {request.tool}", {"gen_ai.tool.name": request.tool,
+                                                                 "chatops.approval.id": request.id}) as span:
+                settled = await self.requests.wait(request, turn_id)
+                span.set("chatops.approval.status", settled.status.value)
+                return settled
         finally:
             if reminder is not None:
                 reminder.cancel()

@@ -31,6 +31,7 @@ from core.leasing import holder_name
 from core.model import LIVE_TURN_STATUSES, DeliveryStatus, SessionInfo, TurnStatus
 from core.ports import ChannelPort, DeliveryId, Ports, Receipt
 from core.store.deliveries import DeliveryStore, OutboxClaim
+from core.tracing import DELIVERY, NO_TRACING, Tracer
 from core.waiting import Waiters
 
 log = logging.getLogger(__name__)
@@ -71,12 +72,13 @@ class _Claim:
 
 class Deliveries:
     def __init__(self, store: DeliveryStore, ports: Ports, bus: EventBus, clock: Clock, *, holder: str | None = None,
-                 config: DeliveryConfig = DeliveryConfig()) -> None:
+                 config: DeliveryConfig = DeliveryConfig(), tracer: Tracer = NO_TRACING) -> None:
         self.store = store
         self.ports = ports
         self.clock = clock
         self.holder = holder or holder_name()  # whose claim a row is under, among replicas
         self.config = config
+        self.tracer = tracer  # each attempt is a span of its turn's trace (core.tracing)
         self.waiters: Waiters[DeliveryOutcome] = Waiters(config.poll_s)
         self._claim = timedelta(seconds=config.claim_s)
         self._margin = self._claim / 5  # an attempt ends this long before its claim does
@@ -162,7 +164,7 @@ class Deliveries:
             # finish_turn wrote this claim a moment ago and nothing has used it: nobody takes a row before its
             # claim ends, so the first attempt needs no second write to keep it.
             await self._attempt(_Claim(turn_id, 1, fresh.until, fresh.written_at), event.session, event.text,
-                                first=True)
+                                first=True, trace=event.turn.trace_context)
             return
         row = await self.store.extend_claim(turn_id, holder=self.holder, attempt=1, valid_after=now + self._margin,
                                             until=now + self._claim)
@@ -170,7 +172,7 @@ class Deliveries:
             self._wake.set()
             return
         claim = _Claim(turn_id, 1, row.next_attempt_at, row.created_at)
-        await self._attempt(claim, event.session, event.text, first=True)
+        await self._attempt(claim, event.session, event.text, first=True, trace=event.turn.trace_context)
 
     def _first_attempt(self, turn_id: int) -> bool:
         """True the first time only (a recent window of turns is remembered)."""
@@ -206,7 +208,8 @@ class Deliveries:
         pending = await self.store.claim(turn_id, self.holder, now, now + self._claim)
         if pending is not None:
             claim = _Claim(turn_id, pending.row.attempts, pending.row.next_attempt_at, pending.row.created_at)
-            await self._attempt(claim, pending.session, pending.text or EMPTY_ANSWER, first=False)
+            trace = await self.store.trace_context(turn_id) if self.tracer.enabled else None  # no query when off
+            await self._attempt(claim, pending.session, pending.text or EMPTY_ANSWER, first=False, trace=trace)
 
     async def _until_next(self) -> float:
         due = await self.store.next_due()
@@ -219,7 +222,18 @@ class Deliveries:
         left = (until - self._margin - self.clock.now()).total_seconds()
         return asyncio.get_running_loop().time() + left
 
-    async def _attempt(self, claim: _Claim, session: SessionInfo, text: str, *, first: bool) -> None:
+    async def _attempt(self, claim: _Claim, session: SessionInfo, text: str, *, first: bool,
+                       trace: str | None) -> None:
+        """One attempt, in a ``deliver <channel>`` span of the turn's trace (``trace``: its stored traceparent)."""
+        with self.tracer.span(f"{DELIVERY} {session.channel}", {
+                "chatops.channel": session.channel, "chatops.turn.id": claim.turn_id,
+                "chatops.delivery.attempt": claim.attempt}, parent=trace) as span:
+            error = await self._post(claim, session, text, first=first)
+            if error is not None:
+                span.fail(error)
+
+    async def _post(self, claim: _Claim, session: SessionInfo, text: str, *, first: bool) -> str | None:
+        """Post the answer and record how that went: None once taken, else what failed (a type, never text)."""
         port = self.ports.find(session.channel)
         turn_id = claim.turn_id
         try:
@@ -236,22 +250,23 @@ class Deliveries:
             raise  # shutdown: the claim runs out (or is released at the next start) and the row is retried
         except DeliveryFailed as exc:
             await self._failed(claim, exc.error, retryable=exc.retryable, retry_after_s=exc.retry_after_s)
-            return
+            return "DeliveryFailed"
         except TimeoutError:
             # Cut off mid-request: the post may still land on Slack's side. The next look for it comes only
             # after this claim would have ended, and a little more, so it can see that post.
             await self._failed(claim, "timed out", retryable=True, retry_after_s=None,
                                not_before=claim.until + _LANDING_S)
-            return
+            return "TimeoutError"
         except Exception as exc:  # e.g. a connection error an adapter did not translate: try again later
             log.warning("delivery of turn %s failed: %s: %s", turn_id, type(exc).__name__, exc)
             await self._failed(claim, type(exc).__name__, retryable=True, retry_after_s=None)
-            return
+            return type(exc).__name__
         if await self.store.delivered(turn_id, receipt.ref, self.clock.now(), holder=self.holder,
                                       attempt=claim.attempt):
             log.info("answer of turn %s delivered (%s)", turn_id, receipt.ref)
         self.waiters.wake(turn_id)
         self._tell(session.channel)
+        return None
 
     async def _failed(self, claim: _Claim, error: str, *, retryable: bool, retry_after_s: float | None,
                       not_before: datetime | None = None) -> None:

@@ -51,6 +51,7 @@ from core.store import (
     LeaseStore,
 )
 from core.text import clean_text
+from core.tracing import INTAKE, NO_TRACING, Tracer
 from core.turns import Shutdown, TurnDrivers
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ class Dispatcher:
         waiters: OutcomeWaiters,
         turns: TurnDrivers,
         controls: Controls,
+        tracer: Tracer = NO_TRACING,
     ) -> None:
         self.conversations = conversations
         self.inputs = inputs
@@ -104,6 +106,7 @@ class Dispatcher:
         self.waiters = waiters
         self.turns = turns
         self.controls = controls
+        self.tracer = tracer  # every message taken in starts a trace (core.tracing)
 
     @property
     def runner(self) -> AgentRunner:
@@ -166,6 +169,16 @@ class Dispatcher:
 
         ``internal`` is for core's own inputs (a scheduled firing): only they may use reserved
         session ids and preapproved calls."""
+        # A new trace, whatever the caller's context: the turn that takes this message joins it (its traceparent is
+        # stored with the input). A trace context a request came with is never adopted: outsiders join no trace.
+        with self.tracer.span(f"{INTAKE} {message.channel}", {"chatops.channel": message.channel,
+                                                               "gen_ai.conversation.id": message.session_id},
+                              parent=None) as span:
+            accepted = await self._accept(message, internal)
+            span.set("chatops.intake.outcome", accepted.outcome.value)
+            return accepted
+
+    async def _accept(self, message: Inbound, internal: bool) -> Accepted:
         if not internal and message.session_id.startswith(RESERVED_SESSION_PREFIXES):
             raise InvalidInput(f"session id {message.session_id!r} is reserved")
         if not internal and message.preapproved:
@@ -197,17 +210,17 @@ class Dispatcher:
         # Stored and acted on even if our caller goes away meanwhile (a closed connection): once the message
         # is in a commit group it may be committed, and then it must also be answered, not left waiting
         # behind the dedupe key that makes Slack's redelivery a duplicate.
-        work = asyncio.ensure_future(self._store_and_act(message, kind, text))
+        work = asyncio.ensure_future(self._store_and_act(message, kind, text, self.tracer.traceparent()))
         work.add_done_callback(_retrieved)  # a failure nobody is left to hear is not logged as unretrieved
         return await asyncio.shield(work)
 
-    async def _store_and_act(self, message: Inbound, kind: str, text: str) -> Accepted:
+    async def _store_and_act(self, message: Inbound, kind: str, text: str, trace: str | None) -> Accepted:
         # Whether intake is paused is read in the transaction that stores the message.
         result = await self.inputs.accept(
             message, kind=kind, agent=self.agents.get(message.agent).name, refuse=None,
             max_waiting=self.config.max_waiting, now=self.clock.now(),
             refuse_if_paused=_PAUSED if kind == InputKind.MESSAGE and message.addressed else None,
-            listen_per_minute=message.listen_per_minute,
+            listen_per_minute=message.listen_per_minute, trace_context=trace,
         )
         session = result.session
         if session is None:
@@ -278,11 +291,13 @@ def build_dispatcher(
     policy: ApprovalPolicy | None = None,
     deliveries: Deliveries | None = None,
     attachments: AttachmentReader | None = None,
+    tracer: Tracer = NO_TRACING,
 ) -> Dispatcher:
     """A dispatcher with its parts, each built before the ones that use it: leases and outcome waiters, then
     the turn drivers, then the controls that stop their turns. ``leases``: with several replicas (None: one
     process); ``policy``: who may stop or re-queue someone else's work (None: only whoever asked for it);
-    ``deliveries``: whose outbox a finished answer is claimed from; ``attachments``: reads shared files."""
+    ``deliveries``: whose outbox a finished answer is claimed from; ``attachments``: reads shared files;
+    ``tracer``: where each message's trace begins (core.tracing)."""
     leasing = SessionLeases(leases, clock, config.lease_ttl_s)
     waiters = OutcomeWaiters(inputs, config.outcome_poll_s)
     turns = TurnDrivers(conversations, inputs, control, runner, agents, bus, clock, config, leasing, waiters,
@@ -290,7 +305,7 @@ def build_dispatcher(
     controls = Controls(conversations, inputs, control, agents, policy or ApprovalPolicy((), ()), bus, clock,
                         turns, waiters)
     return Dispatcher(conversations, inputs, control, agents, bus, clock, config,
-                      leasing=leasing, waiters=waiters, turns=turns, controls=controls)
+                      leasing=leasing, waiters=waiters, turns=turns, controls=controls, tracer=tracer)
 
 
 _PAUSED = "The bot is paused by an operator and is not taking new requests right now; try again later."

@@ -184,6 +184,10 @@ class TurnInfo:
     # Every message it took came unaddressed, in a place the bot listens in: the model may stay silent
     # (core.listening), and a silent end posts nothing.
     answer_optional: bool = False
+    # The trace it belongs to (core.tracing): the W3C traceparent stored with the first message it took (its
+    # intake's span). None when traces were off then.
+    trace_context: str | None = None
+    resumed: bool = False  # continued after a restart (its trace links back to its first span)
 
 
 class ApprovalStatus(enum.StrEnum):

@@ -49,6 +49,8 @@ class Completion:
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     usage: int | None = None  # the tokens the call used, as the provider counted them (None: not said)
+    input_tokens: int | None = None  # of them, the request's (cached ones included)
+    output_tokens: int | None = None  # of them, the answer's
 
 
 class TextStream(Protocol):

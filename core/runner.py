@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -20,9 +21,11 @@ from core.listening import LISTENING_NOTE, NO_REPLY, NO_REPLY_SPEC
 from core.model import TurnInfo
 from core.providers import (
     ChatMessage,
+    Completion,
     CompletionRequest,
     Provider,
     RetryPolicy,
+    TextStream,
     ToolCall,
     complete_with_retries,
 )
@@ -41,6 +44,7 @@ from core.tools import (
     precheck_call,
     run_tool,
 )
+from core.tracing import CURRENT, NO_TRACING, Span, Tracer
 from core.trust import SenderTrust, Trust, least_trusted
 
 log = logging.getLogger(__name__)
@@ -86,6 +90,7 @@ class AgentRunner:
         resumable: Callable[[ToolContext], Awaitable[bool]] | None = None,
         trust: SenderTrust | None = None,
         sections: Sequence[PromptSection] = (),
+        tracer: Tracer = NO_TRACING,
     ) -> None:
         self.store = store
         self.provider = provider
@@ -101,6 +106,7 @@ class AgentRunner:
         self.resumable = resumable
         self.trust = trust  # senders' levels: a turn runs at the least trusted of everyone whose words it took
         self.sections = tuple(sections)
+        self.tracer = tracer  # invoke_agent, chat and execute_tool spans (core.tracing)
         self.window = ContextWindow(limits.context_tokens, SummaryStore(store.db) if store is not None else None,
                                     self._summarise, mask=self.redact)
 
@@ -138,9 +144,18 @@ class AgentRunner:
         # while the model is first asked, and before anything is redacted.
         # ``secrets``: their fingerprint, read where the turn was taken (then this costs no query).
         checking = asyncio.ensure_future(self.redactor.check(secrets)) if self.redactor is not None else None
+        # A turn's span joins the trace its first message began at intake, after a restart too (then it also links
+        # to that first span); a sub-agent's is a child of the call that delegated to it.
+        first = turn.trace_context if parent is None else None
         try:
-            return await self._run(turn, agent, images, steer, transcript, checking, save_answer, on_text, on_tool,
-                                   parent=parent, max_steps=max_steps or self.limits.max_steps)
+            with self.tracer.span(f"invoke_agent {agent.name}", {
+                    "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent.name,
+                    "gen_ai.conversation.id": turn.session.id, "gen_ai.provider.name": self.provider.name,
+                    "gen_ai.request.model": _model_of(self.provider), "chatops.turn.id": turn.id,
+                    "chatops.turn.resumed": turn.resumed or None},
+                    parent=first if parent is None else CURRENT, links=(first,) if first and turn.resumed else ()):
+                return await self._run(turn, agent, images, steer, transcript, checking, save_answer, on_text,
+                                       on_tool, parent=parent, max_steps=max_steps or self.limits.max_steps)
         except BaseException:
             # Never cut short: what the turn's failure says is redacted next, with masks that must be current.
             if checking is not None:
@@ -191,7 +206,7 @@ class AgentRunner:
             messages = merge_user_runs(await self.window.fit(session_id, history, room, keep_from=keep_from))
             request = CompletionRequest(instructions=instructions, messages=messages, tools=offered)
             try:
-                reply = await complete_with_retries(self.provider, request, self.retry, on_text=live)
+                reply = await self._complete(request, live)
                 if self.budget is not None:
                     await self.budget.spend(session_id, reply.usage if reply.usage is not None else
                                             request_tokens(request) + estimate(reply.content))
@@ -296,8 +311,64 @@ class AgentRunner:
             return None
         return await self.trust.of_turn(turn.session, everyone or (turn.sender,))
 
+    async def _complete(self, request: CompletionRequest, on_text: TextStream | None = None) -> Completion:
+        """One model call (retried as ``self.retry`` says) in a ``chat <model>`` span, with its token usage."""
+        model = _model_of(self.provider)
+        with self.tracer.span(f"chat {model}" if model else "chat", {
+                "gen_ai.operation.name": "chat", "gen_ai.provider.name": self.provider.name,
+                "gen_ai.request.model": model, "gen_ai.request.max_tokens": request.max_output_tokens},
+                client=True) as span:
+            try:
+                reply = await complete_with_retries(self.provider, request, self.retry, on_text=on_text)
+            except ProviderError as exc:
+                span.fail(exc.kind)  # the kind, never the text (it may quote the request)
+                raise
+            span.set("gen_ai.usage.input_tokens", reply.input_tokens)
+            span.set("gen_ai.usage.output_tokens", reply.output_tokens)
+            if self.tracer.content:
+                await self._record_messages(span, request, reply)
+            return reply
+
+    async def _record_messages(self, span: Span, request: CompletionRequest, reply: Completion) -> None:
+        """The request's and the answer's text on the span (only when content capture is on): each part masked
+        by itself, before it is put into JSON (escaping could hide a secret from the masks)."""
+        async def parts(message: ChatMessage) -> list[dict[str, Any]]:
+            found: list[dict[str, Any]] = [{"type": "text", "content": await self.redact(message.content)}] \
+                if message.content else []
+            if message.role == "tool":
+                found = [{"type": "tool_call_response", "id": message.tool_call_id,
+                          "response": await self.redact(message.content)}]
+            for call in message.tool_calls:
+                found.append({"type": "tool_call", "id": call.id, "name": call.name,
+                              "arguments": await self.redact(call.arguments)})
+            return found
+
+        span.set("gen_ai.system_instructions",
+                 json.dumps([{"type": "text", "content": await self.redact(request.instructions)}], ensure_ascii=False))
+        span.set("gen_ai.input.messages", json.dumps(
+            [{"role": m.role, "parts": await parts(m)} for m in request.messages], ensure_ascii=False))
+        answer = ChatMessage("assistant", reply.content, reply.tool_calls)
+        span.set("gen_ai.output.messages", json.dumps([{"role": "assistant", "parts": await parts(answer)}],
+                                                      ensure_ascii=False))
+
     async def _call_tool(self, call: ToolCall, allowed: set[str], ctx: ToolContext,
                          on_tool: Callable[[str], None] | None = None) -> str:
+        """The call's result (masked), in an ``execute_tool <tool>`` span that also holds its approval's wait."""
+        # A name the model made up is not a tool's: it names no span (it could carry anything).
+        name = call.name if call.name in allowed and self.tools.get(call.name) is not None else "_OTHER"
+        with self.tracer.span(f"execute_tool {name}", {
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name, "gen_ai.tool.type": "function",
+                "gen_ai.tool.call.id": call.id if _ID.fullmatch(call.id) else None}) as span:
+            result = await self._tool_result(call, allowed, ctx, on_tool)
+            if result.startswith("error:"):
+                span.fail("tool_error")
+            if self.tracer.content:
+                span.set("gen_ai.tool.call.arguments", await self.redact(call.arguments))
+                span.set("gen_ai.tool.call.result", await self.redact(result))
+            return result
+
+    async def _tool_result(self, call: ToolCall, allowed: set[str], ctx: ToolContext,
+                           on_tool: Callable[[str], None] | None) -> str:
         tool = self.tools.get(call.name)
         if tool is None or call.name not in allowed:
             return f"error: there is no tool named {call.name!r} available to you"
@@ -348,7 +419,7 @@ class AgentRunner:
         """One model call, no tools: a summary of what the context window left out (masked)."""
         request = CompletionRequest(instructions="You summarise chat-ops threads briefly and factually.",
                                     messages=messages)
-        return await self.redact((await complete_with_retries(self.provider, request, self.retry)).content)
+        return await self.redact((await self._complete(request)).content)
 
     async def _close_dangling_calls(
         self, history: list[ChatMessage], allowed: set[str], ctx: ToolContext, checking: asyncio.Future[None] | None
@@ -412,6 +483,15 @@ async def _cancel_all(tasks: Iterable[asyncio.Future[str]]) -> None:
     for task in tasks:  # retrieved, so none is logged as "never retrieved"; the turn's own error goes on
         if not task.cancelled():
             task.exception()
+
+
+_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # a tool call id as providers write them; anything else is left out
+
+
+def _model_of(provider: Provider) -> str | None:
+    """The model a provider asks for, when it says (the built-in ones do): spans name it."""
+    model = getattr(provider, "model", None)
+    return model if isinstance(model, str) and model else None
 
 
 def _truncate(text: str, limit: int) -> str:

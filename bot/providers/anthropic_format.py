@@ -121,6 +121,17 @@ def usage_total(usage: Any) -> int | None:
     return total if 0 < total < 10**7 else None  # zero or absurd: estimated instead (as for OpenAI)
 
 
+def usage_split(usage: Any) -> dict[str, int | None]:
+    """``input_tokens`` (cache writes and reads included) and ``output_tokens`` of a call, each None when not said."""
+    def count(*names: str) -> int | None:
+        values = [usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None) for name in names]
+        total = sum(v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0)
+        return total if 0 < total < 10**7 else None
+
+    return {"input_tokens": count("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"),
+            "output_tokens": count("output_tokens")}
+
+
 def completion(message: Any) -> Completion:
     """A whole ``Message`` in core's terms."""
     texts: list[str] = []
@@ -132,8 +143,8 @@ def completion(message: Any) -> Completion:
         elif kind == "tool_use":
             calls.append(ToolCall(id=clean_text(block.id or "") or f"call_{len(calls) + 1}",
                                   name=clean_text(block.name or ""), arguments=json.dumps(block.input or {})))
-    return Completion(content="".join(texts), tool_calls=tuple(calls),
-                      usage=usage_total(getattr(message, "usage", None)))
+    usage = getattr(message, "usage", None)
+    return Completion(content="".join(texts), tool_calls=tuple(calls), usage=usage_total(usage), **usage_split(usage))
 
 
 class StreamedMessage:
@@ -191,4 +202,5 @@ class StreamedMessage:
             ToolCall(id=clean_text(c["id"]) or f"call_{n}", name=clean_text(c["name"]),
                      arguments=c["json"] or (json.dumps(c["start"]) if c["start"] else "{}"))
             for n, (_, c) in enumerate(sorted(self._calls.items()), 1))
-        return Completion(content="".join(self.text), tool_calls=calls, usage=usage_total(self._usage))
+        return Completion(content="".join(self.text), tool_calls=calls, usage=usage_total(self._usage),
+                          **usage_split(self._usage))

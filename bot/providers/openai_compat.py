@@ -135,6 +135,7 @@ async def _read_stream(response: aiohttp.ClientResponse, on_text: TextStream) ->
     whole = StreamedCompletion()
     received = 0
     usage: int | None = None
+    tokens: dict[str, int | None] = {}
     async for raw in response.content:
         received += len(raw)
         if received > MAX_BODY_BYTES:
@@ -149,11 +150,13 @@ async def _read_stream(response: aiohttp.ClientResponse, on_text: TextStream) ->
         chunk = json.loads(data)
         if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):  # an error sent mid-stream
             raise _status_error(500, json.dumps(chunk), {}).provider_error
-        usage = usage_of(chunk) or usage  # the last chunk, when asked for (stream_options)
+        counted = usage_of(chunk)
+        if counted is not None:  # the last chunk, when asked for (stream_options)
+            usage, tokens = counted, tokens_of(chunk)
         text = whole.add(chunk)
         if text:
             on_text(text)
-    return Completion(content="".join(whole.text), tool_calls=whole.tool_calls(), usage=usage)
+    return Completion(content="".join(whole.text), tool_calls=whole.tool_calls(), usage=usage, **tokens)
 
 
 def _body(model: str, request: CompletionRequest) -> dict[str, Any]:
@@ -185,7 +188,7 @@ def _completion(response: Any) -> Completion:
                                   arguments=arguments if isinstance(arguments, str) and arguments else "{}"))
     content = message.get("content")
     return Completion(content=clean_text(content if isinstance(content, str) else ""), tool_calls=tuple(calls),
-                      usage=usage_of(response))
+                      usage=usage_of(response), **tokens_of(response))
 
 
 def usage_of(response: Any) -> int | None:
@@ -194,6 +197,15 @@ def usage_of(response: Any) -> int | None:
     total = usage.get("total_tokens") if isinstance(usage, dict) else None
     # Zero or absurd figures are not believed (an endpoint must not switch a budget off): estimated instead.
     return total if isinstance(total, int) and not isinstance(total, bool) and 0 < total < 10**7 else None
+
+
+def tokens_of(response: Any) -> dict[str, int | None]:
+    """``usage.prompt_tokens`` and ``usage.completion_tokens`` as ``input_tokens`` and ``output_tokens``."""
+    usage = response.get("usage") if isinstance(response, dict) else None
+    usage = usage if isinstance(usage, dict) else {}
+    return {field: value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**7 else None
+            for field, value in (("input_tokens", usage.get("prompt_tokens")),
+                                 ("output_tokens", usage.get("completion_tokens")))}
 
 
 @dataclass(frozen=True)

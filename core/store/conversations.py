@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -359,7 +360,8 @@ def resume_interrupted(s: Session, session_id: str, now: datetime) -> TurnInfo |
         return None
     conn.execute(update(_turns).where(_turns.c.id == turn.id)
                  .values(status=TurnStatus.RUNNING, attempts=_turns.c.attempts + 1, started_at=now))
-    return turn_info(s, turn.id, turn.input_message_id, _set_status(s, session_id, SessionStatus.RUNNING))
+    info = turn_info(s, turn.id, turn.input_message_id, _set_status(s, session_id, SessionStatus.RUNNING))
+    return replace(info, resumed=True)
 
 
 def _set_status(s: Session, session_id: str, status: SessionStatus, now: datetime | None = None) -> SessionInfo:

@@ -13,7 +13,7 @@ from sqlmodel import Session, col, select
 from core.model import DeliveryStatus, SessionInfo
 from core.store import statements as st
 from core.store.database import Database
-from core.store.row_views import session_info
+from core.store.row_views import session_info, trace_context
 from core.store.tables import ControlRow, DeliveryRow, SessionRow, TurnRow
 
 INSTALL_KEY = "delivery_install"  # the control row holding this database's install id (see ``install_id``)
@@ -55,6 +55,11 @@ class DeliveryStore:
                                .where(TurnRow.id == turn_id))
             found = row.first()
             return (str(found[0]), str(found[1])) if found is not None else None
+
+    async def trace_context(self, turn_id: int) -> str | None:
+        """The trace the turn belongs to (core.tracing): a retried delivery joins it, in any process."""
+        return await self.db.run_read(
+            lambda s: trace_context(s.connection().execute(st.TURN_INPUTS, {"b_turn": turn_id}).all()))
 
     async def due(self, now: datetime, limit: int = 50) -> list[int]:
         async with self.db.read() as s:

@@ -31,7 +31,7 @@ from core.store.control import queue_mode_of
 from core.store.conversations import resume_interrupted, transcript
 from core.store.database import Database
 from core.store.intake import Accepted, Arrival, Intake, waiting_messages
-from core.store.row_views import answer_optional, session_info, turn_info, turn_outcome
+from core.store.row_views import answer_optional, session_info, trace_context, turn_info, turn_outcome
 from core.store.tables import InputRow, MessageRow, ProcessedEventRow, SessionRow, TurnRow
 
 
@@ -84,13 +84,14 @@ class InputStore:
 
     async def accept(
         self, msg: Inbound, *, kind: str, agent: str, refuse: str | None, max_waiting: int, now: datetime,
-        refuse_if_paused: str | None = None, listen_per_minute: int | None = None,
+        refuse_if_paused: str | None = None, listen_per_minute: int | None = None, trace_context: str | None = None,
     ) -> Accepted:
         """Take one inbound message in: dedupe, then store it as waiting, a command, context, or refused
-        (``refuse`` is the operator's reason; ``refuse_if_paused`` the one given while intake is paused).
+        (``refuse`` is the operator's reason; ``refuse_if_paused`` the one given while intake is paused;
+        ``trace_context`` the traceparent of its intake's span, core.tracing).
         Committed together with whatever else arrived meanwhile (core.store.intake)."""
         return await self.intake.accept(Arrival(msg, kind, agent, refuse, max_waiting, now, refuse_if_paused,
-                                                listen_per_minute))
+                                                listen_per_minute, trace_context))
 
     async def prune_deliveries(self, older_than: datetime) -> int:
         async with self.db.write() as s:
@@ -264,7 +265,7 @@ def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, n
     sender = messages[0].sender if messages else batch[0].sender
     turn = TurnInfo(id=turn_id, session=info, inputs=refs, sender=sender, input_ids=tuple(i.id for i in batch),
                     senders=senders_of(batch), everyone=conversation_senders(s, session_id, senders_of(batch)),
-                    asked=asked, answer_optional=answer_optional(batch))
+                    asked=asked, answer_optional=answer_optional(batch), trace_context=trace_context(batch))
     return replace(_taken(turn, batch), more=more)
 
 

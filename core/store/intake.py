@@ -60,6 +60,7 @@ class Arrival:
     now: datetime
     refuse_if_paused: str | None = None
     listen_per_minute: int | None = None
+    trace_context: str | None = None  # its intake span's traceparent (core.tracing), stored with it
 
 
 Req = TypeVar("Req")
@@ -177,7 +178,8 @@ def _accept_group(s: Session, db: Database, rates: ListenRates, arrivals: list[A
 
 
 def _refused(arrival: Arrival, reason: str) -> Arrival:
-    return Arrival(arrival.msg, arrival.kind, arrival.agent, reason, arrival.max_waiting, arrival.now)
+    return Arrival(arrival.msg, arrival.kind, arrival.agent, reason, arrival.max_waiting, arrival.now,
+                   trace_context=arrival.trace_context)
 
 
 def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival) -> Accepted:
@@ -241,6 +243,7 @@ def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival) 
         attachments=json.dumps([asdict(a) for a in msg.attachments]) if msg.attachments else None, sender=msg.sender,
         agent=msg.agent, platform_channel=msg.ref.channel, platform_ts=msg.ref.ts,
         idempotency_key=msg.idempotency_key, note=note, created_at=now, answer_optional=optional,
+        trace_context=arrival.trace_context,
     ))
     if not new_session:
         conn.execute(st.UPDATE_SESSION, {"b_session": msg.session_id, "updated_at": now})

@@ -43,7 +43,7 @@ def turn_info(s: Session, turn_id: int, input_message_id: int | None, session: S
     if not senders and sender is not None:
         senders = (sender,)
     return TurnInfo(id=turn_id, session=session, inputs=refs, sender=sender, input_ids=ids, senders=senders,
-                    asked=asked, answer_optional=answer_optional(inputs))
+                    asked=asked, answer_optional=answer_optional(inputs), trace_context=trace_context(inputs))
 
 
 def answer_optional(inputs: Sequence[Any]) -> bool:
@@ -51,6 +51,12 @@ def answer_optional(inputs: Sequence[Any]) -> bool:
     makes it an answer owed."""
     messages = [i for i in inputs if i.kind == "message"]
     return bool(messages) and all(i.answer_optional for i in messages)
+
+
+def trace_context(inputs: Sequence[Any]) -> str | None:
+    """The trace a turn joins: its first message's (the one that started it), else its first input's that has one."""
+    first = next((i.trace_context for i in inputs if i.kind == "message" and i.trace_context), None)
+    return first or next((i.trace_context for i in inputs if i.trace_context), None)
 
 
 def turn_outcome(turn: TurnRow) -> Outcome | None:

@@ -57,7 +57,7 @@ SENDERS = (select(inputs.c.sender).where(inputs.c.session_id == bindparam("b_ses
            .distinct())
 TURN_HEAD = select(turns.c.session_id, turns.c.input_message_id).where(turns.c.id == bindparam("b_turn"))
 TURN_INPUTS = (select(inputs.c.id, inputs.c.kind, inputs.c.sender, inputs.c.platform_channel, inputs.c.platform_ts,
-                      inputs.c.message_id, inputs.c.answer_optional)
+                      inputs.c.message_id, inputs.c.answer_optional, inputs.c.trace_context)
                .where(inputs.c.turn_id == bindparam("b_turn"), inputs.c.kind != InputKind.CONTROL)
                .order_by(inputs.c.id))
 WAITING = (select(inputs).where(inputs.c.session_id == bindparam("b_session"), inputs.c.status == InputStatus.WAITING)

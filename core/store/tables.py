@@ -107,6 +107,9 @@ class InputRow(SQLModel, table=True):
     taken_at: datetime | None = timestamp(nullable=True)
     # A message nobody addressed, in a place the bot listens in: its turn may end silently (core.listening).
     answer_optional: bool = Field(default=False, sa_column=Column(Boolean, nullable=False, server_default=false()))
+    # The W3C traceparent of its intake's span (core.tracing): the turn that takes it, resumed or not, and the
+    # answer's delivery join that trace. None when traces are off.
+    trace_context: str | None = Field(default=None, max_length=64)
 
 
 class ControlRow(SQLModel, table=True):
