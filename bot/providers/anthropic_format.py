@@ -121,6 +121,22 @@ def usage_total(usage: Any) -> int | None:
     return total if 0 < total < 10**7 else None  # zero or absurd: estimated instead (as for OpenAI)
 
 
+def usage_split(usage: Any) -> tuple[int | None, int | None]:
+    """(input, output) tokens: the input with cache writes and reads, as ``usage_total`` counts them."""
+    def count(names: tuple[str, ...]) -> int | None:
+        total = 0
+        for name in names:
+            value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                total += value
+        return total if total < 10**7 else None
+
+    if usage is None:
+        return None, None
+    return (count(("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")),
+            count(("output_tokens",)))
+
+
 def completion(message: Any) -> Completion:
     """A whole ``Message`` in core's terms."""
     texts: list[str] = []
@@ -132,8 +148,10 @@ def completion(message: Any) -> Completion:
         elif kind == "tool_use":
             calls.append(ToolCall(id=clean_text(block.id or "") or f"call_{len(calls) + 1}",
                                   name=clean_text(block.name or ""), arguments=json.dumps(block.input or {})))
-    return Completion(content="".join(texts), tool_calls=tuple(calls),
-                      usage=usage_total(getattr(message, "usage", None)))
+    usage = getattr(message, "usage", None)
+    input_tokens, output_tokens = usage_split(usage)
+    return Completion(content="".join(texts), tool_calls=tuple(calls), usage=usage_total(usage),
+                      input_tokens=input_tokens, output_tokens=output_tokens)
 
 
 class StreamedMessage:
@@ -191,4 +209,6 @@ class StreamedMessage:
             ToolCall(id=clean_text(c["id"]) or f"call_{n}", name=clean_text(c["name"]),
                      arguments=c["json"] or (json.dumps(c["start"]) if c["start"] else "{}"))
             for n, (_, c) in enumerate(sorted(self._calls.items()), 1))
-        return Completion(content="".join(self.text), tool_calls=calls, usage=usage_total(self._usage))
+        input_tokens, output_tokens = usage_split(self._usage)
+        return Completion(content="".join(self.text), tool_calls=calls, usage=usage_total(self._usage),
+                          input_tokens=input_tokens, output_tokens=output_tokens)
