@@ -297,7 +297,7 @@ tools = ["time_now", "delegate"]
     await _ask(gateway, fake_slack, "go")
     parent, sub, parent_again = fake_llm.requests
     assert (parent["model"], sub["model"], parent_again["model"]) == ("fake-model", "pinned-model", "fake-model")
-    told = [m["content"] for m in parent_again["messages"] if m["role"] == "tool"][0]
+    told = next(m["content"] for m in parent_again["messages"] if m["role"] == "tool")
     assert "used all its 1 steps (its max_steps)" in told
 
 
@@ -375,7 +375,7 @@ async def test_the_watchdog_does_not_fire_while_a_tool_runs_or_an_approval_waits
     await gateway.interact(block_action("approval:approve", card.params["blocks"][-1]["elements"][0]["value"]))
     await gateway.idle()
     assert _texts(fake_slack)[-1] == "A: the primary answered after the approval and the command"
-    assert "slept" in [m["content"] for m in fake_llm.requests[-1]["messages"] if m["role"] == "tool"][0]
+    assert "slept" in next(m["content"] for m in fake_llm.requests[-1]["messages"] if m["role"] == "tool")
     assert await _session_model(gateway, a) is None  # A never switched
     assert len(fallback_llm.requests) == 1
 
@@ -408,8 +408,8 @@ async def test_sigkill_right_after_the_switch_never_asks_the_primary_again(
             while "done, on the fallback" not in _texts(fake_slack):
                 await fake_slack.wait_for("chat.postMessage", len(fake_slack.posts()) + 1, 20)
         assert len(fake_llm.requests) == 1  # the primary was asked once, before the kill
-        assert "after-restart" in [m["content"] for m in fallback_llm.requests[-1]["messages"]
-                                   if m["role"] == "tool"][0]
+        assert "after-restart" in next(m["content"] for m in fallback_llm.requests[-1]["messages"]
+                                   if m["role"] == "tool")
         assert sum(NOTICE in t for t in _texts(fake_slack)) == 1
     finally:
         assert await bot.terminate() == 0
