@@ -322,13 +322,15 @@ class AgentRunner:
             return await complete_with_retries(model.provider, request, self.retry, on_text=live,
                                                observe=self.models.observer(turn.session, model))
         except ProviderError as exc:
-            if await self.models.switch(models, model, exc):
-                if live is not None:
-                    live.restart()  # what the failed model wrote is not the answer
-                return await self._complete(models, agent, parent, turn, request, live)
-            if models.switched and model is self.models.fallback and switches_on(exc):
+            if self.models.fallback is None or not switches_on(exc):
+                raise
+            if model is self.models.fallback:
                 raise ModelsFailed(models.primary_failure or "it failed earlier in this thread", exc) from exc
-            raise
+            # (Already switched by another run of this thread meanwhile, a sub-agent beside this one: it goes on too.)
+            await self.models.switch(models, model, exc)
+            if live is not None:
+                live.restart()  # what the failed model wrote is not the answer
+            return await self._complete(models, agent, parent, turn, request, live)
 
     async def _instructions(self, agent: Agent, ctx: ToolContext, optional: bool) -> str:
         """The system prompt: the agent's instructions, then each section written for this turn."""

@@ -22,7 +22,7 @@ from tests.conftest import GatewayClient
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.anthropic_api import Reply as AnthropicReply
 from tests.fakes.core import until
-from tests.fakes.llm import FakeLLM, HttpError, Reply
+from tests.fakes.llm import FakeLLM, Gate, HttpError, Reply
 from tests.fakes.server import RunningServer
 from tests.fakes.slack_api import TEAM_ID, FakeSlack
 from tests.slack_requests import block_action, mention
@@ -271,6 +271,28 @@ async def test_a_sub_agents_failure_switches_the_whole_thread(
     assert _texts(fake_slack)[-1] == "the parent, on the fallback too"
     assert sum(NOTICE in t for t in _texts(fake_slack)) == 1
     assert await _session_model(gateway, event) == FALLBACK_MODEL  # stored with the sub-agent's answer
+
+
+async def test_two_sub_agents_failing_at_once_both_go_on_with_the_fallback(
+    agents_settings: Callable[..., Settings], start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM,
+    fallback_llm: FakeLLM,
+) -> None:
+    gateway: GatewayClient = await start_gateway(agents_settings())
+    # Both sub-agents' first calls are in flight on the primary; one fails (the thread switches), then the other.
+    held = Gate(HttpError(401, "no"))
+    fake_llm.then(Reply(tool_calls=[("delegate", {"agent": "researcher", "task": "one"}),
+                                    ("delegate", {"agent": "pinned", "task": "two"})]), held, HttpError(401, "no"))
+    fallback_llm.then(Reply("a sub-agent's answer"), Reply("a sub-agent's answer"), Reply("both answered"))
+    await gateway.send_event(mention("delegate twice"))
+    await asyncio.wait_for(held.reached.wait(), 10)
+    await until(lambda: len(fallback_llm.requests) == 1, what="the other sub-agent on the fallback")
+    held.opened.set()  # the first one's primary fails now, after the switch: it goes on with the fallback too
+    await gateway.idle()
+    assert len(fake_llm.requests) == 3 and len(fallback_llm.requests) == 3
+    results = [m["content"] for m in fallback_llm.requests[-1]["messages"] if m["role"] == "tool"]
+    assert results == ["a sub-agent's answer", "a sub-agent's answer"]
+    assert _texts(fake_slack)[-1] == "both answered"
+    assert sum(NOTICE in t for t in _texts(fake_slack)) == 1
 
 
 async def test_an_agents_own_model_and_max_steps_and_its_sub_agents_use_it(
