@@ -24,6 +24,7 @@ from bot.home import sandbox_hidden, secure_home, skills_dir_problem
 from bot.http_headers import server_app
 from bot.keys import load_keyring
 from bot.metrics import EventFigures, Metrics
+from bot.model_endpoints import agent_endpoints, fallback_endpoint
 from bot.people import people
 from bot.policy_check import flag_warnings
 from bot.providers import build_provider
@@ -55,11 +56,13 @@ from core.feedback import FeedbackBook
 from core.gateway import Gateway
 from core.memory import MemoryLimits, MemoryPass, MemoryService, PinnedMemories, memory_tools
 from core.memory.tools import REMEMBER
+from core.model_routing import Model, ModelRouter
 from core.outside_text import OutsideText
 from core.plugins import ChannelContext
 from core.policies import PolicyBook
 from core.ports import Channel, Ports
 from core.providers import Provider, RetryPolicy
+from core.redaction import Redactor
 from core.runner import AgentRunner, RunnerLimits
 from core.schedules import ScheduleService
 from core.schedules.jobs import JobSettings, ScheduleJobs
@@ -229,9 +232,10 @@ class Application:
         await self.deliveries.stop()
         for channel in self.channels:
             await channel.close()
-        close = getattr(self.dispatcher.runner.provider, "aclose", None)  # a provider's HTTP session
-        if close is not None:
-            await close()
+        for provider in _providers(self.dispatcher.runner.models):  # their HTTP sessions
+            close = getattr(provider, "aclose", None)
+            if close is not None:
+                await close()
         kept = await self._still_parked() if recovered else 0
         await self._close_listener()
         await self.db.close()
@@ -351,6 +355,7 @@ def build_application(
                          connections=connections.service if connections is not None else None,
                          connection_wait_s=settings.connection_timeout_s)
     model = provider or build_provider(settings)
+    models = _model_router(settings, toml, model, bus, credentials.redactor, secret_sink)
     runner = AgentRunner(
         store,
         model,
@@ -358,7 +363,8 @@ def build_application(
         clock,
         limits=RunnerLimits(max_steps=settings.max_steps, tool_result_max_chars=settings.tool_result_max_chars,
                             context_tokens=settings.llm_context_tokens),
-        retry=RetryPolicy(attempts=settings.llm_max_attempts, base_delay_s=settings.llm_retry_base_s),
+        retry=RetryPolicy(attempts=settings.llm_max_attempts, base_delay_s=settings.llm_retry_base_s,
+                          retry_after_max_s=settings.llm_timeout_s),
         gate=approvals,
         redactor=credentials.redactor,
         budget=ThreadBudget(settings.thread_token_budget, BudgetStore(db), approvals),
@@ -366,6 +372,7 @@ def build_application(
         trust=trust,
         sections=[PinnedMemories(memory), skills],
         tracer=tracer,
+        models=models,
     )
     if settings.memory_pass:  # after a member's turn, one bounded call proposes memories (best effort)
         bus.subscribe(MemoryPass(memory, model, store, trust=trust, enabled_for=_remembers(tools, agents),
@@ -442,6 +449,32 @@ def build_application(
                        address=address, sandbox_peers=peers, events=events, memory=memory,
                        connections=connections.service if connections is not None else None, mcp=mcp,
                        channels=[channel for channel, _tools in channels], routes=routes, intake=intake)
+
+
+def _model_router(settings: Settings, toml: BotToml, primary: Provider, bus: EventBus, redactor: Redactor,
+                  secret_sink: Callable[[str], None] | None) -> ModelRouter:
+    """The primary, the fallback (LLM_FALLBACK_*) and each agent's own model ([[agents]]); the keys of the agents'
+    are masked like the bot's own (the fallback's is among the settings' secrets)."""
+    fallback = fallback_endpoint(settings)
+    own = agent_endpoints(toml.agents, settings, settings.bot_config)
+    for endpoint in own.values():
+        if endpoint.api_key and endpoint.key_name and len(endpoint.api_key) >= 4:
+            redactor.add_static([(endpoint.key_name, endpoint.api_key)])
+            if secret_sink is not None:
+                secret_sink(endpoint.api_key)
+    return ModelRouter(
+        Model(primary, str(getattr(primary, "model", None) or settings.llm_model or primary.name)),
+        fallback=Model(build_provider(settings, fallback), fallback.model) if fallback is not None else None,
+        agents={name: Model(build_provider(settings, endpoint), endpoint.model) for name, endpoint in own.items()},
+        bus=bus, redact=redactor.redact)
+
+
+def _providers(models: ModelRouter) -> list[Provider]:
+    """Every distinct provider the router holds."""
+    found = [models.primary.provider, *(m.provider for m in models.agents.values())]
+    if models.fallback is not None:
+        found.append(models.fallback.provider)
+    return list({id(p): p for p in found}.values())
 
 
 def _pinned_budget(settings: Settings) -> int:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.channels import installed_channels
 from bot.errors import BotError
 from bot.settings import Settings, load_settings
 from core.plugins import Check, DoctorContext
+
+if TYPE_CHECKING:
+    from bot.model_endpoints import ModelEndpoint
 
 
 async def run_doctor() -> int:
@@ -30,10 +33,11 @@ async def run_doctor() -> int:
     context = doctor_context(settings)
     for plugin in installed_channels():
         checks += await plugin.checks(settings.channels[plugin.name], context)
-    if settings.provider == "openai":
-        checks.append(await _model(settings))
-    if settings.provider == "anthropic":
-        checks.append(await _anthropic_model(settings))
+    for name, endpoint in _models(settings):  # the primary, then the fallback (LLM_FALLBACK_*), if set
+        if endpoint.provider == "openai":
+            checks.append(await _model(settings, endpoint, name))
+        if endpoint.provider == "anthropic":
+            checks.append(await _anthropic_model(settings, endpoint, name))
     failed = False
     for check in checks:
         mark = "✓" if check.ok and not check.warning else ("!" if check.ok else "✗")
@@ -328,57 +332,71 @@ def _approvers(settings: Settings) -> list[Check]:
                   "approve, e.g. BOT_APPROVERS=U0123ABCD,S0456EFGH", warning=True)]
 
 
-async def _model(settings: Settings) -> Check:
+def _models(settings: Settings) -> list[tuple[str, ModelEndpoint]]:
+    """The models `bot doctor` asks: the primary ("model"), and the fallback ("fallback model") when set."""
+    from bot.model_endpoints import fallback_endpoint, primary_endpoint
+
+    fallback = fallback_endpoint(settings)
+    return [("model", primary_endpoint(settings)), *([("fallback model", fallback)] if fallback is not None else [])]
+
+
+async def _model(settings: Settings, endpoint: ModelEndpoint | None = None, name: str = "model") -> Check:
     import openai
 
+    from bot.model_endpoints import primary_endpoint
     from bot.providers.openai_compat import classify
 
-    client = openai.AsyncOpenAI(base_url=settings.llm_base_url, api_key=settings.llm_api_key or "not-needed",
-                                max_retries=0, timeout=10)
+    endpoint = endpoint or primary_endpoint(settings)
+    url, model = endpoint.base_url, endpoint.model
+    client = openai.AsyncOpenAI(base_url=url, api_key=endpoint.api_key or "not-needed", max_retries=0, timeout=10)
     try:
         models = await client.models.list()
     except openai.NotFoundError:
-        return Check("model", True, f"{settings.llm_base_url} answers (it lists no models)", warning=True)
+        return Check(name, True, f"{url} answers (it lists no models)", warning=True)
     except openai.APIError as exc:
         error = classify(exc)
-        return Check("model", False, error.user_message, "check LLM_BASE_URL, LLM_API_KEY and LLM_MODEL")
+        return Check(name, False, error.user_message, f"check {endpoint.names}")
     names = [m.id for m in models.data]
-    if names and settings.llm_model not in names:
-        return Check("model", False, f"{settings.llm_base_url} has no model {settings.llm_model!r} "
-                     f"(it has {', '.join(names[:5])}{'…' if len(names) > 5 else ''})", "set LLM_MODEL to one of those")
-    return Check("model", True, f"{settings.llm_base_url} reachable, model {settings.llm_model!r}")
+    if names and model not in names:
+        return Check(name, False, f"{url} has no model {model!r} "
+                     f"(it has {', '.join(names[:5])}{'…' if len(names) > 5 else ''})",
+                     f"set {endpoint.names.rsplit(' and ', 1)[-1]} to one of those")
+    return Check(name, True, f"{url} reachable, model {model!r}")
 
 
-async def _anthropic_model(settings: Settings) -> Check:
+async def _anthropic_model(settings: Settings, endpoint: ModelEndpoint | None = None, name: str = "model") -> Check:
     """The key and the model, asked of the Messages API's host: the model's entry, or (a proxy without
     /v1/models) a one-token message."""
     import anthropic
 
+    from bot.model_endpoints import primary_endpoint
     from bot.providers.anthropic import api_base, classify
     from bot.providers.anthropic import client as anthropic_client
 
-    base = api_base(settings.llm_base_url)
-    fix = "check LLM_API_KEY, LLM_MODEL and LLM_BASE_URL"
-    client = anthropic_client(settings.llm_api_key, base, 10)
+    endpoint = endpoint or primary_endpoint(settings)
+    model, model_setting = endpoint.model, endpoint.names.rsplit(" and ", 1)[-1]
+    base = api_base(endpoint.base_url)
+    fix = f"check {endpoint.names}"
+    client = anthropic_client(endpoint.api_key, base, 10)
     try:
         try:
-            info = await client.models.retrieve(settings.llm_model or "")
-            detail = f"{base} reachable, key accepted, model {settings.llm_model!r} ({info.display_name})"
+            info = await client.models.retrieve(model or "")
+            detail = f"{base} reachable, key accepted, model {model!r} ({info.display_name})"
             if getattr(info, "lifecycle", None) == "deprecated":
-                return Check("model", True, f"{detail} is deprecated", "choose a current model for LLM_MODEL",
+                return Check(name, True, f"{detail} is deprecated", f"choose a current model for {model_setting}",
                              warning=True)
         except anthropic.NotFoundError:  # no such model, or a proxy without the models endpoint
-            await client.messages.create(model=settings.llm_model or "", max_tokens=1,
+            await client.messages.create(model=model or "", max_tokens=1,
                                          messages=[{"role": "user", "content": "ping"}])
-            detail = f"{base} reachable, key accepted, model {settings.llm_model!r} answers"
+            detail = f"{base} reachable, key accepted, model {model!r} answers"
     except anthropic.NotFoundError:
-        return Check("model", False, f"{base} has no model {settings.llm_model!r}",
-                     "set LLM_MODEL to a model id your Anthropic account has (e.g. claude-sonnet-4-5)")
+        return Check(name, False, f"{base} has no model {model!r}",
+                     f"set {model_setting} to a model id your Anthropic account has (e.g. claude-sonnet-4-5)")
     except anthropic.APIError as exc:
-        return Check("model", False, classify(exc).user_message, fix)
+        return Check(name, False, classify(exc).user_message, fix)
     finally:
         await client.close()
-    return Check("model", True, detail)
+    return Check(name, True, detail)
 
 
 _MCP_FIX = {

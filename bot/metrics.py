@@ -21,6 +21,8 @@ from core.events import (
     CredentialRequested,
     Event,
     EventBus,
+    ModelCalled,
+    ModelSwitched,
     TurnCancelled,
     TurnFailed,
     TurnFinished,
@@ -54,6 +56,16 @@ GAUGES = {name: Gauge(f"bot_{name}", help_text) for name, help_text in (
     ("feedback_negative", "Verdicts on answers that are negative (each person's latest, all replicas)"),
 )}
 
+
+# Model calls (SPEC §17 "Fallback"): each attempt, by model and outcome ("ok" or the error's kind), its duration, its
+# tokens; and sessions switched to the fallback model.
+MODEL_CALLS = Counter("chatops_model_calls", "Model calls (each attempt), by model and outcome (ok, or the error's "
+                      "kind)", ["model", "outcome"])
+MODEL_CALL_SECONDS = Histogram("chatops_model_call_duration_seconds", "How long each model call took", ["model"],
+                               buckets=(0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+MODEL_TOKENS = Counter("chatops_model_tokens", "Tokens of model calls, as the endpoints counted them, by model and "
+                       "direction (input, output)", ["model", "direction"])
+MODEL_SWITCHES = Counter("chatops_model_switches", "Sessions that went over to the fallback model")
 
 EVENTS = Gauge("bot_events", "Stored events by source and status (queued, answered, failed, filtered, duplicate; all "
                "replicas, within EVENT_RETENTION_DAYS)", ["source", "status"])
@@ -107,6 +119,14 @@ class Metrics:
             APPROVALS.labels(event="voted" if isinstance(event, ApprovalVoted) else "reminded").inc()
         elif isinstance(event, CredentialRequested):
             CREDENTIAL_REQUESTS.inc()
+        elif isinstance(event, ModelCalled):
+            MODEL_CALLS.labels(model=event.model, outcome=event.outcome).inc()
+            MODEL_CALL_SECONDS.labels(model=event.model).observe(event.duration_s)
+            for direction, tokens in (("input", event.input_tokens), ("output", event.output_tokens)):
+                if tokens:
+                    MODEL_TOKENS.labels(model=event.model, direction=direction).inc(tokens)
+        elif isinstance(event, ModelSwitched):
+            MODEL_SWITCHES.inc()
         elif isinstance(event, FeedbackGiven):
             FEEDBACK_CLICKS.labels(verdict="positive" if event.positive else "negative").inc()
 

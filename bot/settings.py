@@ -26,7 +26,8 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
     # Values masked in every log line and reply, and never echoed in a settings error.
-    SECRETS: ClassVar[tuple[str, ...]] = ("llm_api_key", "bot_web_token", "bot_secret_keys", "database_url")
+    SECRETS: ClassVar[tuple[str, ...]] = ("llm_api_key", "llm_fallback_api_key", "bot_web_token", "bot_secret_keys",
+                                          "database_url")
     _channels: dict[str, ChannelSettings] = PrivateAttr(default_factory=dict)
 
     # Server
@@ -63,6 +64,15 @@ class Settings(BaseSettings):
     llm_context_tokens: int = Field(default=32_000, ge=4_000, le=10_000_000)
     # Tokens a thread's model calls may use before its turn waits for Continue (unset: no budget).
     thread_token_budget: int | None = Field(default=None, ge=1_000, le=1_000_000_000)
+    # A streamed answer silent this long has failed (not retried: the fallback answers, else the turn fails).
+    llm_idle_timeout_s: float = Field(default=120.0, gt=0)
+    # The fallback model (SPEC §17): configured when LLM_FALLBACK_MODEL is set. A session whose primary fails for good
+    # goes on with it, and stays on it. Provider default LLM_PROVIDER; base URL default LLM_BASE_URL (same provider)
+    # or the provider's own; key default LLM_API_KEY only where it would go to the primary's own endpoint.
+    llm_fallback_provider: ProviderName | None = None
+    llm_fallback_base_url: str | None = None
+    llm_fallback_api_key: str | None = None
+    llm_fallback_model: str | None = None
 
     # Agent
     bot_instructions: str | None = None
@@ -121,6 +131,7 @@ class Settings(BaseSettings):
     @field_validator(
         "database_url", "bot_secret_keys",
         "llm_base_url", "llm_api_key", "llm_model", "bot_admins", "bot_instructions", "llm_provider",
+        "llm_fallback_provider", "llm_fallback_base_url", "llm_fallback_api_key", "llm_fallback_model",
         "bot_web_token", "bot_public_url", "http_allow_hosts", "bot_trusted_proxies", "skills_dir",
         mode="before",
     )
@@ -142,7 +153,7 @@ class Settings(BaseSettings):
                                  "print('k1:' + base64.b64encode(os.urandom(32)).decode())\")") from None
         return value
 
-    @field_validator("llm_base_url", "bot_public_url")
+    @field_validator("llm_base_url", "llm_fallback_base_url", "bot_public_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("http://", "https://")):
@@ -178,7 +189,7 @@ class Settings(BaseSettings):
             missing_extra("postgres", "asyncpg", "psycopg")
         return value
 
-    @field_validator("llm_provider")
+    @field_validator("llm_provider", "llm_fallback_provider")
     @classmethod
     def _provider_installed(cls, value: str | None) -> str | None:
         if value == "anthropic":
@@ -234,6 +245,10 @@ class Settings(BaseSettings):
             if not self.llm_api_key and not self.llm_base_url:
                 raise ValueError("LLM_API_KEY is required for LLM_PROVIDER=anthropic (an Anthropic API key, "
                                  "sk-ant-…)")
+        from bot.model_endpoints import fallback_problem
+
+        if (problem := fallback_problem(self)) is not None:
+            raise ValueError(problem)
         return self
 
     # -- derived --------------------------------------------------------------------------------
@@ -290,7 +305,9 @@ class Settings(BaseSettings):
         """Every secret setting's value with what to call it where it is masked: the variable's name, or
         "setting" for a part of one (a key of BOT_SECRET_KEYS, DATABASE_URL's password). The one list the log
         filter, the redactor and settings errors read."""
-        named: dict[str, str | None] = {"LLM_API_KEY": self.llm_api_key, "BOT_WEB_TOKEN": self.bot_web_token}
+        named: dict[str, str | None] = {"LLM_API_KEY": self.llm_api_key,
+                                        "LLM_FALLBACK_API_KEY": self.llm_fallback_api_key,
+                                        "BOT_WEB_TOKEN": self.bot_web_token}
         for channel in self._channels.values():
             named |= channel.secrets()
         pairs = [(name, value) for name, value in named.items() if value and len(value) >= 4]

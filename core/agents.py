@@ -18,6 +18,9 @@ class Agent:
     tools: tuple[str, ...] = ("*",)
     skills: tuple[str, ...] = ("*",)  # globs over skill names (core.skills): the skills its prompt lists
     approvers: tuple[str, ...] = field(default_factory=tuple)
+    # Its own model ([[agents]] model / provider; the wiring builds it: core.model_routing), and its own step limit.
+    model: str | None = None
+    max_steps: int | None = None
 
 
 class AgentDirectory:

@@ -35,7 +35,8 @@ class Unavailable(CoreError):
 class ProviderError(CoreError):
     """A model call failed. ``kind`` classifies it; ``retryable`` says whether trying again may help."""
 
-    KINDS = ("auth", "rate_limit", "network", "model", "context_overflow", "unknown")
+    # "stalled": a streamed answer that sent nothing for LLM_IDLE_TIMEOUT_S (never retried: it is the fallback's turn).
+    KINDS = ("auth", "rate_limit", "network", "model", "context_overflow", "stalled", "unknown")
 
     def __init__(
         self,
@@ -63,9 +64,23 @@ class ProviderError(CoreError):
             "network": "I could not reach the model endpoint (check LLM_BASE_URL and that the server is up).",
             "model": "The model endpoint refused the request (check LLM_MODEL and the server's logs).",
             "context_overflow": "This conversation is too long for the model; start a new thread.",
+            "stalled": "The model stopped sending its answer (LLM_IDLE_TIMEOUT_S passed without a word).",
             "unknown": "The model call failed unexpectedly.",
         }
         return f"{hints[self.kind]} Details: {self}"
+
+
+class ModelsFailed(ProviderError):
+    """The primary model failed for good and the fallback model failed too: the turn ends, said once."""
+
+    def __init__(self, primary: str, fallback: ProviderError) -> None:
+        super().__init__(fallback.kind, str(fallback), retryable=False, status=fallback.status)
+        self.primary = primary  # "<kind>: <detail>", already short and masked
+
+    @property
+    def user_message(self) -> str:
+        return (f"Both models failed: the primary ({self.primary}) and the fallback ({self.kind}: {self}). "
+                "I stopped here; nothing else was done.")
 
 
 class StepLimitReached(CoreError):

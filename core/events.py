@@ -190,6 +190,28 @@ class DirectNotice(Event):
     text: str
 
 
+@dataclass(frozen=True)
+class ModelCalled(Event):
+    """One model call (one attempt) ended: for metrics. ``outcome`` is "ok" or the error's kind."""
+
+    name: ClassVar[str] = "model.called"
+    model: str
+    outcome: str
+    duration_s: float
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelSwitched(Event):
+    """A session went over to the fallback model for good (stored): for metrics. ``reason`` is short and masked."""
+
+    name: ClassVar[str] = "model.switched"
+    from_model: str
+    to_model: str
+    reason: str
+
+
 Handler = Callable[[Event], Awaitable[None]]
 
 

@@ -149,6 +149,9 @@ class Inbound:
     preapproved: tuple[tuple[str, str], ...] = ()
 
 
+FALLBACK_MODEL = "fallback"  # sessions.model of a session that switched to LLM_FALLBACK_* for good
+
+
 @dataclass(frozen=True)
 class SessionInfo:
     id: str
@@ -158,6 +161,7 @@ class SessionInfo:
     reply_ref: dict[str, Any]
     place: str | None = None
     preapproved: tuple[tuple[str, str], ...] = ()  # (tool, subject) calls that need no approval here
+    model: str | None = None  # FALLBACK_MODEL once its primary model failed for good (core.model_routing)
 
     @staticmethod
     def parse_reply_ref(raw: str) -> dict[str, Any]:

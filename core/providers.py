@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -76,25 +78,36 @@ class RetryPolicy:
     attempts: int = 4
     base_delay_s: float = 0.5
     max_delay_s: float = 20.0
+    # A Retry-After the endpoint asks for is waited out up to this (LLM_TIMEOUT_S): a rate limit is a transient,
+    # not a reason to switch to the fallback model, but no endpoint holds a turn for longer than a call may take.
+    retry_after_max_s: float = 120.0
 
     def delay(self, attempt: int, error: ProviderError) -> float:
         if error.retry_after is not None:
-            return min(max(error.retry_after, 0.0), self.max_delay_s)
+            return min(max(error.retry_after, 0.0), self.retry_after_max_s)
         backoff = self.base_delay_s * (2 ** (attempt - 1))
         return min(backoff * (0.5 + random.random() / 2), self.max_delay_s)
 
 
+CallObserver = Callable[[Completion | ProviderError, float], None]
+
+
 async def complete_with_retries(provider: Provider, request: CompletionRequest, policy: RetryPolicy,
-                                on_text: TextStream | None = None) -> Completion:
+                                on_text: TextStream | None = None, observe: CallObserver | None = None) -> Completion:
+    """``observe`` learns how each attempt ended (its completion or its error) and how long it took (metrics)."""
     streaming = on_text is not None and getattr(provider, "streams", False)
     for attempt in range(1, policy.attempts + 1):
+        started = time.monotonic()
         try:
             if streaming:
                 assert on_text is not None
                 on_text.restart()
-                return await provider.complete(request, on_text=on_text)  # type: ignore[call-arg]
-            return await provider.complete(request)
+                reply = await provider.complete(request, on_text=on_text)  # type: ignore[call-arg]
+            else:
+                reply = await provider.complete(request)
         except ProviderError as error:
+            if observe is not None:
+                observe(error, time.monotonic() - started)
             if not error.retryable or attempt == policy.attempts:
                 raise
             delay = policy.delay(attempt, error)
@@ -103,4 +116,8 @@ async def complete_with_retries(provider: Provider, request: CompletionRequest, 
                 error.kind, error, attempt, policy.attempts - 1, delay,
             )
             await asyncio.sleep(delay)
+            continue
+        if observe is not None:
+            observe(reply, time.monotonic() - started)
+        return reply
     raise AssertionError("unreachable")

@@ -7,6 +7,7 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -16,10 +17,12 @@ from core.budget import ThreadBudget
 from core.chat_history import merge_user_runs, to_chat, turn_start
 from core.clock import Clock
 from core.context_window import ContextWindow, estimate, request_tokens
-from core.errors import ProviderError, StepLimitReached, ToolError
+from core.errors import ModelsFailed, ProviderError, StepLimitReached, ToolError
 from core.listening import LISTENING_NOTE, NO_REPLY, NO_REPLY_SPEC
 from core.model import TurnInfo
+from core.model_routing import Model, ModelRouter, SessionModels, switches_on
 from core.providers import (
+    CallObserver,
     ChatMessage,
     Completion,
     CompletionRequest,
@@ -48,6 +51,10 @@ from core.tracing import CURRENT, NO_TRACING, Span, Tracer
 from core.trust import SenderTrust, Trust, least_trusted
 
 log = logging.getLogger(__name__)
+
+# The model answering the run in this task: the context window's summary of a thread is written by it too (a session
+# on the fallback model never asks its failed primary for one).
+_ANSWERING: ContextVar[Model | None] = ContextVar("answering_model", default=None)
 
 Steer = Callable[[], Awaitable[list[ChatMessage]]]
 
@@ -91,9 +98,14 @@ class AgentRunner:
         trust: SenderTrust | None = None,
         sections: Sequence[PromptSection] = (),
         tracer: Tracer = NO_TRACING,
+        models: ModelRouter | None = None,
     ) -> None:
         self.store = store
-        self.provider = provider
+        self.provider = provider  # the primary model's
+        # Which model answers each call: an agent's own, the primary, or the fallback once a session switched.
+        self.models = models or ModelRouter(Model(provider, str(getattr(provider, "model", provider.name))))
+        self._sessions: dict[int, SessionModels] = {}  # top-level turn id → its models, shared with its sub-agents
+        self._unsaved: dict[int, SessionModels] = {}  # turn id → a switch its final answer's commit must carry
         self.tools = tools
         self.clock = clock
         self.limits = limits
@@ -138,24 +150,31 @@ class AgentRunner:
         ``on_tool`` the name of each tool as it starts to run.
 
         ``parent``: this is a sub-agent's turn (core.subagents) for that call: it acts for the parent's
-        sender at the parent's trust, and asks nobody. ``max_steps`` replaces the limit's (SUBAGENT_MAX_STEPS).
+        sender at the parent's trust, and asks nobody. ``max_steps`` replaces the limit's (SUBAGENT_MAX_STEPS);
+        otherwise the agent's own ([[agents]] ``max_steps``), else MAX_STEPS.
+
+        With ``save_answer=False`` a switch to the fallback model that the final answer must carry is the caller's to
+        store with it (``unsaved_switch``).
         """
         # Another process may have stored a secret since the last turn: the masks are brought up to date
         # while the model is first asked, and before anything is redacted.
         # ``secrets``: their fingerprint, read where the turn was taken (then this costs no query).
         checking = asyncio.ensure_future(self.redactor.check(secrets)) if self.redactor is not None else None
+        models = await self._models_of(turn, parent)
         # A turn's span joins the trace its first message began at intake, after a restart too (then it also links
         # to that first span); a sub-agent's is a child of the call that delegated to it.
         first = turn.trace_context if parent is None else None
+        answering = self.models.answering(models, agent.name, parent.agent if parent is not None else None)
         try:
             with self.tracer.span(f"invoke_agent {agent.name}", {
                     "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent.name,
-                    "gen_ai.conversation.id": turn.session.id, "gen_ai.provider.name": self.provider.name,
-                    "gen_ai.request.model": _model_of(self.provider), "chatops.turn.id": turn.id,
+                    "gen_ai.conversation.id": turn.session.id, "gen_ai.provider.name": answering.provider.name,
+                    "gen_ai.request.model": answering.name, "chatops.turn.id": turn.id,
                     "chatops.turn.resumed": turn.resumed or None},
                     parent=first if parent is None else CURRENT, links=(first,) if first and turn.resumed else ()):
                 return await self._run(turn, agent, images, steer, transcript, checking, save_answer, on_text,
-                                       on_tool, parent=parent, max_steps=max_steps or self.limits.max_steps)
+                                       on_tool, parent=parent,
+                                       max_steps=max_steps or agent.max_steps or self.limits.max_steps, models=models)
         except BaseException:
             # Never cut short: what the turn's failure says is redacted next, with masks that must be current.
             if checking is not None:
@@ -163,11 +182,31 @@ class AgentRunner:
                 if not checking.cancelled():
                     checking.exception()  # retrieved here; a failed check already failed the turn or will
             raise
+        finally:
+            if parent is None:
+                self._sessions.pop(turn.id, None)
+
+    async def _models_of(self, turn: TurnInfo, parent: ToolContext | None) -> SessionModels:
+        """Where this run's calls go: a turn's own (its session's stored choice), or, for a sub-agent, its parent
+        turn's (shared: a switch in either holds for both)."""
+        if parent is None:
+            models = self._sessions[turn.id] = self.models.start(turn.session)
+            return models
+        shared = self._sessions.get(parent.turn_id)
+        if shared is not None:
+            return shared
+        thread = await self.store.get_session(parent.session_id)  # not begun in this runner: as stored
+        return self.models.start(thread if thread is not None else turn.session)
+
+    def unsaved_switch(self, turn_id: int) -> SessionModels | None:
+        """A switch to the fallback model that the turn's final answer (stored by the caller) must carry in its
+        commit: ``ModelRouter.unstored`` is the write, ``ModelRouter.stored`` follows the commit."""
+        return self._unsaved.pop(turn_id, None)
 
     async def _run(self, turn: TurnInfo, agent: Agent, images: tuple[str, ...], steer: Steer | None,
                    transcript: Sequence[Any] | None, checking: asyncio.Future[None] | None,
                    save_answer: bool, on_text: Emit | None, on_tool: Callable[[str], None] | None, *,
-                   parent: ToolContext | None, max_steps: int) -> str:
+                   parent: ToolContext | None, max_steps: int, models: SessionModels) -> str:
         session_id = turn.session.id
         # Everyone whose words the model reads (earlier askers in the thread too): a tool that reads on someone's
         # behalf must be theirs to read, or an earlier asker reads through the next one's turn.
@@ -202,11 +241,12 @@ class AgentRunner:
         for _step in range(max_steps):
             if self.budget is not None:  # used up: parked until Continue (or ended by Stop), before any call
                 await self.budget.before_call(ctx)
+            _ANSWERING.set(self.models.answering(models, agent.name, parent.agent if parent else None))
             room = self.window.room(instructions, offered, tight=tight)
             messages = merge_user_runs(await self.window.fit(session_id, history, room, keep_from=keep_from))
             request = CompletionRequest(instructions=instructions, messages=messages, tools=offered)
             try:
-                reply = await self._complete(request, live)
+                reply = await self._complete(models, agent.name, parent, turn, request, live)
                 if self.budget is not None:
                     await self.budget.spend(session_id, reply.usage if reply.usage is not None else
                                             request_tokens(request) + estimate(reply.content))
@@ -228,7 +268,10 @@ class AgentRunner:
                 raise
             if live is not None:
                 live.finish(final=not reply.tool_calls)
-            if optional and any(call.name == NO_REPLY for call in reply.tool_calls):
+            silence = optional and any(call.name == NO_REPLY for call in reply.tool_calls)
+            if (silence or (not reply.tool_calls and not save_answer)) and self.models.unstored(models) is not None:
+                self._unsaved[turn.id] = models  # the caller's commit of the turn's end carries the switch
+            if silence:
                 return ""  # silence, whatever else the reply said or called: nothing of it is stored or run
             # The model may repeat a secret it saw: masked before it is stored, posted or shown. A
             # call whose arguments hold one never runs (see _call_tool): it would put the secret on
@@ -249,7 +292,9 @@ class AgentRunner:
                 turn_id=turn.id,
                 now=self.clock.now(),
                 tool_calls=[c.as_dict() for c in recorded],
+                then=self.models.unstored(models),  # a switch to the fallback is stored with the step it wrote
             )
+            self.models.stored(models)
             history.append(ChatMessage("assistant", content, tuple(recorded)))
             if not reply.tool_calls:
                 return content
@@ -283,6 +328,25 @@ class AgentRunner:
             "Ask me to continue, or raise MAX_STEPS."
         )
 
+    async def _complete(self, models: SessionModels, agent: str, parent: ToolContext | None, turn: TurnInfo,
+                        request: CompletionRequest, live: AnswerStream | None) -> Completion:
+        """One model call (with its retries) to the model answering this session; when it fails for good, the
+        same call once more to the fallback, which answers the session from then on."""
+        parent_agent = parent.agent if parent is not None else None
+        model = self.models.answering(models, agent, parent_agent)
+        try:
+            return await self._chat(model, request, live, observe=self.models.observer(turn.session, model))
+        except ProviderError as exc:
+            if self.models.fallback is None or not switches_on(exc):
+                raise
+            if model is self.models.fallback:
+                raise ModelsFailed(models.primary_failure or "it failed earlier in this thread", exc) from exc
+            # (Already switched by another run of this thread meanwhile, a sub-agent beside this one: it goes on too.)
+            await self.models.switch(models, model, exc)
+            if live is not None:
+                live.restart()  # what the failed model wrote is not the answer
+            return await self._complete(models, agent, parent, turn, request, live)
+
     async def _instructions(self, agent: Agent, ctx: ToolContext, optional: bool) -> str:
         """The system prompt: the agent's instructions, then each section written for this turn."""
         parts = [agent.instructions + LISTENING_NOTE if optional else agent.instructions]
@@ -311,15 +375,16 @@ class AgentRunner:
             return None
         return await self.trust.of_turn(turn.session, everyone or (turn.sender,))
 
-    async def _complete(self, request: CompletionRequest, on_text: TextStream | None = None) -> Completion:
+    async def _chat(self, model: Model, request: CompletionRequest, on_text: TextStream | None = None,
+                    observe: CallObserver | None = None) -> Completion:
         """One model call (retried as ``self.retry`` says) in a ``chat <model>`` span, with its token usage."""
-        model = _model_of(self.provider)
-        with self.tracer.span(f"chat {model}" if model else "chat", {
-                "gen_ai.operation.name": "chat", "gen_ai.provider.name": self.provider.name,
-                "gen_ai.request.model": model, "gen_ai.request.max_tokens": request.max_output_tokens},
+        with self.tracer.span(f"chat {model.name}" if model.name else "chat", {
+                "gen_ai.operation.name": "chat", "gen_ai.provider.name": model.provider.name,
+                "gen_ai.request.model": model.name or None, "gen_ai.request.max_tokens": request.max_output_tokens},
                 client=True) as span:
             try:
-                reply = await complete_with_retries(self.provider, request, self.retry, on_text=on_text)
+                reply = await complete_with_retries(model.provider, request, self.retry, on_text=on_text,
+                                                    observe=observe)
             except ProviderError as exc:
                 span.fail(exc.kind)  # the kind, never the text (it may quote the request)
                 raise
@@ -419,7 +484,8 @@ class AgentRunner:
         """One model call, no tools: a summary of what the context window left out (masked)."""
         request = CompletionRequest(instructions="You summarise chat-ops threads briefly and factually.",
                                     messages=messages)
-        return await self.redact((await self._complete(request)).content)
+        model = _ANSWERING.get() or self.models.primary
+        return await self.redact((await self._chat(model, request)).content)
 
     async def _close_dangling_calls(
         self, history: list[ChatMessage], allowed: set[str], ctx: ToolContext, checking: asyncio.Future[None] | None
@@ -486,12 +552,6 @@ async def _cancel_all(tasks: Iterable[asyncio.Future[str]]) -> None:
 
 
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # a tool call id as providers write them; anything else is left out
-
-
-def _model_of(provider: Provider) -> str | None:
-    """The model a provider asks for, when it says (the built-in ones do): spans name it."""
-    model = getattr(provider, "model", None)
-    return model if isinstance(model, str) and model else None
 
 
 def _truncate(text: str, limit: int) -> str:

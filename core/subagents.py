@@ -123,16 +123,18 @@ class SubAgents:
 
     async def _run(self, turn: TurnInfo, agent: Agent, parent: ToolContext, deadline: asyncio.Timeout) -> str:
         name = agent.name
+        steps = agent.max_steps or self.max_steps  # its own ([[agents]] max_steps), else SUBAGENT_MAX_STEPS
         try:
-            answer = await self.runner.run(turn, agent, save_answer=False, parent=parent, max_steps=self.max_steps)
+            answer = await self.runner.run(turn, agent, save_answer=False, parent=parent, max_steps=steps)
         except asyncio.CancelledError:
             timed_out = deadline.expired()
             await self._end(turn.id, TurnStatus.FAILED if timed_out else TurnStatus.CANCELLED,
                             error="timed out" if timed_out else "stopped with its parent's turn")
             raise
         except StepLimitReached:
-            await self._end(turn.id, TurnStatus.FAILED, error=f"used all {self.max_steps} steps")
-            raise ToolError(f"the sub-agent {name} used all its {self.max_steps} steps (SUBAGENT_MAX_STEPS) "
+            await self._end(turn.id, TurnStatus.FAILED, error=f"used all {steps} steps")
+            raise ToolError(f"the sub-agent {name} used all its {steps} steps "
+                            f"({'its max_steps' if agent.max_steps else 'SUBAGENT_MAX_STEPS'}) "
                             "without finishing; give it a smaller task, or do it yourself") from None
         except BudgetExhausted as exc:
             await self._end(turn.id, TurnStatus.FAILED, error=str(exc))
@@ -154,9 +156,14 @@ class SubAgents:
         cancels the parent again cannot cut the record short."""
         if error is not None:
             error = await self.runner.redact(error)
+        # A switch to the fallback model that its answer carries (the thread's, stored in the same commit).
+        switch = self.runner.unsaved_switch(turn_id)
         write = self.runner.store.finish_turn(turn_id, status=status, answer=answer, error=error,
-                                              now=self.clock.now(), answer_message=answer is not None)
+                                              now=self.clock.now(), answer_message=answer is not None,
+                                              then=self.runner.models.unstored(switch) if switch else None)
         await asyncio.shield(write)
+        if switch is not None:
+            self.runner.models.stored(switch)
 
     @asynccontextmanager
     async def _slot(self, turn_id: int) -> AsyncIterator[None]:

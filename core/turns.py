@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -43,6 +43,7 @@ from core.runner import AgentRunner
 from core.store import Budget, ControlStore, ConversationStore, HeldElsewhere, InputStore, Taken
 
 if TYPE_CHECKING:
+    from sqlmodel import Session
 
     from core.clock import Clock
     from core.store.deliveries import OutboxClaim
@@ -316,6 +317,7 @@ class TurnDrivers:
         else:
             await self._finish(turn, answer)
         finally:
+            self.runner.unsaved_switch(turn.id)  # one its end did not store (it failed, or was interrupted) is dropped
             driver.turn = driver.turn_id = driver.cancel_turn_id = driver.hold = None
             if self.waiters.any_for(turn.input_ids) or driver.steered:  # steered inputs joined the turn late
                 final = await self.conversations.turn_info(turn.id)
@@ -390,9 +392,15 @@ class TurnDrivers:
         unless a message waits."""
         driver = self._drivers.get(turn.session.id)
         lease = driver.lease if driver is not None and not (driver.more or driver.wake) else None
-        final = await self.conversations.finish_turn(turn.id, **how, then=lease.releaser() if lease else None)
+        # A switch to the fallback model that this end's answer (or silence) carries: stored in the same commit.
+        switch = self.runner.unsaved_switch(turn.id)
+        writes = [write for write in (lease.releaser() if lease else None,
+                                      self.runner.models.unstored(switch) if switch else None) if write is not None]
+        final = await self.conversations.finish_turn(turn.id, **how, then=_all(writes) if writes else None)
         if lease is not None:
             lease.ended()
+        if switch is not None:
+            self.runner.models.stored(switch)
         return final
 
     async def _finish(self, turn: TurnInfo, answer: str, *, saved: bool = False) -> None:
@@ -431,6 +439,15 @@ class TurnDrivers:
         log.warning("turn %s failed (%s): %s", turn.id, kind, message)
         final = await self._end(turn, status=TurnStatus.FAILED, answer=None, error=message, now=self.clock.now())
         self.bus.emit(TurnFailed(final.session, final, kind, message))
+
+
+def _all(writes: Sequence[Callable[[Session], object]]) -> Callable[[Session], None]:
+    """Several writes for one transaction, in order."""
+    def work(s: Session) -> None:
+        for write in writes:
+            write(s)
+
+    return work
 
 
 def _current_task_cancelling() -> bool:

@@ -282,9 +282,10 @@ async def test_gives_up_after_attempts() -> None:
 
 
 def test_delay_honours_retry_after_and_caps() -> None:
-    policy = RetryPolicy(base_delay_s=1.0, max_delay_s=20.0)
+    policy = RetryPolicy(base_delay_s=1.0, max_delay_s=20.0, retry_after_max_s=60.0)
     assert policy.delay(1, err(retry_after=7.5)) == 7.5
-    assert policy.delay(1, err(retry_after=600)) == 20.0
+    assert policy.delay(1, err(retry_after=45)) == 45.0  # the endpoint's own: up to LLM_TIMEOUT_S
+    assert policy.delay(1, err(retry_after=600)) == 60.0
     assert policy.delay(1, err(retry_after=-3)) == 0.0
     assert 0.5 <= policy.delay(1, err()) <= 1.0
     assert 4.0 <= policy.delay(4, err()) <= 8.0

@@ -3,21 +3,40 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from bot.config.table import Person, Problem, Says, Table, Text
 from core.agents import DEFAULT_INSTRUCTIONS, Agent
 
 # One plain path component too: an agent's work folder is $BOT_HOME/work/<name> (bot.tools.shell).
 AGENT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+# The bot's own secrets live under these names: an agent's key is sent to its base_url, so naming one of them there
+# would hand the bot's Slack token, vault keys or the primary's key to whatever that URL is.
+OWN_SECRET_PREFIXES = ("SLACK_", "BOT_", "LLM_", "DATABASE_", "OPENAI_", "ANTHROPIC_")
 
 
 def _not_blank(text: str) -> str:
     if not text.strip():
         raise Problem()
     return text
+
+
+def _key_variable(name: str) -> str:
+    if not name.isidentifier() or not name.isascii():
+        raise Problem()
+    if name.upper().startswith(OWN_SECRET_PREFIXES):
+        raise Problem(f"is {name}, a name of the bot's own settings ({', '.join(p + '*' for p in OWN_SECRET_PREFIXES)}"
+                      "): the agent's key is sent to its base_url, so it must be a variable of its own (e.g. "
+                      "OPS_AGENT_API_KEY), never one of the bot's secrets")
+    return name
+
+
+def _http_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise Problem()
+    return url
 
 
 class AgentTable(Table):
@@ -32,8 +51,30 @@ class AgentTable(Table):
                                                   "all; [] for none)")
     approvers: list[Person] = Field([], description="a list of who approves its gated calls: user ids (U…), user "
                                                     "group ids (S…), 'requester' or 'web' (default BOT_APPROVERS)")
+    model: Text | None = Field(None, description="the model its calls go to (default LLM_MODEL); its sub-agents "
+                                                 "use it unless they have their own")
+    max_steps: int | None = Field(None, ge=1, le=200, description="an integer from 1 to 200: the model calls one of "
+                                                                  "its turns may make (default MAX_STEPS; as a "
+                                                                  "sub-agent SUBAGENT_MAX_STEPS)")
+    provider: Literal["openai", "anthropic"] | None = Field(
+        None, description="'openai' (OpenAI-compatible) or 'anthropic': another provider for its model (default "
+                          "LLM_PROVIDER)")
+    base_url: Annotated[str, AfterValidator(_http_url)] | None = Field(
+        None, description="an http:// or https:// URL: another endpoint for its model (default LLM_BASE_URL, or the "
+                          "provider's own)")
+    api_key_env: Annotated[str, AfterValidator(_key_variable)] | None = Field(
+        None, description="the name of the environment variable holding its key (never one of the bot's own: "
+                          "SLACK_*, BOT_*, LLM_*…); without it, a base_url of its own gets no key")
+
+    @model_validator(mode="after")
+    def _endpoint_names_model(self) -> AgentTable:
+        if (self.provider or self.base_url) and not self.model:
+            raise Problem(f"is required with {'provider' if self.provider else 'base_url'}: name the model to call "
+                          "there", at=("model",))
+        return self
 
     def agent(self, default_instructions: str | None) -> Agent:
         instructions = self.instructions or default_instructions or DEFAULT_INSTRUCTIONS
         return Agent(name=self.name, instructions=instructions, tools=tuple(self.tools),
-                     skills=tuple(self.skills), approvers=tuple(self.approvers))
+                     skills=tuple(self.skills), approvers=tuple(self.approvers), model=self.model,
+                     max_steps=self.max_steps)

@@ -82,6 +82,20 @@ class BotToml(Table):
                               at=("event_sources", index, "agent"))
         return self
 
+    @model_validator(mode="after")
+    def _agent_keys_are_their_own(self) -> BotToml:
+        """An agent's key is sent to its base_url: a variable that holds another table's secret (an event source's,
+        an OAuth app's) would go there too."""
+        others = {table.secret_env: f"event_sources[{i}].secret_env" for i, table in enumerate(self.event_sources)}
+        others |= {table.client_secret_env: f"connections[{i}].client_secret_env"
+                   for i, table in enumerate(self.connections) if table.client_secret_env}
+        for index, table in enumerate(self.agents or []):
+            if table.api_key_env is not None and table.api_key_env in others:
+                raise Problem(f"is {table.api_key_env}, which {others[table.api_key_env]} names: the agent's key is "
+                              "sent to its base_url, so it must be a variable of its own",
+                              at=("agents", index, "api_key_env"))
+        return self
+
     def sections(self) -> list[str]:
         """The channel sections the file has."""
         return [name for name in type(self).model_fields if self.section(name) is not None]

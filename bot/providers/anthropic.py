@@ -9,6 +9,7 @@ model's context the ``context_overflow`` that core answers by fitting the thread
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -17,6 +18,7 @@ import anthropic
 import httpx2
 
 from bot.providers.anthropic_format import StreamedMessage, body, completion
+from bot.providers.idle import IdleWatchdog
 from bot.providers.retry_after import retry_after_seconds
 from core.errors import ProviderError
 from core.providers import Completion, CompletionRequest, TextStream
@@ -37,8 +39,11 @@ class AnthropicProvider:
     name = "anthropic"
 
     def __init__(self, *, base_url: str | None, api_key: str | None, model: str, timeout_s: float,
-                 stream: bool = True, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+                 stream: bool = True, max_tokens: int = DEFAULT_MAX_TOKENS,
+                 idle_timeout_s: float | None = None) -> None:
         self.model = model
+        self.timeout_s = timeout_s
+        self.idle_timeout_s = idle_timeout_s or timeout_s  # LLM_IDLE_TIMEOUT_S: a streamed answer's silence
         self.streams = stream  # answers stream as they are written (LLM_STREAM)
         self.max_tokens = max_tokens
         self.base_url = api_base(base_url)
@@ -59,6 +64,9 @@ class AnthropicProvider:
             raise
         except anthropic.APIError as exc:
             raise classify(exc) from None
+        except TimeoutError:  # the answer's head did not come within LLM_TIMEOUT_S
+            raise ProviderError("network", f"the model endpoint did not answer within {self.timeout_s:g} s",
+                                retryable=True) from None
         except httpx2.HTTPError as exc:  # the SDK wraps failures before the answer's head, not while reading
             raise ProviderError("network", f"the model's answer broke off: {type(exc).__name__}",
                                 retryable=True) from None
@@ -68,13 +76,19 @@ class AnthropicProvider:
                                 retryable=False) from None
 
     async def _stream(self, kwargs: dict[str, Any], on_text: TextStream) -> Completion:
+        """LLM_TIMEOUT_S covers connecting and the answer's head; then the idle watchdog has the stream (each read's
+        own timeout is off: a silent stream is not a network error to retry)."""
         whole = StreamedMessage()
-        stream = await self._client.messages.create(**kwargs, stream=True)
+        async with asyncio.timeout(self.timeout_s):
+            stream = await self._client.messages.create(**kwargs, stream=True, timeout=anthropic.Timeout(
+                self.timeout_s, read=None))
         try:
-            async for event in stream:
-                text = whole.add(event)
-                if text:
-                    on_text(text)
+            async with IdleWatchdog(self.idle_timeout_s) as watchdog:
+                async for event in stream:
+                    watchdog.touch()
+                    text = whole.add(event)
+                    if text:
+                        on_text(text)
         finally:
             await stream.close()
         return whole.completion()

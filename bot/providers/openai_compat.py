@@ -14,6 +14,7 @@ import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
+from bot.providers.idle import IdleWatchdog
 from bot.providers.openai_stream import StreamedCompletion
 from bot.providers.retry_after import retry_after_seconds
 from core.errors import ProviderError
@@ -37,8 +38,9 @@ class OpenAICompatibleProvider:
     name = "openai"
 
     def __init__(self, *, base_url: str | None, api_key: str | None, model: str, timeout_s: float,
-                 stream: bool = True) -> None:
+                 stream: bool = True, idle_timeout_s: float | None = None) -> None:
         self.model = model
+        self.idle_timeout_s = idle_timeout_s or timeout_s  # LLM_IDLE_TIMEOUT_S: a streamed answer's silence
         self.streams = stream  # answers stream as they are written (LLM_STREAM)
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         self.url = f"{base.rstrip('/')}/chat/completions"
@@ -49,6 +51,8 @@ class OpenAICompatibleProvider:
         # Like the SDK: the timeout is per phase (connect, each read), not for a whole streamed answer.
         self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_connect=timeout_s,
                                               sock_read=timeout_s)
+        # A streamed answer's reads belong to the idle watchdog (LLM_IDLE_TIMEOUT_S), which is not retried.
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_connect=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._stream_usage = True  # ask a stream for its usage (dropped if the endpoint refuses the option)
         # HTTPS_PROXY and friends (NO_PROXY too), as the SDK honoured them: looked up once, not per request
@@ -83,11 +87,12 @@ class OpenAICompatibleProvider:
             async with asyncio.timeout(self._timeout_s):
                 response = await self._http().post(self.url, data=payload.encode(), headers=self._headers,
                                                    allow_redirects=False, proxy=self._proxy,
-                                                   proxy_auth=self._proxy_auth)
+                                                   proxy_auth=self._proxy_auth,
+                                                   timeout=self._stream_timeout if streaming else self._timeout)
             async with response:
                 if response.status >= 300:
-                    error = _status_error(response.status, (await _body_of(response)).decode("utf-8", "replace"),
-                                          response.headers)
+                    error = _status_error(response.status, (await self._whole(response, streaming)).decode(
+                        "utf-8", "replace"), response.headers)
                     if streaming and response.status == 400 and self._stream_usage and (
                             error.param == "stream_options" or "stream_options" in error.detail):
                         log.warning("the model endpoint refuses stream_options (%s); streamed answers' tokens are "
@@ -102,8 +107,9 @@ class OpenAICompatibleProvider:
                     raise error.provider_error
                 if streaming and "text/event-stream" in response.headers.get("Content-Type", ""):
                     assert on_text is not None
-                    return await _read_stream(response, on_text)
-                return _completion(json.loads(await _body_of(response)))
+                    async with IdleWatchdog(self.idle_timeout_s) as watchdog:
+                        return await _read_stream(response, on_text, watchdog)
+                return _completion(json.loads(await self._whole(response, streaming)))
         except ProviderError:
             raise
         except (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError, TimeoutError) as exc:
@@ -118,6 +124,12 @@ class OpenAICompatibleProvider:
                                 retryable=False) from None
 
 
+    async def _whole(self, response: aiohttp.ClientResponse, streaming: bool) -> bytes:
+        """A whole body: within LLM_TIMEOUT_S when a stream was asked for (its reads have no timeout of their own)."""
+        async with asyncio.timeout(self._timeout_s if streaming else None):
+            return await _body_of(response)
+
+
 async def _body_of(response: aiohttp.ClientResponse) -> bytes:
     """A whole (non-streamed) body, read up to ``MAX_BODY_BYTES``."""
     body = bytearray()
@@ -129,14 +141,15 @@ async def _body_of(response: aiohttp.ClientResponse) -> bytes:
     return bytes(body)
 
 
-async def _read_stream(response: aiohttp.ClientResponse, on_text: TextStream) -> Completion:
+async def _read_stream(response: aiohttp.ClientResponse, on_text: TextStream, watchdog: IdleWatchdog) -> Completion:
     """Server-sent chunks (``data: {...}`` lines, ``data: [DONE]`` at the end) put together as they come
-    (bot.providers.openai_stream); text goes to ``on_text`` as it arrives."""
+    (bot.providers.openai_stream); text goes to ``on_text`` as it arrives; each line feeds the ``watchdog``."""
     whole = StreamedCompletion()
     received = 0
     usage: int | None = None
     tokens: dict[str, int | None] = {}
     async for raw in response.content:
+        watchdog.touch()
         received += len(raw)
         if received > MAX_BODY_BYTES:
             raise ProviderError("model", f"the endpoint's answer is over {MAX_BODY_BYTES // 1_000_000} MB",

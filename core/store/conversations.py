@@ -197,7 +197,9 @@ class ConversationStore:
         now: datetime,
         tool_calls: Sequence[dict[str, object]] | None = None,
         tool_call_id: str | None = None,
+        then: Callable[[Session], object] | None = None,
     ) -> MessageRow:
+        """Store one message; ``then`` runs in the same transaction (a session's switch to the fallback model)."""
         row = MessageRow(
             session_id=session_id,
             role=role,
@@ -209,8 +211,13 @@ class ConversationStore:
         )
         values = row.model_dump()
         values.pop("id", None)
-        row.id = await self.db.run_write(lambda s: int(s.connection().execute(st.INSERT_MESSAGE, values)
-                                                          .inserted_primary_key[0]))  # type: ignore[index]
+        def work(s: Session) -> int:
+            inserted = int(s.connection().execute(st.INSERT_MESSAGE, values).inserted_primary_key[0])  # type: ignore[index]
+            if then is not None:
+                then(s)
+            return inserted
+
+        row.id = await self.db.run_write(work)
         return row
 
     # -- reads for people -----------------------------------------------------------------------
@@ -350,6 +357,14 @@ class ConversationStore:
                 s.add(SessionRow(id=info.id, channel=info.channel, agent=info.agent, status=SessionStatus.IDLE,
                                  reply_ref=json.dumps(info.reply_ref), place=info.place, preapproved=preapproved,
                                  created_at=now, updated_at=now))
+
+
+def switch_model(session_id: str, model: str) -> Callable[[Session], None]:
+    """A write for another's transaction: the session's calls go to ``model`` from now on (core.model_routing)."""
+    def work(s: Session) -> None:
+        s.connection().execute(update(_sessions).where(_sessions.c.id == session_id).values(model=model))
+
+    return work
 
 
 def resume_interrupted(s: Session, session_id: str, now: datetime) -> TurnInfo | None:

@@ -25,6 +25,7 @@ def session_info(row: SessionRow | Row[Any] | SimpleNamespace) -> SessionInfo:
         reply_ref=SessionInfo.parse_reply_ref(row.reply_ref),
         place=row.place,
         preapproved=tuple((str(t), str(s)) for t, s in json.loads(row.preapproved)) if row.preapproved else (),
+        model=getattr(row, "model", None),  # not among the values a new session is inserted with
     )
 
 

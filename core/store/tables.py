@@ -28,6 +28,8 @@ class SessionRow(SQLModel, table=True):
     summary_key: str | None = Field(default=None, max_length=64)  # which messages: "count:digest"
     tokens_used: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))  # budget
     token_allowance: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    # Which model its calls go to: None, its agent's (or the primary); "fallback" once the primary failed for good.
+    model: str | None = Field(default=None, max_length=16)
     created_at: datetime = timestamp()
     updated_at: datetime = timestamp()
 

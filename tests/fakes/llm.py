@@ -56,6 +56,7 @@ class FakeLLM:
     arrivals: list[float] = field(default_factory=list)  # time.perf_counter() of each request
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     summaries: int = 0  # context-window summary calls answered (with SUMMARY)
+    authorizations: list[str] = field(default_factory=list)  # each request's Authorization header (the key it sent)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -79,6 +80,7 @@ class FakeLLM:
         body = await request.json()
         self.arrivals.append(time.perf_counter())
         self.requests.append(body)
+        self.authorizations.append(request.headers.get("Authorization", ""))
         if self._is_summary(body):  # a context-window summary: answered here, never from the script
             self.summaries += 1
             return web.json_response(self._completion(body, Reply(SUMMARY)))
