@@ -31,7 +31,8 @@ async def run_doctor() -> int:
     for plugin in installed_channels():
         checks += await plugin.checks(settings.channels[plugin.name], context)
     if settings.provider == "openai":
-        checks.append(await _model(settings))
+        checks.append(await openai_model_check(settings.llm_base_url, settings.llm_api_key, settings.llm_model or "",
+                                               timeout_s=10))
     if settings.provider == "anthropic":
         checks.append(await _anthropic_model(settings))
     failed = False
@@ -328,25 +329,30 @@ def _approvers(settings: Settings) -> list[Check]:
                   "approve, e.g. BOT_APPROVERS=U0123ABCD,S0456EFGH", warning=True)]
 
 
-async def _model(settings: Settings) -> Check:
-    import openai
+async def openai_model_check(base_url: str | None, api_key: str | None, model: str, *, timeout_s: float,
+                             name: str = "model") -> Check:
+    """An OpenAI-compatible endpoint: its ``GET /models`` over the provider's own client (proxy, timeouts), so
+    the key is tried and ``model`` looked for. Only the endpoint's settings go in, so a primary model and a
+    fallback one are checked alike."""
+    from bot.providers.openai_compat import OpenAICompatibleProvider
+    from core.errors import ProviderError
 
-    from bot.providers.openai_compat import classify
-
-    client = openai.AsyncOpenAI(base_url=settings.llm_base_url, api_key=settings.llm_api_key or "not-needed",
-                                max_retries=0, timeout=10)
+    provider = OpenAICompatibleProvider(base_url=base_url, api_key=api_key, model=model, timeout_s=timeout_s)
+    base = provider.base_url
     try:
-        models = await client.models.list()
-    except openai.NotFoundError:
-        return Check("model", True, f"{settings.llm_base_url} answers (it lists no models)", warning=True)
-    except openai.APIError as exc:
-        error = classify(exc)
-        return Check("model", False, error.user_message, "check LLM_BASE_URL, LLM_API_KEY and LLM_MODEL")
-    names = [m.id for m in models.data]
-    if names and settings.llm_model not in names:
-        return Check("model", False, f"{settings.llm_base_url} has no model {settings.llm_model!r} "
-                     f"(it has {', '.join(names[:5])}{'…' if len(names) > 5 else ''})", "set LLM_MODEL to one of those")
-    return Check("model", True, f"{settings.llm_base_url} reachable, model {settings.llm_model!r}")
+        names = await provider.model_names()
+    except ProviderError as exc:
+        return Check(name, False, exc.user_message, "check LLM_BASE_URL, LLM_API_KEY and LLM_MODEL")
+    finally:
+        await provider.aclose()
+    if names is None:
+        return Check(name, True, f"{base} answers (it lists no models)", warning=True)
+    if names and model not in names:
+        # The ids are the endpoint's words, printed to a terminal: no control characters, none very long.
+        shown = ["".join(c for c in n if c.isprintable())[:80] for n in names[:5]]
+        return Check(name, False, f"{base} has no model {model!r} "
+                     f"(it has {', '.join(shown)}{'…' if len(names) > 5 else ''})", "set LLM_MODEL to one of those")
+    return Check(name, True, f"{base} reachable, model {model!r}")
 
 
 async def _anthropic_model(settings: Settings) -> Check:
