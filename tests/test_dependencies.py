@@ -91,9 +91,9 @@ def undeclared_imports(declared: set[str]) -> dict[str, str]:
 
 
 def declared_for_the_package() -> set[str]:
-    """The runtime dependencies and the package's own extras, not the test or dev tools."""
-    shipped = tuple(name for name in PROJECT["optional-dependencies"] if name not in ("test", "dev"))
-    return {canonicalize_name(r.name) for r in requirements_of(shipped)}
+    """What the package's code may import: the runtime dependencies and the extras the image installs (not the
+    test, dev or bench tools)."""
+    return {canonicalize_name(r.name) for r in requirements_of(LOCKS["run.txt"])}
 
 
 def test_every_imported_third_party_module_comes_from_a_declared_distribution() -> None:
