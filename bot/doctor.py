@@ -35,7 +35,8 @@ async def run_doctor() -> int:
         checks += await plugin.checks(settings.channels[plugin.name], context)
     for name, endpoint in _models(settings):  # the primary, then the fallback (LLM_FALLBACK_*), if set
         if endpoint.provider == "openai":
-            checks.append(await _model(settings, endpoint, name))
+            checks.append(await openai_model_check(endpoint.base_url, endpoint.api_key, endpoint.model, timeout_s=10,
+                                                   name=name, where=endpoint.names))
         if endpoint.provider == "anthropic":
             checks.append(await _anthropic_model(settings, endpoint, name))
     failed = False
@@ -340,28 +341,31 @@ def _models(settings: Settings) -> list[tuple[str, ModelEndpoint]]:
     return [("model", primary_endpoint(settings)), *([("fallback model", fallback)] if fallback is not None else [])]
 
 
-async def _model(settings: Settings, endpoint: ModelEndpoint | None = None, name: str = "model") -> Check:
-    import openai
+async def openai_model_check(base_url: str | None, api_key: str | None, model: str, *, timeout_s: float,
+                             name: str = "model", where: str = "LLM_BASE_URL, LLM_API_KEY and LLM_MODEL") -> Check:
+    """An OpenAI-compatible endpoint: its ``GET /models`` over the provider's own client (proxy, timeouts), so
+    the key is tried and ``model`` looked for. Only the endpoint's settings go in, so a primary model and a
+    fallback one are checked alike."""
+    from bot.providers.openai_compat import OpenAICompatibleProvider
+    from core.errors import ProviderError
 
-    from bot.model_endpoints import primary_endpoint
-    from bot.providers.openai_compat import classify
-
-    endpoint = endpoint or primary_endpoint(settings)
-    url, model = endpoint.base_url, endpoint.model
-    client = openai.AsyncOpenAI(base_url=url, api_key=endpoint.api_key or "not-needed", max_retries=0, timeout=10)
+    provider = OpenAICompatibleProvider(base_url=base_url, api_key=api_key, model=model, timeout_s=timeout_s)
+    base = provider.base_url
     try:
-        models = await client.models.list()
-    except openai.NotFoundError:
-        return Check(name, True, f"{url} answers (it lists no models)", warning=True)
-    except openai.APIError as exc:
-        error = classify(exc)
-        return Check(name, False, error.user_message, f"check {endpoint.names}")
-    names = [m.id for m in models.data]
+        names = await provider.model_names()
+    except ProviderError as exc:
+        return Check(name, False, exc.user_message, f"check {where}")
+    finally:
+        await provider.aclose()
+    if names is None:
+        return Check(name, True, f"{base} answers (it lists no models)", warning=True)
     if names and model not in names:
-        return Check(name, False, f"{url} has no model {model!r} "
-                     f"(it has {', '.join(names[:5])}{'…' if len(names) > 5 else ''})",
-                     f"set {endpoint.names.rsplit(' and ', 1)[-1]} to one of those")
-    return Check(name, True, f"{url} reachable, model {model!r}")
+        # The ids are the endpoint's words, printed to a terminal: no control characters, none very long.
+        shown = ["".join(c for c in n if c.isprintable())[:80] for n in names[:5]]
+        return Check(name, False, f"{base} has no model {model!r} "
+                     f"(it has {', '.join(shown)}{'…' if len(names) > 5 else ''})",
+                     f"set {where.rsplit(' and ', 1)[-1]} to one of those")
+    return Check(name, True, f"{base} reachable, model {model!r}")
 
 
 async def _anthropic_model(settings: Settings, endpoint: ModelEndpoint | None = None, name: str = "model") -> Check:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 
+from bot.doctor import openai_model_check
+from core.plugins import Check
 from tests.bot_process import run_cli, slack_env
 from tests.fakes.llm import FakeLLM
+from tests.fakes.server import RunningServer
 from tests.fakes.slack_api import FakeSlack
 
 
@@ -124,3 +130,93 @@ async def test_event_sources_are_checked_and_the_url_to_configure_is_named(
     assert "✓ event source ci: github, answers in #ops (COPS) at trust external; configure the sender with " \
            "POST https://bot.example.com/events/ci" in out, out
     assert "✓ event source deploys: standard" in out
+
+
+# -- the OpenAI-compatible model check: GET {base}/models over the provider's own client ---------------------------
+
+def answering(response: web.StreamResponse) -> Any:
+    async def handler(_request: web.Request) -> web.StreamResponse:
+        return response
+
+    return handler
+
+
+async def _model_check_against(handler: Any, *, timeout_s: float = 5,
+                               released: asyncio.Event | None = None) -> tuple[Check, str]:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    server = await RunningServer(app).start()
+    try:
+        return await openai_model_check(f"{server.url}/v1", "sk-key", "fake-model", timeout_s=timeout_s), server.url
+    finally:
+        if released is not None:
+            released.set()  # a held handler ends, so the server stops at once
+        await server.stop()
+
+
+async def test_an_endpoint_without_a_model_list_is_a_warning() -> None:
+    check, url = await _model_check_against(answering(web.json_response({"error": "no"}, status=404)))
+    assert (check.ok, check.warning, check.detail) == (True, True, f"{url}/v1 answers (it lists no models)")
+
+
+@pytest.mark.parametrize("body", ["<html>a login page</html>", '{"data": "none"}', "[" * 100_000])
+async def test_an_answer_that_is_not_a_model_list_fails_the_check(body: str) -> None:
+    check, _ = await _model_check_against(answering(web.Response(text=body)))
+    assert not check.ok and "unexpected response from the endpoint" in check.detail
+
+
+async def test_the_listed_ids_are_printed_without_control_characters() -> None:
+    listing = {"data": [{"id": "gpt-\x1b]52;c;evil\x07x"}, {"id": 7}, {"name": "no id"}]}
+    check, _ = await _model_check_against(answering(web.json_response(listing)))
+    assert not check.ok and "(it has gpt-]52;c;evilx)" in check.detail and "\x1b" not in check.detail
+
+
+async def test_a_redirect_is_not_followed_and_the_key_goes_nowhere_else() -> None:
+    elsewhere: list[str] = []
+
+    async def catch(request: web.Request) -> web.Response:
+        elsewhere.append(request.headers.get("Authorization", ""))
+        return web.json_response({"data": [{"id": "fake-model"}]})
+
+    other = web.Application()
+    other.router.add_get("/{tail:.*}", catch)
+    server = await RunningServer(other).start()
+    try:
+        redirect = web.Response(status=302, headers={"Location": f"{server.url}/v1/models"})
+        check, _ = await _model_check_against(answering(redirect))
+    finally:
+        await server.stop()
+    assert not check.ok and elsewhere == []
+
+
+async def test_a_silent_endpoint_fails_within_the_timeout() -> None:
+    released = asyncio.Event()
+
+    async def silent(_request: web.Request) -> web.Response:
+        await released.wait()  # past the deadline below
+        return web.Response()
+
+    check, _ = await _model_check_against(silent, timeout_s=0.2, released=released)
+    assert not check.ok and "I could not reach the model endpoint" in check.detail
+
+
+async def test_the_check_goes_through_the_environment_s_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, str]] = []
+
+    async def proxy(request: web.Request) -> web.Response:
+        seen.append((str(request.url), request.headers.get("Authorization", "")))  # a forward proxy: absolute URL
+        return web.json_response({"object": "list", "data": [{"id": "fake-model"}]})
+
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY",
+                 "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", proxy)
+    server = await RunningServer(app).start()
+    monkeypatch.setenv("HTTP_PROXY", server.url)
+    try:
+        check = await openai_model_check("http://models.example/v1", "sk-key", "fake-model", timeout_s=5)
+    finally:
+        await server.stop()
+    assert check.ok and check.detail == "http://models.example/v1 reachable, model 'fake-model'"
+    assert seen == [("http://models.example/v1/models", "Bearer sk-key")]

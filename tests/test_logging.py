@@ -129,7 +129,7 @@ def test_configure_logging_installs_redacting_handler(
     assert SECRET not in err and BOT_TOKEN not in err
 
 
-@pytest.mark.parametrize(("sdk", "variable"), [("anthropic", "ANTHROPIC_LOG"), ("openai", "OPENAI_LOG")])
+@pytest.mark.parametrize(("sdk", "variable"), [("anthropic", "ANTHROPIC_LOG")])
 def test_an_sdks_own_debug_setting_never_writes_the_prompt(
     sdk: str, variable: str, restore_root: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:

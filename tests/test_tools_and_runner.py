@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import jsonschema
-import openai
 import pytest
 from aiohttp import web
 
@@ -20,11 +19,6 @@ from core.providers import ChatMessage, CompletionRequest, RetryPolicy, complete
 from core.tool_schema import ArgumentSchema
 from core.tools import Risk, Tool, ToolContext, ToolRegistry, offered_in, precheck_call, run_tool
 from tests.fakes.core import FlakyProvider
-
-try:  # the installed openai client may be built on the renamed ``httpx2`` package
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover
-    import httpx  # type: ignore[no-redef]
 
 CTX = ToolContext(session_id="s", turn_id=1, agent="default", sender="U1")
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
@@ -297,43 +291,43 @@ def test_unknown_kind_refused() -> None:
         ProviderError("weird", "x", retryable=False)
 
 
-URL = "http://llm.local/v1/chat/completions"
-
-
-def status_error(cls: type[openai.APIStatusError], status: int, message: str,
-                 headers: dict[str, str] | None = None) -> openai.APIStatusError:
-    response = httpx.Response(status, headers=headers, request=httpx.Request("POST", URL))
-    return cls(message, response=response, body={"message": message, "type": "error"})
+def error_body(message: str) -> str:
+    """An error answer as OpenAI (and most compatible servers) write it."""
+    return json.dumps({"error": {"message": message, "type": "error"}})
 
 
 @pytest.mark.parametrize(
-    ("exc", "kind", "retryable"),
+    ("status", "message", "kind", "retryable"),
     [
-        (status_error(openai.AuthenticationError, 401, "Incorrect API key"), "auth", False),
-        (status_error(openai.PermissionDeniedError, 403, "forbidden"), "auth", False),
-        (status_error(openai.BadRequestError, 400, "This model's maximum context length is 8192 tokens"),
-         "context_overflow", False),
-        (status_error(openai.BadRequestError, 400, "unknown parameter"), "model", False),
-        (status_error(openai.NotFoundError, 404, "model not found"), "model", False),
-        (status_error(openai.InternalServerError, 500, "boom"), "model", True),
-        (status_error(openai.APIStatusError, 503, "overloaded"), "model", True),
-        (openai.APIConnectionError(request=httpx.Request("POST", URL)), "network", True),
-        (openai.APITimeoutError(request=httpx.Request("POST", URL)), "network", True),
+        (401, "Incorrect API key", "auth", False),
+        (403, "forbidden", "auth", False),
+        (400, "This model's maximum context length is 8192 tokens", "context_overflow", False),
+        (400, "unknown parameter", "model", False),
+        (404, "model not found", "model", False),
+        (500, "boom", "model", True),
+        (503, "overloaded", "model", True),
+        (418, "teapot", "unknown", False),
     ],
 )
-def test_classify(exc: openai.APIError, kind: str, retryable: bool) -> None:
-    error = classify(exc)
+def test_classify(status: int, message: str, kind: str, retryable: bool) -> None:
+    error = classify(status, error_body(message), {})
     assert (error.kind, error.retryable) == (kind, retryable)
 
 
 def test_classify_keeps_status_and_detail() -> None:
-    error = classify(status_error(openai.AuthenticationError, 401, "Incorrect API key provided"))
+    error = classify(401, error_body("Incorrect API key provided"), {})
     assert error.status == 401
     assert "Incorrect API key provided" in str(error)
 
 
+def test_classify_takes_a_body_that_is_not_json_as_its_detail() -> None:
+    error = classify(502, "<html>Bad Gateway</html>", {})
+    assert (error.kind, error.retryable, error.status) == ("model", True, 502)
+    assert "Bad Gateway" in str(error)
+
+
 @pytest.mark.parametrize(("header", "expected"), [("12", 12.0), ("0.5", 0.5), ("soon", None), (None, None)])
 def test_classify_rate_limit_retry_after(header: str | None, expected: float | None) -> None:
-    headers = {"retry-after": header} if header is not None else None
-    error = classify(status_error(openai.RateLimitError, 429, "slow down", headers))
+    headers = {"retry-after": header} if header is not None else {}
+    error = classify(429, error_body("slow down"), headers)
     assert (error.kind, error.retryable, error.retry_after) == ("rate_limit", True, expected)

@@ -7,8 +7,9 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
@@ -21,9 +22,6 @@ from core.errors import ProviderError
 from core.providers import ChatMessage, Completion, CompletionRequest, TextStream, ToolCall
 from core.text import clean_text
 
-if TYPE_CHECKING:
-    import openai
-
 log = logging.getLogger(__name__)
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 MAX_BODY_BYTES = 32_000_000  # a model's answer larger than this is refused, not kept in memory
@@ -32,8 +30,8 @@ MAX_BODY_BYTES = 32_000_000  # a model's answer larger than this is refused, not
 class OpenAICompatibleProvider:
     """Chat completions over the bot's own aiohttp session: the request body is built once here and the
     answer read as plain JSON (the OpenAI SDK's request path cost about 1.4 ms of CPU a call, a quarter of a
-    mention's in the gateway's profile). The SDK's error classes are still what ``classify`` maps (``bot
-    doctor`` uses the SDK); the statuses map onto the same kinds here."""
+    mention's in the gateway's profile). No SDK at all: ``bot doctor`` lists the models through
+    ``model_names``, and an error answer is classified from its status, headers and body (``classify``)."""
 
     name = "openai"
 
@@ -43,7 +41,8 @@ class OpenAICompatibleProvider:
         self.idle_timeout_s = idle_timeout_s or timeout_s  # LLM_IDLE_TIMEOUT_S: a streamed answer's silence
         self.streams = stream  # answers stream as they are written (LLM_STREAM)
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-        self.url = f"{base.rstrip('/')}/chat/completions"
+        self.base_url = base.rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
         # identity: the size limit counts what arrives (nothing is inflated past it).
         self._headers = {"Authorization": f"Bearer {api_key or 'not-needed'}", "Content-Type": "application/json",
                          "Accept": "application/json", "Accept-Encoding": "identity"}
@@ -72,6 +71,36 @@ class OpenAICompatibleProvider:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def model_names(self) -> list[str] | None:
+        """The model ids ``GET {base}/models`` lists (``bot doctor``), or None from an endpoint without that
+        list (404). Asked as a completion is (key, proxy, no redirects), within one ``timeout_s``; an error
+        answer is a ProviderError of the same kind as a completion's."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                response = await self._http().get(f"{self.base_url}/models", headers=self._headers,
+                                                  allow_redirects=False, proxy=self._proxy,
+                                                  proxy_auth=self._proxy_auth)
+                async with response:
+                    if response.status == 404:
+                        return None
+                    body = await _body_of(response)
+                    if response.status >= 300:
+                        raise classify(response.status, body.decode("utf-8", "replace"), response.headers)
+        except ProviderError:
+            raise
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ProviderError("network", f"cannot reach the model endpoint: {type(exc).__name__}",
+                                retryable=True) from exc
+        try:
+            listing = json.loads(body)
+        except (ValueError, RecursionError):
+            listing = None
+        models = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(models, list):
+            raise ProviderError("model", "unexpected response from the endpoint: not a list of models",
+                                retryable=False)
+        return [m["id"] for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
     async def complete(self, request: CompletionRequest, *, on_text: TextStream | None = None) -> Completion:
         return await self._complete(_body(self.model, request), on_text)
@@ -228,9 +257,13 @@ class _StatusError:
     param: str | None
 
 
-def _status_error(status: int, text: str, headers: Any) -> _StatusError:
-    """An error answer (HTTP ``status``, its body ``text``) as core's error kind (SPEC §6), the same kinds
-    ``classify`` gives the SDK's exceptions."""
+def classify(status: int, text: str, headers: Mapping[str, str]) -> ProviderError:
+    """An error answer (HTTP ``status``, its body ``text``, its headers) as core's error kind (SPEC §6)."""
+    return _status_error(status, text, headers).provider_error
+
+
+def _status_error(status: int, text: str, headers: Mapping[str, str]) -> _StatusError:
+    """An error answer as core's error kind, with what it says and the parameter it names (if any)."""
     try:
         body: Any = json.loads(text)
     except ValueError:
@@ -249,7 +282,7 @@ def _detail_of(body: Any, fallback: str) -> str:
     return (json.dumps(body) if body is not None else fallback)[:300]
 
 
-def _kind_of(status: int | None, detail: str, retry_after: float | None) -> ProviderError:
+def _kind_of(status: int, detail: str, retry_after: float | None) -> ProviderError:
     if status in (401, 403):
         return ProviderError("auth", f"HTTP {status}: {detail}", retryable=False, status=status)
     if status == 429:
@@ -263,7 +296,7 @@ def _kind_of(status: int | None, detail: str, retry_after: float | None) -> Prov
     if status == 404:
         return ProviderError("model", f"HTTP 404 (unknown model or wrong LLM_BASE_URL?): {detail}",
                              retryable=False, status=status)
-    if status is not None and status >= 500:
+    if status >= 500:
         return ProviderError("model", f"HTTP {status}: {detail}", retryable=True, status=status)
     return ProviderError("unknown", f"HTTP {status}: {detail}", retryable=False, status=status)
 
@@ -298,26 +331,3 @@ def _message(m: ChatMessage) -> dict[str, Any]:
         parts += [{"type": "image_url", "image_url": {"url": url}} for url in m.images]
         return {"role": m.role, "content": parts}
     return {"role": m.role, "content": m.content}
-
-
-def classify(exc: openai.APIError) -> ProviderError:
-    """Map the OpenAI SDK's exceptions (``bot doctor`` asks through the SDK) onto core's error kinds (SPEC §6).
-
-    The SDK is imported only here: importing it costs half a second of CPU, and ``bot run`` never needs it."""
-    import openai
-
-    if isinstance(exc, openai.APIConnectionError):  # includes timeouts
-        return ProviderError("network", f"cannot reach the model endpoint: {exc}", retryable=True)
-    if isinstance(exc, openai.APIResponseValidationError):
-        return ProviderError("model", f"unexpected response from the endpoint: {_detail(exc)}", retryable=False)
-    status = getattr(exc, "status_code", None)
-    headers = exc.response.headers if isinstance(exc, openai.APIStatusError) else {}
-    retry_after = retry_after_seconds(headers.get("retry-after"))
-    if status is None and isinstance(exc, openai.InternalServerError):
-        status = 500
-    return _kind_of(status, _detail(exc), retry_after)
-
-
-def _detail(exc: openai.APIError) -> str:
-    body = getattr(exc, "body", None)
-    return _detail_of(body if isinstance(body, dict) else None, str(exc.message))
