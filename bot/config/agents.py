@@ -13,8 +13,9 @@ from core.agents import DEFAULT_INSTRUCTIONS, Agent
 # One plain path component too: an agent's work folder is $BOT_HOME/work/<name> (bot.tools.shell).
 AGENT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 # The bot's own secrets live under these names: an agent's key is sent to its base_url, so naming one of them there
-# would hand the bot's Slack token, vault keys or the primary's key to whatever that URL is.
-OWN_SECRET_PREFIXES = ("SLACK_", "BOT_", "LLM_", "DATABASE_", "OPENAI_", "ANTHROPIC_")
+# would hand the bot's Slack token, vault keys, the primary's key or the trace exporter's headers to whatever that
+# URL is.
+OWN_SECRET_PREFIXES = ("SLACK_", "BOT_", "LLM_", "DATABASE_", "OPENAI_", "ANTHROPIC_", "OTEL_")
 
 
 def _not_blank(text: str) -> str:
