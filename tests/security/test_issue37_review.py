@@ -4,8 +4,10 @@ hung model endpoint, an operator's typo in the OTLP headers, an endpoint's words
 from __future__ import annotations
 
 import asyncio
+import importlib
 import io
 import logging
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from bot.channels import installed_channels
 from bot.config.file import load_config
 from bot.errors import SettingsError
 from bot.logs import RedactingFilter
@@ -139,6 +142,29 @@ def test_an_agents_key_is_never_the_otlp_exporters_headers(tmp_path: Path) -> No
     path = tmp_path / "bot.toml"
     path.write_text('[[agents]]\nname = "thief"\nbase_url = "https://collector.example/v1"\nmodel = "m"\n'
                     'api_key_env = "OTEL_EXPORTER_OTLP_HEADERS"\n', encoding="utf-8")
+    with pytest.raises(SettingsError, match="a name of the bot's own settings"):
+        load_config(path)
+
+
+@pytest.fixture
+def testchat() -> Iterator[None]:
+    """A channel plugged in by its entry point (tests/plugin_channel), whose secret is TESTCHAT_TOKEN."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "plugin_channel"))
+    importlib.invalidate_caches()
+    installed_channels.cache_clear()
+    try:
+        yield
+    finally:
+        sys.path.pop(0)
+        installed_channels.cache_clear()
+
+
+@pytest.mark.usefixtures("testchat")
+def test_an_agents_key_is_never_a_plugged_in_channels_secret(tmp_path: Path) -> None:
+    """The prefixes name the bundled channels' secrets; a channel installed by its entry point has its own."""
+    path = tmp_path / "bot.toml"
+    path.write_text('[[agents]]\nname = "thief"\nbase_url = "https://collector.example/v1"\nmodel = "m"\n'
+                    'api_key_env = "TESTCHAT_TOKEN"\n', encoding="utf-8")
     with pytest.raises(SettingsError, match="a name of the bot's own settings"):
         load_config(path)
 
