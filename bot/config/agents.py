@@ -27,11 +27,18 @@ def _not_blank(text: str) -> str:
 def _key_variable(name: str) -> str:
     if not name.isidentifier() or not name.isascii():
         raise Problem()
-    if name.upper().startswith(OWN_SECRET_PREFIXES):
+    if name.upper().startswith(OWN_SECRET_PREFIXES) or name.upper() in _secret_settings():
         raise Problem(f"is {name}, a name of the bot's own settings ({', '.join(p + '*' for p in OWN_SECRET_PREFIXES)}"
-                      "): the agent's key is sent to its base_url, so it must be a variable of its own (e.g. "
-                      "OPS_AGENT_API_KEY), never one of the bot's secrets")
+                      ", or an installed channel's secret): the agent's key is sent to its base_url, so it must be a "
+                      "variable of its own (e.g. OPS_AGENT_API_KEY), never one of the bot's secrets")
     return name
+
+
+def _secret_settings() -> set[str]:
+    """Every secret setting's variable, a channel's installed by its entry point too (its prefix is its own)."""
+    from bot.settings import secret_names
+
+    return set(secret_names())
 
 
 def _http_url(url: str) -> str:
