@@ -272,7 +272,7 @@ def build_application(
     ``secret_sink`` learns every stored secret value (the log filter masks them). ``tracer``: where spans go
     (None: as the OTEL_* variables say, bot.tracing; none of them set: nowhere, at no cost)."""
     clock = clock or SystemClock()
-    tracer = tracer if tracer is not None else traces_from_environment(os.environ)
+    tracer = tracer if tracer is not None else traces_from_environment(os.environ, secrets=secret_sink)
     secure_home(settings)  # before anything is created under BOT_HOME: 0700 folders, 0600 files
     # Where this process listens: known before anything that must recognise its own port or link to it.
     address = Address(settings.port)

@@ -42,13 +42,20 @@ async def run_doctor() -> int:
     failed = False
     for check in checks:
         mark = "✓" if check.ok and not check.warning else ("!" if check.ok else "✗")
-        print(f"{mark} {check.name}: {check.detail}")
+        print(f"{mark} {check.name}: {_printable(check.detail)}")
         if check.fix:
-            print(f"  fix: {check.fix}")
+            print(f"  fix: {_printable(check.fix)}")
         failed = failed or not check.ok
     print("everything looks right" if not failed else "some checks failed (see the fixes above)")
     sys.stdout.flush()
     return 1 if failed else 0
+
+
+def _printable(text: str) -> str:
+    """A check's text as the terminal gets it: one line, no control character. Much of it is others' words (a model
+    endpoint's or an MCP server's error), and an escape sequence there could write the clipboard (OSC 52), clear the
+    screen, or rewrite a line into a passing one (a carriage return)."""
+    return "".join(c if c.isprintable() else " " if c in "\n\r\t" else "" for c in text)
 
 
 def doctor_context(settings: Settings) -> DoctorContext:

@@ -17,9 +17,11 @@ may quote a secret or a model's words).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
+from urllib.parse import unquote
 
 from core.tracing import CURRENT, NO_TRACING, AttributeValue, Current, Tracer
 
@@ -34,10 +36,15 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "chatops-gateway"  # when OTEL_SERVICE_NAME is not set
 EXPORTERS = ("otlp", "console")
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+HEADER_VARIABLES = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")  # the exporter's credentials
 
 
-def from_environment(environ: Mapping[str, str]) -> Tracer:
-    """The tracer the ``OTEL_*`` variables in ``environ`` ask for; NO_TRACING when they ask for none."""
+def from_environment(environ: Mapping[str, str], *, secrets: Callable[[str], None] | None = None) -> Tracer:
+    """The tracer the ``OTEL_*`` variables in ``environ`` ask for; NO_TRACING when they ask for none. ``secrets``
+    learns the OTLP headers' values first (the log filter masks them)."""
+    if secrets is not None:
+        for value in header_values(environ):
+            secrets(value)
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return NO_TRACING
     names = exporter_names(environ)
@@ -73,6 +80,19 @@ def exporter_names(environ: Mapping[str, str]) -> list[str]:
     if unknown:
         log.warning("OTEL_TRACES_EXPORTER: %s is not one of otlp, console, none; left out", ", ".join(unknown))
     return [name for name in wanted if name in EXPORTERS]
+
+
+def header_values(environ: Mapping[str, str]) -> list[str]:
+    """What OTEL_EXPORTER_OTLP_HEADERS and OTEL_EXPORTER_OTLP_TRACES_HEADERS hold (an Authorization token, as a rule):
+    each entry, its value and the value's last word, written or URL-decoded. The SDK logs an entry it cannot parse
+    whole, value and all ("Authorization: Bearer …", HTTP's form, is the usual slip), so they are masked in logs."""
+    found: list[str] = []
+    for variable in HEADER_VARIABLES:
+        for entry in (environ.get(variable) or "").split(","):
+            for text in (entry, unquote(entry)):
+                value = re.split(r"[=:]", text, maxsplit=1)[-1].strip()
+                found += [text.strip(), value, *value.split()[-1:]]
+    return [value for value in dict.fromkeys(found) if len(value) >= 4]
 
 
 def capture_content(environ: Mapping[str, str]) -> bool:

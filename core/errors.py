@@ -73,13 +73,15 @@ class ProviderError(CoreError):
 class ModelsFailed(ProviderError):
     """The primary model failed for good and the fallback model failed too: the turn ends, said once."""
 
-    def __init__(self, primary: str, fallback: ProviderError) -> None:
-        super().__init__(fallback.kind, str(fallback), retryable=False, status=fallback.status)
-        self.primary = primary  # "<kind>: <detail>", already short and masked
+    def __init__(self, primary: str, fallback: str, error: ProviderError) -> None:
+        # Only the shown forms: the fallback's raw text is an outsider's (URL credentials, kilobytes of it).
+        super().__init__(error.kind, fallback, retryable=False, status=error.status)
+        self.primary = primary  # "<kind>: <detail>", already short and masked (core.model_routing)
+        self.fallback = fallback  # the same of the fallback's error
 
     @property
     def user_message(self) -> str:
-        return (f"Both models failed: the primary ({self.primary}) and the fallback ({self.kind}: {self}). "
+        return (f"Both models failed: the primary ({self.primary}) and the fallback ({self.fallback}). "
                 "I stopped here; nothing else was done.")
 
 

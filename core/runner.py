@@ -340,7 +340,8 @@ class AgentRunner:
             if self.models.fallback is None or not switches_on(exc):
                 raise
             if model is self.models.fallback:
-                raise ModelsFailed(models.primary_failure or "it failed earlier in this thread", exc) from exc
+                raise ModelsFailed(models.primary_failure or "it failed earlier in this thread",
+                                   await self.models.reason(exc), exc) from exc
             # (Already switched by another run of this thread meanwhile, a sub-agent beside this one: it goes on too.)
             await self.models.switch(models, model, exc)
             if live is not None:

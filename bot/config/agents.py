@@ -13,8 +13,9 @@ from core.agents import DEFAULT_INSTRUCTIONS, Agent
 # One plain path component too: an agent's work folder is $BOT_HOME/work/<name> (bot.tools.shell).
 AGENT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 # The bot's own secrets live under these names: an agent's key is sent to its base_url, so naming one of them there
-# would hand the bot's Slack token, vault keys or the primary's key to whatever that URL is.
-OWN_SECRET_PREFIXES = ("SLACK_", "BOT_", "LLM_", "DATABASE_", "OPENAI_", "ANTHROPIC_")
+# would hand the bot's Slack token, vault keys, the primary's key or the trace exporter's headers to whatever that
+# URL is.
+OWN_SECRET_PREFIXES = ("SLACK_", "BOT_", "LLM_", "DATABASE_", "OPENAI_", "ANTHROPIC_", "OTEL_")
 
 
 def _not_blank(text: str) -> str:
@@ -26,11 +27,18 @@ def _not_blank(text: str) -> str:
 def _key_variable(name: str) -> str:
     if not name.isidentifier() or not name.isascii():
         raise Problem()
-    if name.upper().startswith(OWN_SECRET_PREFIXES):
+    if name.upper().startswith(OWN_SECRET_PREFIXES) or name.upper() in _secret_settings():
         raise Problem(f"is {name}, a name of the bot's own settings ({', '.join(p + '*' for p in OWN_SECRET_PREFIXES)}"
-                      "): the agent's key is sent to its base_url, so it must be a variable of its own (e.g. "
-                      "OPS_AGENT_API_KEY), never one of the bot's secrets")
+                      ", or an installed channel's secret): the agent's key is sent to its base_url, so it must be a "
+                      "variable of its own (e.g. OPS_AGENT_API_KEY), never one of the bot's secrets")
     return name
+
+
+def _secret_settings() -> set[str]:
+    """Every secret setting's variable, a channel's installed by its entry point too (its prefix is its own)."""
+    from bot.settings import secret_names
+
+    return set(secret_names())
 
 
 def _http_url(url: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from typing import Any
 
 import anthropic
@@ -96,10 +97,26 @@ class AnthropicProvider:
 
 def client(api_key: str | None, base_url: str, timeout_s: float) -> anthropic.AsyncAnthropic:
     """The SDK's client, retrying nothing and following no redirect: a redirect would send the whole prompt
-    (and, to the same host, the key) wherever the endpoint says; it is a configuration error instead."""
-    return anthropic.AsyncAnthropic(api_key=api_key or "not-needed", base_url=base_url, max_retries=0,
+    (and, to the same host, the key) wherever the endpoint says; it is a configuration error instead.
+
+    Without the headers of ANTHROPIC_CUSTOM_HEADERS, which the SDK would add to every request of every client (an
+    agent's or the fallback's endpoint elsewhere too, its Authorization over the key set for that endpoint): a key
+    goes only where it was configured for (bot.model_endpoints), and that variable is not the bot's setting."""
+    made = anthropic.AsyncAnthropic(api_key=api_key or "not-needed", base_url=base_url, max_retries=0,
                                     timeout=anthropic.Timeout(timeout_s),
                                     http_client=anthropic.DefaultAsyncHttpxClient(follow_redirects=False))
+    names = _environment_header_names()
+    if not names:
+        return made
+    own = {name.lower(): value for name, value in made.auth_headers.items()}  # the key of this endpoint stays
+    headers: dict[str, Any] = {name: own.get(name.lower(), anthropic.omit) for name in names}
+    return made.with_options(default_headers=headers)
+
+
+def _environment_header_names() -> list[str]:
+    """The names ANTHROPIC_CUSTOM_HEADERS sets (``Name: value`` lines), as the SDK reads them."""
+    lines = (os.environ.get("ANTHROPIC_CUSTOM_HEADERS") or "").split("\n")
+    return [name for name in dict.fromkeys(line.split(":", 1)[0].strip() for line in lines if ":" in line) if name]
 
 
 def api_base(base_url: str | None) -> str:

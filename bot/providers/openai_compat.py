@@ -172,13 +172,14 @@ async def _body_of(response: aiohttp.ClientResponse) -> bytes:
 
 async def _read_stream(response: aiohttp.ClientResponse, on_text: TextStream, watchdog: IdleWatchdog) -> Completion:
     """Server-sent chunks (``data: {...}`` lines, ``data: [DONE]`` at the end) put together as they come
-    (bot.providers.openai_stream); text goes to ``on_text`` as it arrives; each line feeds the ``watchdog``."""
+    (bot.providers.openai_stream); text goes to ``on_text`` as it arrives; each ``data:`` line feeds the ``watchdog``
+    (keep-alive comments do not: a proxy in front of a hung model sends them for ever, and the fallback must get its
+    turn; Anthropic's SDK skips its pings alike)."""
     whole = StreamedCompletion()
     received = 0
     usage: int | None = None
     tokens: dict[str, int | None] = {}
     async for raw in response.content:
-        watchdog.touch()
         received += len(raw)
         if received > MAX_BODY_BYTES:
             raise ProviderError("model", f"the endpoint's answer is over {MAX_BODY_BYTES // 1_000_000} MB",
@@ -186,6 +187,7 @@ async def _read_stream(response: aiohttp.ClientResponse, on_text: TextStream, wa
         line = raw.strip()
         if not line.startswith(b"data:"):
             continue  # blank separators, comments (": ping"), event names
+        watchdog.touch()
         data = line[5:].strip()
         if data == b"[DONE]":
             break
