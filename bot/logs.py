@@ -100,9 +100,8 @@ class UtcFormatter(logging.Formatter):
     """Times in UTC, RFC 3339 with milliseconds (``2026-12-05T08:16:33.123Z``): replicas in different zones, and a
     log collector, read the same instant."""
 
-    converter = time.gmtime
-    default_time_format = "%Y-%m-%dT%H:%M:%S"
-    default_msec_format = "%s.%03dZ"
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
 
 
 _JSON_FIELDS = frozenset({"ts", "level", "logger", "msg", "session_id", "turn_id", "exc"})
