@@ -360,6 +360,7 @@ def build_application(
         resumable=connections.service.resumable if connections is not None else None,
         trust=trust,
         sections=[PinnedMemories(memory), skills],
+        events=bus,  # each tool call's outcome (chatops_tool_calls_total)
     )
     if settings.memory_pass:  # after a member's turn, one bounded call proposes memories (best effort)
         bus.subscribe(MemoryPass(memory, model, store, trust=trust, enabled_for=_remembers(tools, agents),
