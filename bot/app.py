@@ -373,6 +373,7 @@ def build_application(
         sections=[PinnedMemories(memory), skills],
         tracer=tracer,
         models=models,
+        events=bus,  # each tool call's outcome (chatops_tool_calls_total)
     )
     if settings.memory_pass:  # after a member's turn, one bounded call proposes memories (best effort)
         bus.subscribe(MemoryPass(memory, model, store, trust=trust, enabled_for=_remembers(tools, agents),

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
 
 from core.model import ApprovalInfo, ConnectionRequestInfo, CredentialRequestInfo, MessageRef, SessionInfo, TurnInfo
@@ -90,6 +91,24 @@ class ToolStarted(TurnEvent):
 
     name: ClassVar[str] = "tool.started"
     tool: str
+
+
+class ToolOutcome(StrEnum):
+    OK = "ok"  # it ran and returned
+    ERROR = "error"  # it ran and failed; the model was told why
+    DENIED = "denied"  # a rule or a person said no (or nobody decided in time, or a freeze)
+    REFUSED = "refused"  # it never got as far as a decision: not offered, invalid arguments, a secret in them
+
+
+@dataclass(frozen=True)
+class ToolEnded(Event):
+    """A tool call ended (a sub-agent's and a recovered one too): for the metrics of tool outcomes. ``tool`` is None
+    when the model named no tool there is: its name is the model's text, never a label."""
+
+    name: ClassVar[str] = "tool.ended"
+    turn_id: int
+    tool: str | None
+    outcome: ToolOutcome
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from core.chat_history import merge_user_runs, to_chat, turn_start
 from core.clock import Clock
 from core.context_window import ContextWindow, estimate, request_tokens
 from core.errors import ModelsFailed, ProviderError, StepLimitReached, ToolError
+from core.events import EventBus, ToolEnded, ToolOutcome
 from core.listening import LISTENING_NOTE, NO_REPLY, NO_REPLY_SPEC
 from core.model import TurnInfo
 from core.model_routing import Model, ModelRouter, SessionModels, switches_on
@@ -99,6 +100,7 @@ class AgentRunner:
         sections: Sequence[PromptSection] = (),
         tracer: Tracer = NO_TRACING,
         models: ModelRouter | None = None,
+        events: EventBus | None = None,
     ) -> None:
         self.store = store
         self.provider = provider  # the primary model's
@@ -119,6 +121,7 @@ class AgentRunner:
         self.trust = trust  # senders' levels: a turn runs at the least trusted of everyone whose words it took
         self.sections = tuple(sections)
         self.tracer = tracer  # invoke_agent, chat and execute_tool spans (core.tracing)
+        self.events = events  # ToolEnded, for each call's outcome
         self.window = ContextWindow(limits.context_tokens, SummaryStore(store.db) if store is not None else None,
                                     self._summarise, mask=self.redact)
 
@@ -214,7 +217,7 @@ class AgentRunner:
         ctx = ToolContext(session_id=session_id, turn_id=turn.id, agent=agent.name, sender=turn.sender,
                           place=turn.session.place, preapproved=turn.session.preapproved,
                           trust=await self._trust_of(turn, everyone) if parent is None else parent.trust,
-                          senders=everyone, unaddressed=turn.answer_optional)
+                          senders=everyone, unaddressed=turn.answer_optional, session=turn.session)
         if parent is not None:  # a sub-agent: the parent's sender, place and trust; nobody to ask
             # Credentials and grants stay the parent agent's: delegating never borrows another agent's.
             ctx = replace(ctx, agent=parent.agent, sender=parent.sender, place=parent.place, interactive=False,
@@ -304,7 +307,7 @@ class AgentRunner:
                         for call in reply.tool_calls if call.id not in holds_secret and self._concurrent(call.name)}
             try:
                 for call in reply.tool_calls:
-                    result = (SECRET_IN_ARGUMENTS.format(tool=call.name) if call.id in holds_secret
+                    result = (self._refuse_secret(call, ctx) if call.id in holds_secret
                               else await together[call.id] if call.id in together
                               else await self._call_tool(call, allowed_names, ctx, on_tool))
                     await self.store.add_message(
@@ -437,6 +440,7 @@ class AgentRunner:
                            on_tool: Callable[[str], None] | None) -> str:
         tool = self.tools.get(call.name)
         if tool is None or call.name not in allowed:
+            self._ended(ctx, call.name if tool is not None else None, ToolOutcome.REFUSED)
             return f"error: there is no tool named {call.name!r} available to you"
         ctx = replace(ctx, call_id=call.id, asked=False)
         try:
@@ -446,6 +450,7 @@ class AgentRunner:
             if self.gate is not None:  # every call: approval policies may refuse or ask about safe tools too
                 decision = await self.gate.authorize(ctx, tool, args)
                 if not decision.allowed:
+                    self._ended(ctx, call.name, ToolOutcome.DENIED)
                     return await self.redact(decision.result)
                 await self.gate.started(decision)  # the decision is on record before the tool runs
                 ctx = replace(ctx, asked=decision.asked)  # whether a person approved this very call
@@ -455,16 +460,27 @@ class AgentRunner:
                 on_tool(tool.name)
             return await self._execute(tool, ctx, args)
         except ToolError as exc:  # e.g. a schema error quoting the model's arguments
+            self._ended(ctx, call.name, ToolOutcome.REFUSED)
             return await self.redact(f"error: {exc}")
 
     async def _execute(self, tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> str:
         log.info("tool %s called (session %s, turn %s)", tool.name, ctx.session_id, ctx.turn_id)
+        outcome = ToolOutcome.OK
         try:
             result = await run_tool(tool, ctx, args)
         except ToolError as exc:
-            result = f"error: {exc}"
+            result, outcome = f"error: {exc}", ToolOutcome.ERROR
+        self._ended(ctx, tool.name, outcome)
         # Before anything else sees it (model, transcript, channels): no stored secret in it.
         return _truncate(await self.redact(result), self.limits.tool_result_max_chars)
+
+    def _refuse_secret(self, call: ToolCall, ctx: ToolContext) -> str:
+        self._ended(ctx, call.name if self.tools.get(call.name) is not None else None, ToolOutcome.REFUSED)
+        return SECRET_IN_ARGUMENTS.format(tool=call.name)
+
+    def _ended(self, ctx: ToolContext, tool: str | None, outcome: ToolOutcome) -> None:
+        if self.events is not None and ctx.session is not None:
+            self.events.emit(ToolEnded(ctx.session, ctx.turn_id, tool, outcome))
 
     async def _masked_arguments(self, raw: str) -> tuple[str, str]:
         """The arguments as they will be read (decoded JSON re-serialised, so that ``\u0073``-style
@@ -534,6 +550,7 @@ class AgentRunner:
         if decision is None or decision.already_started:
             return INTERRUPTED_RESULT
         if not decision.allowed:
+            self._ended(ctx, tool.name, ToolOutcome.DENIED)
             return await self.redact(decision.result)
         await self.gate.started(decision)
         return await self._execute(tool, ctx, args)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from core.errors import CoreError, SchemaCheckError, ToolError
-from core.model import EVENT_PREFIX
+from core.model import EVENT_PREFIX, SessionInfo
 from core.text import clean_text, text_problem, tree_problem
 from core.tool_schema import ArgumentSchema, schema_problem
 
@@ -51,6 +51,7 @@ class ToolContext:
     # Nobody addressed the bot (a listening turn, TurnInfo.answer_optional): nobody asked it to act for them, so a tool
     # that reads or acts on someone's behalf does so only where the turn answers.
     unaddressed: bool = False
+    session: SessionInfo | None = None  # the conversation's, for the events a call emits (core.events.ToolEnded)
 
     @property
     def requester(self) -> str | None:

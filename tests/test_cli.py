@@ -98,7 +98,7 @@ async def test_not_found_exits_3_and_says_where_to_look(tmp_path: Path) -> None:
 
 async def test_an_unreachable_database_exits_1_without_its_password(tmp_path: Path, unused_port: int) -> None:
     url = f"postgresql://admin:S3cret-pw-771@127.0.0.1:{unused_port}/bot"  # nothing listens there
-    for command in (("pause",), ("approvals", "list"), ("schedules", "list"), ("web", "logout-all")):
+    for command in (("pause",), ("migrate",), ("approvals", "list"), ("schedules", "list"), ("web", "logout-all")):
         code, out, err = await bot(tmp_path, *command, env={"DATABASE_URL": url})
         assert (code, out) == (1, ""), (command, err)
         assert err.startswith(f"bot: error: could not open or migrate the database "

@@ -157,7 +157,8 @@ async def test_past_delivery_max_age_it_is_given_up_counted_and_told_once_slack_
     refused = len(fake_slack.of(REFUSED_POST))
     async with aiohttp.ClientSession() as http, http.get(f"{gateway.base}/metrics") as resp:
         metrics = await resp.text()
-    assert "bot_deliveries_given_up 1.0" in metrics and "bot_deliveries_pending 0.0" in metrics
+    assert 'chatops_deliveries{status="given_up"} 1.0' in metrics
+    assert 'chatops_deliveries{status="pending"} 0.0' in metrics
     env = slack_env(fake_slack, fake_llm, 3000) | {"BOT_HOME": str(tmp_path / "home")}
     if database_url:
         env["DATABASE_URL"] = database_url
@@ -196,9 +197,9 @@ async def test_a_kill_during_the_outage_still_delivers_once(
     try:
         await fake_slack.wait_for("chat.postMessage", 1, timeout=20)
         async with asyncio.timeout(20):  # until the restarted process has recorded it
-            while "bot_deliveries_pending 0.0" not in (metrics := await _metrics(bot)):
+            while 'chatops_deliveries{status="pending"} 0.0' not in (metrics := await _metrics(bot)):
                 await asyncio.sleep(0.05)
-        assert "bot_deliveries_given_up 0.0" in metrics
+        assert 'chatops_deliveries{status="given_up"} 0.0' in metrics
         assert len(_answers(fake_slack, "echo: survive the kill")) == 1
     finally:
         assert await bot.terminate() == 0

@@ -201,5 +201,5 @@ async def test_replay_runs_an_event_again_in_its_thread_and_metrics_count_events
 
     async with aiohttp.ClientSession() as http, http.get(f"{gateway.base}/metrics") as resp:
         text = await resp.text()
-    assert 'bot_events{source="ci",status="answered"} 2.0' in text
-    assert 'bot_event_refusals_total{reason="signature",source="ci"}' in text
+    assert 'chatops_events{source="ci",status="answered"} 2.0' in text
+    assert 'chatops_event_refusals_total{reason="signature",source="ci"}' in text

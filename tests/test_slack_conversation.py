@@ -278,11 +278,11 @@ async def test_metrics_move_as_turns_run(gateway: GatewayClient, fake_slack: Fak
     await fake_slack.wait_for("chat.postMessage")
     await gateway.idle()
     after = await scrape()
-    assert after["bot_turns_started_total"] == before.get("bot_turns_started_total", 0) + 1
-    key = 'bot_turns_ended_total{outcome="answered"}'
+    assert after["chatops_turns_started_total"] == before.get("chatops_turns_started_total", 0) + 1
+    key = 'chatops_turns_ended_total{outcome="answered"}'
     assert after[key] == before.get(key, 0) + 1
-    assert after["bot_turn_duration_seconds_count"] == before.get("bot_turn_duration_seconds_count", 0) + 1
-    error = 'bot_slack_api_errors_total{error="invalid_name",method="reactions.add"}'
+    assert after["chatops_turn_duration_seconds_count"] == before.get("chatops_turn_duration_seconds_count", 0) + 1
+    error = 'chatops_slack_api_errors_total{error="invalid_name",method="reactions.add"}'
     assert after[error] == before.get(error, 0) + 1
-    for gauge in ("bot_queue_depth", "bot_approvals_pending", "bot_credential_requests_pending"):
+    for gauge in ("chatops_queue_depth", "chatops_approvals_pending", "chatops_credential_requests_pending"):
         assert after[gauge] == 0

@@ -80,9 +80,9 @@ async def test_an_answer_carries_feedback_buttons_and_a_click_is_recorded_once_p
     assert {e.turn_id for e in entries} == {turn_id} and all(e.session_id.endswith(thread) for e in entries)
     assert "Thanks for the feedback" in fake_slack.ephemerals("U2")[0]
     assert fake_slack.of("chat.postEphemeral")[0].params["thread_ts"] == thread  # said in the thread
-    assert await _metric(gateway, "bot_feedback_positive ") == 2
-    assert await _metric(gateway, "bot_feedback_negative ") == 0
-    assert await _metric(gateway, 'bot_feedback_clicks_total{verdict="positive"}') == 3
+    assert await _metric(gateway, 'chatops_feedback{verdict="positive"} ') == 2
+    assert await _metric(gateway, 'chatops_feedback{verdict="negative"} ') == 0
+    assert await _metric(gateway, 'chatops_feedback_clicks_total{verdict="positive"}') == 3
 
 
 async def test_bot_feedback_list_shows_the_verdicts_from_the_database(

@@ -14,7 +14,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 log = logging.getLogger(__name__)
 
-SLACK_API_ERRORS = Counter("bot_slack_api_errors", "Slack Web API calls that failed, by method and error",
+SLACK_API_ERRORS = Counter("chatops_slack_api_errors", "Slack Web API calls that failed, by method and error",
                            ["method", "error"])
 
 

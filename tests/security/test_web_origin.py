@@ -342,7 +342,7 @@ async def test_metrics_need_loopback_or_the_token(make_settings: Callable[..., S
     gw: GatewayClient = await start_gateway(make_settings(host="0.0.0.0", bot_web_chat=False))
     port = _port(gw)
     status, text, _ = await _fetch("GET", f"http://127.0.0.1:{port}/metrics")
-    assert status == 200 and "bot_turns_started" in text
+    assert status == 200 and "chatops_turns_started" in text
     for name in FORWARDING:  # a proxy on this host forwarding an outside request
         status, _, _ = await _fetch("GET", f"http://127.0.0.1:{port}/metrics", headers={name: "203.0.113.9"})
         assert status == 403, name
@@ -365,7 +365,7 @@ async def test_metrics_need_loopback_or_the_token(make_settings: Callable[..., S
     assert status == 403
     status, text, _ = await _fetch("GET", f"http://{outside}:{port}/metrics",
                                    headers={"Authorization": f"Bearer {TOKEN}"})
-    assert status == 200 and "bot_turns_started" in text
+    assert status == 200 and "chatops_turns_started" in text
     # A web chat login cookie is not a metrics credential from outside, and the chat itself needs a login.
     status, _, _ = await _fetch("GET", f"http://{outside}:{port}/api/conversations")
     assert status == 401
