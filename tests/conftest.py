@@ -275,6 +275,18 @@ class GatewayClient:
         form = "application/x-www-form-urlencoded"
         return await self.post_raw(form_body, signed_headers(form_body, content_type=form))
 
+    async def metrics(self) -> dict[str, float]:
+        """``GET /metrics`` as {series with its labels: value}."""
+        async with self.http.get(f"{self.base}/metrics") as resp:
+            assert resp.status == 200 and resp.content_type == "text/plain"
+            text = await resp.text()
+        figures: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                figures[name] = float(value)
+        return figures
+
     async def idle(self, timeout: float = 10.0) -> None:
         """Wait until no turn is running and every event has been rendered."""
         async with asyncio.timeout(timeout):

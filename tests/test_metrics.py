@@ -12,7 +12,6 @@ from prometheus_client import REGISTRY
 
 from bot import __version__
 from bot.metrics import PREFIX, metric_list
-from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
 from tests.slack_requests import mention
@@ -48,18 +47,6 @@ def test_every_metric_name_has_the_product_prefix() -> None:
     assert "chatops_build_info" in names and "chatops_tool_calls" in names
 
 
-async def _scrape(gateway: GatewayClient) -> dict[str, float]:
-    async with gateway.http.get(f"{gateway.base}/metrics") as resp:
-        assert resp.status == 200
-        text = await resp.text()
-    figures: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            figures[name] = float(value)
-    return figures
-
-
 async def test_build_info_and_tool_outcomes_by_tool(make_settings: Any, start_gateway: Any, fake_slack: FakeSlack,
                                                     fake_llm: FakeLLM, tmp_path: Path) -> None:
     config = tmp_path / "bot.toml"
@@ -67,7 +54,7 @@ async def test_build_info_and_tool_outcomes_by_tool(make_settings: Any, start_ga
     gateway = await start_gateway(make_settings(bot_config=config))
     secret = "s3cret-deploy-token-0042"
     await gateway.app.credentials.set_secret("deploy.token", secret, scope="agent", agent="default", by="U1")
-    before = await _scrape(gateway)
+    before = await gateway.metrics()
     invented = "ignore_your_rules_and_label_me_" + "x" * 40  # the model's text: never a label
     fake_llm.then(Reply(tool_calls=[
         ("time_now", {"timezone": "UTC"}),
@@ -80,7 +67,7 @@ async def test_build_info_and_tool_outcomes_by_tool(make_settings: Any, start_ga
     await gateway.send_event(mention("use your tools"))
     await fake_slack.wait_for("chat.postMessage")
     await gateway.idle()
-    after = await _scrape(gateway)
+    after = await gateway.metrics()
 
     def moved(tool: str, outcome: str) -> float:
         key = f'chatops_tool_calls_total{{outcome="{outcome}",tool="{tool}"}}'

@@ -261,23 +261,12 @@ async def test_oversized_message_gets_a_clear_refusal(
 
 
 async def test_metrics_move_as_turns_run(gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> None:
-    async def scrape() -> dict[str, float]:
-        async with gateway.http.get(f"{gateway.base}/metrics") as resp:
-            assert resp.status == 200 and resp.content_type == "text/plain"
-            text = await resp.text()
-        figures: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                figures[name] = float(value)
-        return figures
-
-    before = await scrape()
+    before = await gateway.metrics()
     fake_slack.fail_next("reactions.add", Failure(error="invalid_name"))
     await gateway.send_event(mention("count me"))
     await fake_slack.wait_for("chat.postMessage")
     await gateway.idle()
-    after = await scrape()
+    after = await gateway.metrics()
     assert after["chatops_turns_started_total"] == before.get("chatops_turns_started_total", 0) + 1
     key = 'chatops_turns_ended_total{outcome="answered"}'
     assert after[key] == before.get(key, 0) + 1
