@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
              "answers.")
     _command(sub, "doctor", "check settings, database, keys, Slack and the model; say what to fix",
              "Exit code 1 when something is wrong.")
+    _command(sub, "migrate", "bring the database to the current schema, then exit",
+             "Safe to run twice, and from several replicas (or an init container) at once: on PostgreSQL one "
+             "migrates while the others wait, then find nothing to do. `bot run` does the same at start. A database "
+             "that a newer version of the bot migrated is left as it is (exit code 1).")
     manifest = _command(sub, "manifest", "print the Slack app manifest (YAML) to create the app from",
                         "The same files are in manifests/.")
     manifest.add_argument("--mode", choices=["socket", "http"], default="http",
@@ -269,6 +273,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from bot.doctor import run_doctor
 
         return asyncio.run(run_doctor())
+    if args.command == "migrate":
+        return asyncio.run(_migrate())
     if args.command in ("pause", "resume"):
         return asyncio.run(_set_paused(args.command == "pause"))
     if args.command == "approvals":
@@ -345,6 +351,31 @@ def _config(verb: str, path: str | None) -> int:
     print(f"bot: {config} is valid: {len(agents)} agent(s), {len(policies)} approval rule(s), "
           f"{len(connections)} connection(s), {len(servers)} MCP server(s)"
           + "".join(f", [{name}]" for name in sections))
+    return 0
+
+
+async def _migrate() -> int:
+    from bot.home import secure_home
+    from bot.settings import load_settings
+    from core.errors import StoreError
+    from core.store import Database
+
+    settings = load_settings()
+    secure_home(settings)  # before the database file is opened (or created): 0700 folders, 0600 files
+    db = Database(settings.resolved_database_url)
+    try:
+        change = await db.migrate()  # a schema newer than this code: SchemaTooNew, one line (main)
+    except StoreError as exc:
+        raise Failed(f"{exc}; {DB_HINT}") from exc
+    finally:
+        await db.close()
+    after = ", ".join(change.after) or "none"
+    if change.before == change.after:
+        print(f"bot: {db.display_url} is at the current schema ({after}); nothing to do")
+    elif not change.before:
+        print(f"bot: created the schema ({after}) in {db.display_url}")
+    else:
+        print(f"bot: migrated {db.display_url} from schema {', '.join(change.before)} to {after}")
     return 0
 
 

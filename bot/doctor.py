@@ -79,7 +79,7 @@ async def _database(settings: Settings) -> list[Check]:
 
     from core.errors import StoreError
     from core.store import Database
-    from core.store.database import MIGRATIONS_DIR
+    from core.store.database import MIGRATIONS_DIR, newer_schema
 
     try:
         db = Database(settings.resolved_database_url)
@@ -93,11 +93,14 @@ async def _database(settings: Settings) -> list[Check]:
                 current = None
         cfg = Config()
         cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-        head = ScriptDirectory.from_config(cfg).get_current_head()
+        script = ScriptDirectory.from_config(cfg)
+        head = script.get_current_head()
         if current == head:
             return [Check("database", True, f"{db.display_url} reachable, schema {current} (current)")]
+        if current is not None and (newer := newer_schema([current], script)) is not None:
+            return [Check("database", False, f"{db.display_url} reachable, but {newer}")]
         return [Check("database", True, f"{db.display_url} reachable, schema {current or 'empty'}; newest is {head}",
-                      "nothing to do by hand: `bot run` upgrades it in place at start", warning=True)]
+                      "`bot migrate` upgrades it in place (`bot run` does too, at start)", warning=True)]
     except Exception as exc:
         return [Check("database", False, f"{db.display_url} unreachable: {type(exc).__name__}: {exc}",
                       "check DATABASE_URL, that the server runs, and the credentials in the URL")]

@@ -1,4 +1,4 @@
-"""Logging: one line per event, text or JSON, with every known secret value masked."""
+"""Logging: one line per event, text or JSON, stamped in UTC, with every known secret value masked."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import logging
 import re
 import sys
+import time
 from collections.abc import Iterable
 
 from core.logcontext import ContextFilter
@@ -17,6 +18,16 @@ _TOKEN_SHAPES = re.compile(r"\b(xox[abeposr]|xapp)-[A-Za-z0-9-]{8,}")
 
 def _label(_name: str) -> str:
     return "[redacted]"
+
+
+# What every record has; anything else on a record came from ``extra=`` (session_id and turn_id: ContextFilter).
+_RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message", "asctime", "taskName", "session_id", "turn_id"}
+
+
+def extra_fields(record: logging.LogRecord) -> dict[str, object]:
+    """The fields a log call passed with ``extra=``."""
+    return {key: value for key, value in vars(record).items() if key not in _RECORD_ATTRIBUTES}
 
 
 class RedactingFilter(logging.Filter):
@@ -52,7 +63,19 @@ class RedactingFilter(logging.Filter):
         record.args = None
         if record.exc_text:
             record.exc_text = self.redact(record.exc_text)
+        for key, value in extra_fields(record).items():  # a field is written as it is given: masked the same
+            setattr(record, key, self._redact_value(value))
         return True
+
+    def _redact_value(self, value: object) -> object:
+        """``value`` with the secrets in its text masked; numbers and booleans kept, anything else as text."""
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        if isinstance(value, dict):
+            return {self.redact(str(k)): self._redact_value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple | set | frozenset):
+            return [self._redact_value(v) for v in value]
+        return self.redact(value if isinstance(value, str) else str(value))
 
 
 # Libraries whose INFO lines would drown ours, and the model SDKs, whose INFO lines name the endpoint's URL and
@@ -73,10 +96,21 @@ class QuietLibrariesFilter(logging.Filter):
         return not any(name == lib or name.startswith(lib + ".") for lib in QUIET_LIBRARIES)
 
 
-class JsonFormatter(logging.Formatter):
+class UtcFormatter(logging.Formatter):
+    """Times in UTC, RFC 3339 with milliseconds (``2026-12-05T08:16:33.123Z``): replicas in different zones, and a
+    log collector, read the same instant."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+
+
+_JSON_FIELDS = frozenset({"ts", "level", "logger", "msg", "session_id", "turn_id", "exc"})
+
+
+class JsonFormatter(UtcFormatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "ts": self.formatTime(record),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -87,10 +121,12 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_text:
             entry["exc"] = record.exc_text
-        return json.dumps(entry, ensure_ascii=False)
+        for key, value in extra_fields(record).items():  # never in place of the fields above
+            entry[f"extra_{key}" if key in _JSON_FIELDS else key] = value
+        return json.dumps(entry, ensure_ascii=False, default=str)
 
 
-class TextFormatter(logging.Formatter):
+class TextFormatter(UtcFormatter):
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         session, turn = getattr(record, "session_id", None), getattr(record, "turn_id", None)

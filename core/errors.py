@@ -11,6 +11,11 @@ class StoreError(CoreError):
     """The database could not be opened, migrated or used."""
 
 
+class SchemaTooNew(CoreError):
+    """The database was migrated by a newer version of the bot: this code does not know its schema, so it must not
+    touch it (not a StoreError: checking DATABASE_URL or the server does not help)."""
+
+
 class InvalidInput(CoreError):
     """Input from outside (a channel, a person) that core refuses; the message says why."""
 

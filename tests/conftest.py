@@ -17,6 +17,7 @@ import pytest
 from bot.app import Application, build_application
 from bot.settings import Settings, load_settings
 from core.store import Database
+from core.store.database import SchemaChange
 from tests import bot_process
 from tests.fakes.llm import FakeLLM
 from tests.fakes.oauth import FakeOAuth
@@ -99,18 +100,18 @@ class _SqliteTemplate:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    async def migrate(self, database: Database) -> None:
+    async def migrate(self, database: Database) -> SchemaChange:
         target = _sqlite_file(database)
         if target is None or not _never_opened(target):
-            await _real_migrate(database)
-            return
+            return await _real_migrate(database)
         if not self.path.exists():
-            await _real_migrate(database)  # the real migration, once: its file is the template
+            change = await _real_migrate(database)  # the real migration, once: its file is the template
             self._keep(target)
-            return
+            return change
         # copyfile writes into an existing (empty, 0600) file in place: its inode and mode stay the product's.
         shutil.copyfile(self.path, target)
-        await _real_migrate(database)  # finds head: a no-op, as at every later start
+        change = await _real_migrate(database)  # finds head: a no-op, as at every later start
+        return SchemaChange((), change.after)  # what the real migration of a new file would have said
 
     def _keep(self, source: Path) -> None:
         """Copy the freshly migrated file, whole (its WAL checkpointed into it), as the template."""
@@ -133,8 +134,8 @@ def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> _SqliteTemplat
 
 @pytest.fixture(autouse=True)
 def _migrate_from_template(monkeypatch: pytest.MonkeyPatch, _sqlite_template: _SqliteTemplate) -> None:
-    async def migrate(database: Database) -> None:
-        await _sqlite_template.migrate(database)
+    async def migrate(database: Database) -> SchemaChange:
+        return await _sqlite_template.migrate(database)
 
     monkeypatch.setattr(Database, "migrate", migrate)
 

@@ -188,3 +188,44 @@ def test_lines_carry_the_session_and_turn(restore_root: None, capsys: pytest.Cap
     line = _json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert (line["session_id"], line["turn_id"]) == ("slack:T1:C1:1.0", 7)
     assert "xoxb-hidden-token-1234" not in line["msg"] and "[redacted]" in line["msg"]
+
+
+def test_json_lines_are_stamped_in_utc_with_milliseconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setenv("TZ", "America/New_York")  # the host's zone must not show
+    time.tzset()
+    try:
+        logger, out = capture("json")
+        record = logger.makeRecord(logger.name, logging.INFO, __file__, 1, "at a known instant", (), None)
+        record.created, record.msecs = 1_796_372_193.1234, 123.0  # 2026-12-04T08:16:33.123Z
+        logger.handle(record)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert json.loads(out.getvalue())["ts"] == "2026-12-04T08:16:33.123Z"
+
+
+def test_text_lines_are_stamped_in_utc_with_a_zone(restore_root: None, capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    configure_logging("INFO", "text", [SECRET])
+    logging.getLogger("bot.test").info("hello")
+    line = capsys.readouterr().err.strip()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO bot.test: hello", line), line
+
+
+def test_extra_fields_are_json_keys_with_secrets_masked() -> None:
+    from pathlib import Path
+
+    logger, out = capture("json")
+    logger.info("delivered", extra={"channel": "C1", "attempts": 3, "ok": True, "url": f"https://x/?t={SECRET}",
+                                    "headers": {"Authorization": f"Bearer {BOT_TOKEN}"}, "ids": (1, SECRET),
+                                    "path": Path("/tmp/a"), "level": "not the level"})
+    entry = json.loads(out.getvalue())
+    assert entry["channel"] == "C1" and entry["attempts"] == 3 and entry["ok"] is True
+    assert entry["url"] == "https://x/?t=[redacted]"
+    assert entry["headers"] == {"Authorization": "Bearer xoxb-[redacted]"}
+    assert entry["ids"] == [1, "[redacted]"] and entry["path"] == "/tmp/a"
+    assert (entry["level"], entry["extra_level"]) == ("info", "not the level")  # a field of ours is never replaced
+    assert SECRET not in out.getvalue() and BOT_TOKEN not in out.getvalue()

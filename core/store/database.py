@@ -10,8 +10,9 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.dialects import postgresql, sqlite
@@ -22,7 +23,7 @@ from sqlalchemy.util import greenlet_spawn
 from sqlmodel import Session
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from core.errors import StoreError
+from core.errors import SchemaTooNew, StoreError
 from core.store.sqlite_checkpoint import (
     AUTOCHECKPOINT_PAGES,
     CHECKPOINT_DELAY_S,
@@ -31,12 +32,17 @@ from core.store.sqlite_checkpoint import (
 )
 from core.store.sqlite_writer import SQLiteWriter
 
+if TYPE_CHECKING:
+    from alembic.script import ScriptDirectory
+
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 _NO_LOCK = contextlib.nullcontext()
 SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
+# The advisory lock every migration takes on PostgreSQL ("chatops" in ASCII): one key, whatever the database's name.
+MIGRATION_LOCK_KEY = 0x63_68_61_74_6F_70_73
 PING_IDLE_S = 2.0  # a pooled PostgreSQL connection idle this long is pinged before it is used
 T = TypeVar("T")
 
@@ -202,14 +208,18 @@ class Database:
         async with self.engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
 
-    async def migrate(self) -> None:
-        """Bring the schema to the newest version, in place; a no-op when it is current."""
+    async def migrate(self) -> SchemaChange:
+        """Bring the schema to the newest version, in place; a no-op when it is current. Safe to run from several
+        processes at once (``bot migrate`` in each replica or an init container): on PostgreSQL one migrates while
+        the others wait, then find nothing to do; SQLite's write lock does the same. A schema newer than this code
+        raises SchemaTooNew and is left as it is."""
         try:
             async with self._write_engine.begin() as conn:
-                await conn.run_sync(_upgrade_to_head)
+                change = await conn.run_sync(_upgrade_to_head)
         except (SQLAlchemyError, OSError) as exc:  # OSError: the server refused or its name did not resolve
             raise StoreError(f"could not open or migrate the database {self.display_url}: {exc}") from exc
         self._wrote()
+        return change
 
     @property
     def display_url(self) -> str:
@@ -267,17 +277,56 @@ def _ping_when_idle(engine: AsyncEngine) -> None:
             raise InvalidatePoolError(f"an idle database connection failed its ping: {exc}") from exc
 
 
-def _upgrade_to_head(conn: Connection) -> None:
+@dataclass(frozen=True)
+class SchemaChange:
+    """What a migration found and left: revisions (none before: a new database)."""
+
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+
+
+def _upgrade_to_head(conn: Connection) -> SchemaChange:
     head = _head_revision()
-    if head is not None and _current_revisions(conn) == [head]:
-        return  # current: every start of a migrated database, without importing alembic (a tenth of a second)
+    found = _current_revisions(conn)
+    if head is not None and found == [head]:
+        # current: every start of a migrated database, without importing alembic (a tenth of a second)
+        return SchemaChange(tuple(found), tuple(found))
+    if conn.dialect.name == "postgresql":
+        # Held until this transaction ends, which is the whole migration: another process migrating at the same time
+        # waits here, and its alembic then reads the revision this one committed. Never a session lock: behind
+        # PgBouncer's transaction pooling a session lock stays on a server connection someone else gets next.
+        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
     from alembic import command
     from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.attributes["connection"] = conn
+    found = _current_revisions(conn)  # again: another process may have migrated while this one waited for the lock
+    problem = newer_schema(found, ScriptDirectory.from_config(cfg))
+    if problem is not None:
+        raise SchemaTooNew(problem)
     command.upgrade(cfg, "head")
+    return SchemaChange(tuple(found), tuple(_current_revisions(conn)))
+
+
+def newer_schema(revisions: list[str], script: ScriptDirectory) -> str | None:
+    """What to tell the operator when the database is at a revision these migrations do not know (a newer bot
+    migrated it; migrating or running against it could corrupt it), else None."""
+    from alembic.util import CommandError
+
+    unknown = []
+    for revision in revisions:
+        try:
+            script.get_revision(revision)
+        except CommandError:
+            unknown.append(revision)
+    if not unknown:
+        return None
+    return (f"the database's schema is at revision {', '.join(unknown)}, newer than this version of the bot knows "
+            f"(its newest is {script.get_current_head()}): run the newer version of the bot, or restore the backup "
+            "taken before the upgrade")
 
 
 _REVISION_LINE = re.compile(r'^(down_revision|revision) = (None|"([0-9A-Za-z_]+)")$', re.MULTILINE)
