@@ -1,0 +1,134 @@
+"""Review of issue 38 (deploy files, lock files, `bot migrate`, JSON logs) as an attacker: a package index or a pip
+configuration that serves something else, a lock file edited by hand, PgBouncer in front of PostgreSQL, a password
+in DATABASE_URL, and log fields that carry a person's text."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+REQUIREMENTS = ROOT / "requirements"
+
+
+# -- supply chain: nothing is installed that a lock file did not pin and hash ----------------------------------------
+
+
+def shell_commands(path: Path) -> list[list[str]]:
+    """The commands of a shell script, split as the shell would split words (continuations joined, comments and
+    ``&&`` chains taken apart; variables left as written)."""
+    text = re.sub(r"\\\n", " ", path.read_text(encoding="utf-8"))
+    commands: list[list[str]] = []
+    for line in text.splitlines():
+        words = shlex.split(line, comments=True)
+        current: list[str] = []
+        for word in words:
+            if word in ("&&", "||", ";", "|"):
+                commands.append(current)
+                current = []
+            else:
+                current.append(word)
+        commands.append(current)
+    return [command for command in commands if command]
+
+
+def pip_installs(path: Path) -> list[list[str]]:
+    return [command for command in shell_commands(path)
+            if len(command) > 2 and command[0].endswith("pip") and command[1] in ("install", "wheel")]
+
+
+def builds_the_project(command: list[str]) -> bool:
+    return "." in command or any(a == "-e" and b == "." for a, b in zip(command, command[1:], strict=False))
+
+
+@pytest.mark.parametrize("script", ["deploy/container/install.sh", ".ci/run"])
+def test_building_the_project_downloads_no_unpinned_build_backend(script: str) -> None:
+    """pip builds ``.`` in an isolated environment by default, and fills it with pyproject's [build-system]
+    requirements (``setuptools>=68``, ``wheel``) from whatever index it is configured with: no pin, no hash, and code
+    that runs during the build of the image (or of CI's venv). The build backend must come from a hashed lock too."""
+    installs = pip_installs(ROOT / script)
+    builds = [command for command in installs if builds_the_project(command)]
+    assert builds, installs
+    for command in builds:
+        assert "--no-build-isolation" in command, shlex.join(command)
+    before_first_build = installs[:installs.index(builds[0])]
+    assert any("--require-hashes" in command and "requirements/build.txt" in command
+               for command in before_first_build), [shlex.join(c) for c in before_first_build]
+
+
+def test_the_build_lock_pins_what_pyproject_builds_with() -> None:
+    wanted = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    pinned = dict(lock_pins(REQUIREMENTS / "build.txt"))
+    for line in wanted:
+        requirement = Requirement(line)
+        version = pinned.get(canonicalize_name(requirement.name))
+        assert version is not None and requirement.specifier.contains(version), (line, pinned)
+
+
+# A lock file line: a pin, its hashes, or a comment. Anything else changes where or what pip installs: another
+# index (--index-url, --extra-index-url, --find-links), TLS turned off (--trusted-host), a file that pulls in
+# another (-r, -c), an editable, a VCS, URL or path requirement ("name @ https://…", "git+…", "./pkg").
+PIN_LINE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+( ; [^\\#@]+)?( --hash=sha256:[0-9a-f]{64})+")
+
+
+def lock_lines(path: Path) -> list[str]:
+    """The logical lines of a requirements file: continuations joined, comments and blank lines left out."""
+    joined = re.sub(r"[ \t]*\\\n[ \t]*", " ", path.read_text(encoding="utf-8"))
+    return [line.strip() for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def lock_problems(path: Path) -> list[str]:
+    return [line[:120] for line in lock_lines(path) if not PIN_LINE.fullmatch(re.sub(r"\s+#.*$", "", line))]
+
+
+def lock_pins(path: Path) -> list[tuple[str, str]]:
+    pins = []
+    for line in lock_lines(path):
+        name, _, rest = line.partition("==")
+        pins.append((canonicalize_name(name), rest.split()[0]))
+    return pins
+
+
+def lock_files() -> list[str]:
+    return sorted(path.name for path in REQUIREMENTS.glob("*.txt"))
+
+
+@pytest.mark.parametrize("lock", lock_files())
+def test_every_lock_file_holds_hashed_pins_and_nothing_else(lock: str) -> None:
+    assert not lock_problems(REQUIREMENTS / lock)
+    assert lock_pins(REQUIREMENTS / lock)
+
+
+@pytest.mark.parametrize("tampered", [
+    "--extra-index-url https://pypi.example.net/simple",
+    "--index-url=https://pypi.example.net/simple",
+    "--trusted-host pypi.example.net",
+    "--find-links /tmp/wheels",
+    "-r extra.txt",
+    "-e git+https://git.example.net/slack-bolt.git#egg=slack-bolt",
+    "slack-bolt @ https://files.example.net/slack_bolt-9.9-py3-none-any.whl \\\n    --hash=sha256:" + "0" * 64,
+    "./vendor/slack-bolt",
+    "slack-bolt>=1.28 \\\n    --hash=sha256:" + "0" * 64,
+    "slack-bolt==1.28.0",
+])
+def test_a_lock_file_edited_to_install_from_elsewhere_is_caught(tmp_path: Path, tampered: str) -> None:
+    lock = tmp_path / "run.txt"
+    pinned = "wheel==0.46.3 \\\n    --hash=sha256:" + "1" * 64 + "\n    # via -r requirements/build.in\n"
+    lock.write_text(pinned + tampered + "\n")
+    assert lock_problems(lock) == [re.sub(r"[ \t]*\\\n[ \t]*", " ", tampered)[:120]]
+
+
+def test_the_lock_tool_itself_is_installed_pinned_hashed_and_from_pypi_only() -> None:
+    """requirements/update writes every hash the image later trusts: the resolver it runs must not come from this
+    machine's pip configuration (PIP_INDEX_URL, an extra index, pip.conf) or arrive unhashed."""
+    installs = pip_installs(REQUIREMENTS / "update")
+    assert installs
+    for command in installs:
+        assert "--isolated" in command and "--require-hashes" in command, shlex.join(command)
+        assert command[command.index("--index-url") + 1] == "https://pypi.org/simple", shlex.join(command)
