@@ -238,3 +238,16 @@ async def test_an_unknown_value_of_the_prepared_statements_option_is_refused(tmp
     code, out = await run_cli(tmp_path, {"DATABASE_URL": f"sqlite:///{tmp_path}/x.db?prepared_statements=no"},
                               "migrate")
     assert (code, out.strip()) == (1, "bot: error: DATABASE_URL: prepared_statements must be true or false, not 'no'")
+
+
+# -- DATABASE_URL's password in error lines -------------------------------------------------------------------------
+
+
+async def test_a_password_with_an_unescaped_at_and_slash_is_refused_without_showing_its_tail(tmp_path: Path) -> None:
+    """"p@ss/word" unescaped: the URL parser ends the password at the first "@", so "ss" became the host and
+    "word@db…/bot" the database name, and the connection error showed them (`bot migrate` in a Job's log): the masked
+    password was "p" only. Refused like an "@" that lands in the host name."""
+    code, out = await run_cli(tmp_path, {"DATABASE_URL": "postgresql://bot:Pa55@Hidden/Tail@127.0.0.1:1/bot"},
+                              "migrate")
+    assert code != 0 and "write it as %40" in out, out
+    assert "Hidden" not in out and "Tail" not in out, out
