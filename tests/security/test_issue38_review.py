@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import json
+import logging
 import os
 import re
 import shlex
@@ -20,6 +23,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from bot.logs import JsonFormatter, RedactingFilter
 from core.store import Database
 from tests.bot_process import run_cli
 from tests.conftest import fresh_postgres
@@ -251,3 +255,52 @@ async def test_a_password_with_an_unescaped_at_and_slash_is_refused_without_show
                               "migrate")
     assert code != 0 and "write it as %40" in out, out
     assert "Hidden" not in out and "Tail" not in out, out
+
+
+# -- JSON logs: one line of strict JSON whatever a field holds ------------------------------------------------------
+
+
+def json_logger() -> tuple[logging.Logger, io.StringIO]:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RedactingFilter(["s3cret-value-1234"]))
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger(f"test.issue38.{id(stream)}")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    return logger, stream
+
+
+def strict_json(line: str) -> dict[str, Any]:
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    entry: dict[str, Any] = json.loads(line, parse_constant=refuse)
+    return entry
+
+
+def test_numbers_json_cannot_hold_are_written_as_text_not_lost_or_invalid(capsys: pytest.CaptureFixture[str]) -> None:
+    """extra= numbers were written as given: NaN and Infinity made a line no log collector parses (JSON has neither),
+    and an int past Python's 4300-digit limit raised inside the formatter, so the line was lost."""
+    logger, out = json_logger()
+    logger.info("ratio", extra={"ratio": float("nan"), "limit": float("inf"), "big": 7 ** 6000, "ok": 3})
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1, capsys.readouterr().err[-300:]
+    entry = strict_json(lines[0])
+    assert (entry["ratio"], entry["limit"], entry["ok"]) == ("nan", "inf", 3)
+    assert isinstance(entry["big"], str) and entry["big"].startswith("[int of ")
+
+
+def test_a_persons_text_cannot_split_a_json_line_or_reach_the_terminal_raw() -> None:
+    """ensure_ascii=False leaves U+2028, U+2029 and NEL (U+0085) as they are: valid inside a JSON string, but line
+    breaks to str.splitlines(), JavaScript-era parsers and some log viewers, so a Slack message can start a line of
+    its own there; the C1 controls (U+009B is CSI) reach `kubectl logs` on a terminal as escape sequences."""
+    text = 'hi\u2028{"level": "error", "msg": "forged"}\u2029\x85\x9b31m red \x1b[2J'
+    logger, out = json_logger()
+    logger.warning("from slack: %s", text, extra={"text": text})
+    written = out.getvalue()
+    assert len(written.splitlines()) == 1, written.splitlines()
+    assert not re.search("[\x00-\x1f\x7f-\x9f\u2028\u2029]", written.rstrip("\n"))
+    entry = strict_json(written)
+    assert entry["msg"] == f"from slack: {text}" and entry["text"] == text  # escaped, not changed
