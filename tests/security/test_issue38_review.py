@@ -304,3 +304,20 @@ def test_a_persons_text_cannot_split_a_json_line_or_reach_the_terminal_raw() -> 
     assert not re.search("[\x00-\x1f\x7f-\x9f\u2028\u2029]", written.rstrip("\n"))
     entry = strict_json(written)
     assert entry["msg"] == f"from slack: {text}" and entry["text"] == text  # escaped, not changed
+
+
+# -- compose.yaml ---------------------------------------------------------------------------------------------------
+
+
+def test_compose_publishes_the_bots_plain_http_port_on_loopback_unless_told_otherwise() -> None:
+    """"3000:3000" publishes on every interface of the host (and Docker's rules go around ufw/firewalld): the web chat's
+    login token and /metrics' bearer token in plain HTTP from anywhere. The TLS proxy in front (the example's advice)
+    reaches loopback; BOT_BIND=0.0.0.0 says otherwise on purpose."""
+    import yaml
+
+    services = yaml.safe_load((ROOT / "compose.yaml").read_text(encoding="utf-8"))["services"]
+    assert services["bot"]["ports"] == ["${BOT_BIND:-127.0.0.1}:${BOT_PORT:-3000}:3000"]
+    assert "ports" not in services["postgres"] and "ports" not in services["migrate"]
+    for name in ("bot", "migrate"):  # as the Kubernetes pods and the systemd unit: no capabilities, no setuid gains
+        assert services[name]["cap_drop"] == ["ALL"]
+        assert "no-new-privileges:true" in services[name]["security_opt"]
