@@ -15,6 +15,8 @@ COPY pyproject.toml README.md ./
 COPY core core
 COPY channels channels
 COPY bot bot
+# The build backend (setuptools, wheel) from its own lock, hashes checked: no unpinned download during the build.
+COPY requirements/build.txt requirements/build.txt
 RUN sh deploy/container/install.sh app /opt/venv
 
 # --- run: the venv, bubblewrap for shell_run's sandbox, a non-root user -----------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import sys
 import time
@@ -14,6 +15,18 @@ from core.redaction import MaskSet
 
 # Slack tokens (bot, user, app, refresh) have a recognisable shape even when not configured here.
 _TOKEN_SHAPES = re.compile(r"\b(xox[abeposr]|xapp)-[A-Za-z0-9-]{8,}")
+
+
+# Far below the 4300 digits Python refuses to turn into text, far above any count or id a log line carries.
+_INT_BITS = 1024
+# What json.dumps(ensure_ascii=False) leaves raw although it is a line break to some readers (U+2028, U+2029, NEL:
+# str.splitlines(), JavaScript-era parsers, some log viewers) or a terminal control (DEL, the C1 set: U+009B is CSI):
+# a person's text in a field must not start a line of its own or reach `kubectl logs` on a terminal as an escape.
+_RAW_IN_JSON = re.compile("[\x7f-\x9f\u2028\u2029]")
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
 
 
 def _label(_name: str) -> str:
@@ -69,8 +82,12 @@ class RedactingFilter(logging.Filter):
 
     def _redact_value(self, value: object) -> object:
         """``value`` with the secrets in its text masked; numbers and booleans kept, anything else as text."""
-        if value is None or isinstance(value, bool | int | float):
+        if value is None or isinstance(value, bool):
             return value
+        if isinstance(value, float):  # JSON has no NaN or Infinity: a line holding one is not JSON
+            return value if math.isfinite(value) else str(value)
+        if isinstance(value, int):  # past Python's digit limit json.dumps raises, and the whole line is lost
+            return value if value.bit_length() <= _INT_BITS else f"[int of {value.bit_length()} bits]"
         if isinstance(value, dict):
             return {self.redact(str(k)): self._redact_value(v) for k, v in value.items()}
         if isinstance(value, list | tuple | set | frozenset):
@@ -123,7 +140,9 @@ class JsonFormatter(UtcFormatter):
             entry["exc"] = record.exc_text
         for key, value in extra_fields(record).items():  # never in place of the fields above
             entry[f"extra_{key}" if key in _JSON_FIELDS else key] = value
-        return json.dumps(entry, ensure_ascii=False, default=str)
+        # Only inside strings can these characters be (everything else json.dumps writes is ASCII): escaping them
+        # there keeps the value, and the line one line of strict JSON.
+        return _RAW_IN_JSON.sub(_json_escape, json.dumps(entry, ensure_ascii=False, default=str))
 
 
 class TextFormatter(UtcFormatter):

@@ -177,7 +177,9 @@ class Settings(BaseSettings):
                              "postgresql://user:pass@host/db)") from None
         if url.get_backend_name() not in ("sqlite", "postgresql"):
             raise ValueError(f"must be sqlite or postgresql, not {url.get_backend_name()!r}")
-        if "@" in (url.host or ""):  # the tail of a password would be shown (and used) as the host name
+        # The tail of a password holding an unescaped "@" would be shown (and used) as the host name, or, with a "/"
+        # after it, as the host and the database's name.
+        if "@" in (url.host or "") or (url.get_backend_name() == "postgresql" and "@" in (url.database or "")):
             raise ValueError("has an '@' in its user name or password: write it as %40")
         # SQLite would parse a URI filename itself (another file, or its own locking turned off by
         # nolock=1): the run lock and BOT_HOME's file modes need the plain path SQLite opens.

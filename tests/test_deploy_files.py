@@ -77,7 +77,7 @@ def test_the_image_installs_with_the_script_ci_runs_and_only_from_the_lock():
     assert "sh deploy/container/install.sh app /opt/venv" in runs
     script = (ROOT / "deploy" / "container" / "install.sh").read_text(encoding="utf-8")
     assert "--require-hashes -r requirements/run.txt" in script
-    assert "install --quiet --no-deps ." in script
+    assert "wheel --quiet --no-deps --no-build-isolation --wheel-dir" in script  # tests/security/test_issue38_review.py
     ci = (ROOT / ".ci" / "deploy-checks").read_text(encoding="utf-8")
     assert "deploy/container/install.sh deps" in ci and "deploy/container/install.sh app" in ci
 

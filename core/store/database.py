@@ -8,6 +8,7 @@ import functools
 import logging
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -44,6 +45,11 @@ SQLITE_SYNCHRONOUS = ("NORMAL", "FULL")
 # The advisory lock every migration takes on PostgreSQL ("chatops" in ASCII): one key, whatever the database's name.
 MIGRATION_LOCK_KEY = 0x63_68_61_74_6F_70_73
 PING_IDLE_S = 2.0  # a pooled PostgreSQL connection idle this long is pinged before it is used
+# DATABASE_URL's own option (no driver knows it; taken out before one sees the URL): `?prepared_statements=false` for
+# PostgreSQL behind a pooler in transaction mode that does not track prepared statements (PgBouncer before 1.21, or
+# without max_prepared_statements). Its next transaction may run on another server connection, where a statement the
+# driver prepared and cached does not exist, or where another client's statement holds the same name.
+PREPARED_STATEMENTS_OPTION = "prepared_statements"
 T = TypeVar("T")
 
 
@@ -67,12 +73,31 @@ def async_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def _prepared_statements(url: str) -> tuple[str, bool]:
+    """``url`` without PREPARED_STATEMENTS_OPTION, and whether it allows prepared statements (the default)."""
+    parsed = make_url(url)
+    value = parsed.query.get(PREPARED_STATEMENTS_OPTION)
+    if value is None:
+        return url, True
+    if value not in ("true", "false"):
+        raise StoreError(f"DATABASE_URL: {PREPARED_STATEMENTS_OPTION} must be true or false, not {value!r}")
+    return parsed.difference_update_query([PREPARED_STATEMENTS_OPTION]).render_as_string(hide_password=False), \
+        value == "true"
+
+
+def _unique_statement_name() -> str:
+    # asyncpg numbers its statements per client connection: behind a pooler two clients' "__asyncpg_stmt_1__" meet
+    # on one server connection. Never reused, and prepared inside the transaction that runs it.
+    return f"__asyncpg_{uuid.uuid4().hex}__"
+
+
 class Database:
     """One engine for the process. ``write()`` transactions take SQLite's write lock up front."""
 
     def __init__(self, url: str, *, echo: bool = False, sqlite_synchronous: str = "NORMAL", pool_size: int = 5,
                  sqlite_checkpoint_delay_s: float = CHECKPOINT_DELAY_S) -> None:
         self.url = async_url(url)
+        self._engine_url, self.prepared_statements = _prepared_statements(self.url)
         self.is_sqlite = self.url.startswith("sqlite")
         if sqlite_synchronous.upper() not in SQLITE_SYNCHRONOUS:
             raise StoreError(f"SQLITE_SYNCHRONOUS must be one of {', '.join(SQLITE_SYNCHRONOUS)}, "
@@ -95,7 +120,11 @@ class Database:
             # size each checkout opens a new connection (TLS attempt, auth) and closes it after use.
             kwargs["pool_size"] = pool_size
             kwargs["max_overflow"] = pool_size
-        self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
+            if not self.prepared_statements:
+                kwargs["connect_args"] = ({"prepare_threshold": None} if "+psycopg" in self.url else {
+                    "statement_cache_size": 0, "prepared_statement_cache_size": 0,
+                    "prepared_statement_name_func": _unique_statement_name})
+        self.engine: AsyncEngine = create_async_engine(self._engine_url, **kwargs)
         self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE") if self.is_sqlite else self.engine
         on_file = self.is_sqlite and make_url(self.url).database not in (None, "", ":memory:")
         if self.is_sqlite:
@@ -189,6 +218,8 @@ class Database:
 
     def sync_engine(self, **options: Any) -> Engine:
         """A synchronous engine on the same database (APScheduler's job store), tuned like ours."""
+        if not self.is_sqlite and not self.prepared_statements:  # psycopg prepares a query run 5 times, by name
+            options["connect_args"] = {**options.get("connect_args", {}), "prepare_threshold": None}
         engine = create_engine(self.sync_url, **options)
         if self.is_sqlite:
             _tune_sqlite(engine, self.sqlite_synchronous, own_checkpoints=self._checkpointer is not None)
@@ -197,7 +228,7 @@ class Database:
     @property
     def sync_url(self) -> str:
         """The same database for synchronous clients (APScheduler's SQLAlchemyJobStore)."""
-        url = make_url(self.url)
+        url = make_url(self._engine_url)
         if url.get_backend_name() == "sqlite":
             url = url.set(drivername="sqlite")
         else:
