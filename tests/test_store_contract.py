@@ -1484,3 +1484,16 @@ async def test_memories_added_at_once_keep_the_limit(db: Database) -> None:
     await asyncio.gather(*(store.add(memory(f"note {i}"), max_items=5, now=T0, actor="U1") for i in range(12)))
     assert await store.count("default") == 5
     assert len(await store.search("default", "note", limit=50)) == 5  # the index holds the survivors only
+
+
+async def test_sub_agents_of_one_turn_started_at_once_get_a_number_each(db: Database, inputs: InputStore) -> None:
+    """Two delegate calls of one model step open their sub-agent sessions at once: on PostgreSQL both read the
+    numbers taken before either committed, and the second failed on the first's id (a sub-agent never started)."""
+    from core.store.subagents import SubAgentStore
+
+    await send(inputs, inbound())  # the parent conversation
+    store = SubAgentStore(db)
+    opened = await asyncio.gather(*(
+        store.open(SID, parent_turn=1, call_id=f"call_{n}", agent="helper", task=f"task {n}", sender="U1",
+                   place=None, channel="subagent", now=T0) for n in range(4)))
+    assert sorted(t.session.id for t in opened) == [f"sub:{SID}:{n}" for n in range(1, 5)]

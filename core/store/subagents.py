@@ -40,10 +40,13 @@ class SubAgentStore:
     async def open(self, parent: str, *, parent_turn: int, call_id: str, agent: str, task: str,
                    sender: str | None, place: str | None, channel: str, now: datetime) -> TurnInfo:
         """The next sub-agent session of ``parent``, its running turn and the task as its first message:
-        one commit. Numbered per parent session (one process runs a session at a time; one writer here)."""
+        one commit. Numbered per parent session: one turn's sub-agents may start at once, so the parent's row is
+        locked first (PostgreSQL; SQLite's writes are one at a time anyway) and each reads the numbers taken after
+        the one before it committed."""
         prefix = f"{SUBAGENT_PREFIX}{parent}:"
         origin = {"parent": parent, "parent_turn": parent_turn, "call_id": call_id}
         async with self.db.write() as s:
+            await s.exec(select(SessionRow.id).where(col(SessionRow.id) == parent).with_for_update())
             taken = (await s.exec(select(SessionRow.id).where(
                 col(SessionRow.id).startswith(prefix, autoescape=True)))).all()
             n = 1 + max((_number(i, prefix) for i in taken), default=0)
