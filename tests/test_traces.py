@@ -43,8 +43,9 @@ def exporter() -> InMemorySpanExporter:
 
 
 @pytest.fixture
-async def traced(exporter: InMemorySpanExporter) -> AsyncIterator[Start]:
-    """Start the real application (Slack over HTTP) with spans going to ``exporter`` as they end."""
+async def traced(exporter: InMemorySpanExporter, database_url: str | None) -> AsyncIterator[Start]:
+    """Start the real application (Slack over HTTP) with spans going to ``exporter`` as they end (the test's
+    database, ``database_url``, set up first, so it is dropped only after the application stopped)."""
     started: list[tuple[Application, aiohttp.ClientSession]] = []
 
     async def start(settings: Settings, *, content: bool = False, tracer: Tracer | None = None) -> GatewayClient:
