@@ -634,6 +634,30 @@ async def test_queue_mode_session_then_place(db: Database, inputs: InputStore) -
     assert await control.queue_mode(SID) is None
 
 
+async def test_turn_start_reads_the_place_queue_mode_and_the_secrets_fingerprint_with_its_session(
+        db: Database, inputs: InputStore) -> None:
+    """The turn's start reads its session, the place's queue mode and the secrets' fingerprint in one statement
+    (issue 39): the same mode as ControlStore's, the same fingerprint as CredentialStore's."""
+    control, creds = ControlStore(db), CredentialStore(db)
+    for n in (1, 2):
+        await send(inputs, inbound(f"m{n}", ts=f"1.{n}", place="slack:T1:C1"))
+    await send(inputs, inbound("other", session="s:elsewhere", ts="2.1"))
+    await control.set_place_queue_mode("slack:T1:C1", FOLLOWUP, T0)
+    await creds.save_secret(secret_row(), seal=sealer("v1"), grant=None, by="U1", now=T0)
+    taken = await inputs.take_batch(SID, COLLECT, ROOMY, T0, history=10)
+    assert isinstance(taken, Taken) and taken.text == "m1"  # the place's followup, not the default collect
+    assert taken.secrets == await creds.fingerprint()
+    assert [m.content for m in taken.transcript or ()] == ["m1"]
+    without_history = await inputs.take_batch("s:elsewhere", FOLLOWUP, ROOMY, T0)
+    assert isinstance(without_history, Taken) and without_history.secrets is None  # asked for with history only
+    await ConversationStore(db).finish_turn(taken.turn.id, status=TurnStatus.FINISHED, answer="a1", error=None,
+                                            now=T0)
+    await control.set_session_queue_mode(SID, COLLECT, T0)  # the conversation's own mode comes before the place's
+    await send(inputs, inbound("m3", ts="1.3", place="slack:T1:C1"))
+    again = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0)
+    assert isinstance(again, Taken) and again.text == "m2\n\nm3"
+
+
 # -- leases -----------------------------------------------------------------------------------------
 
 TTL = timedelta(seconds=30)

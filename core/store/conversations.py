@@ -112,14 +112,13 @@ class ConversationStore:
         ``then`` runs last in the same transaction (the session's lease given back)."""
         def work(s: Session) -> TurnInfo:
             conn = s.connection()
-            turn = conn.execute(st.TURN_HEAD, {"b_turn": turn_id}).one()
             # An error may quote what a model endpoint said: stored text never holds NUL.
+            turn = conn.execute(st.UPDATE_TURN_HEAD, dict(
+                b_turn=turn_id, status=status, answer=clean_text(answer) if answer is not None else None,
+                error=clean_text(error) if error is not None else None, finished_at=now)).one()
             if answer_message and answer is not None and status == TurnStatus.FINISHED:
                 conn.execute(st.INSERT_MESSAGE, dict(session_id=turn.session_id, role="assistant",
                                                      content=clean_text(answer), turn_id=turn_id, created_at=now))
-            conn.execute(st.UPDATE_TURN, dict(
-                b_turn=turn_id, status=status, answer=clean_text(answer) if answer is not None else None,
-                error=clean_text(error) if error is not None else None, finished_at=now))
             session = _set_status(s, turn.session_id,
                                   SessionStatus.FAILED if status == TurnStatus.FAILED else SessionStatus.IDLE, now)
             # A finished turn without an answer (one that stayed silent: core.listening) has nothing to deliver.
@@ -383,8 +382,7 @@ def _set_status(s: Session, session_id: str, status: SessionStatus, now: datetim
     """Set the session's status (and ``updated_at``); returns it as it is now."""
     conn = s.connection()
     values: dict[str, object] = {"status": status} | ({"updated_at": now} if now is not None else {})
-    conn.execute(st.UPDATE_SESSION, {"b_session": session_id, **values})
-    return session_info(conn.execute(st.SESSION, {"b_session": session_id}).one())
+    return session_info(conn.execute(st.UPDATE_SESSION_RETURNING, {"b_session": session_id, **values}).one())
 
 
 def transcript(s: Session, session_id: str, limit: int) -> list[Row[Any]]:

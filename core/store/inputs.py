@@ -121,7 +121,9 @@ class InputStore:
                 s, session_id, default_mode, budget, now)
             if taken is not None and history:
                 taken = replace(taken, transcript=tuple(transcript(s, session_id, history)),
-                                secrets=st.secrets_fingerprint(s))
+                                secrets=taken.secrets if taken.secrets is not None else st.secrets_fingerprint(s))
+            elif taken is not None:
+                taken = replace(taken, secrets=None)
             return taken
 
         # A turn waits on it to ask the model: ahead of the writes nobody waits on (receipts, transcript).
@@ -248,8 +250,8 @@ def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, n
     if not any(i.kind == InputKind.MESSAGE for i in waiting):
         return None
     conn = s.connection()
-    session = conn.execute(st.SESSION, {"b_session": session_id}).one()
-    mode = queue_mode_of(s, session) or default_mode
+    session = conn.execute(st.SESSION_FOR_TURN, {"b_session": session_id}).one()
+    mode = session.queue_mode or (session.place_queue_mode if session.place else None) or default_mode
     batch = _fit(waiting, budget, one_message=mode == QueueMode.FOLLOWUP)
     turn_id = int(conn.execute(st.INSERT_TURN, dict(
         session_id=session_id, agent=session.agent, status=TurnStatus.RUNNING, attempts=1, created_at=now,
@@ -266,7 +268,7 @@ def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, n
     turn = TurnInfo(id=turn_id, session=info, inputs=refs, sender=sender, input_ids=tuple(i.id for i in batch),
                     senders=senders_of(batch), everyone=conversation_senders(s, session_id, senders_of(batch)),
                     asked=asked, answer_optional=answer_optional(batch), trace_context=trace_context(batch))
-    return replace(_taken(turn, batch), more=more)
+    return replace(_taken(turn, batch), more=more, secrets=tuple(session[-st.FINGERPRINT_COLUMNS:]))
 
 
 def conversation_senders(s: Session, session_id: str, first: tuple[str, ...] = ()) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import bindparam, func, literal, select, update
 
 from core.model import DeliveryStatus, InputKind, InputStatus, TurnStatus
 from core.store.connection_tables import ConnectionRow
@@ -79,12 +79,27 @@ _connections = ConnectionRow.__table__  # type: ignore[attr-defined]
 SECRETS_FINGERPRINT = select(func.count(), func.max(secrets.c.id), func.max(secrets.c.updated_at),
                              select(func.count()).select_from(_connections).scalar_subquery(),
                              select(func.max(_connections.c.updated_at)).scalar_subquery())
+# The session a turn starts in, with what the start needs besides it in the same round trip: its place's queue mode
+# (``place_queue_mode``: control's ``queue_mode:<place>``, see core.store.control) and the secrets' fingerprint.
+_PLACE_QUEUE_MODE = (select(control.c.value).where(control.c.key == literal("queue_mode:") + sessions.c.place)
+                     .scalar_subquery())
+SESSION_FOR_TURN = select(sessions, _PLACE_QUEUE_MODE.label("place_queue_mode"),
+                          *(column.scalar_subquery().label(f"fingerprint_{n}") for n, column in enumerate((
+                              select(func.count()).select_from(secrets), select(func.max(secrets.c.id)),
+                              select(func.max(secrets.c.updated_at)),
+                              select(func.count()).select_from(_connections),
+                              select(func.max(_connections.c.updated_at)))))).where(
+    sessions.c.id == bindparam("b_session"))
+FINGERPRINT_COLUMNS = 5
 TRANSCRIPT = (select(messages).where(messages.c.session_id == bindparam("b_session"))
               .order_by(messages.c.id.desc()).limit(bindparam("b_limit")))
 
 # -- writes (the SET or the columns: the parameters' other names) -------------------------------------------
 UPDATE_SESSION = update(sessions).where(sessions.c.id == bindparam("b_session"))
 UPDATE_TURN = update(turns).where(turns.c.id == bindparam("b_turn"))
+# Writes that also read what they wrote (RETURNING: one round trip, not two; SQLite has it since 3.35)
+UPDATE_SESSION_RETURNING = UPDATE_SESSION.returning(*sessions.c)
+UPDATE_TURN_HEAD = UPDATE_TURN.returning(turns.c.session_id, turns.c.input_message_id)
 UPDATE_INPUT = update(inputs).where(inputs.c.id == bindparam("b_input"))
 # A view context still waiting (``VIEW_KEY`` keys) is replaced by a newer one.
 REPLACE_VIEWS = update(inputs).where(inputs.c.session_id == bindparam("b_session"),
