@@ -107,6 +107,15 @@ REPLACE_VIEWS = update(inputs).where(inputs.c.session_id == bindparam("b_session
                                      inputs.c.idempotency_key.like(bindparam("b_view")))
 UPDATE_HELD_DELIVERY = update(deliveries).where(
     *held(bindparam("b_turn"), bindparam("b_holder"), bindparam("b_attempt")))
+# PostgreSQL: a delivery's landing (the held row settled, the turn's ``delivered_ref``) as one statement, run alone
+# (``Database.run_alone``); it returns the turn's id when the claim still held. SQLite has no UPDATE in a WITH: there
+# it is two statements in one transaction (core.store.deliveries).
+_landed = (update(deliveries).where(*held(bindparam("b_turn"), bindparam("b_holder"), bindparam("b_attempt")))
+           .values(status=DeliveryStatus.DELIVERED, ref=bindparam("b_ref"), claimed_by=None,
+                   finished_at=bindparam("b_now"), last_error=None)
+           .returning(deliveries.c.turn_id).cte("landed"))
+DELIVERED_WITH_TURN = (update(turns).where(turns.c.id == _landed.c.turn_id)
+                       .values(delivered_ref=bindparam("b_ref"), delivery_error=None).returning(turns.c.id))
 INSERT_SESSION = sessions.insert()
 INSERT_TURN = turns.insert()
 INSERT_INPUT = inputs.insert()
