@@ -366,15 +366,20 @@ def switch_model(session_id: str, model: str) -> Callable[[Session], None]:
     return work
 
 
-def resume_interrupted(s: Session, session_id: str, now: datetime) -> TurnInfo | None:
-    """Mark the session's interrupted turn (if any) running again, one attempt more."""
+def resume_interrupted(s: Session, session_id: str, now: datetime, *,
+                       found: tuple[int, int | None] | None = None) -> TurnInfo | None:
+    """Mark the session's interrupted turn (if any) running again, one attempt more. ``found``: its id and
+    input message, when the caller read them in this transaction (``statements.SESSION_FOR_TURN``)."""
     conn = s.connection()
-    turn = conn.execute(st.INTERRUPTED_TURN, {"b_session": session_id}).first()
-    if turn is None:
-        return None
-    conn.execute(update(_turns).where(_turns.c.id == turn.id)
+    if found is None:
+        turn = conn.execute(st.INTERRUPTED_TURN, {"b_session": session_id}).first()
+        if turn is None:
+            return None
+        found = (turn.id, turn.input_message_id)
+    turn_id, input_message_id = found
+    conn.execute(update(_turns).where(_turns.c.id == turn_id)
                  .values(status=TurnStatus.RUNNING, attempts=_turns.c.attempts + 1, started_at=now))
-    info = turn_info(s, turn.id, turn.input_message_id, _set_status(s, session_id, SessionStatus.RUNNING))
+    info = turn_info(s, turn_id, input_message_id, _set_status(s, session_id, SessionStatus.RUNNING))
     return replace(info, resumed=True)
 
 

@@ -115,10 +115,16 @@ class InputStore:
         def work(s: Session) -> Taken | HeldElsewhere | None:
             if lease is not None and not lease(s):
                 return HeldElsewhere(waiting_messages(s, session_id) > 0)
-            resumed = resume_interrupted(s, session_id, now) if resume else None
+            # The session with its interrupted turn, its place's queue mode and the secrets' fingerprint: one read.
+            head = s.connection().execute(st.SESSION_FOR_TURN, {"b_session": session_id}).first()
+            if head is None:  # no such conversation: nothing waits in it
+                return None
+            interrupted = head.interrupted_turn if resume else None
+            resumed = None if interrupted is None else resume_interrupted(
+                s, session_id, now, found=(interrupted, head.interrupted_message))
             # After a resumed turn, look again: messages may have waited behind it since before the restart.
             taken = Taken(resumed, "", (), (), more=True, resumed=True) if resumed is not None else take_batch(
-                s, session_id, default_mode, budget, now)
+                s, session_id, default_mode, budget, now, head=head)
             if taken is not None and history:
                 taken = replace(taken, transcript=tuple(transcript(s, session_id, history)),
                                 secrets=taken.secrets if taken.secrets is not None else st.secrets_fingerprint(s))
@@ -245,12 +251,14 @@ class InputStore:
             return first.first()
 
 
-def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, now: datetime) -> Taken | None:
+def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, now: datetime, *,
+               head: Row[Any] | None = None) -> Taken | None:
+    """``head``: the session's ``SESSION_FOR_TURN`` row, if the caller read it already in this transaction."""
     waiting = _waiting(s, session_id)
     if not any(i.kind == InputKind.MESSAGE for i in waiting):
         return None
     conn = s.connection()
-    session = conn.execute(st.SESSION_FOR_TURN, {"b_session": session_id}).one()
+    session = head if head is not None else conn.execute(st.SESSION_FOR_TURN, {"b_session": session_id}).one()
     mode = session.queue_mode or (session.place_queue_mode if session.place else None) or default_mode
     batch = _fit(waiting, budget, one_message=mode == QueueMode.FOLLOWUP)
     turn_id = int(conn.execute(st.INSERT_TURN, dict(

@@ -80,10 +80,15 @@ SECRETS_FINGERPRINT = select(func.count(), func.max(secrets.c.id), func.max(secr
                              select(func.count()).select_from(_connections).scalar_subquery(),
                              select(func.max(_connections.c.updated_at)).scalar_subquery())
 # The session a turn starts in, with what the start needs besides it in the same round trip: its place's queue mode
-# (``place_queue_mode``: control's ``queue_mode:<place>``, see core.store.control) and the secrets' fingerprint.
+# (``place_queue_mode``: control's ``queue_mode:<place>``, see core.store.control), its interrupted turn if any
+# (``interrupted_turn``, ``interrupted_message``: INTERRUPTED_TURN's) and the secrets' fingerprint (last).
 _PLACE_QUEUE_MODE = (select(control.c.value).where(control.c.key == literal("queue_mode:") + sessions.c.place)
                      .scalar_subquery())
+_interrupted = INTERRUPTED_TURN.where(turns.c.session_id == sessions.c.id)  # correlated: the session's own
 SESSION_FOR_TURN = select(sessions, _PLACE_QUEUE_MODE.label("place_queue_mode"),
+                          _interrupted.with_only_columns(turns.c.id).scalar_subquery().label("interrupted_turn"),
+                          _interrupted.with_only_columns(turns.c.input_message_id).scalar_subquery().label(
+                              "interrupted_message"),
                           *(column.scalar_subquery().label(f"fingerprint_{n}") for n, column in enumerate((
                               select(func.count()).select_from(secrets), select(func.max(secrets.c.id)),
                               select(func.max(secrets.c.updated_at)),
