@@ -103,13 +103,14 @@ class ConversationStore:
     async def finish_turn(
         self, turn_id: int, *, status: str, answer: str | None, error: str | None, now: datetime,
         outbox: OutboxClaim | None = None, answer_message: bool = False,
-        then: Callable[[Session], object] | None = None,
+        then: Callable[[Session], object] | None = None, known: TurnInfo | None = None,
     ) -> TurnInfo:
         """Record how the turn ended; returns it with every input it took (for the events). With ``outbox``
         (the session's channel delivers answers), a finished turn's answer goes into the outbox in the same
         commit: an answer that exists is never left undelivered by a crash. With ``answer_message`` the
         answer also goes into the transcript, in the same commit (the runner left it to the turn's end).
-        ``then`` runs last in the same transaction (the session's lease given back)."""
+        ``then`` runs last in the same transaction (the session's lease given back). ``known``: the turn as it
+        started, when it has taken no input since (its inputs are not read again: one round trip less)."""
         def work(s: Session) -> TurnInfo:
             conn = s.connection()
             # An error may quote what a model endpoint said: stored text never holds NUL.
@@ -126,7 +127,8 @@ class ConversationStore:
                 conn.execute(st.INSERT_DELIVERY, dict(
                     turn_id=turn_id, session_id=session.id, channel=session.channel, status=DeliveryStatus.PENDING,
                     attempts=1, next_attempt_at=outbox.until, claimed_by=outbox.holder, created_at=now))
-            info = turn_info(s, turn_id, turn.input_message_id, session)
+            info = (replace(known, session=session, everyone=None, resumed=False) if known is not None
+                    else turn_info(s, turn_id, turn.input_message_id, session))
             if then is not None:
                 then(s)
             return info
