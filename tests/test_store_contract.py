@@ -1259,6 +1259,37 @@ async def _answered(inputs: InputStore, convs: ConversationStore, session: str, 
     return turn
 
 
+async def test_a_turns_end_writes_its_answer_status_and_outbox_row_in_one_go(
+    inputs: InputStore, convs: ConversationStore, db: Database
+) -> None:
+    """finish_turn's writes (one statement on PostgreSQL, several on SQLite: issue 39) leave the same rows: the
+    answer in the transcript and the outbox only for a finished turn with an answer, the session idle or failed."""
+    claim = OutboxClaim("p1", T0 + timedelta(seconds=30))
+    ended = {}
+    for session, status, answer, error in (("s:answered", TurnStatus.FINISHED, "the\x00 answer", None),
+                                           ("s:silent", TurnStatus.FINISHED, None, None),
+                                           ("s:failed", TurnStatus.FAILED, None, "model\x00 down")):
+        await burst(inputs, "q", session=session)
+        taken = await take(inputs, session=session)
+        ended[session] = await convs.finish_turn(taken.turn.id, status=status, answer=answer, error=error,
+                                                 now=T0 + timedelta(minutes=2), outbox=claim, answer_message=True)
+        assert ended[session].input_ids == taken.turn.input_ids and ended[session].sender == "U1"
+    assert [ended[s].session.status for s in ended] == [SessionStatus.IDLE, SessionStatus.IDLE, SessionStatus.FAILED]
+    assert [e.content for e in await convs.history("s:answered")] == ["q", "the answer"]  # NUL never stored
+    assert await count(db, MessageRow, MessageRow.role == "assistant") == 1  # the answered turn's only
+    outbox = DeliveryStore(db)
+    row = await outbox.get(ended["s:answered"].id)
+    assert row is not None and (row.session_id, row.channel, row.status, row.attempts, row.claimed_by, row.told,
+                                row.notice_tries) == ("s:answered", "slack", "pending", 1, "p1", False, 0)
+    assert row.next_attempt_at == T0 + timedelta(seconds=30) and row.created_at == T0 + timedelta(minutes=2)
+    assert await outbox.get(ended["s:silent"].id) is None and await outbox.get(ended["s:failed"].id) is None
+    async with db.read() as s:
+        failed = await s.get(TurnRow, ended["s:failed"].id)
+        session = await s.get(SessionRow, "s:failed")
+    assert failed is not None and (failed.status, failed.error, failed.answer) == ("failed", "model down", None)
+    assert session is not None and session.updated_at == T0 + timedelta(minutes=2)
+
+
 async def test_an_answer_enters_the_outbox_with_its_turn_and_is_claimed_by_one(
     inputs: InputStore, convs: ConversationStore, db: Database
 ) -> None:

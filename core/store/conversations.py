@@ -111,22 +111,34 @@ class ConversationStore:
         answer also goes into the transcript, in the same commit (the runner left it to the turn's end).
         ``then`` runs last in the same transaction (the session's lease given back). ``known``: the turn as it
         started, when it has taken no input since (its inputs are not read again: one round trip less)."""
+        # An error may quote what a model endpoint said: stored text never holds NUL.
+        stored_answer = clean_text(answer) if answer is not None else None
+        stored_error = clean_text(error) if error is not None else None
+        session_status = SessionStatus.FAILED if status == TurnStatus.FAILED else SessionStatus.IDLE
+        write_message = answer_message and answer is not None and status == TurnStatus.FINISHED
+        # A finished turn without an answer (one that stayed silent: core.listening) has nothing to deliver.
+        claim = outbox if outbox is not None and status == TurnStatus.FINISHED and answer is not None else None
+
         def work(s: Session) -> TurnInfo:
             conn = s.connection()
-            # An error may quote what a model endpoint said: stored text never holds NUL.
-            turn = conn.execute(st.UPDATE_TURN_HEAD, dict(
-                b_turn=turn_id, status=status, answer=clean_text(answer) if answer is not None else None,
-                error=clean_text(error) if error is not None else None, finished_at=now)).one()
-            if answer_message and answer is not None and status == TurnStatus.FINISHED:
-                conn.execute(st.INSERT_MESSAGE, dict(session_id=turn.session_id, role="assistant",
-                                                     content=clean_text(answer), turn_id=turn_id, created_at=now))
-            session = _set_status(s, turn.session_id,
-                                  SessionStatus.FAILED if status == TurnStatus.FAILED else SessionStatus.IDLE, now)
-            # A finished turn without an answer (one that stayed silent: core.listening) has nothing to deliver.
-            if outbox is not None and status == TurnStatus.FINISHED and answer is not None:
-                conn.execute(st.INSERT_DELIVERY, dict(
-                    turn_id=turn_id, session_id=session.id, channel=session.channel, status=DeliveryStatus.PENDING,
-                    attempts=1, next_attempt_at=outbox.until, claimed_by=outbox.holder, created_at=now))
+            if not self.db.is_sqlite:  # PostgreSQL: the writes below as one statement (one round trip, not four)
+                row = conn.execute(st.turn_end(write_message, claim is not None), dict(
+                    b_turn=turn_id, e_status=status, e_answer=stored_answer, e_error=stored_error, e_now=now,
+                    e_session_status=session_status, **({"o_until": claim.until, "o_holder": claim.holder}
+                                                         if claim is not None else {}))).one()
+                turn, session = row, session_info(row)
+            else:
+                turn = conn.execute(st.UPDATE_TURN_HEAD, dict(b_turn=turn_id, status=status, answer=stored_answer,
+                                                              error=stored_error, finished_at=now)).one()
+                if write_message:
+                    conn.execute(st.INSERT_MESSAGE, dict(session_id=turn.session_id, role="assistant",
+                                                         content=stored_answer, turn_id=turn_id, created_at=now))
+                session = _set_status(s, turn.session_id, session_status, now)
+                if claim is not None:
+                    conn.execute(st.INSERT_DELIVERY, dict(
+                        turn_id=turn_id, session_id=session.id, channel=session.channel,
+                        status=DeliveryStatus.PENDING, attempts=1, next_attempt_at=claim.until,
+                        claimed_by=claim.holder, created_at=now))
             info = (replace(known, session=session, everyone=None, resumed=False) if known is not None
                     else turn_info(s, turn_id, turn.input_message_id, session))
             if then is not None:

@@ -10,9 +10,10 @@ Both dialects compile them (the compiled form is cached per dialect).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from sqlalchemy import bindparam, func, literal, select, update
+from sqlalchemy import Select, bindparam, func, literal, select, true, update
 
 from core.model import DeliveryStatus, InputKind, InputStatus, TurnStatus
 from core.store.connection_tables import ConnectionRow
@@ -131,3 +132,37 @@ INSERT_DELIVERY = deliveries.insert()
 def secrets_fingerprint(s: Any) -> tuple[object, ...]:
     """``SECRETS_FINGERPRINT``'s value, in the caller's transaction (a Session)."""
     return tuple(s.connection().execute(SECRETS_FINGERPRINT).one())
+
+
+@functools.cache
+def turn_end(answer_message: bool, outbox: bool) -> Select[Any]:
+    """PostgreSQL: a turn's end as one statement (issue 39), in the transaction ``finish_turn`` opens: the turn's
+    status, the session's (its row returned, with the turn's ``input_message_id``), and with ``answer_message`` the
+    answer in the transcript, with ``outbox`` its outbox row claimed by ``o_holder`` until ``o_until``. SQLite has
+    no INSERT or UPDATE inside WITH: there they are statements of their own (core.store.conversations)."""
+    now = bindparam("e_now", type_=turns.c.finished_at.type)
+    answer = bindparam("e_answer", type_=turns.c.answer.type)
+    turn_id = bindparam("b_turn", type_=turns.c.id.type)
+    ended = (update(turns).where(turns.c.id == turn_id)
+             .values(status=bindparam("e_status"), answer=answer, error=bindparam("e_error"), finished_at=now)
+             .returning(turns.c.session_id, turns.c.input_message_id).cte("ended"))
+    session = (update(sessions).where(sessions.c.id == ended.c.session_id)
+               .values(status=bindparam("e_session_status"), updated_at=now).returning(*sessions.c).cte("session_now"))
+    writes = []
+    if answer_message:
+        writes.append(messages.insert().from_select(
+            ["session_id", "role", "content", "turn_id", "created_at"],
+            select(ended.c.session_id, literal("assistant", messages.c.role.type), answer, turn_id, now),
+        ).cte("answer_message"))
+    if outbox:
+        writes.append(deliveries.insert().from_select(
+            # every NOT NULL column named: a column's Python default is not applied inside WITH
+            ["turn_id", "session_id", "channel", "status", "attempts", "next_attempt_at", "claimed_by", "created_at",
+             "told", "notice_tries"],
+            select(turn_id, session.c.id, session.c.channel, literal(DeliveryStatus.PENDING, deliveries.c.status.type),
+                   literal(1), bindparam("o_until", type_=deliveries.c.next_attempt_at.type),
+                   bindparam("o_holder", type_=deliveries.c.claimed_by.type), now, literal(False), literal(0)),
+            include_defaults=False,
+        ).cte("outbox"))
+    found = select(*session.c, ended.c.input_message_id).select_from(session.join(ended, true()))
+    return found.add_cte(*writes) if writes else found
