@@ -648,6 +648,19 @@ async def test_turn_start_reads_the_place_queue_mode_and_the_secrets_fingerprint
     assert isinstance(taken, Taken) and taken.text == "m1"  # the place's followup, not the default collect
     assert taken.secrets == await creds.fingerprint()
     assert [m.content for m in taken.transcript or ()] == ["m1"]
+    async with db.read() as s:  # the input taken and its transcript message (one statement on PostgreSQL)
+        row = (await s.exec(select(InputRow).where(InputRow.text == "m1"))).one()
+        message = await s.get(MessageRow, row.message_id)
+        turn = await s.get(TurnRow, taken.turn.id)
+        session = await s.get(SessionRow, SID)
+    assert (row.status, row.turn_id, row.taken_at) == ("taken", taken.turn.id, T0)
+    assert message is not None and (message.session_id, message.role, message.content, message.sender,
+                                    message.platform_channel, message.platform_ts, message.turn_id,
+                                    message.created_at) == (SID, "user", "m1", "U1", "C1", "1.1", taken.turn.id, T0)
+    assert taken.turn.asked == (message.id,)
+    assert turn is not None and (turn.session_id, turn.agent, turn.status, turn.attempts, turn.started_at) == (
+        SID, "default", "running", 1, T0)
+    assert session is not None and session.status == "running"
     without_history = await inputs.take_batch("s:elsewhere", FOLLOWUP, ROOMY, T0)
     assert isinstance(without_history, Taken) and without_history.secrets is None  # asked for with history only
     await ConversationStore(db).finish_turn(taken.turn.id, status=TurnStatus.FINISHED, answer="a1", error=None,

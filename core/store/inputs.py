@@ -261,10 +261,14 @@ def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, n
     session = head if head is not None else conn.execute(st.SESSION_FOR_TURN, {"b_session": session_id}).one()
     mode = session.queue_mode or (session.place_queue_mode if session.place else None) or default_mode
     batch = _fit(waiting, budget, one_message=mode == QueueMode.FOLLOWUP)
-    turn_id = int(conn.execute(st.INSERT_TURN, dict(
-        session_id=session_id, agent=session.agent, status=TurnStatus.RUNNING, attempts=1, created_at=now,
-        started_at=now)).inserted_primary_key[0])  # type: ignore[index]
-    conn.execute(st.UPDATE_SESSION, {"b_session": session_id, "status": SessionStatus.RUNNING})
+    if conn.dialect.name == "postgresql":  # one round trip for both (statements.START_TURN)
+        turn_id = int(conn.execute(st.START_TURN, dict(t_session=session_id, t_agent=session.agent,
+                                                       t_now=now)).scalar_one())
+    else:
+        turn_id = int(conn.execute(st.INSERT_TURN, dict(
+            session_id=session_id, agent=session.agent, status=TurnStatus.RUNNING, attempts=1, created_at=now,
+            started_at=now)).inserted_primary_key[0])  # type: ignore[index]
+        conn.execute(st.UPDATE_SESSION, {"b_session": session_id, "status": SessionStatus.RUNNING})
     written = _take(s, turn_id, batch, now)
     # A new turn holds exactly this batch (context and control inputs are never "waiting" controls).
     messages = [i for i in batch if i.kind == InputKind.MESSAGE]
@@ -294,8 +298,16 @@ def _take(s: Session, turn_id: int, batch: Sequence[Row[Any]], now: datetime) ->
     """The batch joins the turn: each input becomes a user message of the transcript (once). Returns their ids."""
     conn = s.connection()
     written = []
+    together = conn.dialect.name == "postgresql"  # the message and the input's update: one round trip
     for item in batch:
         message_id = item.message_id
+        if message_id is None and together:
+            message_id = conn.execute(st.TAKE_INPUT, dict(
+                b_input=item.id, t_turn=turn_id, t_now=now, m_session=item.session_id, m_content=item.text,
+                m_sender=item.sender, m_channel=item.platform_channel, m_ts=item.platform_ts,
+                m_key=item.idempotency_key)).scalar_one()
+            written.append(int(message_id))
+            continue
         if message_id is None:
             message_id = conn.execute(st.INSERT_MESSAGE, dict(
                 session_id=item.session_id, role="user", content=item.text, sender=item.sender,

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Select, bindparam, func, literal, select, true, update
 
-from core.model import DeliveryStatus, InputKind, InputStatus, TurnStatus
+from core.model import DeliveryStatus, InputKind, InputStatus, SessionStatus, TurnStatus
 from core.store.connection_tables import ConnectionRow
 from core.store.tables import (
     ControlRow,
@@ -166,3 +166,28 @@ def turn_end(answer_message: bool, outbox: bool) -> Select[Any]:
         ).cte("outbox"))
     found = select(*session.c, ended.c.input_message_id).select_from(session.join(ended, true()))
     return found.add_cte(*writes) if writes else found
+
+
+# PostgreSQL: a turn's start (issue 39). The turn is inserted and its session marked running in one statement;
+# each input taken becomes its transcript message and is marked taken in one statement (``TAKE_INPUT``; an input
+# already in the transcript only gets the UPDATE_INPUT). SQLite: statements of their own (core.store.inputs).
+_now = bindparam("t_now", type_=turns.c.started_at.type)
+_session_running = (update(sessions).where(sessions.c.id == bindparam("t_session", type_=sessions.c.id.type))
+                    .values(status=SessionStatus.RUNNING).cte("session_running"))
+START_TURN = (turns.insert().values(session_id=bindparam("t_session", type_=sessions.c.id.type),
+                                    agent=bindparam("t_agent", type_=turns.c.agent.type), status=TurnStatus.RUNNING,
+                                    attempts=1, created_at=_now, started_at=_now)
+              .returning(turns.c.id).add_cte(_session_running))
+_turn = bindparam("t_turn", type_=turns.c.id.type)
+_message = (messages.insert().values(
+    session_id=bindparam("m_session", type_=messages.c.session_id.type), role="user",
+    content=bindparam("m_content", type_=messages.c.content.type),
+    sender=bindparam("m_sender", type_=messages.c.sender.type),
+    platform_channel=bindparam("m_channel", type_=messages.c.platform_channel.type),
+    platform_ts=bindparam("m_ts", type_=messages.c.platform_ts.type),
+    idempotency_key=bindparam("m_key", type_=messages.c.idempotency_key.type), turn_id=_turn, created_at=_now)
+    .returning(messages.c.id).cte("input_message"))
+TAKE_INPUT = (update(inputs).where(inputs.c.id == bindparam("b_input"))
+              .values(status=InputStatus.TAKEN, turn_id=_turn, taken_at=_now,
+                      message_id=select(_message.c.id).scalar_subquery())
+              .returning(inputs.c.message_id))
