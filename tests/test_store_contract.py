@@ -634,6 +634,26 @@ async def test_queue_mode_session_then_place(db: Database, inputs: InputStore) -
     assert await control.queue_mode(SID) is None
 
 
+async def test_a_new_conversation_is_stored_with_its_first_input(db: Database, inputs: InputStore) -> None:
+    """On PostgreSQL one statement writes both (issue 39); the rows are the same on both backends."""
+    accepted = await send(inputs, inbound("first", place="slack:T1:C1", agent="ops"))
+    again = await send(inputs, inbound("second", ts="1.2"), now=T0 + timedelta(seconds=1))
+    assert accepted.outcome is AcceptOutcome.QUEUED and accepted.session is not None
+    assert (accepted.session.agent, accepted.session.place, accepted.session.reply_ref) == (
+        "ops", "slack:T1:C1", {"channel": "C1", "thread_ts": "1.0"})
+    async with db.read() as s:
+        session = await s.get(SessionRow, SID)
+        first = await s.get(InputRow, accepted.input_id)
+    assert session is not None and (session.channel, session.agent, session.status, session.place,
+                                    json.loads(session.reply_ref), session.created_at, session.updated_at,
+                                    session.queue_mode, session.preapproved) == (
+        "slack", "ops", "idle", "slack:T1:C1", {"channel": "C1", "thread_ts": "1.0"}, T0,
+        T0 + timedelta(seconds=1), None, None)
+    assert first is not None and (first.session_id, first.text, first.status, first.agent, first.sender,
+                                  first.created_at) == (SID, "first", "waiting", "ops", "U1", T0)
+    assert again.input_id is not None and again.input_id > (accepted.input_id or 0)
+
+
 async def test_turn_start_reads_the_place_queue_mode_and_the_secrets_fingerprint_with_its_session(
         db: Database, inputs: InputStore) -> None:
     """The turn's start reads its session, the place's queue mode and the secrets' fingerprint in one statement

@@ -209,6 +209,7 @@ def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival,
         if not conn.execute(claim, {"key": msg.delivery_key, "received_at": now}).rowcount:
             return Accepted(AcceptOutcome.DUPLICATE)
     new_session = found is None
+    together = conn.dialect.name == "postgresql"
     if found is not None and msg.idempotency_key is not None:
         seen_id = conn.execute(st.INPUT_BY_KEY, {"b_session": msg.session_id, "b_key": msg.idempotency_key}).scalar()
         if seen_id is not None:
@@ -232,7 +233,8 @@ def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival,
             preapproved=json.dumps([list(p) for p in msg.preapproved]) if msg.preapproved else None,
             queue_mode=None,
         )
-        conn.execute(st.INSERT_SESSION, values)
+        if not together:
+            conn.execute(st.INSERT_SESSION, values)
         info = session_info(SimpleNamespace(**values))
     else:
         info = session_info(found)
@@ -250,7 +252,11 @@ def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival,
         note = (f"I'm busy: {arrival.max_waiting} messages in this conversation are already waiting for me. "
                 "Send this again once I've answered them.")
         status, outcome = InputStatus.REFUSED, AcceptOutcome.REFUSED
-    inserted = conn.execute(st.INSERT_INPUT, dict(
+    # On PostgreSQL a new conversation is inserted with its first input (one round trip).
+    with_session = together and new_session
+    insert, extra = ((st.INSERT_INPUT_OF_NEW_SESSION, {f"s_{k}": v for k, v in values.items()})
+                     if with_session else (st.INSERT_INPUT, {}))
+    inserted = conn.execute(insert, extra | dict(
         session_id=msg.session_id, kind=kind, status=status, text=msg.text,
         images=json.dumps(list(msg.images)) if msg.images else None,
         attachments=json.dumps([asdict(a) for a in msg.attachments]) if msg.attachments else None, sender=msg.sender,
@@ -260,7 +266,7 @@ def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival,
     ))
     if not new_session:
         conn.execute(st.UPDATE_SESSION, {"b_session": msg.session_id, "updated_at": now})
-    input_id = int(inserted.inserted_primary_key[0])  # type: ignore[index]
+    input_id = int(inserted.scalar_one() if with_session else inserted.inserted_primary_key[0])  # type: ignore[index]
     return Accepted(outcome, input_id, info, note)
 
 

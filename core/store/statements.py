@@ -191,3 +191,11 @@ TAKE_INPUT = (update(inputs).where(inputs.c.id == bindparam("b_input"))
               .values(status=InputStatus.TAKEN, turn_id=_turn, taken_at=_now,
                       message_id=select(_message.c.id).scalar_subquery())
               .returning(inputs.c.message_id))
+
+# PostgreSQL: a new conversation's first input, and the conversation, in one statement (``s_``: the session's
+# columns, the rest the input's). SQLite: INSERT_SESSION, then INSERT_INPUT (core.store.intake).
+_new_session = sessions.insert().values(
+    {column: bindparam(f"s_{column.name}", type_=column.type) for column in sessions.c
+     if column.name in ("id", "channel", "agent", "status", "reply_ref", "place", "created_at", "updated_at",
+                        "preapproved", "queue_mode")}).cte("new_session")
+INSERT_INPUT_OF_NEW_SESSION = inputs.insert().returning(inputs.c.id).add_cte(_new_session)
