@@ -662,11 +662,14 @@ async def test_turn_start_reads_the_place_queue_mode_and_the_secrets_fingerprint
     for n in (1, 2):
         await send(inputs, inbound(f"m{n}", ts=f"1.{n}", place="slack:T1:C1"))
     await send(inputs, inbound("other", session="s:elsewhere", ts="2.1"))
+    await send(inputs, inbound("seen", ts="1.5", sender="U2", place="slack:T1:C1"), CTX)
+    await send(inputs, inbound("status", ts="1.6", sender="U3", place="slack:T1:C1"), CMD)  # a control's never counts
     await control.set_place_queue_mode("slack:T1:C1", FOLLOWUP, T0)
     await creds.save_secret(secret_row(), seal=sealer("v1"), grant=None, by="U1", now=T0)
     taken = await inputs.take_batch(SID, COLLECT, ROOMY, T0, history=10)
     assert isinstance(taken, Taken) and taken.text == "m1"  # the place's followup, not the default collect
     assert taken.secrets == await creds.fingerprint()
+    assert taken.turn.everyone == ("U1", "U2")  # the turn's sender first, then everyone else in the conversation
     assert [m.content for m in taken.transcript or ()] == ["m1"]
     async with db.read() as s:  # the input taken and its transcript message (one statement on PostgreSQL)
         row = (await s.exec(select(InputRow).where(InputRow.text == "m1"))).one()
@@ -688,7 +691,7 @@ async def test_turn_start_reads_the_place_queue_mode_and_the_secrets_fingerprint
     await control.set_session_queue_mode(SID, COLLECT, T0)  # the conversation's own mode comes before the place's
     await send(inputs, inbound("m3", ts="1.3", place="slack:T1:C1"))
     again = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0)
-    assert isinstance(again, Taken) and again.text == "m2\n\nm3"
+    assert isinstance(again, Taken) and again.text == "m2\n\nseen\n\nm3"  # the context recorded between them too
 
 
 # -- leases -----------------------------------------------------------------------------------------

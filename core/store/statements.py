@@ -97,6 +97,14 @@ SESSION_FOR_TURN = select(sessions, _PLACE_QUEUE_MODE.label("place_queue_mode"),
                               select(func.max(_connections.c.updated_at)))))).where(
     sessions.c.id == bindparam("b_session"))
 FINGERPRINT_COLUMNS = 5
+# PostgreSQL: with SENDERS too, as an array (``senders``: None when there are none), before the fingerprint. SQLite
+# reads SENDERS on its own (an aggregate of its own would be text to split, and a sender's id is not ours to trust).
+SESSION_FOR_TURN_WITH_SENDERS = SESSION_FOR_TURN.with_only_columns(
+    *list(SESSION_FOR_TURN.selected_columns)[:-FINGERPRINT_COLUMNS],
+    select(func.array_agg(inputs.c.sender.distinct())).where(
+        inputs.c.session_id == bindparam("b_session"), inputs.c.kind != InputKind.CONTROL,
+        inputs.c.sender.is_not(None)).scalar_subquery().label("senders"),
+    *list(SESSION_FOR_TURN.selected_columns)[-FINGERPRINT_COLUMNS:])
 TRANSCRIPT = (select(messages).where(messages.c.session_id == bindparam("b_session"))
               .order_by(messages.c.id.desc()).limit(bindparam("b_limit")))
 
