@@ -396,7 +396,10 @@ class TurnDrivers:
         switch = self.runner.unsaved_switch(turn.id)
         writes = [write for write in (lease.releaser() if lease else None,
                                       self.runner.models.unstored(switch) if switch else None) if write is not None]
-        final = await self.conversations.finish_turn(turn.id, **how, then=_all(writes) if writes else None)
+        # A turn that took nothing at its tool steps holds the inputs it started with: not read again.
+        known = turn if driver is not None and not driver.steered else None
+        final = await self.conversations.finish_turn(turn.id, **how, then=_all(writes) if writes else None,
+                                                     known=known)
         if lease is not None:
             lease.ended()
         if switch is not None:

@@ -13,10 +13,11 @@ import pytest
 from core.clock import SystemClock
 from core.dispatcher import Dispatcher
 from core.errors import InvalidInput
+from core.events import Event, TurnFinished
 from core.model import Inbound, MessageRef
 from core.providers import Completion
 from core.store import Accepted, ConversationStore, InputStore
-from tests.fakes.core import Core, HeldProvider, build_core
+from tests.fakes.core import Core, HeldProvider, build_core, until
 
 
 @pytest.fixture
@@ -86,6 +87,32 @@ async def test_stop_ends_a_merged_turn_and_every_input_in_it(
     assert (await dispatcher.outcome(c.input_id)).status == "cancelled"
     assert held.cancelled()
     assert (await dispatcher.outcome(first.input_id)).text == "first done"
+
+
+async def test_a_turns_end_carries_every_input_it_took_steered_ones_too(
+    core: Core, dispatcher: Dispatcher, model: HeldProvider
+) -> None:
+    """A turn that took nothing at its tool steps ends with the inputs it started with (not read again at its
+    end); one that took a message in at a step ends with that one too."""
+    finished: list[TurnFinished] = []
+
+    async def seen(event: Event) -> None:
+        if isinstance(event, TurnFinished):
+            finished.append(event)
+
+    core.bus.subscribe(seen)
+    first = await dispatcher.accept(msg("busy", "a"))
+    _request, held = await model.next_call()
+    second = await dispatcher.accept(msg("and this", "b"))  # waits: taken in at the next tool step
+    held.set_result(model.tool_step())
+    steered = await model.answer("both done")
+    assert "and this" in str(steered.messages)
+    third = await dispatcher.accept(msg("later", "c"))
+    await model.answer("done too")
+    await until(lambda: len(finished) == 2)
+    assert [e.turn.input_ids for e in finished] == [(first.input_id, second.input_id), (third.input_id,)]
+    assert [e.turn.inputs for e in finished] == [(MessageRef("C", "a"), MessageRef("C", "b")), (MessageRef("C", "c"),)]
+    assert all(e.turn.session.status == "idle" for e in finished)  # the session as the end left it
 
 
 class _PauseAfterAnswer(ConversationStore):

@@ -634,6 +634,66 @@ async def test_queue_mode_session_then_place(db: Database, inputs: InputStore) -
     assert await control.queue_mode(SID) is None
 
 
+async def test_a_new_conversation_is_stored_with_its_first_input(db: Database, inputs: InputStore) -> None:
+    """On PostgreSQL one statement writes both (issue 39); the rows are the same on both backends."""
+    accepted = await send(inputs, inbound("first", place="slack:T1:C1", agent="ops"))
+    again = await send(inputs, inbound("second", ts="1.2"), now=T0 + timedelta(seconds=1))
+    assert accepted.outcome is AcceptOutcome.QUEUED and accepted.session is not None
+    assert (accepted.session.agent, accepted.session.place, accepted.session.reply_ref) == (
+        "ops", "slack:T1:C1", {"channel": "C1", "thread_ts": "1.0"})
+    async with db.read() as s:
+        session = await s.get(SessionRow, SID)
+        first = await s.get(InputRow, accepted.input_id)
+    assert session is not None and (session.channel, session.agent, session.status, session.place,
+                                    json.loads(session.reply_ref), session.created_at, session.updated_at,
+                                    session.queue_mode, session.preapproved) == (
+        "slack", "ops", "idle", "slack:T1:C1", {"channel": "C1", "thread_ts": "1.0"}, T0,
+        T0 + timedelta(seconds=1), None, None)
+    assert first is not None and (first.session_id, first.text, first.status, first.agent, first.sender,
+                                  first.created_at) == (SID, "first", "waiting", "ops", "U1", T0)
+    assert again.input_id is not None and again.input_id > (accepted.input_id or 0)
+
+
+async def test_turn_start_reads_the_place_queue_mode_and_the_secrets_fingerprint_with_its_session(
+        db: Database, inputs: InputStore) -> None:
+    """The turn's start reads its session, the place's queue mode and the secrets' fingerprint in one statement
+    (issue 39): the same mode as ControlStore's, the same fingerprint as CredentialStore's."""
+    control, creds = ControlStore(db), CredentialStore(db)
+    for n in (1, 2):
+        await send(inputs, inbound(f"m{n}", ts=f"1.{n}", place="slack:T1:C1"))
+    await send(inputs, inbound("other", session="s:elsewhere", ts="2.1"))
+    await send(inputs, inbound("seen", ts="1.5", sender="U2", place="slack:T1:C1"), CTX)
+    await send(inputs, inbound("status", ts="1.6", sender="U3", place="slack:T1:C1"), CMD)  # a control's never counts
+    await control.set_place_queue_mode("slack:T1:C1", FOLLOWUP, T0)
+    await creds.save_secret(secret_row(), seal=sealer("v1"), grant=None, by="U1", now=T0)
+    taken = await inputs.take_batch(SID, COLLECT, ROOMY, T0, history=10)
+    assert isinstance(taken, Taken) and taken.text == "m1"  # the place's followup, not the default collect
+    assert taken.secrets == await creds.fingerprint()
+    assert taken.turn.everyone == ("U1", "U2")  # the turn's sender first, then everyone else in the conversation
+    assert [m.content for m in taken.transcript or ()] == ["m1"]
+    async with db.read() as s:  # the input taken and its transcript message (one statement on PostgreSQL)
+        row = (await s.exec(select(InputRow).where(InputRow.text == "m1"))).one()
+        message = await s.get(MessageRow, row.message_id)
+        turn = await s.get(TurnRow, taken.turn.id)
+        session = await s.get(SessionRow, SID)
+    assert (row.status, row.turn_id, row.taken_at) == ("taken", taken.turn.id, T0)
+    assert message is not None and (message.session_id, message.role, message.content, message.sender,
+                                    message.platform_channel, message.platform_ts, message.turn_id,
+                                    message.created_at) == (SID, "user", "m1", "U1", "C1", "1.1", taken.turn.id, T0)
+    assert taken.turn.asked == (message.id,)
+    assert turn is not None and (turn.session_id, turn.agent, turn.status, turn.attempts, turn.started_at) == (
+        SID, "default", "running", 1, T0)
+    assert session is not None and session.status == "running"
+    without_history = await inputs.take_batch("s:elsewhere", FOLLOWUP, ROOMY, T0)
+    assert isinstance(without_history, Taken) and without_history.secrets is None  # asked for with history only
+    await ConversationStore(db).finish_turn(taken.turn.id, status=TurnStatus.FINISHED, answer="a1", error=None,
+                                            now=T0)
+    await control.set_session_queue_mode(SID, COLLECT, T0)  # the conversation's own mode comes before the place's
+    await send(inputs, inbound("m3", ts="1.3", place="slack:T1:C1"))
+    again = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0)
+    assert isinstance(again, Taken) and again.text == "m2\n\nseen\n\nm3"  # the context recorded between them too
+
+
 # -- leases -----------------------------------------------------------------------------------------
 
 TTL = timedelta(seconds=30)
@@ -1235,6 +1295,37 @@ async def _answered(inputs: InputStore, convs: ConversationStore, session: str, 
     return turn
 
 
+async def test_a_turns_end_writes_its_answer_status_and_outbox_row_in_one_go(
+    inputs: InputStore, convs: ConversationStore, db: Database
+) -> None:
+    """finish_turn's writes (one statement on PostgreSQL, several on SQLite: issue 39) leave the same rows: the
+    answer in the transcript and the outbox only for a finished turn with an answer, the session idle or failed."""
+    claim = OutboxClaim("p1", T0 + timedelta(seconds=30))
+    ended = {}
+    for session, status, answer, error in (("s:answered", TurnStatus.FINISHED, "the\x00 answer", None),
+                                           ("s:silent", TurnStatus.FINISHED, None, None),
+                                           ("s:failed", TurnStatus.FAILED, None, "model\x00 down")):
+        await burst(inputs, "q", session=session)
+        taken = await take(inputs, session=session)
+        ended[session] = await convs.finish_turn(taken.turn.id, status=status, answer=answer, error=error,
+                                                 now=T0 + timedelta(minutes=2), outbox=claim, answer_message=True)
+        assert ended[session].input_ids == taken.turn.input_ids and ended[session].sender == "U1"
+    assert [ended[s].session.status for s in ended] == [SessionStatus.IDLE, SessionStatus.IDLE, SessionStatus.FAILED]
+    assert [e.content for e in await convs.history("s:answered")] == ["q", "the answer"]  # NUL never stored
+    assert await count(db, MessageRow, MessageRow.role == "assistant") == 1  # the answered turn's only
+    outbox = DeliveryStore(db)
+    row = await outbox.get(ended["s:answered"].id)
+    assert row is not None and (row.session_id, row.channel, row.status, row.attempts, row.claimed_by, row.told,
+                                row.notice_tries) == ("s:answered", "slack", "pending", 1, "p1", False, 0)
+    assert row.next_attempt_at == T0 + timedelta(seconds=30) and row.created_at == T0 + timedelta(minutes=2)
+    assert await outbox.get(ended["s:silent"].id) is None and await outbox.get(ended["s:failed"].id) is None
+    async with db.read() as s:
+        failed = await s.get(TurnRow, ended["s:failed"].id)
+        session = await s.get(SessionRow, "s:failed")
+    assert failed is not None and (failed.status, failed.error, failed.answer) == ("failed", "model down", None)
+    assert session is not None and session.updated_at == T0 + timedelta(minutes=2)
+
+
 async def test_an_answer_enters_the_outbox_with_its_turn_and_is_claimed_by_one(
     inputs: InputStore, convs: ConversationStore, db: Database
 ) -> None:
@@ -1277,6 +1368,7 @@ async def test_an_answer_is_delivered_or_given_up_once(inputs: InputStore, convs
     async with db.read() as s:
         turn = await s.get(TurnRow, posted)
     assert turn is not None and (turn.delivered_ref is None) == (row.status == "given_up")
+    assert row.status == "given_up" or row.ref == turn.delivered_ref in ("1.1", "1.2")  # where it landed, both rows
     assert await outbox.give_up(lost, "channel_not_found", T0, **held)
     assert not await outbox.delivered(lost, "9.9", T0, **held)
     assert lost in await outbox.untold("slack", T0) and await outbox.untold("web", T0) == []

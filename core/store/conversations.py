@@ -103,31 +103,44 @@ class ConversationStore:
     async def finish_turn(
         self, turn_id: int, *, status: str, answer: str | None, error: str | None, now: datetime,
         outbox: OutboxClaim | None = None, answer_message: bool = False,
-        then: Callable[[Session], object] | None = None,
+        then: Callable[[Session], object] | None = None, known: TurnInfo | None = None,
     ) -> TurnInfo:
         """Record how the turn ended; returns it with every input it took (for the events). With ``outbox``
         (the session's channel delivers answers), a finished turn's answer goes into the outbox in the same
         commit: an answer that exists is never left undelivered by a crash. With ``answer_message`` the
         answer also goes into the transcript, in the same commit (the runner left it to the turn's end).
-        ``then`` runs last in the same transaction (the session's lease given back)."""
+        ``then`` runs last in the same transaction (the session's lease given back). ``known``: the turn as it
+        started, when it has taken no input since (its inputs are not read again: one round trip less)."""
+        # An error may quote what a model endpoint said: stored text never holds NUL.
+        stored_answer = clean_text(answer) if answer is not None else None
+        stored_error = clean_text(error) if error is not None else None
+        session_status = SessionStatus.FAILED if status == TurnStatus.FAILED else SessionStatus.IDLE
+        write_message = answer_message and answer is not None and status == TurnStatus.FINISHED
+        # A finished turn without an answer (one that stayed silent: core.listening) has nothing to deliver.
+        claim = outbox if outbox is not None and status == TurnStatus.FINISHED and answer is not None else None
+
         def work(s: Session) -> TurnInfo:
             conn = s.connection()
-            turn = conn.execute(st.TURN_HEAD, {"b_turn": turn_id}).one()
-            # An error may quote what a model endpoint said: stored text never holds NUL.
-            if answer_message and answer is not None and status == TurnStatus.FINISHED:
-                conn.execute(st.INSERT_MESSAGE, dict(session_id=turn.session_id, role="assistant",
-                                                     content=clean_text(answer), turn_id=turn_id, created_at=now))
-            conn.execute(st.UPDATE_TURN, dict(
-                b_turn=turn_id, status=status, answer=clean_text(answer) if answer is not None else None,
-                error=clean_text(error) if error is not None else None, finished_at=now))
-            session = _set_status(s, turn.session_id,
-                                  SessionStatus.FAILED if status == TurnStatus.FAILED else SessionStatus.IDLE, now)
-            # A finished turn without an answer (one that stayed silent: core.listening) has nothing to deliver.
-            if outbox is not None and status == TurnStatus.FINISHED and answer is not None:
-                conn.execute(st.INSERT_DELIVERY, dict(
-                    turn_id=turn_id, session_id=session.id, channel=session.channel, status=DeliveryStatus.PENDING,
-                    attempts=1, next_attempt_at=outbox.until, claimed_by=outbox.holder, created_at=now))
-            info = turn_info(s, turn_id, turn.input_message_id, session)
+            if not self.db.is_sqlite:  # PostgreSQL: the writes below as one statement (one round trip, not four)
+                row = conn.execute(st.turn_end(write_message, claim is not None), dict(
+                    b_turn=turn_id, e_status=status, e_answer=stored_answer, e_error=stored_error, e_now=now,
+                    e_session_status=session_status, **({"o_until": claim.until, "o_holder": claim.holder}
+                                                         if claim is not None else {}))).one()
+                turn, session = row, session_info(row)
+            else:
+                turn = conn.execute(st.UPDATE_TURN_HEAD, dict(b_turn=turn_id, status=status, answer=stored_answer,
+                                                              error=stored_error, finished_at=now)).one()
+                if write_message:
+                    conn.execute(st.INSERT_MESSAGE, dict(session_id=turn.session_id, role="assistant",
+                                                         content=stored_answer, turn_id=turn_id, created_at=now))
+                session = _set_status(s, turn.session_id, session_status, now)
+                if claim is not None:
+                    conn.execute(st.INSERT_DELIVERY, dict(
+                        turn_id=turn_id, session_id=session.id, channel=session.channel,
+                        status=DeliveryStatus.PENDING, attempts=1, next_attempt_at=claim.until,
+                        claimed_by=claim.holder, created_at=now))
+            info = (replace(known, session=session, everyone=None, resumed=False) if known is not None
+                    else turn_info(s, turn_id, turn.input_message_id, session))
             if then is not None:
                 then(s)
             return info
@@ -367,15 +380,20 @@ def switch_model(session_id: str, model: str) -> Callable[[Session], None]:
     return work
 
 
-def resume_interrupted(s: Session, session_id: str, now: datetime) -> TurnInfo | None:
-    """Mark the session's interrupted turn (if any) running again, one attempt more."""
+def resume_interrupted(s: Session, session_id: str, now: datetime, *,
+                       found: tuple[int, int | None] | None = None) -> TurnInfo | None:
+    """Mark the session's interrupted turn (if any) running again, one attempt more. ``found``: its id and
+    input message, when the caller read them in this transaction (``statements.SESSION_FOR_TURN``)."""
     conn = s.connection()
-    turn = conn.execute(st.INTERRUPTED_TURN, {"b_session": session_id}).first()
-    if turn is None:
-        return None
-    conn.execute(update(_turns).where(_turns.c.id == turn.id)
+    if found is None:
+        turn = conn.execute(st.INTERRUPTED_TURN, {"b_session": session_id}).first()
+        if turn is None:
+            return None
+        found = (turn.id, turn.input_message_id)
+    turn_id, input_message_id = found
+    conn.execute(update(_turns).where(_turns.c.id == turn_id)
                  .values(status=TurnStatus.RUNNING, attempts=_turns.c.attempts + 1, started_at=now))
-    info = turn_info(s, turn.id, turn.input_message_id, _set_status(s, session_id, SessionStatus.RUNNING))
+    info = turn_info(s, turn_id, input_message_id, _set_status(s, session_id, SessionStatus.RUNNING))
     return replace(info, resumed=True)
 
 
@@ -383,8 +401,7 @@ def _set_status(s: Session, session_id: str, status: SessionStatus, now: datetim
     """Set the session's status (and ``updated_at``); returns it as it is now."""
     conn = s.connection()
     values: dict[str, object] = {"status": status} | ({"updated_at": now} if now is not None else {})
-    conn.execute(st.UPDATE_SESSION, {"b_session": session_id, **values})
-    return session_info(conn.execute(st.SESSION, {"b_session": session_id}).one())
+    return session_info(conn.execute(st.UPDATE_SESSION_RETURNING, {"b_session": session_id, **values}).one())
 
 
 def transcript(s: Session, session_id: str, limit: int) -> list[Row[Any]]:

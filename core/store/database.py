@@ -9,13 +9,13 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, inspect, text
+from sqlalchemy import Engine, Executable, Row, create_engine, event, inspect, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, InvalidatePoolError, SQLAlchemyError
@@ -126,6 +126,8 @@ class Database:
                     "prepared_statement_name_func": _unique_statement_name})
         self.engine: AsyncEngine = create_async_engine(self._engine_url, **kwargs)
         self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE") if self.is_sqlite else self.engine
+        # One statement that is its own transaction (``run_alone``): no BEGIN, no COMMIT, each a round trip.
+        self._alone_engine = None if self.is_sqlite else self.engine.execution_options(isolation_level="AUTOCOMMIT")
         on_file = self.is_sqlite and make_url(self.url).database not in (None, "", ":memory:")
         if self.is_sqlite:
             _tune_sqlite(self.engine, self.sqlite_synchronous, own_checkpoints=on_file)
@@ -173,6 +175,20 @@ class Database:
             result = await greenlet_spawn(self._write_through, work)
         self._wrote()
         return result
+
+    async def run_alone(self, statement: Executable, params: dict[str, Any]) -> Sequence[Row[Any]]:
+        """One write statement that is a whole transaction, committed when this returns; its RETURNING rows.
+        On PostgreSQL it runs in autocommit: the server commits it before it answers, with the same durability
+        as a transaction's COMMIT (synchronous_commit is the server's), in one round trip instead of three.
+        On SQLite it is a ``run_write`` of its own."""
+        if self._alone_engine is None:
+            return await self.run_write(lambda s: s.connection().execute(statement, params).all())
+        return await greenlet_spawn(self._alone_through, statement, params)
+
+    def _alone_through(self, statement: Executable, params: dict[str, Any]) -> Sequence[Row[Any]]:
+        assert self._alone_engine is not None
+        with self._alone_engine.sync_engine.connect() as conn:
+            return conn.execute(statement, params).all()
 
     def _write_through(self, work: Callable[[Session], T]) -> T:
         with self._write_engine.sync_engine.begin() as conn, Session(bind=conn, expire_on_commit=False) as session:

@@ -122,6 +122,10 @@ class DeliveryStore:
     async def delivered(self, turn_id: int, ref: str, now: datetime, *, holder: str, attempt: int) -> bool:
         """Record where it landed (the turn's ``delivered_ref`` too), in one commit; False if already settled
         or the claim was lost (its new holder finds the post and records it)."""
+        if not self.db.is_sqlite:  # one round trip: a statement that is its own transaction
+            return bool(await self.db.run_alone(st.DELIVERED_WITH_TURN, dict(
+                b_turn=turn_id, b_holder=holder, b_attempt=attempt, b_ref=ref, b_now=now)))
+
         def work(s: Session) -> bool:
             conn = s.connection()  # Core statements: no ORM bookkeeping on the path of every answer
             result = conn.execute(st.UPDATE_HELD_DELIVERY, dict(

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, delete, update
+from sqlalchemy import Row, Select, delete, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -115,13 +115,24 @@ class InputStore:
         def work(s: Session) -> Taken | HeldElsewhere | None:
             if lease is not None and not lease(s):
                 return HeldElsewhere(waiting_messages(s, session_id) > 0)
-            resumed = resume_interrupted(s, session_id, now) if resume else None
+            # The session with its interrupted turn, its place's queue mode and the secrets' fingerprint: one read.
+            conn = s.connection()  # on PostgreSQL the conversation's senders too (SENDERS: one round trip less)
+            read: Select[Any] = (st.SESSION_FOR_TURN_WITH_SENDERS if conn.dialect.name == "postgresql"
+                                 else st.SESSION_FOR_TURN)
+            head = conn.execute(read, {"b_session": session_id}).first()
+            if head is None:  # no such conversation: nothing waits in it
+                return None
+            interrupted = head.interrupted_turn if resume else None
+            resumed = None if interrupted is None else resume_interrupted(
+                s, session_id, now, found=(interrupted, head.interrupted_message))
             # After a resumed turn, look again: messages may have waited behind it since before the restart.
             taken = Taken(resumed, "", (), (), more=True, resumed=True) if resumed is not None else take_batch(
-                s, session_id, default_mode, budget, now)
+                s, session_id, default_mode, budget, now, head=head)
             if taken is not None and history:
                 taken = replace(taken, transcript=tuple(transcript(s, session_id, history)),
-                                secrets=st.secrets_fingerprint(s))
+                                secrets=taken.secrets if taken.secrets is not None else st.secrets_fingerprint(s))
+            elif taken is not None:
+                taken = replace(taken, secrets=None)
             return taken
 
         # A turn waits on it to ask the model: ahead of the writes nobody waits on (receipts, transcript).
@@ -243,18 +254,24 @@ class InputStore:
             return first.first()
 
 
-def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, now: datetime) -> Taken | None:
+def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, now: datetime, *,
+               head: Row[Any] | None = None) -> Taken | None:
+    """``head``: the session's ``SESSION_FOR_TURN`` row, if the caller read it already in this transaction."""
     waiting = _waiting(s, session_id)
     if not any(i.kind == InputKind.MESSAGE for i in waiting):
         return None
     conn = s.connection()
-    session = conn.execute(st.SESSION, {"b_session": session_id}).one()
-    mode = queue_mode_of(s, session) or default_mode
+    session = head if head is not None else conn.execute(st.SESSION_FOR_TURN, {"b_session": session_id}).one()
+    mode = session.queue_mode or (session.place_queue_mode if session.place else None) or default_mode
     batch = _fit(waiting, budget, one_message=mode == QueueMode.FOLLOWUP)
-    turn_id = int(conn.execute(st.INSERT_TURN, dict(
-        session_id=session_id, agent=session.agent, status=TurnStatus.RUNNING, attempts=1, created_at=now,
-        started_at=now)).inserted_primary_key[0])  # type: ignore[index]
-    conn.execute(st.UPDATE_SESSION, {"b_session": session_id, "status": SessionStatus.RUNNING})
+    if conn.dialect.name == "postgresql":  # one round trip for both (statements.START_TURN)
+        turn_id = int(conn.execute(st.START_TURN, dict(t_session=session_id, t_agent=session.agent,
+                                                       t_now=now)).scalar_one())
+    else:
+        turn_id = int(conn.execute(st.INSERT_TURN, dict(
+            session_id=session_id, agent=session.agent, status=TurnStatus.RUNNING, attempts=1, created_at=now,
+            started_at=now)).inserted_primary_key[0])  # type: ignore[index]
+        conn.execute(st.UPDATE_SESSION, {"b_session": session_id, "status": SessionStatus.RUNNING})
     written = _take(s, turn_id, batch, now)
     # A new turn holds exactly this batch (context and control inputs are never "waiting" controls).
     messages = [i for i in batch if i.kind == InputKind.MESSAGE]
@@ -264,14 +281,19 @@ def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, n
     refs = tuple(MessageRef(i.platform_channel, i.platform_ts) for i in batch)
     sender = messages[0].sender if messages else batch[0].sender
     turn = TurnInfo(id=turn_id, session=info, inputs=refs, sender=sender, input_ids=tuple(i.id for i in batch),
-                    senders=senders_of(batch), everyone=conversation_senders(s, session_id, senders_of(batch)),
+                    senders=senders_of(batch), everyone=conversation_senders(
+                        s, session_id, senders_of(batch),
+                        earlier=session.senders or () if "senders" in session._mapping else None),
                     asked=asked, answer_optional=answer_optional(batch), trace_context=trace_context(batch))
-    return replace(_taken(turn, batch), more=more)
+    return replace(_taken(turn, batch), more=more, secrets=tuple(session[-st.FINGERPRINT_COLUMNS:]))
 
 
-def conversation_senders(s: Session, session_id: str, first: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """``first``, then everyone else whose words are in the conversation (earlier turns, context), each once."""
-    earlier = s.connection().execute(st.SENDERS, {"b_session": session_id}).scalars()
+def conversation_senders(s: Session, session_id: str, first: tuple[str, ...] = (), *,
+                         earlier: Sequence[str] | None = None) -> tuple[str, ...]:
+    """``first``, then everyone else whose words are in the conversation (earlier turns, context), each once.
+    ``earlier``: SENDERS' result, when the caller read it in this transaction."""
+    if earlier is None:
+        earlier = s.connection().execute(st.SENDERS, {"b_session": session_id}).scalars().all()
     return tuple(dict.fromkeys((*first, *sorted(earlier))))
 
 
@@ -284,8 +306,16 @@ def _take(s: Session, turn_id: int, batch: Sequence[Row[Any]], now: datetime) ->
     """The batch joins the turn: each input becomes a user message of the transcript (once). Returns their ids."""
     conn = s.connection()
     written = []
+    together = conn.dialect.name == "postgresql"  # the message and the input's update: one round trip
     for item in batch:
         message_id = item.message_id
+        if message_id is None and together:
+            message_id = conn.execute(st.TAKE_INPUT, dict(
+                b_input=item.id, t_turn=turn_id, t_now=now, m_session=item.session_id, m_content=item.text,
+                m_sender=item.sender, m_channel=item.platform_channel, m_ts=item.platform_ts,
+                m_key=item.idempotency_key)).scalar_one()
+            written.append(int(message_id))
+            continue
         if message_id is None:
             message_id = conn.execute(st.INSERT_MESSAGE, dict(
                 session_id=item.session_id, role="user", content=item.text, sender=item.sender,

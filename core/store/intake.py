@@ -10,8 +10,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from types import SimpleNamespace
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+from sqlalchemy import Row, bindparam, literal, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlmodel import Session
 
@@ -160,21 +161,31 @@ def _accept_group(s: Session, db: Database, rates: ListenRates, arrivals: list[A
     # groups that touch the same conversations lock their rows in the same order, and never deadlock.
     for index in sorted(range(len(arrivals)), key=lambda i: arrivals[i].msg.session_id):
         arrival = arrivals[index]
-        if arrival.refuse_if_paused is not None and arrival.refuse is None:
-            if paused is None:
-                paused = s.connection().execute(st.CONTROL_VALUE, {"b_key": INTAKE_PAUSED}).scalar() == "1"
-            if paused:
-                arrival = _refused(arrival, arrival.refuse_if_paused)
-        if arrival.listen_per_minute is not None:
-            if paused is None:
-                paused = s.connection().execute(st.CONTROL_VALUE, {"b_key": INTAKE_PAUSED}).scalar() == "1"
-            if paused:  # nobody asked: no refusal to tell, the message is only context
-                arrival = replace(arrival, kind=InputKind.CONTEXT, listen_per_minute=None)
+        head: tuple[Row[Any] | None] | None = None  # this arrival's session, when read with the pause
+        asks = arrival.refuse_if_paused is not None and arrival.refuse is None
+        if paused is None and (asks or arrival.listen_per_minute is not None):
+            # Read once per group, with the first session that needs it (one round trip, not two).
+            row = s.connection().execute(SESSION_AND_PAUSED, {"b_session": arrival.msg.session_id}).one()
+            paused, head = row.intake_paused == "1", (row if row.id is not None else None,)
+        if asks and paused:
+            assert arrival.refuse_if_paused is not None
+            arrival = _refused(arrival, arrival.refuse_if_paused)
+        if arrival.listen_per_minute is not None and paused:
+            # nobody asked: no refusal to tell, the message is only context
+            arrival = replace(arrival, kind=InputKind.CONTEXT, listen_per_minute=None)
         try:
-            results[index] = _accept_one(s, db, rates, arrival)
+            results[index] = _accept_one(s, db, rates, arrival, head)
         except InvalidInput as exc:  # raised before the input wrote anything: the rest of its group stands
             results[index] = exc
     return [results[i] for i in range(len(arrivals))]
+
+
+# The session an arrival is for (all its columns NULL when there is none yet) and whether intake is paused
+# (``intake_paused``): one read, for the first arrival of a group that needs the pause.
+_one_row = select(literal(1).label("one")).subquery("one_row")
+SESSION_AND_PAUSED = (select(select(st.control.c.value).where(st.control.c.key == INTAKE_PAUSED).scalar_subquery()
+                             .label("intake_paused"), *st.sessions.c)
+                      .select_from(_one_row.outerjoin(st.sessions, st.sessions.c.id == bindparam("b_session"))))
 
 
 def _refused(arrival: Arrival, reason: str) -> Arrival:
@@ -182,11 +193,13 @@ def _refused(arrival: Arrival, reason: str) -> Arrival:
                    trace_context=arrival.trace_context)
 
 
-def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival) -> Accepted:
-    """Dedupe, then store the input as waiting, a command, context, or refused."""
+def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival,
+                head: tuple[Row[Any] | None] | None = None) -> Accepted:
+    """Dedupe, then store the input as waiting, a command, context, or refused. ``head``: its session (or None: a
+    new one), when the caller read it already in this transaction."""
     msg, kind, now = arrival.msg, arrival.kind, arrival.now
     conn = s.connection()
-    found = conn.execute(st.SESSION, {"b_session": msg.session_id}).first()
+    found = head[0] if head is not None else conn.execute(st.SESSION, {"b_session": msg.session_id}).first()
     if found is not None and msg.agent is not None and msg.agent != found.agent:
         # Refused before anything is written, so the group it came with is stored without it.
         raise InvalidInput(f"this conversation belongs to agent {found.agent!r}, not {msg.agent!r}")
@@ -196,6 +209,7 @@ def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival) 
         if not conn.execute(claim, {"key": msg.delivery_key, "received_at": now}).rowcount:
             return Accepted(AcceptOutcome.DUPLICATE)
     new_session = found is None
+    together = conn.dialect.name == "postgresql"
     if found is not None and msg.idempotency_key is not None:
         seen_id = conn.execute(st.INPUT_BY_KEY, {"b_session": msg.session_id, "b_key": msg.idempotency_key}).scalar()
         if seen_id is not None:
@@ -219,7 +233,8 @@ def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival) 
             preapproved=json.dumps([list(p) for p in msg.preapproved]) if msg.preapproved else None,
             queue_mode=None,
         )
-        conn.execute(st.INSERT_SESSION, values)
+        if not together:
+            conn.execute(st.INSERT_SESSION, values)
         info = session_info(SimpleNamespace(**values))
     else:
         info = session_info(found)
@@ -237,7 +252,11 @@ def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival) 
         note = (f"I'm busy: {arrival.max_waiting} messages in this conversation are already waiting for me. "
                 "Send this again once I've answered them.")
         status, outcome = InputStatus.REFUSED, AcceptOutcome.REFUSED
-    inserted = conn.execute(st.INSERT_INPUT, dict(
+    # On PostgreSQL a new conversation is inserted with its first input (one round trip).
+    with_session = together and new_session
+    insert, extra = ((st.INSERT_INPUT_OF_NEW_SESSION, {f"s_{k}": v for k, v in values.items()})
+                     if with_session else (st.INSERT_INPUT, {}))
+    inserted = conn.execute(insert, extra | dict(
         session_id=msg.session_id, kind=kind, status=status, text=msg.text,
         images=json.dumps(list(msg.images)) if msg.images else None,
         attachments=json.dumps([asdict(a) for a in msg.attachments]) if msg.attachments else None, sender=msg.sender,
@@ -247,7 +266,7 @@ def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival) 
     ))
     if not new_session:
         conn.execute(st.UPDATE_SESSION, {"b_session": msg.session_id, "updated_at": now})
-    input_id = int(inserted.inserted_primary_key[0])  # type: ignore[index]
+    input_id = int(inserted.scalar_one() if with_session else inserted.inserted_primary_key[0])  # type: ignore[index]
     return Accepted(outcome, input_id, info, note)
 
 

@@ -10,11 +10,12 @@ Both dialects compile them (the compiled form is cached per dialect).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import Select, bindparam, func, literal, select, true, update
 
-from core.model import DeliveryStatus, InputKind, InputStatus, TurnStatus
+from core.model import DeliveryStatus, InputKind, InputStatus, SessionStatus, TurnStatus
 from core.store.connection_tables import ConnectionRow
 from core.store.tables import (
     ControlRow,
@@ -79,12 +80,40 @@ _connections = ConnectionRow.__table__  # type: ignore[attr-defined]
 SECRETS_FINGERPRINT = select(func.count(), func.max(secrets.c.id), func.max(secrets.c.updated_at),
                              select(func.count()).select_from(_connections).scalar_subquery(),
                              select(func.max(_connections.c.updated_at)).scalar_subquery())
+# The session a turn starts in, with what the start needs besides it in the same round trip: its place's queue mode
+# (``place_queue_mode``: control's ``queue_mode:<place>``, see core.store.control), its interrupted turn if any
+# (``interrupted_turn``, ``interrupted_message``: INTERRUPTED_TURN's) and the secrets' fingerprint (last).
+_PLACE_QUEUE_MODE = (select(control.c.value).where(control.c.key == literal("queue_mode:") + sessions.c.place)
+                     .scalar_subquery())
+_interrupted = INTERRUPTED_TURN.where(turns.c.session_id == sessions.c.id)  # correlated: the session's own
+SESSION_FOR_TURN = select(sessions, _PLACE_QUEUE_MODE.label("place_queue_mode"),
+                          _interrupted.with_only_columns(turns.c.id).scalar_subquery().label("interrupted_turn"),
+                          _interrupted.with_only_columns(turns.c.input_message_id).scalar_subquery().label(
+                              "interrupted_message"),
+                          *(column.scalar_subquery().label(f"fingerprint_{n}") for n, column in enumerate((
+                              select(func.count()).select_from(secrets), select(func.max(secrets.c.id)),
+                              select(func.max(secrets.c.updated_at)),
+                              select(func.count()).select_from(_connections),
+                              select(func.max(_connections.c.updated_at)))))).where(
+    sessions.c.id == bindparam("b_session"))
+FINGERPRINT_COLUMNS = 5
+# PostgreSQL: with SENDERS too, as an array (``senders``: None when there are none), before the fingerprint. SQLite
+# reads SENDERS on its own (an aggregate of its own would be text to split, and a sender's id is not ours to trust).
+SESSION_FOR_TURN_WITH_SENDERS = SESSION_FOR_TURN.with_only_columns(
+    *list(SESSION_FOR_TURN.selected_columns)[:-FINGERPRINT_COLUMNS],
+    select(func.array_agg(inputs.c.sender.distinct())).where(
+        inputs.c.session_id == bindparam("b_session"), inputs.c.kind != InputKind.CONTROL,
+        inputs.c.sender.is_not(None)).scalar_subquery().label("senders"),
+    *list(SESSION_FOR_TURN.selected_columns)[-FINGERPRINT_COLUMNS:])
 TRANSCRIPT = (select(messages).where(messages.c.session_id == bindparam("b_session"))
               .order_by(messages.c.id.desc()).limit(bindparam("b_limit")))
 
 # -- writes (the SET or the columns: the parameters' other names) -------------------------------------------
 UPDATE_SESSION = update(sessions).where(sessions.c.id == bindparam("b_session"))
 UPDATE_TURN = update(turns).where(turns.c.id == bindparam("b_turn"))
+# Writes that also read what they wrote (RETURNING: one round trip, not two; SQLite has it since 3.35)
+UPDATE_SESSION_RETURNING = UPDATE_SESSION.returning(*sessions.c)
+UPDATE_TURN_HEAD = UPDATE_TURN.returning(turns.c.session_id, turns.c.input_message_id)
 UPDATE_INPUT = update(inputs).where(inputs.c.id == bindparam("b_input"))
 # A view context still waiting (``VIEW_KEY`` keys) is replaced by a newer one.
 REPLACE_VIEWS = update(inputs).where(inputs.c.session_id == bindparam("b_session"),
@@ -92,6 +121,15 @@ REPLACE_VIEWS = update(inputs).where(inputs.c.session_id == bindparam("b_session
                                      inputs.c.idempotency_key.like(bindparam("b_view")))
 UPDATE_HELD_DELIVERY = update(deliveries).where(
     *held(bindparam("b_turn"), bindparam("b_holder"), bindparam("b_attempt")))
+# PostgreSQL: a delivery's landing (the held row settled, the turn's ``delivered_ref``) as one statement, run alone
+# (``Database.run_alone``); it returns the turn's id when the claim still held. SQLite has no UPDATE in a WITH: there
+# it is two statements in one transaction (core.store.deliveries).
+_landed = (update(deliveries).where(*held(bindparam("b_turn"), bindparam("b_holder"), bindparam("b_attempt")))
+           .values(status=DeliveryStatus.DELIVERED, ref=bindparam("b_ref"), claimed_by=None,
+                   finished_at=bindparam("b_now"), last_error=None)
+           .returning(deliveries.c.turn_id).cte("landed"))
+DELIVERED_WITH_TURN = (update(turns).where(turns.c.id == _landed.c.turn_id)
+                       .values(delivered_ref=bindparam("b_ref"), delivery_error=None).returning(turns.c.id))
 INSERT_SESSION = sessions.insert()
 INSERT_TURN = turns.insert()
 INSERT_INPUT = inputs.insert()
@@ -102,3 +140,70 @@ INSERT_DELIVERY = deliveries.insert()
 def secrets_fingerprint(s: Any) -> tuple[object, ...]:
     """``SECRETS_FINGERPRINT``'s value, in the caller's transaction (a Session)."""
     return tuple(s.connection().execute(SECRETS_FINGERPRINT).one())
+
+
+@functools.cache
+def turn_end(answer_message: bool, outbox: bool) -> Select[Any]:
+    """PostgreSQL: a turn's end as one statement (issue 39), in the transaction ``finish_turn`` opens: the turn's
+    status, the session's (its row returned, with the turn's ``input_message_id``), and with ``answer_message`` the
+    answer in the transcript, with ``outbox`` its outbox row claimed by ``o_holder`` until ``o_until``. SQLite has
+    no INSERT or UPDATE inside WITH: there they are statements of their own (core.store.conversations)."""
+    now = bindparam("e_now", type_=turns.c.finished_at.type)
+    answer = bindparam("e_answer", type_=turns.c.answer.type)
+    turn_id = bindparam("b_turn", type_=turns.c.id.type)
+    ended = (update(turns).where(turns.c.id == turn_id)
+             .values(status=bindparam("e_status"), answer=answer, error=bindparam("e_error"), finished_at=now)
+             .returning(turns.c.session_id, turns.c.input_message_id).cte("ended"))
+    session = (update(sessions).where(sessions.c.id == ended.c.session_id)
+               .values(status=bindparam("e_session_status"), updated_at=now).returning(*sessions.c).cte("session_now"))
+    writes = []
+    if answer_message:
+        writes.append(messages.insert().from_select(
+            ["session_id", "role", "content", "turn_id", "created_at"],
+            select(ended.c.session_id, literal("assistant", messages.c.role.type), answer, turn_id, now),
+        ).cte("answer_message"))
+    if outbox:
+        writes.append(deliveries.insert().from_select(
+            # every NOT NULL column named: a column's Python default is not applied inside WITH
+            ["turn_id", "session_id", "channel", "status", "attempts", "next_attempt_at", "claimed_by", "created_at",
+             "told", "notice_tries"],
+            select(turn_id, session.c.id, session.c.channel, literal(DeliveryStatus.PENDING, deliveries.c.status.type),
+                   literal(1), bindparam("o_until", type_=deliveries.c.next_attempt_at.type),
+                   bindparam("o_holder", type_=deliveries.c.claimed_by.type), now, literal(False), literal(0)),
+            include_defaults=False,
+        ).cte("outbox"))
+    found = select(*session.c, ended.c.input_message_id).select_from(session.join(ended, true()))
+    return found.add_cte(*writes) if writes else found
+
+
+# PostgreSQL: a turn's start (issue 39). The turn is inserted and its session marked running in one statement;
+# each input taken becomes its transcript message and is marked taken in one statement (``TAKE_INPUT``; an input
+# already in the transcript only gets the UPDATE_INPUT). SQLite: statements of their own (core.store.inputs).
+_now = bindparam("t_now", type_=turns.c.started_at.type)
+_session_running = (update(sessions).where(sessions.c.id == bindparam("t_session", type_=sessions.c.id.type))
+                    .values(status=SessionStatus.RUNNING).cte("session_running"))
+START_TURN = (turns.insert().values(session_id=bindparam("t_session", type_=sessions.c.id.type),
+                                    agent=bindparam("t_agent", type_=turns.c.agent.type), status=TurnStatus.RUNNING,
+                                    attempts=1, created_at=_now, started_at=_now)
+              .returning(turns.c.id).add_cte(_session_running))
+_turn = bindparam("t_turn", type_=turns.c.id.type)
+_message = (messages.insert().values(
+    session_id=bindparam("m_session", type_=messages.c.session_id.type), role="user",
+    content=bindparam("m_content", type_=messages.c.content.type),
+    sender=bindparam("m_sender", type_=messages.c.sender.type),
+    platform_channel=bindparam("m_channel", type_=messages.c.platform_channel.type),
+    platform_ts=bindparam("m_ts", type_=messages.c.platform_ts.type),
+    idempotency_key=bindparam("m_key", type_=messages.c.idempotency_key.type), turn_id=_turn, created_at=_now)
+    .returning(messages.c.id).cte("input_message"))
+TAKE_INPUT = (update(inputs).where(inputs.c.id == bindparam("b_input"))
+              .values(status=InputStatus.TAKEN, turn_id=_turn, taken_at=_now,
+                      message_id=select(_message.c.id).scalar_subquery())
+              .returning(inputs.c.message_id))
+
+# PostgreSQL: a new conversation's first input, and the conversation, in one statement (``s_``: the session's
+# columns, the rest the input's). SQLite: INSERT_SESSION, then INSERT_INPUT (core.store.intake).
+_new_session = sessions.insert().values(
+    {column: bindparam(f"s_{column.name}", type_=column.type) for column in sessions.c
+     if column.name in ("id", "channel", "agent", "status", "reply_ref", "place", "created_at", "updated_at",
+                        "preapproved", "queue_mode")}).cte("new_session")
+INSERT_INPUT_OF_NEW_SESSION = inputs.insert().returning(inputs.c.id).add_cte(_new_session)
