@@ -228,8 +228,11 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, Figures], dict[st
             gateway_env["SQLITE_SYNCHRONOUS"] = args.sqlite_synchronous
         if args.progress_delay is not None:
             gateway_env["SLACK_PROGRESS_DELAY_S"] = str(args.progress_delay)
-        # `bot run` with its database round trips counted (bench.statement_count)
-        gateway = [sys.executable, "-m", "bench.statement_count", "run"]
+        # `bot run` with its database round trips counted (bench.statement_count). On SQLite the count hooks every
+        # statement in the process (SQLAlchemy's events, a writer thread), which costs the latencies measured beside
+        # it: there it is taken only when asked (--count-statements); PostgreSQL's hooks sit on asyncpg's calls.
+        counting = bool(args.database_url) or args.count_statements
+        gateway = [sys.executable, "-m", "bench.statement_count" if counting else "bot", "run"]
         if os.environ.get("BENCH_PROFILE"):  # py-spy's collapsed stacks of the (first) gateway, for profiling
             gateway = ["py-spy", "record", "--gil", "--format", "raw", "-r", "200", "-o", os.environ["BENCH_PROFILE"],
                        "--", *gateway]
@@ -247,7 +250,7 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, Figures], dict[st
                 port = free_port()
                 gateway_app = label.startswith("gateway")
                 own = {"PORT": str(port), "BOT_HOME": str(home)}
-                if gateway_app:
+                if gateway_app and counting:
                     own["BENCH_STATEMENTS"] = str(home / "statements.json")
                     counted.append(home / "statements.json")
                 procs.append(await _start(argv, env | extra | own, home if gateway_app else ROOT,
@@ -360,6 +363,8 @@ async def main() -> None:
     parser.add_argument("--sqlite-synchronous", default="", help="SQLITE_SYNCHRONOUS for the gateway")
     parser.add_argument("--context", action="store_true",
                         help="also run the gateway with 50 skills and 20 pinned memories in every prompt (issue 36)")
+    parser.add_argument("--count-statements", action="store_true",
+                        help="count the round trips on SQLite too (always on PostgreSQL; it slows SQLite's figures)")
     parser.add_argument("--statements", type=int, default=25,
                         help="list this many of the gateway's statements, most round trips per mention first")
     parser.add_argument("--progress-delay", type=float, default=None,
