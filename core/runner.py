@@ -172,7 +172,7 @@ class AgentRunner:
             with self.tracer.span(f"invoke_agent {agent.name}", {
                     "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent.name,
                     "gen_ai.conversation.id": turn.session.id, "gen_ai.provider.name": answering.provider.name,
-                    "gen_ai.request.model": answering.name, "chatops.turn.id": turn.id,
+                    "gen_ai.request.model": answering.name or None, "chatops.turn.id": turn.id,
                     "chatops.turn.resumed": turn.resumed or None},
                     parent=first if parent is None else CURRENT, links=(first,) if first and turn.resumed else ()):
                 return await self._run(turn, agent, images, steer, transcript, checking, save_answer, on_text,

@@ -46,7 +46,8 @@ class SubAgentStore:
         prefix = f"{SUBAGENT_PREFIX}{parent}:"
         origin = {"parent": parent, "parent_turn": parent_turn, "call_id": call_id}
         async with self.db.write() as s:
-            await s.exec(select(SessionRow.id).where(col(SessionRow.id) == parent).with_for_update())
+            # FOR NO KEY UPDATE: orders two opens, yet lets rows that refer to the parent (its messages) be written
+            await s.exec(select(SessionRow.id).where(col(SessionRow.id) == parent).with_for_update(key_share=True))
             taken = (await s.exec(select(SessionRow.id).where(
                 col(SessionRow.id).startswith(prefix, autoescape=True)))).all()
             n = 1 + max((_number(i, prefix) for i in taken), default=0)
