@@ -151,14 +151,24 @@ async def fake_slack() -> AsyncIterator[FakeSlack]:
 
 @pytest.fixture
 async def fake_llm() -> AsyncIterator[FakeLLM]:
+    async with running_llm() as fake:
+        yield fake
+
+
+@contextlib.asynccontextmanager
+async def running_llm() -> AsyncIterator[FakeLLM]:
+    """A fake OpenAI-compatible server (its URL on ``.url``), stopped on leaving; a request still held is let go."""
     fake = FakeLLM()
     server = await RunningServer(fake.app()).start()
     fake.url = server.url  # type: ignore[attr-defined]
-    yield fake
-    for step in fake.script:  # never leave a held request hanging
-        if hasattr(step, "opened"):
-            step.opened.set()
-    await server.stop()
+    try:
+        yield fake
+    finally:
+        for step in fake.script:  # never leave a held request hanging (a Gate's ``opened``, a stall's ``resume``)
+            for event in (getattr(step, "opened", None), getattr(step, "resume", None)):
+                if event is not None:
+                    event.set()
+        await server.stop()
 
 
 @contextlib.asynccontextmanager

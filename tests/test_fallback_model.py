@@ -18,7 +18,7 @@ from core.model import FALLBACK_MODEL, TurnStatus
 from core.store import ConversationStore
 from core.store.tables import TurnRow
 from tests.bot_process import BotProcess, post_form, send_event, slack_env
-from tests.conftest import GatewayClient
+from tests.conftest import GatewayClient, running_llm
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.anthropic_api import Reply as AnthropicReply
 from tests.fakes.core import until
@@ -33,14 +33,8 @@ FALLBACK_KEY = "sk-fallback-key-7d1e2f"
 
 @pytest.fixture
 async def fallback_llm() -> AsyncIterator[FakeLLM]:
-    fake = FakeLLM()
-    server = await RunningServer(fake.app()).start()
-    fake.url = server.url  # type: ignore[attr-defined]
-    yield fake
-    for step in fake.script:
-        if hasattr(step, "resume"):
-            step.resume.set()
-    await server.stop()
+    async with running_llm() as fake:
+        yield fake
 
 
 @pytest.fixture
