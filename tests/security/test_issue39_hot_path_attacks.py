@@ -81,3 +81,25 @@ async def test_a_delivery_lands_once_and_only_on_its_own_turn(db: Database, inpu
         outbox_rows = {d.turn_id: d for d in (await s.exec(select(DeliveryRow))).all()}
     assert rows[a].delivered_ref == "1.1" and outbox_rows[a].ref == "1.1" and outbox_rows[a].status == "delivered"
     assert rows[b].delivered_ref is None and outbox_rows[b].status == "pending" and outbox_rows[b].ref is None
+
+
+async def test_two_landings_at_once_settle_one_ref_on_both_rows(db: Database, inputs: InputStore,
+                                                                convs: ConversationStore) -> None:
+    """PostgreSQL runs the landing in autocommit: two at once (a retry racing its first try) still leave one
+    winner, and the turn's delivered_ref is the delivery row's ref."""
+    import asyncio
+
+    claim = OutboxClaim("p1", T0 + timedelta(seconds=30))
+    await send(inputs, inbound("q"))
+    taken = await take(inputs)
+    await convs.finish_turn(taken.turn.id, status=TurnStatus.FINISHED, answer="a", error=None, now=T0,
+                            outbox=claim, answer_message=True)
+    outbox = DeliveryStore(db)
+    results = await asyncio.gather(*(outbox.delivered(taken.turn.id, f"{n}.0", T0, holder="p1", attempt=1)
+                                     for n in range(8)))
+    assert sum(results) == 1
+    async with db.read() as s:
+        turn = await s.get(TurnRow, taken.turn.id)
+        row = await s.get(DeliveryRow, taken.turn.id)
+    assert turn is not None and row is not None and row.status == "delivered"
+    assert turn.delivered_ref == row.ref == f"{results.index(True)}.0"
