@@ -4,8 +4,10 @@ lands once, on its own turn only. Runs on both backends (TEST_DATABASE_URL for P
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
+import pytest
 from sqlmodel import select
 
 from core.model import TurnStatus
@@ -13,17 +15,22 @@ from core.store import ConversationStore, InputStore
 from core.store.database import Database
 from core.store.deliveries import DeliveryStore, OutboxClaim
 from core.store.tables import DeliveryRow, InputRow, MessageRow, TurnRow
-from tests.test_store_contract import (  # noqa: F401  (fixtures)
-    CTX,
-    SID,
-    T0,
-    convs,
-    db,
-    inbound,
-    inputs,
-    send,
-    take,
-)
+from tests.test_store_contract import CTX, SID, T0, inbound, send, take
+
+
+@pytest.fixture
+def db(store_db: Database) -> Database:
+    return store_db
+
+
+@pytest.fixture
+def inputs(db: Database) -> InputStore:
+    return InputStore(db)
+
+
+@pytest.fixture
+def convs(db: Database) -> ConversationStore:
+    return ConversationStore(db)
 
 HOSTILE_SENDERS = ("U1,U2", "{U3,U4}", '"U5"', "NULL", "U6\\", "a b", "U7'); DROP TABLE inputs; --", "Ü8",
                    "{}", "U1")
@@ -87,8 +94,6 @@ async def test_two_landings_at_once_settle_one_ref_on_both_rows(db: Database, in
                                                                 convs: ConversationStore) -> None:
     """PostgreSQL runs the landing in autocommit: two at once (a retry racing its first try) still leave one
     winner, and the turn's delivered_ref is the delivery row's ref."""
-    import asyncio
-
     claim = OutboxClaim("p1", T0 + timedelta(seconds=30))
     await send(inputs, inbound("q"))
     taken = await take(inputs)

@@ -5,6 +5,7 @@ starts a trace of its own; what the input stores is that trace's."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from json import dumps
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sqlmodel import select
@@ -13,21 +14,19 @@ from bot.settings import Settings
 from core.store.tables import InputRow
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
-from tests.slack_requests import event_body, mention
-from tests.test_traces import Start, _one, _trace, exporter, traced  # noqa: F401  (fixtures)
+from tests.slack_requests import event_body, mention, signed_headers
+from tests.test_traces import Start, _one, _trace
+from tests.test_traces import exporter as exporter
+from tests.test_traces import traced as traced
 
 OUTSIDE_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 OUTSIDE = f"00-{OUTSIDE_TRACE}-00f067aa0ba902b7-01"
 
 
 async def test_a_requests_traceparent_is_never_stored_or_joined(
-    traced: Start, make_settings: Callable[..., Settings], exporter: InMemorySpanExporter,  # noqa: F811
+    traced: Start, make_settings: Callable[..., Settings], exporter: InMemorySpanExporter,
     fake_slack: FakeSlack, fake_llm: FakeLLM,
 ) -> None:
-    from json import dumps
-
-    from tests.slack_requests import signed_headers
-
     gateway = await traced(make_settings())
     fake_llm.then(Reply("hi"))
     body = dumps(event_body(mention("hello")))
