@@ -43,7 +43,7 @@ async def test_hostile_sender_ids_are_each_one_sender(db: Database, inputs: Inpu
         accepted = await send(inputs, inbound(f"ctx {n}", ts=f"1.{n}", sender=sender), CTX)
         assert accepted.input_id is not None
     taken = await take(inputs)
-    assert taken.turn.everyone[0] == "U1"
+    assert taken.turn.everyone is not None and taken.turn.everyone[0] == "U1"
     assert sorted(taken.turn.everyone) == sorted(set(HOSTILE_SENDERS))
     assert len(taken.turn.everyone) == len(set(HOSTILE_SENDERS))  # none split, none merged
     # the next turn reads the earlier senders back (PostgreSQL: array_agg in the turn's first read)
