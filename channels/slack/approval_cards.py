@@ -71,8 +71,10 @@ def approval_blocks(request: ApprovalInfo, *, attached: str | None = None,
         said = mention_all(by_mention(escape(request.summary()), request.decided_by), request.approved_by)
         answer = outcome(request, f"{said} · {asked_by_whom}")
     buttons = [Button("Approve", "approval:approve", "primary"), Button("Deny", "approval:deny", "danger")]
-    if request.grantable:  # a rule's request: a standing grant would let the call skip the rule from then on
+    if request.grantable:  # a rule's request only with grant_ttl_s: a grant would skip the rule from then on
         buttons.append(Button("Always allow", "approval:always"))
+    if request.thread_grantable:
+        buttons.append(Button("Allow in this thread", "approval:thread"))
     return card_blocks(RequestCard("approval", request.id, asked, pending, answer, tuple(buttons)))
 
 
@@ -96,7 +98,9 @@ def fallback_text(request: ApprovalInfo) -> str:
     if request.risk == BUDGET_RISK:
         return "This thread used its token budget: Continue or Stop"
     if request.status == ApprovalStatus.PENDING:
-        return f"{request.agent} wants to run {request.tool}: Approve, Deny or Always allow"
+        choices = ["Approve", "Deny"] + ["Always allow"] * request.grantable + ["Allow in this thread"] * \
+            request.thread_grantable
+        return f"{request.agent} wants to run {request.tool}: {', '.join(choices[:-1])} or {choices[-1]}"
     return f"{request.tool}: {by_mention(request.summary(), request.decided_by)}"
 
 
