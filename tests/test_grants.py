@@ -15,6 +15,10 @@ from typing import Any
 
 import pytest
 
+from bot.cli import main
+from bot.config.file import load_policies
+from bot.errors import SettingsError
+from bot.policy_check import flag_warnings
 from core.policies import Policy
 from tests.audit import audit_log
 from tests.bot_process import run_cli
@@ -96,6 +100,11 @@ async def test_allow_in_this_thread_covers_that_exact_call_in_that_thread_only(
     gateway = await _start(make_settings, start_gateway, tmp_path, bot_admins="UADMIN")
     thread, card = await _call(gateway, fake_slack, fake_llm, "uptime")
     assert card is not None and _buttons(card) == BOTH
+    for verdict in ("thread", "always"):  # someone who may not decide: told so, and nothing is granted
+        await gateway.interact(block_action(f"approval:{verdict}", _request_id(card), user="U9"))
+    await fake_slack.wait_for("chat.postEphemeral", 2)
+    assert all("can't approve" in told for told in fake_slack.ephemerals("U9"))
+    assert await gateway.app.approvals.store.grants(include_revoked=True) == []
     await _click(gateway, fake_slack, card, "thread")
     assert "Allowed in this thread by <@U1>" in json.dumps(fake_slack.of("chat.update")[-1].params["blocks"])
 
@@ -136,11 +145,12 @@ async def test_a_thread_grant_is_the_threads_own_sub_agents_included_and_one_age
     assert card is not None
     await _click(gateway, fake_slack, card, "thread")
     broker, session = gateway.app.approvals, f"slack:T1:C1:{thread}"
-    asked = {"agent": "default", "tool": "shell_run", "place": "slack:T1:C1", "args": {"command": "uptime"}}
+    asked: dict[str, Any] = {"agent": "default", "tool": "shell_run", "place": "slack:T1:C1",
+                             "args": {"command": "uptime"}}
     assert await broker.granted(**asked, session_id=session)
     assert await broker.granted(**asked, session_id=f"sub:{session}:1")  # a sub-agent's session of that thread
     assert not await broker.granted(**asked, session_id="slack:T1:C1:1.000001")  # another thread
-    assert not await broker.granted(**asked, session_id=f"sub:slack:T1:C1:1.000001:1")
+    assert not await broker.granted(**asked, session_id="sub:slack:T1:C1:1.000001:1")
     assert not await broker.granted(**asked)  # no conversation (e.g. a schedule's destination)
     assert not await broker.granted(**{**asked, "agent": "ops"}, session_id=session)  # another agent
     assert not await broker.granted(**{**asked, "place": "slack:T1:C2"}, session_id=session)
@@ -156,7 +166,7 @@ async def test_a_grant_ttl_rule_offers_both_grants_and_they_expire(
     settings = make_settings(bot_config=tmp_path / "bot.toml")
     gateway = await start_gateway(settings, clock=clock)
     _thread, card = await _call(gateway, fake_slack, fake_llm, "uptime")
-    assert card is not None and _buttons(card) == BOTH
+    assert card is not None and _buttons(card) == BOTH and "a grant lasts 1 hour" in json.dumps(card.params)
     granted_at = clock.now()
     await _click(gateway, fake_slack, card, "always")
     assert "Allowed here for 1 hour by <@U1>" in json.dumps(fake_slack.of("chat.update")[-1].params["blocks"])
@@ -170,7 +180,8 @@ async def test_a_grant_ttl_rule_offers_both_grants_and_they_expire(
     assert json.loads(created.detail or "{}")["expires_at"] == grant.expires_at.isoformat()
 
     # A grant made under the rule is that rule's only: not another rule's, nor the same rule once edited.
-    asked = {"agent": "default", "tool": "shell_run", "place": "slack:T1:C1", "args": {"command": "uptime"}}
+    asked: dict[str, Any] = {"agent": "default", "tool": "shell_run", "place": "slack:T1:C1",
+                             "args": {"command": "uptime"}}
     rule = gateway.app.approvals.policies.policies[0]
     assert await gateway.app.approvals.granted(**asked, policy=rule)
     assert not await gateway.app.approvals.granted(**asked)  # a call no rule decides
@@ -263,3 +274,32 @@ async def test_allow_in_this_thread_in_the_web_chat(gateway: GatewayClient, fake
     [grant] = await gateway.app.approvals.grants()
     assert grant.thread == f"web:{cid}" and grant.expires_at is None
     assert "Allow in this thread" in (Path(__file__).parent.parent / "channels/web/static/app.js").read_text()
+
+
+def test_grant_ttl_s_is_read_checked_and_told_by_the_dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bot.toml"
+    for text, problem in [('action = "allow"\ngrant_ttl_s = 60\n', "only apply to rules that ask"),
+                          ("grant_ttl_s = 0\n", "grant_ttl_s"), ("grant_ttl_s = 1e9\n", "grant_ttl_s")]:
+        path.write_text(f'[[policies]]\ntool = "shell_run"\n{text}')
+        with pytest.raises(SettingsError, match=problem):
+            load_policies(path)
+    path.write_text('[[policies]]\ntool = "shell_run"\nmatch = "uptime"\ngrant_ttl_s = 7200\n\n'
+                    '[[policies]]\ntool = "shell_run"\nmatch = "date"\n\n'
+                    '[[policies]]\ntool = "shell_run"\nmatch = "who"\napprovers = ["U1", "U2"]\nquorum = 2\n'
+                    'grant_ttl_s = 60\n')
+    first, _second, third = load_policies(path)
+    assert (first.grant_ttl_s, third.grant_ttl_s) == (7200, 60)
+    assert flag_warnings([third]) == ["rule 3 (ask 'shell_run' matching 'who') sets grant_ttl_s, but its quorum is 2: "
+                                      "its requests offer no grant (a grant stands for one person's decision), so "
+                                      "grant_ttl_s does nothing"]
+    monkeypatch.setenv("BOT_CONFIG", str(path))
+    monkeypatch.setenv("BOT_HOME", str(tmp_path / "home"))
+    told: dict[str, str] = {}
+    for command in ("uptime", "date", "who", "ls"):
+        assert main(["policies", "check", "shell_run", command]) == 0
+        told[command] = next(line for line in capsys.readouterr().out.splitlines() if "grants:" in line)
+    assert told["uptime"] == "  grants: Always allow (this channel) and Allow in this thread, each for 2 hours"
+    assert told["date"] == told["who"] == ("  grants: none (Always allow and Allow in this thread need grant_ttl_s "
+                                           "and quorum 1 on a rule)")
+    assert told["ls"] == "  grants: Always allow (this channel) and Allow in this thread, for good"

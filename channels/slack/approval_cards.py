@@ -11,6 +11,7 @@ from channels.slack.formatting import SLACK_MARKS, escape
 from channels.slack.payloads import slack_person
 from channels.slack.request_cards import Button, RequestCard, by_mention, card_blocks, context, outcome, section
 from core.display import arguments_text
+from core.grants import lasting
 from core.model import BUDGET_RISK, ApprovalInfo, ApprovalStatus
 from core.replies import asked_by
 
@@ -67,6 +68,8 @@ def approval_blocks(request: ApprovalInfo, *, attached: str | None = None,
         progress = request.progress()
         votes = f"{mention_all(escape(progress), request.approved_by)} · " if progress else ""
         answer = f"{votes}{asked_by_whom} · expires {_date(request.expires_at)}"
+        if request.grantable and request.grant_ttl_s is not None:  # a rule's grant: the approver should know
+            answer += f" · a grant lasts {lasting(request.grant_ttl_s)}"
     else:
         said = mention_all(by_mention(escape(request.summary()), request.decided_by), request.approved_by)
         answer = outcome(request, f"{said} · {asked_by_whom}")
