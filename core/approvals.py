@@ -74,7 +74,7 @@ class ApprovalBroker:
                 return GateDecision(True)
         if grants_cover(ruling.policy) and await self.granted(agent=ctx.agent, tool=tool.name, place=ctx.place,
                                                               args=args, session_id=ctx.session_id,
-                                                              policy=ruling.policy):
+                                                              policy=ruling.policy, not_by=_not_granting(ctx, ruling)):
             return GateDecision(True)
         if ctx.subagent:  # what would ask a person fails at once: nothing is parked, nothing is posted
             return GateDecision(False, f"error: `{tool.name}` needs a person's approval and {SUBAGENT_CANNOT_ASK}, "
@@ -118,17 +118,19 @@ class ApprovalBroker:
         return request
 
     async def granted(self, *, agent: str, tool: str, place: str | None, args: dict[str, Any],
-                      session_id: str | None = None, policy: Policy | None = None) -> bool:
+                      session_id: str | None = None, policy: Policy | None = None, not_by: tuple[str, ...] = ()
+                      ) -> bool:
         """Whether a live grant covers exactly this call here (same agent, tool, place, arguments): one for the
         place, or one for the conversation of ``session_id`` (a sub-agent's is its parent's), made under
-        ``policy`` (the rule deciding the call now; None: a call no rule decides)."""
+        ``policy`` (the rule deciding the call now; None: a call no rule decides), by someone not in ``not_by``
+        (a grant is its maker's decision: it never approves that person's own call where they may not)."""
         call = grant_call(tool, args)
         if call is None:
             return False
         thread = thread_of(session_id) if session_id else None
         key = rule_key(policy) if policy is not None else None
         return await self.store.grant_for(agent, tool, place, call, thread=thread, rule_key=key,
-                                          now=self.clock.now()) is not None
+                                          now=self.clock.now(), not_by=not_by) is not None
 
     async def wait(self, request: ApprovalInfo) -> ApprovalInfo:
         """Until it is settled (by anyone, in any process); returns it settled. Not a turn's wait:
@@ -401,6 +403,13 @@ def rule_key(policy: Policy) -> str:
     lasts, its place in the file). A grant is bound to it, so a grant never covers a call that another rule
     decides, nor one the same rule decides once it has been edited (stricter approvers, a shorter grant_ttl_s)."""
     return hashlib.sha256(repr(policy).encode()).hexdigest()[:32]
+
+
+def _not_granting(ctx: ToolContext, ruling: Ruling) -> tuple[str, ...]:
+    """Whose grants cannot cover this call: none today. Where self-approval is refused (issue 40.1), the turn's
+    senders (``ctx.senders``): a grant counts as its maker's one decision, never as their approval of their own
+    later call."""
+    return ()
 
 
 def _subject(tool: Tool, args: dict[str, Any]) -> str | None:

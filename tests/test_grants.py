@@ -20,6 +20,7 @@ from bot.config.file import load_policies
 from bot.errors import SettingsError
 from bot.policy_check import flag_warnings
 from core.policies import Policy
+from core.trust import NOT_ALLOWED
 from tests.audit import audit_log
 from tests.bot_process import run_cli
 from tests.conftest import GatewayClient
@@ -154,6 +155,9 @@ async def test_a_thread_grant_is_the_threads_own_sub_agents_included_and_one_age
     assert not await broker.granted(**asked)  # no conversation (e.g. a schedule's destination)
     assert not await broker.granted(**{**asked, "agent": "ops"}, session_id=session)  # another agent
     assert not await broker.granted(**{**asked, "place": "slack:T1:C2"}, session_id=session)
+    # A grant is its maker's one decision: where they may not approve their own call, it never does.
+    assert not await broker.granted(**asked, session_id=session, not_by=("U1",))
+    assert await broker.granted(**asked, session_id=session, not_by=("U2",))
     # Made under no rule: a call a rule decides never finds it (the rule's approvers are not skipped).
     assert not await broker.granted(**asked, session_id=session, policy=Policy("shell_run", grant_ttl_s=60))
 
@@ -303,3 +307,21 @@ def test_grant_ttl_s_is_read_checked_and_told_by_the_dry_run(tmp_path: Path, mon
     assert told["date"] == told["who"] == ("  grants: none (Always allow and Allow in this thread need grant_ttl_s "
                                            "and quorum 1 on a rule)")
     assert told["ls"] == "  grants: Always allow (this channel) and Allow in this thread, for good"
+
+
+async def test_a_grant_never_raises_a_turns_trust(
+    gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    """A member's thread grant does not let a guest's words in that thread run the call: refused before any grant
+    is looked at, and nobody is asked."""
+    fake_slack.people["UGUEST"] = {"is_restricted": True}
+    thread, card = await _call(gateway, fake_slack, fake_llm, "uptime")
+    assert card is not None
+    await _click(gateway, fake_slack, card, "thread")
+    cards = len(_cards(fake_slack))
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "uptime"})]), Reply("guest turn over"))
+    await gateway.send_event(mention("run uptime again", user="UGUEST", thread_ts=thread))
+    await _until(lambda: any(c.params.get("text") == "guest turn over" for c in fake_slack.posts()))
+    await gateway.idle()
+    told = [str(m["content"]) for m in fake_llm.requests[-1]["messages"] if m["role"] == "tool"][-1]
+    assert f"{NOT_ALLOWED} (guest)" in told and len(_cards(fake_slack)) == cards

@@ -152,21 +152,24 @@ class ApprovalStore:
     # -- grants ---------------------------------------------------------------------------------
 
     async def grant_for(self, agent: str, tool: str, place: str | None, call: str, *, thread: str | None = None,
-                        rule_key: str | None = None, now: datetime | None = None) -> GrantRow | None:
+                        rule_key: str | None = None, now: datetime | None = None,
+                        not_by: tuple[str, ...] = ()) -> GrantRow | None:
         """The active grant for exactly this call (its canonical arguments) here: one for the whole place, or
         for ``thread`` (the conversation asking, core.model.thread_of), made under the rule ``rule_key`` (None:
-        under no rule) and not expired at ``now`` (None: only grants that never expire). Equality only: a ``*``
-        in an approved command is a character, and a legacy pattern grant matches nothing."""
+        under no rule), not expired at ``now`` (None: only grants that never expire) and made by nobody in
+        ``not_by``. Equality only: a ``*`` in an approved command is a character, and a legacy pattern grant
+        matches nothing."""
         scope = col(GrantRow.thread).is_(None) if thread is None else or_(col(GrantRow.thread).is_(None),
                                                                           col(GrantRow.thread) == thread)
         rule = col(GrantRow.rule_key).is_(None) if rule_key is None else col(GrantRow.rule_key) == rule_key
         live = col(GrantRow.expires_at).is_(None) if now is None else or_(col(GrantRow.expires_at).is_(None),
                                                                           col(GrantRow.expires_at) > now)
+        makers = [col(GrantRow.created_by).not_in(not_by)] if not_by else []
         async with self.db.read() as s:
             return (await s.exec(select(GrantRow).where(
                 GrantRow.agent == agent, GrantRow.tool == tool, GrantRow.place == place,
                 GrantRow.call_text == call, col(GrantRow.call_text).is_not(None),
-                col(GrantRow.revoked_at).is_(None), scope, rule, live).order_by(col(GrantRow.id)))).first()
+                col(GrantRow.revoked_at).is_(None), scope, rule, live, *makers).order_by(col(GrantRow.id)))).first()
 
     async def grants(self, *, include_revoked: bool = False, place: str | None = None,
                      now: datetime | None = None) -> list[GrantRow]:
