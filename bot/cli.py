@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     deny = _command(verbs, "deny", "deny a pending request: the model is told, and the turn goes on")
     deny.add_argument("id", type=_id, help=request_id)
     deny.add_argument("--reason", default=None, help="why, told to the model (default: no reason)")
-    _command(verbs, "grants", "active \"Always allow\" grants, each with the exact call it covers")
+    _command(verbs, "grants", "every grant (Always allow, Allow in this thread): the exact call it covers, its "
+             "scope, expiry and whether it was revoked")
     _command(verbs, "revoke", "revoke a grant: that call needs approval again").add_argument(
         "id", type=_id, help="the grant's id (from `bot approvals grants`)")
     creds = _command(sub, "credentials", "stored credentials (values are never printed)")

@@ -118,12 +118,17 @@ async def approvals_command(args: argparse.Namespace) -> int:
             print(result.message)
             return 0
         if args.verb == "grants":
-            grants = await broker.grants()
+            grants = await broker.grants(every=True)  # revoked and expired ones too, marked: the record
             if not grants:
-                print("no active grants")
+                print("no grants")
+            now = broker.clock.now()
             for g in grants:  # each covers one exact call: printed whole
-                print(f"{g.id}\tagent {g.agent}\ttool {g.tool}\tplace {g.place or '-'}"
-                      f"\tby {g.created_by} at {g.created_at:%Y-%m-%d %H:%M} UTC\tcall {visible(g.describe())}")
+                where = f"thread {g.thread}" if g.thread is not None else f"place {g.place or '-'}"
+                revoked = f"revoked by {g.revoked_by} at {g.revoked_at:%Y-%m-%d %H:%M} UTC" if g.revoked_at else \
+                    "not revoked"
+                print(f"{g.id}\tagent {g.agent}\ttool {g.tool}\tscope {where}"
+                      f"\tby {g.created_by} at {g.created_at:%Y-%m-%d %H:%M} UTC\texpires {g.expiry(now)}"
+                      f"\t{revoked}\tcall {visible(g.describe())}")
             return 0
         if args.verb == "revoke":
             try:

@@ -14,6 +14,8 @@ from bot.config.file import load_policies
 from bot.errors import BotError
 from bot.settings import load_settings
 from bot.tools.http import header_problem
+from core.approvals import grants_cover
+from core.grants import lasting
 from core.policies import SHELL_TOOL, Policy, PolicyAction, PolicyBook
 from core.shell_syntax import simple_command
 from core.tools import Risk
@@ -86,9 +88,13 @@ def _admits(glob: str, head: str, rest: str, flag: str, *, first: bool) -> bool:
 
 
 def flag_warnings(policies: Iterable[Policy]) -> list[str]:
-    """One line per allow rule that would run a well-known program with a file-loading flag unasked."""
+    """One line per allow rule that would run a well-known program with a file-loading flag unasked, and per rule
+    whose grant_ttl_s offers nothing (a quorum: a grant stands for one person's decision, never several)."""
     lines = []
     for policy in policies:
+        if policy.grant_ttl_s is not None and policy.quorum > 1:
+            lines.append(f"{policy.describe()} sets grant_ttl_s, but its quorum is {policy.quorum}: its requests "
+                         "offer no grant (a grant stands for one person's decision), so grant_ttl_s does nothing")
         found = loading_flags(policy)
         if found is not None:
             program, flags = found
@@ -96,6 +102,14 @@ def flag_warnings(policies: Iterable[Policy]) -> list[str]:
                          "a file that an earlier, approved command may have left in the work folder: allow the exact "
                          "commands instead, or put a deny rule for those flags before it")
     return lines
+
+
+def grants_offered(policy: Policy | None) -> str:
+    """What a request asked under ``policy`` (None: no rule) offers besides Approve and Deny (core.grants)."""
+    if not grants_cover(policy):
+        return "none (Always allow and Allow in this thread need grant_ttl_s and quorum 1 on a rule)"
+    lasting_for = f"each for {lasting(policy.grant_ttl_s)}" if policy is not None and policy.grant_ttl_s else "for good"
+    return f"Always allow (this channel) and Allow in this thread, {lasting_for}"
 
 
 def call_arguments(tool: str, text: str) -> dict[str, Any]:
@@ -157,6 +171,7 @@ def check_command(tool: str, text: str, risk: str | None, headers: list[str] | N
         print(f"  asks: {who}; quorum {policy.quorum if policy else 1}; "
               f"notify {', '.join(policy.notify) if policy else 'thread'}; timeout "
               f"{f'{policy.timeout_s:g} s' if policy and policy.timeout_s else 'APPROVAL_TIMEOUT_S'}")
+        print(f"  grants: {grants_offered(policy)}")
     if not book.policies:
         print(f"  ({settings.bot_config} has no [[policies]])")
     for line in flag_warnings(book.policies):

@@ -9,6 +9,7 @@ all produce one outcome; every later attempt is told what already happened.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from datetime import datetime, timedelta
@@ -19,7 +20,8 @@ from core.approval_policy import ApprovalPolicy, DecideResult
 from core.clock import Clock
 from core.errors import NotAllowed, NotFound
 from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus
-from core.model import ApprovalInfo, ApprovalStatus
+from core.grants import GRANT_VERDICTS, GrantScope, GrantTerms
+from core.model import ApprovalInfo, ApprovalStatus, thread_of
 from core.people import Person
 from core.policies import Policy, PolicyAction, PolicyBook, Ruling
 from core.requests import PersonRequests
@@ -63,14 +65,17 @@ class ApprovalBroker:
             return refused
         if ruling.action is PolicyAction.ALLOW:
             return GateDecision(True)
-        # A firing's preapproved destination and an "Always allow" cover calls no rule decides: a rule's own
-        # approvers and quorum are never skipped.
+        # A firing's preapproved destination covers calls no rule decides: a rule's own approvers and quorum are
+        # never skipped. A grant covers them too, and a rule's calls when the rule itself offers grants (its
+        # grant_ttl_s, quorum 1): only one made under that very rule, until it expires.
         if ruling.policy is None:
             subject = _subject(tool, args)
             if subject is not None and (tool.name, subject) in ctx.preapproved:  # e.g. a firing's own destination
                 return GateDecision(True)
-            if await self.granted(agent=ctx.agent, tool=tool.name, place=ctx.place, args=args):
-                return GateDecision(True)
+        if grants_cover(ruling.policy) and await self.granted(agent=ctx.agent, tool=tool.name, place=ctx.place,
+                                                              args=args, session_id=ctx.session_id,
+                                                              policy=ruling.policy, not_by=_not_granting(ctx, ruling)):
+            return GateDecision(True)
         if ctx.subagent:  # what would ask a person fails at once: nothing is parked, nothing is posted
             return GateDecision(False, f"error: `{tool.name}` needs a person's approval and {SUBAGENT_CANNOT_ASK}, "
                                        "so it did not run")
@@ -104,16 +109,28 @@ class ApprovalBroker:
             escalate_to=json.dumps(list(policy.escalate_to)) if policy is not None and policy.escalate_to else None,
             remind_at=now + timedelta(seconds=remind) if remind is not None and remind < timeout.total_seconds()
             else None,
+            grant_ttl_s=policy.grant_ttl_s if policy is not None and grants_cover(policy) else None,
+            grant_rule_key=rule_key(policy) if policy is not None and grants_cover(policy) else None,
         ))
         log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
         deciders = self.policy.deciders(requester, approvers or self.agents.get(agent).approvers)
         self.requests.announce(ApprovalRequested(request.session, request, deciders))
         return request
 
-    async def granted(self, *, agent: str, tool: str, place: str | None, args: dict[str, Any]) -> bool:
-        """Whether an "Always allow" covers exactly this call here (same agent, tool, place, arguments)."""
+    async def granted(self, *, agent: str, tool: str, place: str | None, args: dict[str, Any],
+                      session_id: str | None = None, policy: Policy | None = None, not_by: tuple[str, ...] = ()
+                      ) -> bool:
+        """Whether a live grant covers exactly this call here (same agent, tool, place, arguments): one for the
+        place, or one for the conversation of ``session_id`` (a sub-agent's is its parent's), made under
+        ``policy`` (the rule deciding the call now; None: a call no rule decides), by someone not in ``not_by``
+        (a grant is its maker's decision: it never approves that person's own call where they may not)."""
         call = grant_call(tool, args)
-        return call is not None and await self.store.grant_for(agent, tool, place, call) is not None
+        if call is None:
+            return False
+        thread = thread_of(session_id) if session_id else None
+        key = rule_key(policy) if policy is not None else None
+        return await self.store.grant_for(agent, tool, place, call, thread=thread, rule_key=key,
+                                          now=self.clock.now(), not_by=not_by) is not None
 
     async def wait(self, request: ApprovalInfo) -> ApprovalInfo:
         """Until it is settled (by anyone, in any process); returns it settled. Not a turn's wait:
@@ -215,7 +232,8 @@ class ApprovalBroker:
 
     async def decide(self, request_id: int, verdict: str, by: str, reason: str | None = None, *,
                      operator: bool = False) -> DecideResult:
-        """A person's click (or an operator's override). ``verdict``: approve, deny or always."""
+        """A person's click (or an operator's override). ``verdict``: approve, deny, always (a grant for the place)
+        or thread (a grant for this conversation only)."""
         request = await self.store.get(request_id)
         if request is None:
             return DecideResult(False, None)
@@ -228,16 +246,31 @@ class ApprovalBroker:
         if request.quorum > 1 and not operator:  # one vote of several (an operator's word settles it)
             return await self._vote(request, verdict, by, reason)
         status = ApprovalStatus.DENIED if verdict == "deny" else ApprovalStatus.APPROVED
-        # A rule's request records no grant: it would let the call skip that rule's approvers from then on.
-        grantable = verdict == "always" and request.grantable
-        call = grant_call(request.tool, request.arguments) if grantable else None
+        # A rule's request records no grant unless the rule offers one (grant_ttl_s): it would let the call skip
+        # that rule's approvers from then on.
+        grant = self._grant_terms(request, verdict)
         won, settled = await self._settle(request_id, status, by=by,
-                                          reason=(reason or None) if verdict == "deny" else None, grant=call)
+                                          reason=(reason or None) if verdict == "deny" else None, grant=grant)
         if not won and not settled.settled:  # the settle refused it only because it has run out of time
             won_expiry, settled = await self.requests.end(request_id, ApprovalStatus.EXPIRED)
             log.info("approval %s: %s decided after its expiry; settled as expired", request_id, by)
             return DecideResult(False, settled, late=won_expiry)
         return DecideResult(won, settled)
+
+    def _grant_terms(self, request: ApprovalInfo, verdict: str) -> GrantTerms | None:
+        """The grant an "Always allow" or "Allow in this thread" records on ``request``, if it offers that one
+        (else the click is a plain approval). It lasts the rule's grant_ttl_s from now (no rule: for good)."""
+        scope = GRANT_VERDICTS.get(verdict)
+        if scope is None or not request.grantable or (scope is GrantScope.THREAD and not request.thread_grantable):
+            return None
+        call = grant_call(request.tool, request.arguments)
+        if call is None:
+            return None
+        ttl = request.grant_ttl_s
+        return GrantTerms(call=call, scope=scope,
+                          thread=thread_of(request.session.id) if scope is GrantScope.THREAD else None,
+                          expires_at=self.clock.now() + timedelta(seconds=ttl) if ttl is not None else None,
+                          rule=request.policy, rule_key=request.grant_rule_key)
 
     async def _vote(self, request: ApprovalInfo, verdict: str, by: str, reason: str | None) -> DecideResult:
         """Distinct approvers count; one Deny settles it denied. "Always allow" counts as an approval and
@@ -279,12 +312,15 @@ class ApprovalBroker:
     async def recent(self, session_id: str) -> list[ApprovalInfo]:
         return await self.requests.recent(session_id)
 
-    async def grants(self, *, place: str | None = None, viewer: Person | None = None) -> list[GrantView]:
-        """Active grants; who sees which as for ``pending``."""
+    async def grants(self, *, place: str | None = None, viewer: Person | None = None,
+                     every: bool = False) -> list[GrantView]:
+        """Active grants (not revoked, not expired); who sees which as for ``pending``. ``every``: revoked and
+        expired ones too (an operator's listing)."""
+        now = None if every else self.clock.now()
         if viewer is not None and not self.policy.is_admin(viewer.user, channel=viewer.channel):
-            rows = await self.store.grants(place=place) if place else []
+            rows = await self.store.grants(place=place, now=now, include_revoked=every) if place else []
         else:
-            rows = await self.store.grants()
+            rows = await self.store.grants(now=now, include_revoked=every)
         return [grant_view(g) for g in rows]
 
     async def revoke_grant(self, grant_id: int, by: str, *, channel: str | None, operator: bool = False) -> str:
@@ -308,10 +344,10 @@ class ApprovalBroker:
                                                                     request.session.place))
 
     async def _settle(self, request_id: int, status: str, *, by: str | None, reason: str | None,
-                      grant: str | None = None) -> tuple[bool, ApprovalInfo]:
+                      grant: GrantTerms | None = None) -> tuple[bool, ApprovalInfo]:
         """A person's decision, if still pending and not expired; returns whether this call settled it, and
-        the request as it stands. ``grant``: the exact call an "Always allow" records."""
-        won, request = await self.store.settle(request_id, status, by=by, reason=reason, grant_call=grant,
+        the request as it stands. ``grant``: what an "Always allow" or "Allow in this thread" records."""
+        won, request = await self.store.settle(request_id, status, by=by, reason=reason, grant=grant,
                                                now=self.clock.now())
         assert request is not None
         if won:
@@ -351,7 +387,29 @@ def grant_call(tool: str, args: dict[str, Any]) -> str | None:
 def grant_view(grant: GrantRow) -> GrantView:
     assert grant.id is not None
     return GrantView(id=grant.id, agent=grant.agent, tool=grant.tool, place=grant.place, created_by=grant.created_by,
-                     created_at=grant.created_at, call_text=grant.call_text)
+                     created_at=grant.created_at, call_text=grant.call_text, thread=grant.thread,
+                     expires_at=grant.expires_at, revoked_by=grant.revoked_by, revoked_at=grant.revoked_at,
+                     rule=grant.rule)
+
+
+def grants_cover(policy: Policy | None) -> bool:
+    """Whether grants may cover a call this rule decides (None: a call no rule decides, always). A rule offers
+    grants only with grant_ttl_s and quorum 1: a grant stands for one person's decision, never for a quorum."""
+    return policy is None or (policy.grant_ttl_s is not None and policy.quorum <= 1)
+
+
+def rule_key(policy: Policy) -> str:
+    """The rule's fingerprint: every field of it (what it matches, who approves, how many, how long a grant
+    lasts, its place in the file). A grant is bound to it, so a grant never covers a call that another rule
+    decides, nor one the same rule decides once it has been edited (stricter approvers, a shorter grant_ttl_s)."""
+    return hashlib.sha256(repr(policy).encode()).hexdigest()[:32]
+
+
+def _not_granting(ctx: ToolContext, ruling: Ruling) -> tuple[str, ...]:
+    """Whose grants cannot cover this call: none today. Where self-approval is refused (issue 40.1), the turn's
+    senders (``ctx.senders``): a grant counts as its maker's one decision, never as their approval of their own
+    later call."""
+    return ()
 
 
 def _subject(tool: Tool, args: dict[str, Any]) -> str | None:

@@ -148,8 +148,12 @@ class Commands:
         lines += [f"• #{p.id} {marks.code(p.tool)} — {asked_by(p, marks)}, expires {p.expires_at:%H:%M} UTC"
                   for p in pending[:20]]
         lines.append(f"{marks.bold(f'Always-allow grants{where}:')} {len(grants)} (each covers one exact call)")
+        now = self.approvals.clock.now()
         lines += [f"• {g.id}: agent {marks.code(g.agent)} may run {marks.code(g.tool)}"
-                  + (f" in {marks.place(g.place)}" if g.place else "") + f" (by {marks.user(g.created_by)}), exactly:"
+                  + (" in one thread" if g.thread is not None else "")
+                  + (f"{' of' if g.thread is not None else ' in'} {marks.place(g.place)}" if g.place else "")
+                  + f" (by {marks.user(g.created_by)})"
+                  + (f", until {g.expiry(now)}" if g.expires_at is not None else "") + ", exactly:"
                   + listed_call(g.describe(), marks) for g in grants[:30]]
         if grants:
             lines.append(f"Revoke one with `{command.name} approvals revoke <id>` (admins).")

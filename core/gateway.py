@@ -43,7 +43,7 @@ from core.views import ConnectionView, GrantView, ScheduleView
 __all__ = ["AcceptOutcome", "Accepted", "CallbackResult", "Command", "DecideResult", "FeedbackResult", "Gateway",
            "Marks", "Opened", "Preview", "ProvideResult", "Status", "StopReport"]
 
-VERDICTS = ("approve", "deny", "always")
+VERDICTS = ("approve", "deny", "always", "thread")  # thread: Allow in this thread
 REASON_MAX = 500  # characters of a deny reason (the model reads it)
 
 
@@ -119,11 +119,11 @@ class Gateway:
 
     async def decide(self, request_id: int, verdict: object, by: str, reason: object = None, *,
                      channel: str) -> DecideResult:
-        """A person's Approve / Deny / Always allow (``verdict`` and ``reason`` as they arrived: checked
-        here). ``by`` is a person of ``channel``, where only that channel's requests exist (NotFound, as for an
-        unknown id): so the broker judges them as a person of the request's channel."""
+        """A person's Approve / Deny / Always allow / Allow in this thread (``verdict`` and ``reason`` as they
+        arrived: checked here). ``by`` is a person of ``channel``, where only that channel's requests exist
+        (NotFound, as for an unknown id): so the broker judges them as a person of the request's channel."""
         if not isinstance(verdict, str) or verdict not in VERDICTS:
-            raise InvalidInput("verdict must be approve, deny or always")
+            raise InvalidInput("verdict must be approve, deny, always or thread")
         if reason is not None and (not isinstance(reason, str) or len(reason) > REASON_MAX):
             raise InvalidInput(f"reason must be text of at most {REASON_MAX} characters")
         _owned(await self._approvals.get(request_id), channel, "approval request")

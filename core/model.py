@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from core.grants import granted_label
+
 # Session ids in these namespaces are minted by core only (scheduled firings, sub-agents, events).
 SUBAGENT_PREFIX = "sub:"  # a sub-agent's session: sub:<parent session>:<n> (core.subagents)
 # An event source's conversations (event:<source>:<key digest>) and its sender (event:<source>): nobody's words,
@@ -234,6 +236,11 @@ class ApprovalInfo:
     notify: tuple[str, ...] = ("thread",)  # where it is shown: the thread, and each approver's DM ("dm")
     remind_at: datetime | None = None  # when the approvers are reminded (a rule's remind_after_s)
     reminded: bool = False
+    # Its rule's grant_ttl_s: a grant made on it lasts that long (core.grants); None: never, or (a rule that sets
+    # none) no grant is offered.
+    grant_ttl_s: float | None = None
+    grant_scope: str | None = None  # the grant its approval recorded: place (Always allow) or thread
+    grant_rule_key: str | None = None  # the fingerprint of the rule that asked, which its grant is bound to
 
     @property
     def settled(self) -> bool:
@@ -241,9 +248,16 @@ class ApprovalInfo:
 
     @property
     def grantable(self) -> bool:
-        """Whether "Always allow" is offered: not for a request a policy rule asked (a standing grant would
-        skip its approvers and quorum from then on)."""
-        return self.policy is None and self.quorum <= 1 and self.risk != BUDGET_RISK
+        """Whether "Always allow" and "Allow in this thread" are offered: for a call no rule decides, or one a
+        rule with ``grant_ttl_s`` asks; never past a quorum (a grant would let one person stand for several
+        from then on), and never for a rule without ``grant_ttl_s`` (it would skip its approvers for good)."""
+        by_rule = self.policy is None or self.grant_ttl_s is not None
+        return by_rule and self.quorum <= 1 and self.risk != BUDGET_RISK
+
+    @property
+    def thread_grantable(self) -> bool:
+        """Whether "Allow in this thread" is offered: a turn's call (a schedule's destination has no thread)."""
+        return self.grantable and self.turn_id is not None
 
     def progress(self) -> str | None:
         """"1 of 2 — U1" while a request that needs several approvers waits; None otherwise."""
@@ -258,7 +272,7 @@ class ApprovalInfo:
         if self.status == ApprovalStatus.APPROVED:
             if len(self.approved_by) > 1:
                 who = " and ".join([", ".join(self.approved_by[:-1]), self.approved_by[-1]])
-            return f"{'Always allowed' if self.always else 'Approved'} by {who}"
+            return f"{granted_label(self.grant_scope, self.grant_ttl_s) if self.always else 'Approved'} by {who}"
         if self.status == ApprovalStatus.DENIED:
             return f"Denied by {who}" + (f": {self.reason}" if self.reason else "")
         if self.status == ApprovalStatus.EXPIRED:

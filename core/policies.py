@@ -61,6 +61,9 @@ class Policy:
     trust: tuple[str, ...] = ()  # empty: every sender
     headers: tuple[str, ...] = ()  # globs over one header's "Name: value" (http_request); empty: names none
     body: str | None = None  # a glob over the request body (http_request); None: names none
+    # Offers Always allow / Allow in this thread on the rule's requests (quorum 1 only), each grant lasting this long
+    # and covering later calls under this same rule (core.grants); None: the rule's requests record no grant.
+    grant_ttl_s: float | None = None
 
     def describe(self) -> str:
         where = f" matching {self.match!r}" if self.match is not None else ""

@@ -36,7 +36,8 @@ class ScheduleView:
 
 @dataclass(frozen=True)
 class GrantView:
-    """An "Always allow": this agent may run exactly this call at this place again."""
+    """An "Always allow" (this agent may run exactly this call at this place again) or an "Allow in this thread"
+    (...in that one conversation there), for good or until ``expires_at``."""
 
     id: int
     agent: str
@@ -45,6 +46,23 @@ class GrantView:
     created_by: str
     created_at: datetime
     call_text: str | None  # the exact canonical call it covers (what ``describe`` renders)
+    thread: str | None = None  # the conversation it holds in; None: the whole place
+    expires_at: datetime | None = None  # None: never
+    revoked_by: str | None = None
+    revoked_at: datetime | None = None
+    rule: str | None = None  # the [[policies]] rule it was made under; None: a call no rule decides
+
+    @property
+    def scope(self) -> str:
+        """"place" (Always allow) or "thread" (Allow in this thread): core.grants.GrantScope."""
+        return "thread" if self.thread is not None else "place"
+
+    def expiry(self, now: datetime) -> str:
+        """When it stops covering the call: "never", "2026-12-05 13:00 UTC", or "expired 2026-12-05 13:00 UTC"."""
+        if self.expires_at is None:
+            return "never"
+        when = f"{self.expires_at:%Y-%m-%d %H:%M} UTC"
+        return f"expired {when}" if self.expires_at <= now else when
 
     def describe(self) -> str:
         """The exact call a grant covers, as a person reads it (e.g. the command, then any other argument)."""

@@ -11,6 +11,7 @@ from channels.slack.formatting import SLACK_MARKS, escape
 from channels.slack.payloads import slack_person
 from channels.slack.request_cards import Button, RequestCard, by_mention, card_blocks, context, outcome, section
 from core.display import arguments_text
+from core.grants import lasting
 from core.model import BUDGET_RISK, ApprovalInfo, ApprovalStatus
 from core.replies import asked_by
 
@@ -67,12 +68,16 @@ def approval_blocks(request: ApprovalInfo, *, attached: str | None = None,
         progress = request.progress()
         votes = f"{mention_all(escape(progress), request.approved_by)} · " if progress else ""
         answer = f"{votes}{asked_by_whom} · expires {_date(request.expires_at)}"
+        if request.grantable and request.grant_ttl_s is not None:  # a rule's grant: the approver should know
+            answer += f" · a grant lasts {lasting(request.grant_ttl_s)}"
     else:
         said = mention_all(by_mention(escape(request.summary()), request.decided_by), request.approved_by)
         answer = outcome(request, f"{said} · {asked_by_whom}")
     buttons = [Button("Approve", "approval:approve", "primary"), Button("Deny", "approval:deny", "danger")]
-    if request.grantable:  # a rule's request: a standing grant would let the call skip the rule from then on
+    if request.grantable:  # a rule's request only with grant_ttl_s: a grant would skip the rule from then on
         buttons.append(Button("Always allow", "approval:always"))
+    if request.thread_grantable:
+        buttons.append(Button("Allow in this thread", "approval:thread"))
     return card_blocks(RequestCard("approval", request.id, asked, pending, answer, tuple(buttons)))
 
 
@@ -96,7 +101,9 @@ def fallback_text(request: ApprovalInfo) -> str:
     if request.risk == BUDGET_RISK:
         return "This thread used its token budget: Continue or Stop"
     if request.status == ApprovalStatus.PENDING:
-        return f"{request.agent} wants to run {request.tool}: Approve, Deny or Always allow"
+        choices = ["Approve", "Deny"] + ["Always allow"] * request.grantable + ["Allow in this thread"] * \
+            request.thread_grantable
+        return f"{request.agent} wants to run {request.tool}: {', '.join(choices[:-1])} or {choices[-1]}"
     return f"{request.tool}: {by_mention(request.summary(), request.decided_by)}"
 
 

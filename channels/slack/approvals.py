@@ -38,7 +38,7 @@ from core.model import ApprovalInfo
 
 log = logging.getLogger(__name__)
 
-ACTION = re.compile(r"^approval:(approve|deny|always|stop)$")
+ACTION = re.compile(r"^approval:(approve|deny|always|thread|stop)$")
 _MAX_DM_CARDS = 25  # a group of hundreds is asked in the thread, not by hundreds of DMs
 _TOO_BIG = {"invalid_blocks", "msg_too_long", "too_many_blocks", "msg_blocks_too_long"}
 

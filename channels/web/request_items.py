@@ -18,6 +18,7 @@ def request_item(request: PersonRequest, asked_at: str, **own: Any) -> dict[str,
 def approval_item(a: ApprovalInfo) -> dict[str, Any]:
     return request_item(a, a.parked_at.isoformat(), tool=a.tool, arguments=a.arguments, requester=a.requester,
                         quorum=a.quorum, progress=a.progress(), grantable=a.grantable, risk=a.risk,
+                        thread_grantable=a.thread_grantable, grant_ttl_s=a.grant_ttl_s,
                         reminded=a.reminded)
 
 

@@ -10,6 +10,7 @@ from sqlalchemy import or_, update
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from core.grants import GrantScope, GrantTerms
 from core.model import ApprovalInfo, ApprovalStatus, InputStatus, SessionStatus
 from core.store.database import Database
 from core.store.requests import RequestRows
@@ -38,15 +39,16 @@ class ApprovalStore:
 
     async def settle(
         self, request_id: int, status: str, *, by: str | None, reason: str | None, now: datetime,
-        grant_call: str | None = None,
+        grant_call: str | None = None, grant: GrantTerms | None = None,
     ) -> tuple[bool, ApprovalInfo | None]:
         """Settle once: only a pending request changes, and a decision (approve, deny) only before it
-        expires. Returns (won, the request as it now stands). An approval with ``grant_call`` (the
-        exact call, from "Always allow") records its grant, and every outcome its audit line, in the
-        same commit."""
+        expires. Returns (won, the request as it now stands). An approval with ``grant`` (the exact call,
+        where and until when: "Always allow", "Allow in this thread"; ``grant_call`` alone: the call at its
+        place, for good) records its grant, and every outcome its audit line, in the same commit."""
+        if grant is None and grant_call is not None:
+            grant = GrantTerms(call=grant_call, scope=GrantScope.PLACE, thread=None, expires_at=None)
         async with self.db.write() as s:
-            won, row = await self._settle_in(s, request_id, status, by=by, reason=reason, now=now,
-                                             grant_call=grant_call)
+            won, row = await self._settle_in(s, request_id, status, by=by, reason=reason, now=now, grant=grant)
             return won, (await _info(s, row) if row is not None else None)
 
     async def vote(self, request_id: int, voter: str, verdict: str, *, reason: str | None,
@@ -130,39 +132,55 @@ class ApprovalStore:
         return await self.requests.recent(session_id, limit)
 
     async def _settle_in(self, s: AsyncSession, request_id: int, status: str, *, by: str | None,
-                         reason: str | None, now: datetime, grant_call: str | None = None
+                         reason: str | None, now: datetime, grant: GrantTerms | None = None
                          ) -> tuple[bool, ApprovalRow | None]:
-        always = grant_call is not None and status == ApprovalStatus.APPROVED
+        always = grant is not None and status == ApprovalStatus.APPROVED
         decision = status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED)  # expiry and cancel settle regardless
         won, row = await self.requests.settle_in(
-            s, request_id, {"status": status, "decided_by": by, "decided_at": now, "reason": reason, "always": always},
+            s, request_id, {"status": status, "decided_by": by, "decided_at": now, "reason": reason, "always": always,
+                            "grant_scope": grant.scope.value if always and grant is not None else None},
             before=now if decision else None)
         if won and row is not None:
-            if always:  # never a pattern: the one call that was approved, at its place
-                s.add(GrantRow(agent=row.agent, tool=row.tool, place=row.place, call_text=grant_call,
-                               created_by=by or "operator", created_at=now))
             # Expired and denied stay apart here (and in the metrics): an expiry is nobody's decision.
             s.add(audit_row(now, by or "system", f"approval.{status}", f"approval:{row.id}",
                             {"tool": row.tool, "session": row.session_id, "place": row.place, "reason": reason,
                              "always": always, "policy": row.policy}))
+            if always and grant is not None:
+                await _record_grant(s, row, grant, by=by, now=now)
         return won, row
 
     # -- grants ---------------------------------------------------------------------------------
 
-    async def grant_for(self, agent: str, tool: str, place: str | None, call: str) -> GrantRow | None:
-        """The active grant for exactly this call (its canonical arguments) here. Equality only: a
-        ``*`` in an approved command is a character, and a legacy pattern grant matches nothing."""
+    async def grant_for(self, agent: str, tool: str, place: str | None, call: str, *, thread: str | None = None,
+                        rule_key: str | None = None, now: datetime | None = None,
+                        not_by: tuple[str, ...] = ()) -> GrantRow | None:
+        """The active grant for exactly this call (its canonical arguments) here: one for the whole place, or
+        for ``thread`` (the conversation asking, core.model.thread_of), made under the rule ``rule_key`` (None:
+        under no rule), not expired at ``now`` (None: only grants that never expire) and made by nobody in
+        ``not_by``. Equality only: a ``*`` in an approved command is a character, and a legacy pattern grant
+        matches nothing."""
+        scope = col(GrantRow.thread).is_(None) if thread is None else or_(col(GrantRow.thread).is_(None),
+                                                                          col(GrantRow.thread) == thread)
+        rule = col(GrantRow.rule_key).is_(None) if rule_key is None else col(GrantRow.rule_key) == rule_key
+        live = col(GrantRow.expires_at).is_(None) if now is None else or_(col(GrantRow.expires_at).is_(None),
+                                                                          col(GrantRow.expires_at) > now)
+        makers = [col(GrantRow.created_by).not_in(not_by)] if not_by else []
         async with self.db.read() as s:
             return (await s.exec(select(GrantRow).where(
                 GrantRow.agent == agent, GrantRow.tool == tool, GrantRow.place == place,
                 GrantRow.call_text == call, col(GrantRow.call_text).is_not(None),
-                col(GrantRow.revoked_at).is_(None)).order_by(col(GrantRow.id)))).first()
+                col(GrantRow.revoked_at).is_(None), scope, rule, live, *makers).order_by(col(GrantRow.id)))).first()
 
-    async def grants(self, *, include_revoked: bool = False, place: str | None = None) -> list[GrantRow]:
+    async def grants(self, *, include_revoked: bool = False, place: str | None = None,
+                     now: datetime | None = None) -> list[GrantRow]:
+        """Grants by id; without ``include_revoked`` only those not revoked, and with ``now`` only those not
+        expired then."""
         async with self.db.read() as s:
             query = select(GrantRow)
             if not include_revoked:
                 query = query.where(col(GrantRow.revoked_at).is_(None))
+            if now is not None:
+                query = query.where(or_(col(GrantRow.expires_at).is_(None), col(GrantRow.expires_at) > now))
             if place is not None:
                 query = query.where(GrantRow.place == place)
             return list((await s.exec(query.order_by(col(GrantRow.id)))).all())
@@ -187,6 +205,21 @@ class ApprovalStore:
             if until is not None:
                 query = query.where(col(AuditRow.at) < until)
             return list((await s.exec(query.order_by(col(AuditRow.at), col(AuditRow.id)))).all())
+
+
+async def _record_grant(s: AsyncSession, row: ApprovalRow, grant: GrantTerms, *, by: str | None,
+                        now: datetime) -> None:
+    """The grant an approval made, and its audit line (where it holds, until when, under which rule). Never a
+    pattern: the one call that was approved, at its place or in its thread."""
+    record = GrantRow(agent=row.agent, tool=row.tool, place=row.place, call_text=grant.call,
+                      created_by=by or "operator", created_at=now, thread=grant.thread,
+                      expires_at=grant.expires_at, rule=grant.rule, rule_key=grant.rule_key)
+    s.add(record)
+    await s.flush()
+    s.add(audit_row(now, by or "operator", "grant.created", f"grant:{record.id}",
+                    {"approval": row.id, "agent": row.agent, "tool": row.tool, "place": row.place,
+                     "scope": grant.scope.value, "thread": grant.thread,
+                     "expires_at": grant.expires_at.isoformat() if grant.expires_at else None, "rule": grant.rule}))
 
 
 async def _approvals_of(s: AsyncSession, request_id: int) -> list[str]:
@@ -214,5 +247,6 @@ async def _info(s: AsyncSession, row: ApprovalRow) -> ApprovalInfo:
         approvers=tuple(json.loads(row.approvers)) if row.approvers else (), quorum=row.quorum, policy=row.policy,
         approved_by=tuple(await _approvals_of(s, row.id)) if row.quorum > 1 else (), risk=row.risk,
         notify=tuple(json.loads(row.notify)) if row.notify else ("thread",), remind_at=row.remind_at,
-        reminded=row.reminded_at is not None,
+        reminded=row.reminded_at is not None, grant_ttl_s=row.grant_ttl_s, grant_scope=row.grant_scope,
+        grant_rule_key=row.grant_rule_key,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, Text, UniqueConstraint, false, text
+from sqlalchemy import BigInteger, Boolean, Column, Float, Index, Integer, Text, UniqueConstraint, false, text
 from sqlmodel import Field, SQLModel
 
 from core.store.columns import UTCDateTime, timestamp
@@ -167,6 +167,11 @@ class ApprovalRow(SQLModel, table=True):
     escalate_to: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # JSON: who joins
     remind_at: datetime | None = timestamp(nullable=True)  # approvers are reminded then (and escalate_to join)
     reminded_at: datetime | None = timestamp(nullable=True)  # ...once: set by whoever reminded them
+    # Grants (core.grants): how long one made on this request lasts (its rule's grant_ttl_s; None: never expires, or
+    # the rule grants nothing), the fingerprint of the rule it is bound to, and which grant the decision recorded.
+    grant_ttl_s: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
+    grant_rule_key: str | None = Field(default=None, max_length=64)
+    grant_scope: str | None = Field(default=None, max_length=16)  # place (Always allow), thread
 
 
 class ApprovalVoteRow(SQLModel, table=True):
@@ -201,6 +206,11 @@ class GrantRow(SQLModel, table=True):
     created_at: datetime = timestamp()
     revoked_by: str | None = Field(default=None, max_length=64)
     revoked_at: datetime | None = timestamp(nullable=True)
+    # Allow in this thread: the conversation (core.model.thread_of) it holds in; None: the whole place.
+    thread: str | None = Field(default=None, max_length=255)
+    expires_at: datetime | None = timestamp(nullable=True)  # None: never (a call no rule decides)
+    rule: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # the rule it was made under
+    rule_key: str | None = Field(default=None, max_length=64)  # ...its fingerprint: lookups match this exactly
 
 
 class AuditRow(SQLModel, table=True):

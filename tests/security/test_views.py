@@ -25,9 +25,11 @@ def _fields(view: type) -> set[str]:
 
 
 def test_views_carry_only_what_their_listings_show() -> None:
-    # A grant: who may run which exact call where, and who allowed it; never a revoked grant's old
-    # pattern, nor who revoked what (a listing shows active grants only).
-    assert _fields(GrantView) == {"id", "agent", "tool", "place", "created_by", "created_at", "call_text"}
+    # A grant: who may run which exact call where (the place, or one thread of it), until when, under which rule,
+    # and who allowed it; never a revoked grant's old pattern. Who revoked it is only ever filled in for the
+    # operator's listing of every grant (`bot approvals grants`): a channel's listing shows active grants only.
+    assert _fields(GrantView) == {"id", "agent", "tool", "place", "created_by", "created_at", "call_text", "thread",
+                                  "expires_at", "revoked_by", "revoked_at", "rule"}
     # A schedule: no destination id, origin session or approval id (core's bookkeeping).
     assert _fields(ScheduleView) == {"id", "prompt", "trigger", "destination", "creator", "status", "firings",
                                      "failures", "last_outcome"}

@@ -140,7 +140,8 @@ function approvalElement(a) {
   const budget = a.risk === "budget";  // a thread's token budget used up: Continue or Stop
   if (budget) el.querySelector("p").innerHTML = `<strong>Token budget used:</strong> ${escapeHtml(String(a.arguments.used))} of ${escapeHtml(String(a.arguments.budget))} tokens. Continue with ${escapeHtml(String(a.arguments.more))} more, or stop this turn.`;
   const choices = budget ? [["Continue", "approve", ""], ["Stop", "stop", "danger"]] : [["Approve", "approve", ""], ["Deny", "deny", "danger"]];
-  if (a.grantable) choices.push(["Always allow", "always", "secondary"]);  // not for a rule's request
+  if (a.grantable) choices.push(["Always allow", "always", "secondary"]);  // a rule's request only with grant_ttl_s
+  if (a.thread_grantable) choices.push(["Allow in this thread", "thread", "secondary"]);  // this conversation only
   for (const [label, verdict, cls] of choices) {
     const button = document.createElement("button");
     button.type = "button";
