@@ -22,6 +22,7 @@ from typing import Any
 import httpx2
 import pagerduty
 
+from bot.config.table import loopback
 from bot.errors import SettingsError
 from bot.settings import Settings
 from core.agents import Agent
@@ -63,11 +64,17 @@ class _CappedStream(httpx2.SyncByteStream):
 
 
 class _CappedTransport(httpx2.BaseTransport):
-    def __init__(self, limit: int) -> None:
+    """Every answer read up to ``limit`` bytes. ``plain``: the client's https URL is served over plain http (the
+    client takes https only; settings allow plain http to this machine only, for a fake server in tests)."""
+
+    def __init__(self, limit: int, *, plain: bool = False) -> None:
         self._inner = httpx2.HTTPTransport()
         self._limit = limit
+        self._plain = plain
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        if self._plain and request.url.host and loopback(request.url.host):
+            request.url = request.url.copy_with(scheme="http")
         response = self._inner.handle_request(request)
         assert isinstance(response.stream, httpx2.SyncByteStream)
         return httpx2.Response(response.status_code, headers=response.headers, request=request,
@@ -79,11 +86,14 @@ class _CappedTransport(httpx2.BaseTransport):
 
 def pagerduty_client(token: str, api_url: str, *, timeout_s: float = TIMEOUT_S) -> pagerduty.RestApiV2Client:
     """The maintained client, made for a person who waits: one attempt per read, a 429 retried once, quickly."""
-    client = pagerduty.RestApiV2Client(token, base_url=api_url, transport=_CappedTransport(MAX_BODY_BYTES))
-    client.timeout = timeout_s
+    plain = api_url.startswith("http://")
+    base_url = "https://" + api_url.removeprefix("http://") if plain else api_url
+    client = pagerduty.RestApiV2Client(token, base_url=base_url,
+                                       transport=_CappedTransport(MAX_BODY_BYTES, plain=plain))
+    client.timeout = timeout_s  # type: ignore[assignment]  # annotated int upstream; httpx2 takes a float
     client.max_network_attempts = 0  # a network error fails the read at once (the request falls back)
     client.retry[429] = 1
-    client.sleep_timer = 0.25  # type: ignore[assignment]  # annotated int upstream; time.sleep takes a float
+    client.sleep_timer = 0.25
     return client
 
 

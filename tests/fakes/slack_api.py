@@ -322,10 +322,10 @@ class FakeSlack(FakeSlackOAuth):
             record.update(self.people.get(user) or {})
             return {"ok": True, "user": record}
         if method == "users.lookupByEmail":
-            found = self.emails.get(str(params.get("email")).lower())
-            if found is None:
+            user_id = self.emails.get(str(params.get("email")).lower())
+            if user_id is None:
                 return {"ok": False, "error": "users_not_found"}
-            return self._answer("users.info", {"user": found})
+            return self._answer("users.info", {"user": user_id})
         if method == "assistant.threads.setStatus":
             return {"ok": True} if self.status_supported else {"ok": False, "error": "missing_scope"}
         if method == "chat.delete":
