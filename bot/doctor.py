@@ -30,6 +30,7 @@ async def run_doctor() -> int:
     checks += _skills(settings)
     checks += await _mcp_servers(settings)
     checks += await _event_sources(settings)
+    checks += await _oncall(settings)
     context = doctor_context(settings)
     for plugin in installed_channels():
         checks += await plugin.checks(settings.channels[plugin.name], context)
@@ -309,6 +310,21 @@ def _connections(settings: Settings, specs: list[Any]) -> Check:
         return Check("connections", True, detail, "set BOT_PUBLIC_URL (the address people's browsers reach the bot "
                      "at): without it only a browser on this machine can finish connecting", warning=True)
     return Check("connections", True, detail)
+
+
+async def _oncall(settings: Settings) -> list[Check]:
+    """``oncall:`` approvers: PagerDuty takes PAGERDUTY_TOKEN (bot.oncall)."""
+    from bot.config.file import load_config
+    from bot.oncall import oncall_check
+
+    try:
+        toml = load_config(settings.bot_config) if settings.bot_config.exists() else None
+        agents = toml.agent_list(settings.bot_instructions) if toml is not None else []
+        policies = toml.policy_list() if toml is not None else []
+    except BotError:
+        return []  # said by the bot.toml check
+    check = await oncall_check(settings, agents, policies)
+    return [check] if check is not None else []
 
 
 def _approvers(settings: Settings) -> list[Check]:

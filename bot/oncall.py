@@ -26,9 +26,10 @@ from bot.config.table import loopback
 from bot.errors import SettingsError
 from bot.settings import Settings
 from core.agents import Agent
-from core.clock import Clock
+from core.clock import Clock, SystemClock
 from core.oncall import MAX_ON_CALL, SCHEDULE_ID, EmailDirectory, RotaUnavailable, names_oncall
 from core.people import person
+from core.plugins import Check
 from core.policies import Policy
 from core.ports import Ports
 
@@ -242,3 +243,23 @@ def on_call_rota(settings: Settings, agents: Iterable[Agent], policies: Iterable
         return [port for port in ports.all() if isinstance(port, EmailDirectory)]
 
     return PagerDutyRota(pagerduty_client(settings.pagerduty_token, settings.pagerduty_api_url), directories, clock)
+
+
+async def oncall_check(settings: Settings, agents: Iterable[Agent], policies: Iterable[Policy]) -> Check | None:
+    """``bot doctor``: when approvers name a rota, whether PagerDuty takes PAGERDUTY_TOKEN (None: no rota named)."""
+    agents, policies = list(agents), list(policies)
+    if not uses_oncall(settings, agents, policies):
+        return None
+    fix = ("set PAGERDUTY_TOKEN to a PagerDuty REST API key that may read schedules and users; the Slack app needs "
+           "the users:read.email scope (`bot manifest --oncall`)")
+    if not settings.pagerduty_token:
+        return Check("pagerduty", False, ONCALL_NEEDS_TOKEN, fix)
+    rota = PagerDutyRota(pagerduty_client(settings.pagerduty_token, settings.pagerduty_api_url), list, SystemClock())
+    try:
+        problem = await rota.check()
+    finally:
+        rota.close()
+    if problem is not None:
+        return Check("pagerduty", False, f"{settings.pagerduty_api_url}: {problem}", fix)
+    return Check("pagerduty", True, f"{settings.pagerduty_api_url} takes PAGERDUTY_TOKEN (oncall: approvers); the "
+                                    "Slack app needs the users:read.email scope")

@@ -16,8 +16,10 @@ import pytest
 from bot.app import build_application
 from bot.errors import SettingsError
 from bot.oncall import MAX_BODY_BYTES, PagerDutyRota, pagerduty_client
+from channels.slack.manifest import build_manifest
 from core.oncall import RotaUnavailable, on_call
 from tests.audit import audit_log
+from tests.bot_process import run_cli, slack_env
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.pagerduty import TOKEN, FakePagerDuty
@@ -213,6 +215,29 @@ def test_start_up_refuses_oncall_approvers_without_a_token(make_settings: Any, t
     with pytest.raises(SettingsError) as refused:
         build_application(make_settings(bot_config=config))
     assert str(refused.value).count("\n") == 0 and "PAGERDUTY_TOKEN" in str(refused.value)
+
+
+@pytest.mark.parametrize(("token", "expected"), [
+    (TOKEN, "✓ pagerduty: http://127.0.0.1"),
+    ("pd-wrong-token-987654321", "✗ pagerduty: http://127.0.0.1"),
+    (None, "✗ pagerduty: approvers name oncall:<schedule id>, which needs PAGERDUTY_TOKEN"),
+])
+async def test_doctor_checks_the_token_against_pagerduty(
+    tmp_path: Path, fake_slack: FakeSlack, fake_llm: FakeLLM, fake_pagerduty: FakePagerDuty, token: str | None,
+    expected: str,
+) -> None:
+    env = slack_env(fake_slack, fake_llm, 3000) | {"BOT_APPROVERS": f"oncall:{SCHEDULE}",
+                                                   "PAGERDUTY_API_URL": fake_pagerduty.url}
+    _code, out = await run_cli(tmp_path, env | ({"PAGERDUTY_TOKEN": token} if token else {}), "doctor")
+    assert expected in out, out
+    assert "pd-wrong-token" not in out and TOKEN not in out
+    if token == "pd-wrong-token-987654321":
+        assert "401" in out
+
+
+def test_the_manifest_asks_for_e_mail_addresses_only_for_oncall_approvers() -> None:
+    assert "users:read.email" not in build_manifest("http")["oauth_config"]["scopes"]["bot"]
+    assert "users:read.email" in build_manifest("socket", oncall=True)["oauth_config"]["scopes"]["bot"]
 
 
 class _Clock:
