@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 
 from bot.app import build_application
+from bot.channels import installed_channels
+from bot.config.file import load_config
 from bot.errors import SettingsError
 from bot.oncall import MAX_BODY_BYTES, PagerDutyRota, pagerduty_client
 from channels.slack.manifest import build_manifest
@@ -207,6 +210,34 @@ def test_settings_take_oncall_approvers_and_check_the_pagerduty_url(make_setting
         make_settings(bot_admins=f"oncall:{SCHEDULE}")  # an admin is a person, never a rota
     with pytest.raises(Exception, match="not a Slack user id"):
         make_settings(bot_approvers="oncall:../../users")
+
+
+def test_bot_toml_takes_oncall_entries_of_the_right_shape(tmp_path: Path) -> None:
+    config = tmp_path / "bot.toml"
+    # A rota may have several people on call: a quorum above the entries named is not refused (like a group's).
+    config.write_text(RULE + 'quorum = 2\nescalate_to = ["oncall:P2LEADS"]\nremind_after_s = 60\n'
+                      '[[agents]]\nname = "ops"\napprovers = ["oncall:P3OPS", "U1"]\n')
+    toml = load_config(config)
+    assert toml.policy_list()[0].approvers == (f"oncall:{SCHEDULE}",)
+    assert toml.agent_list(None)[0].approvers == ("oncall:P3OPS", "U1")
+    for wrong in ("oncall:p1lower", "oncall:", "oncall:P1/../x", "oncall:" + "A" * 21):
+        config.write_text(f'[[policies]]\ntool = "shell_run"\napprovers = ["{wrong}"]\n')
+        with pytest.raises(SettingsError, match="oncall:<PagerDuty schedule id>"):
+            load_config(config)
+
+
+def test_no_channel_may_be_named_oncall(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bot.channels
+
+    class Point:
+        name = value = "oncall"
+
+        def load(self) -> Any:
+            return replace(installed_channels()[0], name="oncall")
+
+    monkeypatch.setattr(bot.channels, "entry_points", lambda group: [Point()])
+    with pytest.raises(SettingsError, match="no channel may be named 'oncall'"):
+        installed_channels.__wrapped__()
 
 
 def test_start_up_refuses_oncall_approvers_without_a_token(make_settings: Any, tmp_path: Path) -> None:

@@ -46,8 +46,8 @@ class Problem(ValueError):
 
 def _person(value: str) -> str:
     if not is_approver(value):
-        raise Problem("is not a user id, group id, 'requester', 'web', <channel>:<id> or oncall:<PagerDuty schedule "
-                      "id> (capital letters and digits, e.g. oncall:P1AB2CD)")
+        raise Problem("is not a user id, group id, 'requester' or 'web' (or <channel>:<id>, or oncall:<PagerDuty "
+                      "schedule id>: capital letters and digits, e.g. oncall:P1AB2CD)")
     return value
 
 
