@@ -56,7 +56,9 @@ class OnCallApprovers:
         if not fallback:
             why = (f"nobody on call could be asked ({failed.said()}) and no one else is named to approve it"
                    + (" (escalate_to too)" if escalate_to else ""))
-            return RotaOutcome((), (), failed, why, refused=True)
+            # Written as configured, for the moment it is pending: an unread rota names nobody (core.people), where
+            # an empty list would mean the agent's approvers. It is cancelled before any card is shown.
+            return RotaOutcome(approvers, (), failed, why, refused=True)
         instead = "the rule's escalate_to" if joined.entries else "only the other approvers named"
         return RotaOutcome(fallback, (), failed, f"The on-call rota could not be read ({failed.said()}): "
                                                  f"asking {instead} instead.")
@@ -68,7 +70,8 @@ class OnCallApprovers:
         log.warning("approval %s: %s", request.id, outcome.problem)
         await self.store.audit(self.clock.now(), "bot", "approval.oncall_unavailable", f"approval:{request.id}",
                                {"schedules": dict(outcome.unavailable.unavailable), "refused": outcome.refused,
-                                "asked": list(outcome.approvers), "session": request.session.id})
+                                "asked": [] if outcome.refused else list(outcome.approvers),
+                                "session": request.session.id})
         if outcome.refused:
             return await self._cancel(request.id, outcome.problem)
         self.bus.emit(Notice(request.session, outcome.problem))

@@ -74,6 +74,7 @@ async def test_the_person_on_call_approves_and_nobody_else_may(
     request_id = card.params["blocks"][-1]["elements"][0]["value"]
     request = await gateway.app.approvals.get(int(request_id))
     assert request is not None and request.approvers == ("slack:U7",)  # who was on call, written on the request
+    assert " · for <@U7> · expires" in json.dumps(card.params["blocks"], ensure_ascii=False)  # named on the card
     [read] = [r for r in fake_pagerduty.requests if r.path == f"/schedules/{SCHEDULE}/users"]
     assert read.authorization == f"Token token={TOKEN}" and read.query["since"] and read.query["until"]
 
@@ -145,6 +146,10 @@ async def test_without_escalation_a_rota_that_cannot_be_read_refuses_the_call(
     [audit] = [a for a in await audit_log(gateway.app.approvals.store.db) if a.action == "approval.oncall_unavailable"]
     assert json.loads(str(audit.detail))["refused"] is True and json.loads(str(audit.detail))["asked"] == []
     assert await gateway.app.approvals.pending() == []
+    request = await gateway.app.approvals.get(int(audit.subject.removeprefix("approval:")))
+    assert request is not None
+    assert request.approvers == (f"oncall:{SCHEDULE}",)  # names nobody (not "the agent's approvers")
+    assert not await gateway.app.approvals.may_decide("U1", request)
 
 
 async def test_a_second_request_within_a_minute_reads_pagerduty_once(
