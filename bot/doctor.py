@@ -333,6 +333,7 @@ def _approvers(settings: Settings) -> list[Check]:
 
     from bot.config.file import load_agents
     from bot.people import people
+    from core.oncall import is_oncall
     from core.people import REQUESTER
 
     try:
@@ -342,8 +343,9 @@ def _approvers(settings: Settings) -> list[Check]:
     named, shared = people(), {plugin.name for plugin in installed_channels() if plugin.shared}
 
     def stops_others(entry: str) -> bool:
-        """Someone of a shared channel (``web`` and ``web:web`` are the operator, however written)."""
-        return entry != REQUESTER and named.owner(entry)[0] in shared
+        """Someone of a shared channel (``web`` and ``web:web`` are the operator, however written), or whoever is
+        on call (``oncall:<schedule>``: Slack's people)."""
+        return entry != REQUESTER and (named.owner(entry)[0] in shared or is_oncall(entry))
 
     open_to = [a.name for a in agents
                if any(fnmatchcase("shell_run", pattern) for pattern in a.tools)
