@@ -25,6 +25,7 @@ from bot.http_headers import server_app
 from bot.keys import load_keyring
 from bot.metrics import EventFigures, Metrics
 from bot.model_endpoints import agent_endpoints, fallback_endpoint
+from bot.oncall import on_call_rota
 from bot.people import people
 from bot.policy_check import flag_warnings
 from bot.providers import build_provider
@@ -303,7 +304,9 @@ def build_application(
         log.warning("%s", warning)
     approvals = ApprovalBroker(approval_store, bus, clock, policy, agents,
                                timeout_s=settings.approval_timeout_s, poll_s=settings.approval_poll_s,
-                               policies=policies, tracer=tracer)
+                               policies=policies, tracer=tracer,
+                               rota=on_call_rota(settings, [agents.get(n) for n in agents.names()], policies.policies,
+                                                 ports, clock))
     credentials = CredentialService(
         CredentialStore(db), load_keyring(settings), bus, clock, policy, agents,
         timeout_s=settings.credential_timeout_s, max_bytes=settings.credential_max_bytes,

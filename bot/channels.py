@@ -8,6 +8,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from bot.errors import SettingsError
+from core.oncall import ONCALL
 from core.plugins import ENTRY_POINTS, ChannelPlugin
 
 if TYPE_CHECKING:
@@ -23,6 +24,9 @@ def installed_channels() -> tuple[ChannelPlugin[Any], ...]:
         plugin = point.load()
         if not isinstance(plugin, ChannelPlugin):
             raise SettingsError(f"entry point {point.name} = {point.value} of {ENTRY_POINTS} is not a ChannelPlugin")
+        if plugin.name == ONCALL:  # ``oncall:<schedule>`` names a rota's people, never a channel's (core.oncall)
+            raise SettingsError(f"entry point {point.name} = {point.value} of {ENTRY_POINTS}: no channel may be "
+                                f"named {ONCALL!r} (approvers' oncall:<schedule id> entries name PagerDuty rotas)")
         found.append(plugin)
     if not found:
         raise SettingsError(f"no chat channel is installed (entry points {ENTRY_POINTS}): reinstall the bot "

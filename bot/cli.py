@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     manifest.add_argument("--distribution", action="store_true",
                           help="the multi-workspace app (SLACK_CLIENT_ID/SECRET): installs through /slack/install, "
                                "with oauth_config.redirect_urls (HTTP mode)")
+    manifest.add_argument("--oncall", action="store_true",
+                          help="approvers name oncall:<PagerDuty schedule id>: add users:read.email (people on call "
+                               "are found by e-mail)")
     _command(sub, "pause", "stop taking new requests (accepted work continues); every replica sees it",
              "New messages get a 'paused' reply until `bot resume`.")
     _command(sub, "resume", "take new requests again")
@@ -266,7 +269,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.distribution and args.mode == "socket":
             sys.stderr.write("bot manifest: --distribution needs --mode http (multi-workspace apps use HTTP mode)\n")
             return 2
-        sys.stdout.write(render_manifest(args.mode, distribution=args.distribution))
+        sys.stdout.write(render_manifest(args.mode, distribution=args.distribution, oncall=args.oncall))
         return 0
     if args.command == "config":
         return _config(args.verb, args.config if args.verb == "check" else None)

@@ -30,6 +30,7 @@ async def run_doctor() -> int:
     checks += _skills(settings)
     checks += await _mcp_servers(settings)
     checks += await _event_sources(settings)
+    checks += await _oncall(settings)
     context = doctor_context(settings)
     for plugin in installed_channels():
         checks += await plugin.checks(settings.channels[plugin.name], context)
@@ -311,12 +312,28 @@ def _connections(settings: Settings, specs: list[Any]) -> Check:
     return Check("connections", True, detail)
 
 
+async def _oncall(settings: Settings) -> list[Check]:
+    """``oncall:`` approvers: PagerDuty takes PAGERDUTY_TOKEN (bot.oncall)."""
+    from bot.config.file import load_config
+    from bot.oncall import oncall_check
+
+    try:
+        toml = load_config(settings.bot_config) if settings.bot_config.exists() else None
+        agents = toml.agent_list(settings.bot_instructions) if toml is not None else []
+        policies = toml.policy_list() if toml is not None else []
+    except BotError:
+        return []  # said by the bot.toml check
+    check = await oncall_check(settings, agents, policies)
+    return [check] if check is not None else []
+
+
 def _approvers(settings: Settings) -> list[Check]:
     """Approvers that are only the requester let anyone in a channel approve their own shell commands."""
     from fnmatch import fnmatchcase
 
     from bot.config.file import load_agents
     from bot.people import people
+    from core.oncall import is_oncall
     from core.people import REQUESTER
 
     try:
@@ -326,8 +343,9 @@ def _approvers(settings: Settings) -> list[Check]:
     named, shared = people(), {plugin.name for plugin in installed_channels() if plugin.shared}
 
     def stops_others(entry: str) -> bool:
-        """Someone of a shared channel (``web`` and ``web:web`` are the operator, however written)."""
-        return entry != REQUESTER and named.owner(entry)[0] in shared
+        """Someone of a shared channel (``web`` and ``web:web`` are the operator, however written), or whoever is
+        on call (``oncall:<schedule>``: Slack's people)."""
+        return entry != REQUESTER and (named.owner(entry)[0] in shared or is_oncall(entry))
 
     open_to = [a.name for a in agents
                if any(fnmatchcase("shell_run", pattern) for pattern in a.tools)

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -27,7 +27,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
     # Values masked in every log line and reply, and never echoed in a settings error.
     SECRETS: ClassVar[tuple[str, ...]] = ("llm_api_key", "llm_fallback_api_key", "bot_web_token", "bot_secret_keys",
-                                          "database_url")
+                                          "database_url", "pagerduty_token")
     _channels: dict[str, ChannelSettings] = PrivateAttr(default_factory=dict)
 
     # Server
@@ -119,6 +119,10 @@ class Settings(BaseSettings):
     # Reverse proxies (IP addresses) whose X-Forwarded-Proto / X-Forwarded-Host are believed.
     bot_trusted_proxies: str | None = None
 
+    # On-call approvers (SPEC §17): `oncall:<schedule id>` entries are read from PagerDuty's REST API.
+    pagerduty_token: str | None = None
+    pagerduty_api_url: str = "https://api.pagerduty.com"
+
     # Operations
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
@@ -133,7 +137,7 @@ class Settings(BaseSettings):
         "llm_base_url", "llm_api_key", "llm_model", "bot_admins", "bot_instructions", "llm_provider",
         "llm_fallback_provider", "llm_fallback_base_url", "llm_fallback_api_key", "llm_fallback_model",
         "bot_web_token", "bot_public_url", "http_allow_hosts", "bot_trusted_proxies", "skills_dir",
-        mode="before",
+        "pagerduty_token", mode="before",
     )
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
@@ -159,6 +163,26 @@ class Settings(BaseSettings):
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
         return value
+
+    @field_validator("pagerduty_api_url")
+    @classmethod
+    def _pagerduty_url(cls, value: str) -> str:
+        """The token goes there: https, or plain http to this machine only (a fake server in tests)."""
+        from yarl import URL
+
+        from bot.config.table import loopback
+
+        try:
+            url = URL(value.strip())
+        except ValueError:
+            raise ValueError("is not a URL") from None
+        if url.scheme not in ("https", "http") or not url.host or url.user or url.password or url.query_string \
+                or url.fragment:
+            raise ValueError("must be an https:// URL with no user, query or fragment (e.g. https://api.pagerduty.com)")
+        if url.scheme == "http" and not loopback(url.host):
+            raise ValueError("must be https:// (plain http only to localhost or 127.0.0.1): PAGERDUTY_TOKEN is sent "
+                             "there")
+        return str(url).rstrip("/")
 
     @field_validator("sqlite_synchronous", mode="before")
     @classmethod
@@ -218,15 +242,17 @@ class Settings(BaseSettings):
 
     @field_validator("bot_approvers", "bot_admins")
     @classmethod
-    def _people(cls, value: str | None) -> str | None:
+    def _people(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return None
-        from bot.people import is_person
+        from bot.people import is_approver, is_person
 
+        approvers = info.field_name == "bot_approvers"  # an admin is a person, never a rota
         for item in _split(value):
-            if not is_person(item):
+            if not (is_approver(item) if approvers else is_person(item)):
+                rota = ", oncall:<PagerDuty schedule id> (e.g. oncall:P1AB2CD)" if approvers else ""
                 raise ValueError(f"{item!r} is not a Slack user id (U…/W…), user-group id (S…), "
-                                 "'requester', 'web' (whoever uses the web chat) or <channel>:<id>")
+                                 f"'requester', 'web' (whoever uses the web chat){rota} or <channel>:<id>")
         return value
 
     @model_validator(mode="after")
@@ -309,7 +335,7 @@ class Settings(BaseSettings):
         filter, the redactor and settings errors read."""
         named: dict[str, str | None] = {"LLM_API_KEY": self.llm_api_key,
                                         "LLM_FALLBACK_API_KEY": self.llm_fallback_api_key,
-                                        "BOT_WEB_TOKEN": self.bot_web_token}
+                                        "BOT_WEB_TOKEN": self.bot_web_token, "PAGERDUTY_TOKEN": self.pagerduty_token}
         for channel in self._channels.values():
             named |= channel.secrets()
         pairs = [(name, value) for name, value in named.items() if value and len(value) >= 4]

@@ -22,6 +22,8 @@ from core.errors import NotAllowed, NotFound
 from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus
 from core.grants import GRANT_VERDICTS, GrantScope, GrantTerms
 from core.model import ApprovalInfo, ApprovalStatus, thread_of
+from core.oncall import OnCallRota
+from core.oncall_approvals import OnCallApprovers
 from core.people import Person
 from core.policies import Policy, PolicyAction, PolicyBook, Ruling
 from core.requests import PersonRequests
@@ -42,6 +44,7 @@ class ApprovalBroker:
     def __init__(
         self, store: ApprovalStore, bus: EventBus, clock: Clock, policy: ApprovalPolicy, agents: AgentDirectory,
         *, timeout_s: float, poll_s: float = 2.0, policies: PolicyBook | None = None, tracer: Tracer = NO_TRACING,
+        rota: OnCallRota | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -51,6 +54,7 @@ class ApprovalBroker:
         self.timeout = timedelta(seconds=timeout_s)
         self.policies = policies or PolicyBook()  # [[policies]]: the first matching rule decides a call
         self.tracer = tracer  # a wait on a person is a span of its call's trace (core.tracing)
+        self.on_call = OnCallApprovers(rota, store, bus, clock, self._end_unasked)
         self.requests = PersonRequests("approval", store.requests, bus, clock, poll_s=poll_s, end=self._end,
                                        resolved=lambda request: ApprovalResolved(request.session, request))
 
@@ -98,6 +102,11 @@ class ApprovalBroker:
         approvers = policy.approvers if policy is not None else ()
         if policy is not None and policy.escalate_to and not approvers:  # those who join add to these, written out
             approvers = self.agents.get(agent).approvers or self.policy.approvers
+        escalate_to = policy.escalate_to if policy is not None else ()
+        rota = await self.on_call.resolve(approvers or self.agents.get(agent).approvers or self.policy.approvers,
+                                          escalate_to)
+        if rota is not None:  # whoever is on call now, written out (the decision uses them, not the rota then)
+            approvers, escalate_to = rota.approvers, rota.escalate_to
         remind = policy.remind_after_s if policy is not None and policy.remind_after_s else None
         request = await self.store.park(ApprovalRow(
             session_id=session_id, turn_id=turn_id, tool_call_id=call_id, tool=tool, arguments=json.dumps(args),
@@ -106,13 +115,17 @@ class ApprovalBroker:
             quorum=policy.quorum if policy is not None else 1,
             policy=policy.describe() if policy is not None else None,
             notify=json.dumps(list(policy.notify)) if policy is not None else None,
-            escalate_to=json.dumps(list(policy.escalate_to)) if policy is not None and policy.escalate_to else None,
+            escalate_to=json.dumps(list(escalate_to)) if escalate_to else None,
             remind_at=now + timedelta(seconds=remind) if remind is not None and remind < timeout.total_seconds()
             else None,
             grant_ttl_s=policy.grant_ttl_s if policy is not None and grants_cover(policy) else None,
             grant_rule_key=rule_key(policy) if policy is not None and grants_cover(policy) else None,
         ))
         log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
+        if rota is not None and rota.problem is not None:  # the thread is told; a refusal ends it, nobody asked
+            request = await self.on_call.told(request, rota)
+            if rota.refused:
+                return request
         deciders = self.policy.deciders(requester, approvers or self.agents.get(agent).approvers)
         self.requests.announce(ApprovalRequested(request.session, request, deciders))
         return request
@@ -353,6 +366,10 @@ class ApprovalBroker:
         if won:
             self.requests.settled_here(request)
         return won, request
+
+    async def _end_unasked(self, request_id: int, reason: str) -> ApprovalInfo:
+        """Cancelled before anyone was asked (nobody on call to ask): the model and the thread are told why."""
+        return (await self.requests.end(request_id, ApprovalStatus.CANCELLED, reason))[1]
 
     async def _end(self, request_id: int, status: str, reason: str | None) -> tuple[bool, ApprovalInfo | None]:
         """Expired or cancelled: nobody's decision."""

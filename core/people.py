@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from core.oncall import is_oncall
+
 REQUESTER = "requester"
 
 # A bare entry → the channel it names a person or group of (None: no channel claims it).
@@ -52,7 +54,7 @@ class People:
         """Whether ``entry`` names ``user`` of ``channel``. Ids are compared alone only for a caller that cannot
         know the channel (None, said where it is passed) and for a bare entry when no claims were given (core
         on its own, e.g. in tests: the wiring always gives them)."""
-        if entry == REQUESTER:
+        if entry == REQUESTER or is_oncall(entry):  # a rota names people only once resolved (core.oncall)
             return False
         owner, ident = self.owner(entry)
         return ident == user and (channel is None or owner is None or owner == channel)
@@ -65,6 +67,8 @@ class People:
         found = []
         for entry in entries:
             owner, ident = self.owner(entry)
+            if is_oncall(entry):
+                continue
             if ident.startswith("S") and entry != REQUESTER and (channel is None or owner is None or owner == channel):
                 found.append(ident)
         return found

@@ -10,6 +10,7 @@ from pydantic import AfterValidator, Field, StringConstraints, field_validator, 
 
 from bot.config.table import Person, Problem, Says, Table, Text
 from bot.people import people
+from core.oncall import is_oncall
 from core.policies import HTTP_TOOL, TRUST_LEVELS, Policy, PolicyAction
 
 MAX_QUORUM = 20
@@ -45,14 +46,16 @@ class PolicyTable(Table):
                                                  "other tools: their arguments as compact JSON)")
     action: Literal["ask", "allow", "deny"] = Field("ask", description="one of ask, allow, deny (default ask)")
     approvers: list[Person] = Field([], description="a list of who may approve: user ids (U…), user group ids "
-                                                    "(S…), 'requester' or 'web' (default: the agent's)")
+                                                    "(S…), 'requester', 'web' or oncall:<PagerDuty schedule id> "
+                                                    "(default: the agent's)")
     quorum: int = Field(1, ge=1, le=MAX_QUORUM, description=f"a whole number from 1 to {MAX_QUORUM}: how many "
                                                             "distinct approvers must approve")
     notify: Annotated[list[Literal["thread", "dm"]], Says("must list thread and/or dm")] = Field(
         ["thread"], min_length=1, description="where to ask: a list of thread and/or dm (default [\"thread\"])")
     remind_after_s: Seconds | None = Field(None, description=f"{_SECONDS}: when to remind the approvers")
     escalate_to: list[Person] = Field([], description="a list of people who join the approvers at the reminder: "
-                                                      "user ids, user group ids, 'requester' or 'web'")
+                                                      "user ids, user group ids, 'requester', 'web' or "
+                                                      "oncall:<PagerDuty schedule id>")
     timeout_s: Seconds | None = Field(None, description=f"{_SECONDS}: when the request expires "
                                                         "(default APPROVAL_TIMEOUT_S)")
     trust: Annotated[list[Trust], Says(f"must list levels among {', '.join(TRUST_LEVELS)}")] = Field(
@@ -87,7 +90,8 @@ class PolicyTable(Table):
         # Admins may vote too, but a quorum should not need them: each named entry is one person (a group: many).
         # One person however written ("U1" and "slack:U1" are Slack's U1: one vote).
         named = {people().qualified(a) for a in self.approvers}
-        groups = any(a.rpartition(":")[2].startswith("S") for a in named)  # "S1" or "slack:S1"
+        # "S1" or "slack:S1"; a rota (oncall:P1) may have several people on call too
+        groups = any(a.rpartition(":")[2].startswith("S") or is_oncall(a) for a in named)
         if self.quorum > 1 and named and not groups and self.quorum > len(named):
             raise Problem(f"is {self.quorum}, but only {len(named)} approvers are named: it could never be reached",
                           at=("quorum",))

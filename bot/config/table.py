@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from bot.people import is_person
+from bot.people import is_approver
 
 # What the schema tells editors a person looks like: the requester, a bare id an installed channel claims (Slack's
 # U…/W…/S…, the web chat's web) or <channel>:<id>. The check itself asks the installed channels (bot.people).
@@ -45,12 +45,14 @@ class Problem(ValueError):
 
 
 def _person(value: str) -> str:
-    if not is_person(value):
-        raise Problem("is not a user id, group id, 'requester' or 'web' (or <channel>:<id>)")
+    if not is_approver(value):
+        raise Problem("is not a user id, group id, 'requester' or 'web' (or <channel>:<id>, or oncall:<PagerDuty "
+                      "schedule id>: capital letters and digits, e.g. oncall:P1AB2CD)")
     return value
 
 
 Text = Annotated[str, Field(min_length=1)]
+# An approver (``approvers``, ``escalate_to``): a person, or oncall:<schedule id> (the PagerDuty rota's people).
 Person = Annotated[str, AfterValidator(_person), WithJsonSchema({"type": "string", "pattern": f"^({PERSON.pattern})$"})]
 
 

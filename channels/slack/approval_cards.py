@@ -67,7 +67,7 @@ def approval_blocks(request: ApprovalInfo, *, attached: str | None = None,
     if pending:
         progress = request.progress()
         votes = f"{mention_all(escape(progress), request.approved_by)} · " if progress else ""
-        answer = f"{votes}{asked_by_whom} · expires {_date(request.expires_at)}"
+        answer = f"{votes}{asked_by_whom}{_asking(request)} · expires {_date(request.expires_at)}"
         if request.grantable and request.grant_ttl_s is not None:  # a rule's grant: the approver should know
             answer += f" · a grant lasts {lasting(request.grant_ttl_s)}"
     else:
@@ -79,6 +79,16 @@ def approval_blocks(request: ApprovalInfo, *, attached: str | None = None,
     if request.thread_grantable:
         buttons.append(Button("Allow in this thread", "approval:thread"))
     return card_blocks(RequestCard("approval", request.id, asked, pending, answer, tuple(buttons)))
+
+
+def _asking(request: ApprovalInfo, limit: int = 5) -> str:
+    """Whom the request itself names (a rule's approvers, or the people on call when it was made: core.oncall);
+    nothing when it asks the agent's approvers."""
+    named = [mention(a) for a in request.approvers if slack_person(a) is not None]
+    if not named:
+        return ""
+    more = f" and {len(named) - limit} more" if len(named) > limit else ""
+    return f" · for {', '.join(named[:limit])}{more}"
 
 
 def deny_modal(request: ApprovalInfo) -> dict[str, Any]:

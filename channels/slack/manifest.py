@@ -31,6 +31,9 @@ BOT_SCOPES = [
     "users:read",  # names in the status line; senders' trust levels (guest, external, bot: core.trust)
     "files:read",  # files shared with a mention: images and text files go to the model
 ]
+# Only when approvers name oncall:<PagerDuty schedule id>: the people on call are found by e-mail
+# (users.lookupByEmail). Not asked for otherwise: every member's address is more than the bot needs.
+ONCALL_SCOPES = ["users:read.email"]
 # The scopes each Slack tool needs (channels.slack.tools): a tool whose scopes the token lacks is not offered, and
 # ``bot doctor`` names it. History and read scopes of both kinds: a tool may act in a public or a private channel.
 TOOL_SCOPES = {
@@ -61,9 +64,10 @@ DISTRIBUTION_EVENTS = ["app_uninstalled", "tokens_revoked"]
 
 def build_manifest(mode: Mode, *, name: str = "Chat-ops bot", command: str = "/bot",
                    request_url: str = "https://bot.example.com/slack/events",
-                   distribution: bool = False) -> dict[str, Any]:
+                   distribution: bool = False, oncall: bool = False) -> dict[str, Any]:
     """``distribution``: the multi-workspace (OAuth) app, installed through ``/slack/install`` (HTTP mode only):
-    the redirect URL Slack sends installers back to, and the uninstall events."""
+    the redirect URL Slack sends installers back to, and the uninstall events. ``oncall``: approvers name
+    PagerDuty rotas (``ONCALL_SCOPES``)."""
     socket = mode == "socket"
     if distribution and socket:
         raise ValueError("a distributed (multi-workspace) app runs in HTTP mode, not Socket Mode")
@@ -77,7 +81,7 @@ def build_manifest(mode: Mode, *, name: str = "Chat-ops bot", command: str = "/b
         slash["url"] = request_url
         events["request_url"] = request_url
         interactivity["request_url"] = request_url
-    oauth: dict[str, Any] = {"scopes": {"bot": BOT_SCOPES}}
+    oauth: dict[str, Any] = {"scopes": {"bot": BOT_SCOPES + (ONCALL_SCOPES if oncall else [])}}
     if distribution:
         base = request_url.removesuffix("/slack/events")
         oauth = {"redirect_urls": [f"{base}/slack/oauth_redirect"]} | oauth
@@ -103,5 +107,5 @@ def build_manifest(mode: Mode, *, name: str = "Chat-ops bot", command: str = "/b
     }
 
 
-def render_manifest(mode: Mode, *, distribution: bool = False) -> str:
-    return json.dumps(build_manifest(mode, distribution=distribution), indent=2) + "\n"
+def render_manifest(mode: Mode, *, distribution: bool = False, oncall: bool = False) -> str:
+    return json.dumps(build_manifest(mode, distribution=distribution, oncall=oncall), indent=2) + "\n"

@@ -41,11 +41,12 @@ class SlackPeople:
         self._known: dict[tuple[str, str], dict[str, Any]] = {}  # the last record each had (kept past a failure)
         # One users.info per user at a time: (the record, whether Slack just gave it).
         self._lookups: dict[tuple[str, str], asyncio.Future[tuple[dict[str, Any] | None, bool]]] = {}
+        self._emails: dict[tuple[str, str], tuple[float, str | None]] = {}  # (workspace, e-mail) → user id
 
     def forget(self, team: str) -> None:
         """Drop what is known of workspace ``team``'s people (re-installed or removed)."""
         self.refused_in.discard(team)
-        for cache in (self._users, self._known):
+        for cache in (self._users, self._known, self._emails):
             for key in [key for key in cache if key[0] == team]:
                 del cache[key]
 
@@ -74,6 +75,35 @@ class SlackPeople:
         if found.get("is_restricted") or found.get("is_ultra_restricted"):
             return "guest"
         return "member"
+
+    async def by_email(self, email: str) -> str | None:
+        """The user id of this workspace's active full member with ``email`` (users.lookupByEmail, cached for
+        TTL_S): on-call approvers (core.oncall). A bot, a guest, another organisation's user or a deactivated
+        account is nobody here (and could not approve anyway: core.trust)."""
+        key = (current_team() or "", email.lower())
+        cached = self._emails.get(key)
+        if cached is not None and time.monotonic() - cached[0] < TTL_S:
+            return cached[1]
+        try:
+            response = await self.client.users_lookupByEmail(email=email)
+        except SlackApiError as exc:
+            code = error_code(exc)
+            if code != "users_not_found":  # not cached: a missing scope or an outage may be fixed by the next ask
+                log.warning("users.lookupByEmail refused (%s): on-call people are not found%s", code,
+                            "; add the users:read.email scope" if code == "missing_scope" else "")
+                return None
+            found = None
+        except (aiohttp.ClientError, TimeoutError, OSError, RuntimeError) as exc:
+            log.warning("users.lookupByEmail failed: %s", type(exc).__name__)
+            return None
+        else:
+            record = response.get("user")
+            found = record.get("id") if isinstance(record, dict) and _full_member(record, key[0]) else None
+            found = found if isinstance(found, str) and _USER.fullmatch(found) else None
+        if len(self._emails) > 4096:
+            self._emails.clear()
+        self._emails[key] = (time.monotonic(), found)
+        return found
 
     async def _record(self, user: str, *, stale_ok: bool = True) -> dict[str, Any] | None:
         """``user``'s users.info record (cached for TTL_S); when the lookup fails, the last one known if
@@ -119,6 +149,16 @@ class SlackPeople:
         if found is not None:
             self._known[key] = found
         return found, True
+
+
+def _full_member(record: dict[str, Any], team: str) -> bool:
+    """Whether a users.* record is an active, full member of ``team`` (the workspace in scope; "" for the only one)."""
+    if record.get("deleted") or record.get("is_bot") or record.get("is_app_user") or record.get("is_stranger"):
+        return False
+    if record.get("is_restricted") or record.get("is_ultra_restricted"):
+        return False
+    home = record.get("team_id") or record.get("team")
+    return not team or home == team
 
 
 def _shown(raw: str) -> str | None:

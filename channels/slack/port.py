@@ -341,6 +341,10 @@ class SlackPort:
         self._groups[key] = (time.monotonic(), users)
         return users
 
+    async def person_by_email(self, email: str) -> str | None:
+        """``core.oncall.EmailDirectory``: the Slack user with this e-mail address (on-call approvers)."""
+        return await self.people.by_email(email)
+
     async def send_message(self, channel: str, text: str) -> str:
         """``message_send``: post to ``#name`` or a channel id; errors become tool errors the model reads.
         It never carries delivery metadata: the model cannot make a post look like a delivered answer."""

@@ -85,6 +85,8 @@ class FakeSlack(FakeSlackOAuth):
     archived: set[str] = field(default_factory=set)
     pins: list[tuple[str, str]] = field(default_factory=list)
     team_scopes: dict[str, list[str]] = field(default_factory=dict)  # an install's own scopes (else ``scopes``)
+    # users.lookupByEmail: user id by e-mail address (the record is users.info's, ``people`` facts included)
+    emails: dict[str, str] = field(default_factory=dict)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -319,6 +321,11 @@ class FakeSlack(FakeSlackOAuth):
                 record.update(name=user.lower(), profile={"display_name": self.names[user]})
             record.update(self.people.get(user) or {})
             return {"ok": True, "user": record}
+        if method == "users.lookupByEmail":
+            user_id = self.emails.get(str(params.get("email")).lower())
+            if user_id is None:
+                return {"ok": False, "error": "users_not_found"}
+            return self._answer("users.info", {"user": user_id})
         if method == "assistant.threads.setStatus":
             return {"ok": True} if self.status_supported else {"ok": False, "error": "missing_scope"}
         if method == "chat.delete":
