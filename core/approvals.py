@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,8 +19,10 @@ from core.agents import AgentDirectory
 from core.approval_policy import ApprovalPolicy, DecideResult
 from core.clock import Clock
 from core.errors import NotAllowed, NotFound
-from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus
-from core.model import ApprovalInfo, ApprovalStatus
+from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus, Notice
+from core.freeze_gate import approved_by_admin, asks_during_freeze, frozen_request, is_gated, rule_of
+from core.freezes import Freeze, Freezes
+from core.model import BUDGET_RISK, ApprovalInfo, ApprovalStatus
 from core.people import Person
 from core.policies import Policy, PolicyAction, PolicyBook, Ruling
 from core.requests import PersonRequests
@@ -40,6 +43,7 @@ class ApprovalBroker:
     def __init__(
         self, store: ApprovalStore, bus: EventBus, clock: Clock, policy: ApprovalPolicy, agents: AgentDirectory,
         *, timeout_s: float, poll_s: float = 2.0, policies: PolicyBook | None = None, tracer: Tracer = NO_TRACING,
+        freezes: Freezes | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -49,6 +53,7 @@ class ApprovalBroker:
         self.timeout = timedelta(seconds=timeout_s)
         self.policies = policies or PolicyBook()  # [[policies]]: the first matching rule decides a call
         self.tracer = tracer  # a wait on a person is a span of its call's trace (core.tracing)
+        self.freezes = freezes  # change freezes (core.freezes); None: there are none
         self.requests = PersonRequests("approval", store.requests, bus, clock, poll_s=poll_s, end=self._end,
                                        resolved=lambda request: ApprovalResolved(request.session, request))
 
@@ -58,14 +63,17 @@ class ApprovalBroker:
         ruling = self.policies.rule(tool.name, args, risk=tool.risk, trust=ctx.trust)
         if _untrusted(ctx, tool, ruling):
             return await self._refuse_untrusted(ctx, tool)
-        refused = await self._ruled(ruling, ctx, tool)
+        freeze = await self._freeze(tool, ruling)
+        if freeze is not None and not asks_during_freeze(ruling.policy):
+            return await self._refuse_frozen(ctx, tool.name, freeze)
+        refused = await self._ruled(ruling, ctx, tool) if freeze is None else None
         if refused is not None:
             return refused
-        if ruling.action is PolicyAction.ALLOW:
+        if ruling.action is PolicyAction.ALLOW and freeze is None:
             return GateDecision(True)
         # A firing's preapproved destination and an "Always allow" cover calls no rule decides: a rule's own
-        # approvers and quorum are never skipped.
-        if ruling.policy is None:
+        # approvers and quorum are never skipped (nor, in a freeze, a rule's during_freeze = "ask").
+        if ruling.policy is None and freeze is None:
             subject = _subject(tool, args)
             if subject is not None and (tool.name, subject) in ctx.preapproved:  # e.g. a firing's own destination
                 return GateDecision(True)
@@ -80,7 +88,7 @@ class ApprovalBroker:
         request = await self.request(session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=ctx.call_id,
                                      tool=tool.name, args=args, agent=ctx.agent, place=ctx.place,
                                      requester=ctx.requester, risk=tool.risk.value, policy=ruling.policy)
-        return _decision(await self._wait(request, ctx.turn_id))
+        return await self._unless_frozen(ctx, tool, await self._wait(request, ctx.turn_id), ruling.policy)
 
     async def request(self, *, session_id: str, turn_id: int | None, call_id: str, tool: str, args: dict[str, Any],
                       agent: str, place: str | None, requester: str | None, risk: str = "gated",
@@ -174,7 +182,9 @@ class ApprovalBroker:
             return await self._ruled(ruling, ctx, tool)
         if request.status == ApprovalStatus.PENDING:
             request = await self._wait(request, ctx.turn_id)  # its buttons still work after a restart
-        return _decision(request)
+        if request.started:
+            return _decision(request)
+        return await self._unless_frozen(ctx, tool, request, rule_of(request, self.policies))
 
     async def started(self, decision: GateDecision) -> None:
         if decision.request_id is not None:
@@ -225,6 +235,8 @@ class ApprovalBroker:
         if not operator and not await self.may_decide(by, request):
             log.info("approval %s: %s may not decide", request_id, by)
             return DecideResult(False, request, refused="You can't approve this: you are not one of its approvers.")
+        if verdict != "deny" and (frozen := await self._frozen_approval(request, by, operator=operator)) is not None:
+            return DecideResult(False, request, refused=frozen)  # still pending: Deny works, and so does a lift
         if request.quorum > 1 and not operator:  # one vote of several (an operator's word settles it)
             return await self._vote(request, verdict, by, reason)
         status = ApprovalStatus.DENIED if verdict == "deny" else ApprovalStatus.APPROVED
@@ -321,6 +333,52 @@ class ApprovalBroker:
     async def _end(self, request_id: int, status: str, reason: str | None) -> tuple[bool, ApprovalInfo | None]:
         """Expired or cancelled: nobody's decision."""
         return await self.store.settle(request_id, status, by=None, reason=reason, now=self.clock.now())
+
+    # -- change freezes (core.freezes, core.freeze_gate) -----------------------------------------
+
+    async def _freeze(self, tool: Tool, ruling: Ruling) -> Freeze | None:
+        """The freeze in force that covers this call, if any (read from the database: every replica's)."""
+        if self.freezes is None or not is_gated(tool, ruling):
+            return None
+        return await self.freezes.active()
+
+    async def _refuse_frozen(self, ctx: ToolContext, tool: str, freeze: Freeze, request_id: int | None = None
+                             ) -> GateDecision:
+        """Refused for the freeze: audited, the thread told why and until when, the model told not to retry."""
+        log.info("tool %s refused: change freeze (session %s)", tool, ctx.session_id)
+        await self.store.audit(self.clock.now(), ctx.sender or "agent", "freeze.refused", f"tool:{tool}",
+                               {"freeze": freeze.id, "until": freeze.until.isoformat(), "session": ctx.session_id,
+                                "place": ctx.place, "turn": ctx.turn_id, "request": request_id})
+        if ctx.session is not None:
+            self.bus.emit(Notice(ctx.session, f"`{tool}` was refused: {freeze.describe()}"))
+        return GateDecision(False, freeze.refusal(tool), request_id)
+
+    async def _unless_frozen(self, ctx: ToolContext, tool: Tool, request: ApprovalInfo, policy: Policy | None
+                             ) -> GateDecision:
+        """An approved request checked once more right before its call runs: a freeze that began while it waited
+        (here or on another replica) refuses it, unless its rule asks during freezes and an admin approved it."""
+        decision = _decision(request)
+        if not decision.allowed or self.freezes is None or request.risk == BUDGET_RISK:
+            return decision
+        freeze = await self.freezes.active()
+        if freeze is None or (asks_during_freeze(policy) and approved_by_admin(request, self._admin_of(request))):
+            return decision
+        return await self._refuse_frozen(ctx, tool.name, freeze, request.id)
+
+    async def _frozen_approval(self, request: ApprovalInfo, by: str, *, operator: bool) -> str | None:
+        """Why ``by`` may not approve ``request`` now, because of a freeze; None when they may."""
+        if self.freezes is None or not frozen_request(request) or (freeze := await self.freezes.active()) is None:
+            return None
+        if asks_during_freeze(rule_of(request, self.policies)):
+            if operator or self._admin_of(request)(by):
+                return None
+            return (f"You can't approve this during the {freeze.describe()}. Only admins can approve it until "
+                    "the freeze ends (its rule says during_freeze = \"ask\").")
+        return (f"Not approved: {freeze.describe()}. Calls that need approval are refused until the freeze ends "
+                "or is lifted; this request stays open until then (or until it expires), and Deny still works.")
+
+    def _admin_of(self, request: ApprovalInfo) -> Callable[[str], bool]:
+        return lambda user: self.policy.is_admin(user, channel=request.session.channel)
 
     # -- recovery and housekeeping --------------------------------------------------------------
 

@@ -36,6 +36,7 @@ HTTP_TOOL = "http_request"
 SECRET_ARGUMENTS = ("credential", "credentials", "connection")
 NOTIFY_CHOICES = ("thread", "dm")
 TRUST_LEVELS = ("admin", "member", "guest", "external", "bot")
+DURING_FREEZE = ("refuse", "ask")  # a rule's during_freeze (core.freeze_gate)
 
 
 class PolicyAction(enum.StrEnum):
@@ -61,6 +62,7 @@ class Policy:
     trust: tuple[str, ...] = ()  # empty: every sender
     headers: tuple[str, ...] = ()  # globs over one header's "Name: value" (http_request); empty: names none
     body: str | None = None  # a glob over the request body (http_request); None: names none
+    during_freeze: str = "refuse"  # DURING_FREEZE: during a change freeze its calls are refused, or asked (admins)
 
     def describe(self) -> str:
         where = f" matching {self.match!r}" if self.match is not None else ""

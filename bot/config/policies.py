@@ -61,6 +61,8 @@ class PolicyTable(Table):
         [], description="a list of globs over one header's 'Name: value', e.g. [\"Accept: *\"] (http_request)")
     body: Text | None = Field(None, description="a non-empty glob over the request body, e.g. '{\"q\": *}' "
                                                 "(http_request)")
+    during_freeze: Literal["refuse", "ask"] = Field(
+        "refuse", description="during a change freeze, 'refuse' its calls (default) or 'ask' (only admins approve)")
 
     @field_validator("trust")
     @classmethod
@@ -96,6 +98,9 @@ class PolicyTable(Table):
         if remind is not None and timeout is not None and remind >= timeout:
             raise Problem(f"({remind:g}) must be below timeout_s ({timeout:g}): the request would expire first",
                           at=("remind_after_s",))
+        if self.action == "deny" and "during_freeze" in self.model_fields_set:
+            raise Problem("applies only to rules that ask or allow: a deny rule refuses during a freeze too",
+                          at=("during_freeze",))
         if self.escalate_to and remind is None:
             raise Problem("needs remind_after_s: they join the approvers at the reminder", at=("escalate_to",))
         return self
@@ -105,4 +110,5 @@ class PolicyTable(Table):
         return Policy(tool=self.tool, number=number, match=self.match, action=PolicyAction(self.action),
                       approvers=tuple(self.approvers), quorum=self.quorum, notify=tuple(dict.fromkeys(self.notify)),
                       escalate_to=tuple(self.escalate_to), remind_after_s=self.remind_after_s,
-                      timeout_s=self.timeout_s, trust=tuple(self.trust), headers=tuple(self.headers), body=self.body)
+                      timeout_s=self.timeout_s, trust=tuple(self.trust), headers=tuple(self.headers), body=self.body,
+                      during_freeze=self.during_freeze)
