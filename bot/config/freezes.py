@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC
 from typing import Annotated
 
-from apscheduler.triggers.cron import CronTrigger
 from pydantic import Field, field_validator
 
 from bot.config.table import Problem, Table, Text
-from core.freezes import MAX_FREEZE, MAX_REASON_CHARS, FreezeWindow, clean_reason
+from core.freezes import MAX_FREEZE, MAX_REASON_CHARS, FreezeWindow, clean_reason, cron_trigger
 
 
 class FreezeTable(Table):
@@ -29,7 +27,7 @@ class FreezeTable(Table):
         if len(value.split()) != 5:
             raise Problem(f"must have 5 fields (minute hour day month weekday), got {value!r}")
         try:
-            CronTrigger.from_crontab(value, timezone=UTC)
+            cron_trigger(value)
         except ValueError as exc:
             raise Problem(f"is not a valid cron expression ({exc})") from None
         return value
