@@ -19,7 +19,7 @@ from core.agents import AgentDirectory
 from core.approval_policy import ApprovalPolicy, DecideResult
 from core.clock import Clock
 from core.errors import NotAllowed, NotFound
-from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus, Notice
+from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus, FreezeNotice
 from core.freeze_gate import approved_by_admin, asks_during_freeze, frozen_request, is_gated, rule_of
 from core.freezes import Freeze, Freezes
 from core.model import BUDGET_RISK, ApprovalInfo, ApprovalStatus
@@ -350,7 +350,8 @@ class ApprovalBroker:
                                {"freeze": freeze.id, "until": freeze.until.isoformat(), "session": ctx.session_id,
                                 "place": ctx.place, "turn": ctx.turn_id, "request": request_id})
         if ctx.session is not None:
-            self.bus.emit(Notice(ctx.session, f"`{tool}` was refused: {freeze.describe()}"))
+            self.bus.emit(FreezeNotice(ctx.session, f"`{tool}` was refused: {freeze.describe()}", turn_id=ctx.turn_id,
+                                       status=f"is held by a change freeze until {freeze.until:%H:%M} UTC…"))
         return GateDecision(False, freeze.refusal(tool), request_id)
 
     async def _unless_frozen(self, ctx: ToolContext, tool: Tool, request: ApprovalInfo, policy: Policy | None

@@ -151,6 +151,7 @@ def test_bad_freeze_settings_are_refused_where_they_are_read(tmp_path: Path, tom
 async def test_a_freeze_refuses_a_gated_call_however_it_would_run_and_tells_the_thread(
     make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
 ) -> None:
+    fake_slack.status_supported = True  # the thread's status line says it too
     gateway = await _start(make_settings, start_gateway, tmp_path, ALLOW_ECHO)
     fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo granted"})]), Reply("ran"))
     await gateway.send_event(mention("grant it"))
@@ -185,6 +186,8 @@ async def test_a_freeze_refuses_a_gated_call_however_it_would_run_and_tells_the_
         "change freeze until " in n and " UTC: release of \u2039!channel\u203a v2" in n for n in notices)
     refused = [a for a in await audit_log(gateway.app.db) if a.action == "freeze.refused"]
     assert len(refused) == 3 and {a.actor for a in refused} == {"U1"}
+    statuses = [c.params["status"] for c in fake_slack.of("assistant.threads.setStatus")]
+    assert any(s.startswith("is held by a change freeze until ") and s.endswith(" UTC…") for s in statuses), statuses
 
 
 async def test_a_firing_s_preapproved_destination_is_refused_during_a_freeze(
