@@ -20,6 +20,7 @@ from core.freezes import Freeze, Freezes, FreezeWindow, parse_until
 from core.model import ApprovalStatus
 from core.store import Database
 from core.store.freezes import FreezeStore
+from core.store.tables import FreezeRow
 from core.tools import Risk, Tool, ToolContext
 from tests.audit import audit_log
 from tests.bot_process import run_cli
@@ -128,6 +129,27 @@ async def test_an_end_time_must_be_ahead_with_a_zone_and_a_freeze_needs_a_reason
         assert await freezes.active() is None
     finally:
         await db.close()
+
+
+async def test_the_freeze_store_sets_reads_and_lifts_with_audit_lines(store_db: Database) -> None:
+    """On each backend (SQLite; PostgreSQL with TEST_DATABASE_URL): a freeze ahead is not in force yet, an ended or
+    lifted one is not in force any more, lifting covers those ahead too, and each change is audited."""
+    store, now = FreezeStore(store_db), datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+
+    def row(start: int, end: int, reason: str) -> FreezeRow:
+        return FreezeRow(starts_at=now + timedelta(hours=start), until=now + timedelta(hours=end), reason=reason,
+                         created_by="UADMIN", created_at=now)
+
+    ended, current, longer, ahead = [await store.add(row(*r)) for r in
+                                     [(-3, -1, "ended"), (-1, 1, "now"), (-1, 5, "longer"), (2, 4, "ahead")]]
+    assert [f.reason for f in await store.active(now)] == ["longer", "now"]  # the longest first
+    assert [f.reason for f in await store.active(now + timedelta(hours=3))] == ["longer", "ahead"]
+    assert await store.lift("UOPS", now) == sorted([current.id, longer.id, ahead.id])  # type: ignore[type-var]
+    assert await store.active(now) == [] and await store.active(now + timedelta(hours=3)) == []
+    assert await store.lift("UOPS", now) == []
+    audit = [(a.action, a.actor, a.subject) for a in await audit_log(store_db)]
+    assert audit[:4] == [("freeze.set", "UADMIN", f"freeze:{f.id}") for f in (ended, current, longer, ahead)]
+    assert [a[:2] for a in audit[4:]] == [("freeze.lifted", "UOPS")] * 3
 
 
 @pytest.mark.parametrize(("toml", "said"), [
