@@ -20,7 +20,7 @@ from core.freezes import Freeze, Freezes, FreezeWindow, parse_until
 from core.model import ApprovalStatus
 from core.store import Database
 from core.store.freezes import FreezeStore
-from core.store.tables import FreezeRow
+from core.store.tables import ApprovalRow, FreezeRow
 from core.tools import Risk, Tool, ToolContext
 from tests.audit import audit_log
 from tests.bot_process import run_cli
@@ -62,6 +62,13 @@ def _tool_results(fake_llm: FakeLLM, index: int) -> list[str]:
 
 def _cards(fake_slack: FakeSlack) -> list[str]:
     return [json.dumps(c.params) for c in fake_slack.posts() if "approval:approve" in json.dumps(c.params)]
+
+
+def _shell() -> Tool:
+    async def run(_ctx: ToolContext, _args: dict[str, Any]) -> str:
+        raise AssertionError("never run during a freeze")
+
+    return Tool("shell_run", "run", {"type": "object"}, Risk.GATED, run)
 
 
 def _env(gateway: GatewayClient) -> dict[str, str]:
@@ -358,10 +365,17 @@ async def test_a_request_parked_before_a_freeze_and_approved_during_it_does_not_
     won, _ = await broker.store.settle(second, ApprovalStatus.APPROVED, by="U1", reason=None,
                                        now=broker.clock.now())  # a click checked just before the freeze landed
     assert won
+    async with gateway.app.db.read() as s:  # a restart finding it approved and not begun: refused all the same
+        row = await s.get(ApprovalRow, second)
+    assert row is not None and row.turn_id is not None
+    ctx = ToolContext(session_id=row.session_id, turn_id=row.turn_id, agent="default", sender="U1",
+                      call_id=row.tool_call_id)
+    recovered = await broker.recover(ctx, _shell(), {"command": "touch raced"})
+    assert recovered is not None and not recovered.allowed and recovered.result.startswith(FROZEN)
     await fake_slack.wait_for("chat.postMessage", 5)  # the notice and the answer
     await gateway.idle()
     [result] = _tool_results(fake_llm, 3)[-1:]
     assert result.startswith(FROZEN) and "release two" in result
     assert not (work / "raced").exists()
     refused = [a for a in await audit_log(gateway.app.db) if a.action == "freeze.refused"]
-    assert [json.loads(a.detail or "{}")["request"] for a in refused] == [second]
+    assert [json.loads(a.detail or "{}")["request"] for a in refused] == [second, second]  # recovery, the turn
