@@ -35,6 +35,7 @@ from core.views import AuditEntry, GrantView
 
 log = logging.getLogger(__name__)
 
+FREEZE_TOLD_KEPT = 1000  # turns remembered as told of a freeze
 # Why a call is refused when no approver can be shown its arguments in full.
 TOO_LONG_TO_SHOW = "its arguments are too long to show an approver, and attaching them in full failed"
 
@@ -54,6 +55,7 @@ class ApprovalBroker:
         self.policies = policies or PolicyBook()  # [[policies]]: the first matching rule decides a call
         self.tracer = tracer  # a wait on a person is a span of its call's trace (core.tracing)
         self.freezes = freezes  # change freezes (core.freezes); None: there are none
+        self._freeze_told: dict[tuple[str, int], None] = {}  # turns whose thread heard of the freeze (the newest)
         self.requests = PersonRequests("approval", store.requests, bus, clock, poll_s=poll_s, end=self._end,
                                        resolved=lambda request: ApprovalResolved(request.session, request))
 
@@ -349,10 +351,20 @@ class ApprovalBroker:
         await self.store.audit(self.clock.now(), ctx.sender or "agent", "freeze.refused", f"tool:{tool}",
                                {"freeze": freeze.id, "until": freeze.until.isoformat(), "session": ctx.session_id,
                                 "place": ctx.place, "turn": ctx.turn_id, "request": request_id})
-        if ctx.session is not None:
+        if ctx.session is not None and self._first_freeze_notice(ctx):
             self.bus.emit(FreezeNotice(ctx.session, f"`{tool}` was refused: {freeze.describe()}", turn_id=ctx.turn_id,
                                        status=f"is held by a change freeze until {freeze.until:%H:%M} UTC…"))
         return GateDecision(False, freeze.refusal(tool), request_id)
+
+    def _first_freeze_notice(self, ctx: ToolContext) -> bool:
+        """Whether this turn's thread is yet to hear of the freeze: once per turn, however many calls it refuses."""
+        key = (ctx.session_id, ctx.turn_id)
+        if key in self._freeze_told:
+            return False
+        self._freeze_told[key] = None
+        if len(self._freeze_told) > FREEZE_TOLD_KEPT:  # the oldest turn forgotten: at worst told once more
+            del self._freeze_told[next(iter(self._freeze_told))]
+        return True
 
     async def _unless_frozen(self, ctx: ToolContext, tool: Tool, request: ApprovalInfo, policy: Policy | None
                              ) -> GateDecision:
