@@ -54,6 +54,7 @@ from core.dispatcher import DispatchConfig, Dispatcher, build_dispatcher
 from core.events import EventBus
 from core.failed_turns import announce_cancelled_requests
 from core.feedback import FeedbackBook
+from core.freezes import Freezes
 from core.gateway import Gateway
 from core.memory import MemoryLimits, MemoryPass, MemoryService, PinnedMemories, memory_tools
 from core.memory.tools import REMEMBER
@@ -81,6 +82,7 @@ from core.store import (
 from core.store.budgets import BudgetStore
 from core.store.deliveries import DeliveryStore
 from core.store.feedback import FeedbackStore
+from core.store.freezes import FreezeStore
 from core.store.memories import MemoryStore
 from core.store.schedules import ScheduleStore
 from core.store.stats import snapshot
@@ -302,9 +304,10 @@ def build_application(
     policies = PolicyBook(toml.policy_list())
     for warning in flag_warnings(policies.policies):  # a glob wider than meant: said, not refused
         log.warning("%s", warning)
+    freezes = Freezes(FreezeStore(db), clock, toml.freeze_windows())  # in the database: every replica's at once
     approvals = ApprovalBroker(approval_store, bus, clock, policy, agents,
                                timeout_s=settings.approval_timeout_s, poll_s=settings.approval_poll_s,
-                               policies=policies, tracer=tracer,
+                               policies=policies, tracer=tracer, freezes=freezes,
                                rota=on_call_rota(settings, [agents.get(n) for n in agents.names()], policies.policies,
                                                  ports, clock))
     credentials = CredentialService(
@@ -424,7 +427,8 @@ def build_application(
                                 poll_s=settings.approval_poll_s)
                             ) if event_sources else None
     commands = Commands(dispatcher, approvals, schedules,
-                        connections=connections.service if connections is not None else None, memory=memory)
+                        connections=connections.service if connections is not None else None, memory=memory,
+                        freezes=freezes)
     feedback = FeedbackBook(FeedbackStore(db), store, bus, clock)
     gateway = Gateway(dispatcher, approvals, credentials, schedules, commands=commands, feedback=feedback,
                       consent=connections)

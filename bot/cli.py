@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     _command(sub, "pause", "stop taking new requests (accepted work continues); every replica sees it",
              "New messages get a 'paused' reply until `bot resume`.")
     _command(sub, "resume", "take new requests again")
+    freeze = _command(sub, "freeze", "a change freeze: calls that need approval are refused until TIME (audited)",
+                      "Every replica honours it at once; rules with during_freeze = \"ask\" ask admins instead.")
+    freeze.add_argument("--until", required=True, metavar="TIME",
+                        help="ISO 8601 with a timezone (2026-12-24T18:00Z) or a span from now (2h, 30m, 1d)")
+    freeze.add_argument("--reason", required=True, metavar="TEXT", help="why: every refused call is told it")
+    _command(sub, "unfreeze", "lift the stored freezes (a [[freezes]] window of bot.toml stays)")
     approvals = _command(sub, "approvals", "pending approvals and grants; operator overrides (audited)")
     verbs = approvals.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
     _command(verbs, "list", "pending approval requests, their whole arguments and expiry")
@@ -281,6 +287,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return asyncio.run(_migrate())
     if args.command in ("pause", "resume"):
         return asyncio.run(_set_paused(args.command == "pause"))
+    if args.command in ("freeze", "unfreeze"):
+        from bot.operator import freeze_command
+
+        return asyncio.run(freeze_command(args))
     if args.command == "approvals":
         from bot.operator import approvals_command
 

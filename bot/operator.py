@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from bot.config.file import load_agents, load_policies
+from bot.config.file import load_agents, load_config, load_policies
 from bot.errors import DB_HINT, BotError, Failed, NotFoundError, Refused
 from bot.home import secure_home
 from bot.keys import load_keyring
@@ -25,10 +25,12 @@ from core.credentials import CredentialService
 from core.display import visible
 from core.errors import InvalidInput, StoreError, VaultError
 from core.events import EventBus
+from core.freezes import Freezes, parse_until
 from core.hosts import parse_hosts
 from core.policies import PolicyBook
 from core.replies import asked_by
 from core.store import ApprovalStore, CredentialStore, Database
+from core.store.freezes import FreezeStore
 from core.stored_secrets import credential_views
 from core.tools import canonical_call
 
@@ -39,6 +41,7 @@ class _Core:
     approvals: ApprovalBroker
     credentials: CredentialService
     agents: AgentDirectory
+    freezes: Freezes
 
 
 @asynccontextmanager
@@ -51,13 +54,15 @@ async def _core() -> AsyncIterator[_Core]:
         agents = AgentDirectory(load_agents(settings.bot_config, default_instructions=settings.bot_instructions))
         policy = ApprovalPolicy(settings.approvers, settings.admins, people=people())
         bus, clock = EventBus(), SystemClock()
+        freezes = Freezes(FreezeStore(db), clock, load_config(settings.bot_config).freeze_windows())
         yield _Core(
             settings,
             ApprovalBroker(ApprovalStore(db), bus, clock, policy, agents, timeout_s=settings.approval_timeout_s,
-                           policies=PolicyBook(load_policies(settings.bot_config))),
+                           policies=PolicyBook(load_policies(settings.bot_config)), freezes=freezes),
             CredentialService(CredentialStore(db), load_keyring(settings), bus, clock, policy, agents,
                               timeout_s=settings.credential_timeout_s, max_bytes=settings.credential_max_bytes),
             agents,
+            freezes,
         )
     except StoreError as exc:
         raise Failed(f"{exc}; {DB_HINT}") from exc
@@ -302,3 +307,25 @@ async def _thread(conversations: Any, row: Any) -> str:
     ref = session.reply_ref
     where = "/".join(str(ref[k]) for k in ("channel", "thread_ts") if ref.get(k))
     return f"{key} ({where})" if where else key
+
+
+async def freeze_command(args: argparse.Namespace) -> int:
+    """``bot freeze --until TIME --reason TEXT`` and ``bot unfreeze`` (audited, as the operator)."""
+    async with _core() as core:
+        freezes = core.freezes
+        if args.command == "unfreeze":
+            lifted = await freezes.lift(by=operator_name())
+            print(f"bot: lifted freeze{'' if len(lifted) == 1 else 's'} {', '.join(map(str, lifted))}" if lifted
+                  else "bot: no freeze was set")
+            if (window := freezes.window_in_force()) is not None:
+                print(f"bot: a [[freezes]] window of bot.toml still holds ({window.describe()}); it can't be lifted: "
+                      "change bot.toml and restart to end it", file=sys.stderr)
+            return 0
+        try:
+            freeze = await freezes.freeze(parse_until(args.until, freezes.clock.now()), args.reason,
+                                          by=operator_name())
+        except InvalidInput as exc:
+            raise BotError(f"not frozen: {exc}") from exc
+        print(f"bot: frozen ({freeze.describe()}); calls that need approval are refused until then, on every "
+              "replica; `bot unfreeze` lifts it")
+        return 0

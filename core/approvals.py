@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,9 +20,11 @@ from core.agents import AgentDirectory
 from core.approval_policy import ApprovalPolicy, DecideResult
 from core.clock import Clock
 from core.errors import NotAllowed, NotFound
-from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus
+from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus, FreezeNotice
+from core.freeze_gate import approved_by_admin, asks_during_freeze, frozen_request, is_gated, rule_of
+from core.freezes import Freeze, Freezes
 from core.grants import GRANT_VERDICTS, GrantScope, GrantTerms
-from core.model import ApprovalInfo, ApprovalStatus, thread_of
+from core.model import BUDGET_RISK, ApprovalInfo, ApprovalStatus, thread_of
 from core.oncall import OnCallRota
 from core.oncall_approvals import OnCallApprovers
 from core.people import Person
@@ -36,6 +39,7 @@ from core.views import AuditEntry, GrantView
 
 log = logging.getLogger(__name__)
 
+FREEZE_TOLD_KEPT = 1000  # turns remembered as told of a freeze
 # Why a call is refused when no approver can be shown its arguments in full.
 TOO_LONG_TO_SHOW = "its arguments are too long to show an approver, and attaching them in full failed"
 
@@ -45,6 +49,7 @@ class ApprovalBroker:
         self, store: ApprovalStore, bus: EventBus, clock: Clock, policy: ApprovalPolicy, agents: AgentDirectory,
         *, timeout_s: float, poll_s: float = 2.0, policies: PolicyBook | None = None, tracer: Tracer = NO_TRACING,
         rota: OnCallRota | None = None,
+        freezes: Freezes | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -55,6 +60,8 @@ class ApprovalBroker:
         self.policies = policies or PolicyBook()  # [[policies]]: the first matching rule decides a call
         self.tracer = tracer  # a wait on a person is a span of its call's trace (core.tracing)
         self.on_call = OnCallApprovers(rota, store, bus, clock, self._end_unasked)
+        self.freezes = freezes  # change freezes (core.freezes); None: there are none
+        self._freeze_told: dict[tuple[str, int], None] = {}  # turns whose thread heard of the freeze (the newest)
         self.requests = PersonRequests("approval", store.requests, bus, clock, poll_s=poll_s, end=self._end,
                                        resolved=lambda request: ApprovalResolved(request.session, request))
 
@@ -64,21 +71,25 @@ class ApprovalBroker:
         ruling = self.policies.rule(tool.name, args, risk=tool.risk, trust=ctx.trust)
         if _untrusted(ctx, tool, ruling):
             return await self._refuse_untrusted(ctx, tool)
-        refused = await self._ruled(ruling, ctx, tool)
+        freeze = await self._freeze(tool, ruling)
+        if freeze is not None and not asks_during_freeze(ruling.policy):
+            return await self._refuse_frozen(ctx, tool.name, freeze)
+        refused = await self._ruled(ruling, ctx, tool) if freeze is None else None
         if refused is not None:
             return refused
-        if ruling.action is PolicyAction.ALLOW:
+        if ruling.action is PolicyAction.ALLOW and freeze is None:
             return GateDecision(True)
         # A firing's preapproved destination covers calls no rule decides: a rule's own approvers and quorum are
         # never skipped. A grant covers them too, and a rule's calls when the rule itself offers grants (its
-        # grant_ttl_s, quorum 1): only one made under that very rule, until it expires.
-        if ruling.policy is None:
+        # grant_ttl_s, quorum 1): only one made under that very rule, until it expires. In a freeze, none of them
+        # does (a rule's during_freeze = "ask" asks a person).
+        if ruling.policy is None and freeze is None:
             subject = _subject(tool, args)
             if subject is not None and (tool.name, subject) in ctx.preapproved:  # e.g. a firing's own destination
                 return GateDecision(True)
-        if grants_cover(ruling.policy) and await self.granted(agent=ctx.agent, tool=tool.name, place=ctx.place,
-                                                              args=args, session_id=ctx.session_id,
-                                                              policy=ruling.policy, not_by=_not_granting(ctx, ruling)):
+        if freeze is None and grants_cover(ruling.policy) and await self.granted(
+                agent=ctx.agent, tool=tool.name, place=ctx.place, args=args, session_id=ctx.session_id,
+                policy=ruling.policy, not_by=_not_granting(ctx, ruling)):
             return GateDecision(True)
         if ctx.subagent:  # what would ask a person fails at once: nothing is parked, nothing is posted
             return GateDecision(False, f"error: `{tool.name}` needs a person's approval and {SUBAGENT_CANNOT_ASK}, "
@@ -89,7 +100,7 @@ class ApprovalBroker:
         request = await self.request(session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=ctx.call_id,
                                      tool=tool.name, args=args, agent=ctx.agent, place=ctx.place,
                                      requester=ctx.requester, risk=tool.risk.value, policy=ruling.policy)
-        return _decision(await self._wait(request, ctx.turn_id))
+        return await self._unless_frozen(ctx, tool, await self._wait(request, ctx.turn_id), ruling.policy)
 
     async def request(self, *, session_id: str, turn_id: int | None, call_id: str, tool: str, args: dict[str, Any],
                       agent: str, place: str | None, requester: str | None, risk: str = "gated",
@@ -204,7 +215,9 @@ class ApprovalBroker:
             return await self._ruled(ruling, ctx, tool)
         if request.status == ApprovalStatus.PENDING:
             request = await self._wait(request, ctx.turn_id)  # its buttons still work after a restart
-        return _decision(request)
+        if request.started:
+            return _decision(request)
+        return await self._unless_frozen(ctx, tool, request, rule_of(request, self.policies))
 
     async def started(self, decision: GateDecision) -> None:
         if decision.request_id is not None:
@@ -256,6 +269,8 @@ class ApprovalBroker:
         if not operator and not await self.may_decide(by, request):
             log.info("approval %s: %s may not decide", request_id, by)
             return DecideResult(False, request, refused="You can't approve this: you are not one of its approvers.")
+        if verdict != "deny" and (frozen := await self._frozen_approval(request, by, operator=operator)) is not None:
+            return DecideResult(False, request, refused=frozen)  # still pending: Deny works, and so does a lift
         if request.quorum > 1 and not operator:  # one vote of several (an operator's word settles it)
             return await self._vote(request, verdict, by, reason)
         status = ApprovalStatus.DENIED if verdict == "deny" else ApprovalStatus.APPROVED
@@ -374,6 +389,63 @@ class ApprovalBroker:
     async def _end(self, request_id: int, status: str, reason: str | None) -> tuple[bool, ApprovalInfo | None]:
         """Expired or cancelled: nobody's decision."""
         return await self.store.settle(request_id, status, by=None, reason=reason, now=self.clock.now())
+
+    # -- change freezes (core.freezes, core.freeze_gate) -----------------------------------------
+
+    async def _freeze(self, tool: Tool, ruling: Ruling) -> Freeze | None:
+        """The freeze in force that covers this call, if any (read from the database: every replica's)."""
+        if self.freezes is None or not is_gated(tool, ruling):
+            return None
+        return await self.freezes.active()
+
+    async def _refuse_frozen(self, ctx: ToolContext, tool: str, freeze: Freeze, request_id: int | None = None
+                             ) -> GateDecision:
+        """Refused for the freeze: audited, the thread told why and until when, the model told not to retry."""
+        log.info("tool %s refused: change freeze (session %s)", tool, ctx.session_id)
+        await self.store.audit(self.clock.now(), ctx.sender or "agent", "freeze.refused", f"tool:{tool}",
+                               {"freeze": freeze.id, "until": freeze.until.isoformat(), "session": ctx.session_id,
+                                "place": ctx.place, "turn": ctx.turn_id, "request": request_id})
+        if ctx.session is not None and self._first_freeze_notice(ctx):
+            self.bus.emit(FreezeNotice(ctx.session, f"`{tool}` was refused: {freeze.describe()}", turn_id=ctx.turn_id,
+                                       status=f"is held by a change freeze until {freeze.until:%H:%M} UTC…"))
+        return GateDecision(False, freeze.refusal(tool), request_id)
+
+    def _first_freeze_notice(self, ctx: ToolContext) -> bool:
+        """Whether this turn's thread is yet to hear of the freeze: once per turn, however many calls it refuses."""
+        key = (ctx.session_id, ctx.turn_id)
+        if key in self._freeze_told:
+            return False
+        self._freeze_told[key] = None
+        if len(self._freeze_told) > FREEZE_TOLD_KEPT:  # the oldest turn forgotten: at worst told once more
+            del self._freeze_told[next(iter(self._freeze_told))]
+        return True
+
+    async def _unless_frozen(self, ctx: ToolContext, tool: Tool, request: ApprovalInfo, policy: Policy | None
+                             ) -> GateDecision:
+        """An approved request checked once more right before its call runs: a freeze that began while it waited
+        (here or on another replica) refuses it, unless its rule asks during freezes and an admin approved it."""
+        decision = _decision(request)
+        if not decision.allowed or self.freezes is None or request.risk == BUDGET_RISK:
+            return decision
+        freeze = await self.freezes.active()
+        if freeze is None or (asks_during_freeze(policy) and approved_by_admin(request, self._admin_of(request))):
+            return decision
+        return await self._refuse_frozen(ctx, tool.name, freeze, request.id)
+
+    async def _frozen_approval(self, request: ApprovalInfo, by: str, *, operator: bool) -> str | None:
+        """Why ``by`` may not approve ``request`` now, because of a freeze; None when they may."""
+        if self.freezes is None or not frozen_request(request) or (freeze := await self.freezes.active()) is None:
+            return None
+        if asks_during_freeze(rule_of(request, self.policies)):
+            if operator or self._admin_of(request)(by):
+                return None
+            return (f"You can't approve this during the {freeze.describe()}. Only admins can approve it until "
+                    "the freeze ends (its rule says during_freeze = \"ask\").")
+        return (f"Not approved: {freeze.describe()}. Calls that need approval are refused until the freeze ends "
+                "or is lifted; this request stays open until then (or until it expires), and Deny still works.")
+
+    def _admin_of(self, request: ApprovalInfo) -> Callable[[str], bool]:
+        return lambda user: self.policy.is_admin(user, channel=request.session.channel)
 
     # -- recovery and housekeeping --------------------------------------------------------------
 

@@ -16,6 +16,8 @@ from core.connections.service import ConnectionService
 from core.dispatcher import Dispatcher
 from core.display import visible
 from core.errors import InvalidInput
+from core.freeze_commands import freeze_command, freeze_status, unfreeze_command
+from core.freezes import Freezes
 from core.memory import MemoryService
 from core.model import RESERVED_SESSION_PREFIXES, SessionInfo, SessionStatus
 from core.people import Person
@@ -54,12 +56,14 @@ class Status:
 
 class Commands:
     def __init__(self, dispatcher: Dispatcher, approvals: ApprovalBroker, schedules: ScheduleService, *,
-                 connections: ConnectionService | None = None, memory: MemoryService | None = None) -> None:
+                 connections: ConnectionService | None = None, memory: MemoryService | None = None,
+                 freezes: Freezes | None = None) -> None:
         self.dispatcher = dispatcher
         self.memory = memory
         self.connections = connections
         self.approvals = approvals
         self.schedules = schedules
+        self.freezes = freezes
 
     async def status(self) -> Status:
         return Status(paused=await self.dispatcher.paused(), accepting=self.dispatcher.accepting,
@@ -70,7 +74,7 @@ class Commands:
         words = command.text.split()
         sub = words[0].lower() if words else "help"
         if sub == "status":
-            return await self._status(command.session)
+            return await self._status(command.session) + await freeze_status(self.freezes, marks)
         if sub == "stop":
             return await self._stop(command, marks)
         if sub == "queue" and len(words) == 2:
@@ -85,6 +89,8 @@ class Commands:
             return await self._connections(command, words[1:], marks)
         if sub == "memory" and len(words) == 1:
             return await self._memory(command, marks)
+        if sub in ("freeze", "unfreeze") and self.freezes is not None:
+            return await self._freeze(command, sub, words[1:], marks)
         if sub == "help":
             return help_text(command.name)
         typed_words = f"{command.name} {typed(' '.join(words))}"  # quoted back: no backtick can end the code span
@@ -99,6 +105,14 @@ class Commands:
         helpers = await self._subagents(session) if session is not None else ""
         return (f"I'm up and {state}; {status.running} conversation(s) working now. "
                 f"Default queue mode: {status.queue_mode}." + (f" This thread: {used}." if used else "") + helpers)
+
+    async def _freeze(self, command: Command, sub: str, words: list[str], marks: Marks) -> str:
+        assert self.freezes is not None
+        policy, user, channel = self.approvals.policy, command.user, command.channel
+        if sub == "unfreeze":
+            return await unfreeze_command(self.freezes, policy, user=user, channel=channel, marks=marks)
+        return await freeze_command(self.freezes, policy, user=user, channel=channel, words=words, name=command.name,
+                                    marks=marks)
 
     async def _subagents(self, session: str) -> str:
         """Which sub-agents ran in this conversation (core.subagents), the latest ten."""
@@ -288,6 +302,8 @@ def help_text(name: str) -> str:
         "list, pause, resume, cancel\n"
         f"`{c} approvals` — pending approvals and \"Always allow\" grants; "
         f"`{c} approvals revoke <id>` (admins)\n"
+        f"`{c} freeze <until> <reason>` — a change freeze: calls that need approval are refused until then; "
+        f"`{c} unfreeze` (admins)\n"
         f"`{c} connections` — your connected accounts; `{c} connections disconnect <name>`\n"
         f"`{c} memory` — the agent's pinned memories (only you see this)\n`{c} help` — this text"
     )

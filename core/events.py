@@ -134,6 +134,15 @@ class Notice(Event):
 
 
 @dataclass(frozen=True)
+class FreezeNotice(Notice):
+    """A call of the turn refused by a change freeze (core.freezes): told as a notice, and where a channel shows a
+    status line, ``status`` there ("is held by a change freeze until …")."""
+
+    turn_id: int | None = None
+    status: str = ""
+
+
+@dataclass(frozen=True)
 class ApprovalRequested(Event):
     """A gated call is parked (already in the database): show it with its buttons."""
 

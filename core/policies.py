@@ -36,6 +36,7 @@ HTTP_TOOL = "http_request"
 SECRET_ARGUMENTS = ("credential", "credentials", "connection")
 NOTIFY_CHOICES = ("thread", "dm")
 TRUST_LEVELS = ("admin", "member", "guest", "external", "bot")
+DURING_FREEZE = ("refuse", "ask")  # a rule's during_freeze (core.freeze_gate)
 
 
 class PolicyAction(enum.StrEnum):
@@ -64,6 +65,7 @@ class Policy:
     # Offers Always allow / Allow in this thread on the rule's requests (quorum 1 only), each grant lasting this long
     # and covering later calls under this same rule (core.grants); None: the rule's requests record no grant.
     grant_ttl_s: float | None = None
+    during_freeze: str = "refuse"  # DURING_FREEZE: during a change freeze its calls are refused, or asked (admins)
 
     def describe(self) -> str:
         where = f" matching {self.match!r}" if self.match is not None else ""

@@ -26,6 +26,8 @@ HELP = (
     "list, pause, resume, cancel\n"
     "`/bot approvals` — pending approvals and \"Always allow\" grants; "
     "`/bot approvals revoke <id>` (admins)\n"
+    "`/bot freeze <until> <reason>` — a change freeze: calls that need approval are refused until then; "
+    "`/bot unfreeze` (admins)\n"
     "`/bot connections` — your connected accounts; `/bot connections disconnect <name>`\n"
     "`/bot memory` — the agent's pinned memories (only you see this)\n`/bot help` — this text"
 )

@@ -26,6 +26,7 @@ from bot.channels import installed_channels
 from bot.config.agents import AgentTable
 from bot.config.connections import ConnectionTable
 from bot.config.event_sources import EventSourceTable
+from bot.config.freezes import FreezeTable
 from bot.config.mcp_servers import McpServerTable
 from bot.config.policies import PolicyTable
 from bot.config.table import Problem, Says, Table
@@ -33,6 +34,7 @@ from bot.errors import SettingsError
 from bot.mcp.spec import McpServerSpec
 from core.agents import DEFAULT_INSTRUCTIONS, Agent
 from core.connections.spec import ConnectionSpec
+from core.freezes import FreezeWindow
 from core.policies import Policy
 from core.webhooks.model import EventSource
 
@@ -65,6 +67,8 @@ class BotToml(Table):
     mcp_servers: list[McpServerTable] = Field([], description="an array of tables: MCP tool servers")
     event_sources: list[EventSourceTable] = Field([], description="an array of tables: systems whose deliveries "
                                                                   "to POST /events/<name> wake an agent")
+    freezes: list[FreezeTable] = Field([], description="an array of tables: change-freeze windows (cron in UTC "
+                                                       "plus duration_s)")
 
     @field_validator("agents", "connections", "mcp_servers", "event_sources")
     @classmethod
@@ -123,6 +127,9 @@ class BotToml(Table):
         from the environment by the wiring."""
         default = self.agents[0].name if self.agents else Agent().name
         return [table.source(default) for table in self.event_sources]
+
+    def freeze_windows(self) -> tuple[FreezeWindow, ...]:
+        return tuple(table.window() for table in self.freezes)
 
     def mcp_specs(self) -> list[McpServerSpec]:
         return [table.spec() for table in self.mcp_servers]

@@ -67,6 +67,8 @@ class PolicyTable(Table):
     grant_ttl_s: Seconds | None = Field(None, description=f"{_SECONDS}: offer Always allow and Allow in this "
                                                           "thread on this rule's requests (quorum 1 only), each "
                                                           "grant lasting this long")
+    during_freeze: Literal["refuse", "ask"] = Field(
+        "refuse", description="during a change freeze, 'refuse' its calls (default) or 'ask' (only admins approve)")
 
     @field_validator("trust")
     @classmethod
@@ -103,6 +105,9 @@ class PolicyTable(Table):
         if remind is not None and timeout is not None and remind >= timeout:
             raise Problem(f"({remind:g}) must be below timeout_s ({timeout:g}): the request would expire first",
                           at=("remind_after_s",))
+        if self.action == "deny" and "during_freeze" in self.model_fields_set:
+            raise Problem("applies only to rules that ask or allow: a deny rule refuses during a freeze too",
+                          at=("during_freeze",))
         if self.escalate_to and remind is None:
             raise Problem("needs remind_after_s: they join the approvers at the reminder", at=("escalate_to",))
         return self
@@ -113,4 +118,4 @@ class PolicyTable(Table):
                       approvers=tuple(self.approvers), quorum=self.quorum, notify=tuple(dict.fromkeys(self.notify)),
                       escalate_to=tuple(self.escalate_to), remind_after_s=self.remind_after_s,
                       timeout_s=self.timeout_s, trust=tuple(self.trust), headers=tuple(self.headers), body=self.body,
-                      grant_ttl_s=self.grant_ttl_s)
+                     grant_ttl_s=self.grant_ttl_s, during_freeze=self.during_freeze)

@@ -43,6 +43,7 @@ from core.events import (
     CredentialResolved,
     DirectNotice,
     Event,
+    FreezeNotice,
     InputQueued,
     InputsTaken,
     Notice,
@@ -131,6 +132,9 @@ class SlackRenderer:
             if not event.turn.answer_optional:  # nobody asked a listening turn anything: its failure is only logged
                 await self.port.post_for(event.session, f":warning: {escape(event.message)}")  # may quote an endpoint
             await self._clear(event.turn)
+        elif isinstance(event, FreezeNotice):  # said in the thread, then on its status line (a post clears that)
+            await self.port.post_notice(event.session, event.text)
+            await self._status(event.turn_id, event.status)
         elif isinstance(event, Notice):
             await self.port.post_notice(event.session, event.text)
         elif isinstance(event, ToolStarted):

@@ -480,3 +480,20 @@ class MemoryRow(SQLModel, table=True):
     written_by: str | None = Field(default=None, max_length=255)  # the sender whose turn wrote it
     session_id: str | None = Field(default=None, max_length=255)  # the conversation it came from
     created_at: datetime = timestamp()
+
+
+class FreezeRow(SQLModel, table=True):
+    """A change freeze set with ``bot freeze`` or ``/bot freeze`` (SPEC §17): gated calls are refused from
+    ``starts_at`` until ``until`` unless lifted. Kept in the database so every replica honours it at once."""
+
+    __tablename__ = "freezes"
+    __table_args__ = (Index("ix_freezes_until", "until"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    starts_at: datetime = timestamp()
+    until: datetime = timestamp()
+    reason: str = Field(sa_column=Column(Text, nullable=False))
+    created_by: str = Field(max_length=255)
+    created_at: datetime = timestamp()
+    lifted_at: datetime | None = timestamp(nullable=True)
+    lifted_by: str | None = Field(default=None, max_length=255)
