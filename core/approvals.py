@@ -19,7 +19,7 @@ from core.approval_policy import ApprovalPolicy, DecideResult
 from core.clock import Clock
 from core.errors import NotAllowed, NotFound
 from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus
-from core.model import ApprovalInfo, ApprovalStatus
+from core.model import CAP_RISK, ApprovalInfo, ApprovalStatus
 from core.people import Person
 from core.policies import Policy, PolicyAction, PolicyBook, Ruling
 from core.requests import PersonRequests
@@ -107,6 +107,8 @@ class ApprovalBroker:
         ))
         log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
         deciders = self.policy.deciders(requester, approvers or self.agents.get(agent).approvers)
+        if risk == CAP_RISK:  # a spending cap: admins only (core.spending)
+            deciders = self.policy.admins
         self.requests.announce(ApprovalRequested(request.session, request, deciders))
         return request
 
@@ -300,6 +302,8 @@ class ApprovalBroker:
     async def may_decide(self, user: str, request: ApprovalInfo) -> bool:
         """Whether ``user`` may decide ``request``. They are a person of the request's channel: it is shown
         only there, and the gateway refuses other channels' clicks on it (``Gateway.decide``)."""
+        if request.risk == CAP_RISK:  # past a spending cap: only an admin, never the requester or an approver
+            return self.policy.is_admin(user, channel=request.session.channel)
         approvers = request.approvers or self.agents.get(request.agent).approvers
         if not await self.policy.may_decide(user, request.requester, approvers, channel=request.session.channel):
             return False

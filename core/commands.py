@@ -70,7 +70,7 @@ class Commands:
         words = command.text.split()
         sub = words[0].lower() if words else "help"
         if sub == "status":
-            return await self._status(command.session)
+            return await self._status(command.session) + await self._spending(command)
         if sub == "stop":
             return await self._stop(command, marks)
         if sub == "queue" and len(words) == 2:
@@ -99,6 +99,15 @@ class Commands:
         helpers = await self._subagents(session) if session is not None else ""
         return (f"I'm up and {state}; {status.running} conversation(s) working now. "
                 f"Default queue mode: {status.queue_mode}." + (f" This thread: {used}." if used else "") + helpers)
+
+    async def _spending(self, command: Command) -> str:
+        """The agent's usage today and this month against its caps, and the person's today (core.spending)."""
+        spending = self.dispatcher.runner.spending
+        if spending is None:
+            return ""
+        session = await self.dispatcher.conversations.get_session(command.session) if command.session else None
+        agent = session.agent if session is not None else self.dispatcher.agents.default.name
+        return f" Spending: {await spending.status(agent, command.user)}."
 
     async def _subagents(self, session: str) -> str:
         """Which sub-agents ran in this conversation (core.subagents), the latest ten."""

@@ -243,7 +243,7 @@ class ApprovalInfo:
     def grantable(self) -> bool:
         """Whether "Always allow" is offered: not for a request a policy rule asked (a standing grant would
         skip its approvers and quorum from then on)."""
-        return self.policy is None and self.quorum <= 1 and self.risk != BUDGET_RISK
+        return self.policy is None and self.quorum <= 1 and self.risk not in (BUDGET_RISK, CAP_RISK)
 
     def progress(self) -> str | None:
         """"1 of 2 — U1" while a request that needs several approvers waits; None otherwise."""
@@ -269,6 +269,7 @@ class ApprovalInfo:
 
 
 BUDGET_RISK = "budget"  # what a thread's token-budget park is filed as (its card: Continue and Stop)
+CAP_RISK = "cap"  # what a spending cap's park is filed as (core.spending): Continue and Stop, admins only
 
 
 class CredentialStatus(enum.StrEnum):

@@ -20,7 +20,7 @@ from core.context_window import ContextWindow, estimate, request_tokens
 from core.errors import ModelsFailed, ProviderError, StepLimitReached, ToolError
 from core.events import EventBus, ToolEnded, ToolOutcome
 from core.listening import LISTENING_NOTE, NO_REPLY, NO_REPLY_SPEC
-from core.model import TurnInfo
+from core.model import TurnInfo, thread_of
 from core.model_routing import Model, ModelRouter, SessionModels, switches_on
 from core.providers import (
     CallObserver,
@@ -34,6 +34,7 @@ from core.providers import (
     complete_with_retries,
 )
 from core.redaction import Redactor
+from core.spending import SpendingCaps
 from core.store import ConversationStore
 from core.store.summaries import SummaryStore
 from core.text import clean_text
@@ -101,6 +102,7 @@ class AgentRunner:
         tracer: Tracer = NO_TRACING,
         models: ModelRouter | None = None,
         events: EventBus | None = None,
+        spending: SpendingCaps | None = None,
     ) -> None:
         self.store = store
         self.provider = provider  # the primary model's
@@ -122,6 +124,7 @@ class AgentRunner:
         self.sections = tuple(sections)
         self.tracer = tracer  # invoke_agent, chat and execute_tool spans (core.tracing)
         self.events = events  # ToolEnded, for each call's outcome
+        self.spending = spending  # each call counted per day, agent and person; caps checked first (core.spending)
         self.window = ContextWindow(limits.context_tokens, SummaryStore(store.db) if store is not None else None,
                                     self._summarise, mask=self.redact)
 
@@ -242,6 +245,8 @@ class AgentRunner:
         # Nothing of the live text leaves before the masks are current (the check started above).
         live = None if on_text is None else AnswerStream(on_text, self.redactor, checking)
         for _step in range(max_steps):
+            if self.spending is not None:  # a spending cap reached: parked for an admin's Continue, or ended
+                await self.spending.before_call(ctx, agent.name)
             if self.budget is not None:  # used up: parked until Continue (or ended by Stop), before any call
                 await self.budget.before_call(ctx)
             _ANSWERING.set(self.models.answering(models, agent.name, parent.agent if parent else None))
@@ -250,9 +255,8 @@ class AgentRunner:
             request = CompletionRequest(instructions=instructions, messages=messages, tools=offered)
             try:
                 reply = await self._complete(models, agent.name, parent, turn, request, live)
-                if self.budget is not None:
-                    await self.budget.spend(session_id, reply.usage if reply.usage is not None else
-                                            request_tokens(request) + estimate(reply.content))
+                await self._spend(ctx, agent.name, self.models.answering(models, agent.name, parent.agent if parent
+                                                                          else None), request, reply)
                 if checking is not None:
                     await checking
             except ProviderError as exc:
@@ -330,6 +334,18 @@ class AgentRunner:
             f"I used all {max_steps} steps without finishing. "
             "Ask me to continue, or raise MAX_STEPS."
         )
+
+    async def _spend(self, ctx: ToolContext, agent: str, model: Model, request: CompletionRequest,
+                     reply: Completion) -> None:
+        """Count the call: its usage row (by the agent that ran it and the model that answered) and the thread's
+        budget, in one write; only the budget without spending caps wired."""
+        thread = thread_of(ctx.session_id) if self.budget is not None and self.budget.enabled else None
+        if self.spending is not None:
+            await self.spending.record(ctx, agent, model.name, reply, estimated_input=request_tokens(request),
+                                       estimated_output=estimate(reply.content), thread=thread)
+        elif self.budget is not None:
+            await self.budget.spend(ctx.session_id, reply.usage if reply.usage is not None else
+                                    request_tokens(request) + estimate(reply.content))
 
     async def _complete(self, models: SessionModels, agent: str, parent: ToolContext | None, turn: TurnInfo,
                         request: CompletionRequest, live: AnswerStream | None) -> Completion:
