@@ -260,3 +260,33 @@ async def test_bot_usage_prints_spending_by_day_agent_and_person(make_settings: 
     assert lines[2] == "total\t\t\t2\t1500\t300\t0.0034 (+1 unpriced call)" and len(lines) == 3
     code, out = await run_cli(tmp_path, env, "usage", "--days", "7", "--person", "U2")
     assert code == 0 and "\tops\tU2\t1\t7\t7\t0.0000" in out
+
+
+async def test_a_sub_agent_counts_under_its_own_agent_and_ends_at_its_cap_without_asking(
+    make_settings: Any, start_gateway: Any, tmp_path: Path, clock: ShiftedClock, fake_slack: FakeSlack,
+    fake_llm: FakeLLM,
+) -> None:
+    from core.tools import SUBAGENT_CANNOT_ASK
+
+    gateway = await _start(make_settings, start_gateway, tmp_path, clock,
+                           '[[agents]]\nname = "default"\n\n[[agents]]\nname = "researcher"\ndaily_tokens = 100\n')
+    await _seed(gateway, TODAY, 100, agent="researcher", person="U1")
+    fake_llm.then(Reply(tool_calls=[("delegate", {"agent": "researcher", "task": "look it up"})]),
+                  Reply("did it myself"))
+    await gateway.send_event(mention("find out"))
+    [answer] = await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert answer.params["text"] == "did it myself" and len(fake_llm.requests) == 2  # the sub-agent called nothing
+    result = str(fake_llm.requests[1]["messages"][-1]["content"])
+    assert "researcher's daily token cap" in result and SUBAGENT_CANNOT_ASK in result
+    assert fake_slack.of("chat.postEphemeral") == []
+    counted = {(line.agent, line.person): line.calls for line in await UsageStore(gateway.app.db).lines(since=TODAY)}
+    assert counted == {("researcher", "U1"): 1, ("default", "U1"): 2}  # (the seeded row is one "call")
+
+
+def test_doctor_names_a_cost_cap_whose_model_has_no_price(make_settings: Any, tmp_path: Path) -> None:
+    from bot.doctor import _config_file
+
+    settings = make_settings(bot_config=_toml(tmp_path, '[limits]\nperson_daily_cost = 2\n'))
+    [caps] = [check for check in _config_file(settings) if check.name == "spending caps"]
+    assert not caps.ok and "fake-model" in caps.detail
