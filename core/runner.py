@@ -17,7 +17,7 @@ from core.budget import ThreadBudget
 from core.chat_history import merge_user_runs, to_chat, turn_start
 from core.clock import Clock
 from core.context_window import ContextWindow, estimate, request_tokens
-from core.errors import ModelsFailed, ProviderError, StepLimitReached, ToolError
+from core.errors import BudgetExhausted, ModelsFailed, ProviderError, StepLimitReached, ToolError
 from core.events import EventBus, ToolEnded, ToolOutcome
 from core.listening import LISTENING_NOTE, NO_REPLY, NO_REPLY_SPEC
 from core.model import TurnInfo, thread_of
@@ -246,7 +246,16 @@ class AgentRunner:
         live = None if on_text is None else AnswerStream(on_text, self.redactor, checking)
         for _step in range(max_steps):
             if self.spending is not None:  # a spending cap reached: parked for an admin's Continue, or ended
-                await self.spending.before_call(ctx, agent.name)
+                try:
+                    await self.spending.before_call(ctx, agent.name)
+                except BudgetExhausted:
+                    if not optional:
+                        raise
+                    # Nobody asked for this turn: it ends silent, or a listening channel hears of the cap per message.
+                    log.info("turn %s (unaddressed) ended silent at a spending cap", turn.id)
+                    if self.models.unstored(models) is not None:
+                        self._unsaved[turn.id] = models
+                    return ""
             if self.budget is not None:  # used up: parked until Continue (or ended by Stop), before any call
                 await self.budget.before_call(ctx)
             _ANSWERING.set(self.models.answering(models, agent.name, parent.agent if parent else None))

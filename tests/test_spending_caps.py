@@ -4,6 +4,7 @@ model call; `bot usage` and /metrics report spending."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -290,3 +291,29 @@ def test_doctor_names_a_cost_cap_whose_model_has_no_price(make_settings: Any, tm
     settings = make_settings(bot_config=_toml(tmp_path, '[limits]\nperson_daily_cost = 2\n'))
     [caps] = [check for check in _config_file(settings) if check.name == "spending caps"]
     assert not caps.ok and "fake-model" in caps.detail
+
+
+async def test_a_turn_nobody_addressed_ends_silent_at_a_cap(
+    make_settings: Any, start_gateway: Any, tmp_path: Path, clock: ShiftedClock, fake_slack: FakeSlack,
+    fake_llm: FakeLLM,
+) -> None:
+    """A listening channel at a cap is not told of it per message; whoever addresses the bot there gets the card."""
+    from sqlmodel import select
+
+    from core.model import TurnStatus
+    from core.store.tables import TurnRow
+    from tests.slack_requests import message
+
+    gateway = await _start(make_settings, start_gateway, tmp_path, clock,
+                           '[[agents]]\nname = "default"\ndaily_tokens = 1000\n\n[slack]\nlisten_channels = ["#ops"]\n')
+    await _seed(gateway, TODAY, 1_000)
+    await gateway.send_event(message("api latency is up again", channel="COPS"))
+    async with asyncio.timeout(10):
+        while True:
+            async with gateway.app.db.read() as s:
+                turns = (await s.exec(select(TurnRow))).all()
+            if turns and turns[0].status == TurnStatus.FINISHED:
+                break
+            await asyncio.sleep(0.02)
+    await gateway.idle()
+    assert fake_llm.requests == [] and fake_slack.of("chat.postMessage") == []
