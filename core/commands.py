@@ -107,7 +107,8 @@ class Commands:
             return ""
         session = await self.dispatcher.conversations.get_session(command.session) if command.session else None
         agent = session.agent if session is not None else self.dispatcher.agents.default.name
-        return f" Spending: {await spending.status(agent, command.user)}."
+        shown = await spending.status(agent, command.user)
+        return f" Spending: {shown}." if shown else ""
 
     async def _subagents(self, session: str) -> str:
         """Which sub-agents ran in this conversation (core.subagents), the latest ten."""

@@ -258,9 +258,12 @@ class SpendingCaps:
         price = self.config.prices.get(model)
         return Spent(input_tokens, output_tokens, price.micros(input_tokens, output_tokens) if price else None)
 
-    async def status(self, agent: str, person: str | None) -> str:
-        """"agent ops today 1,234 tokens of 10,000; this month …" for ``/bot status``."""
+    async def status(self, agent: str, person: str | None) -> str | None:
+        """"agent ops today 1,234 tokens of 10,000; this month …" for ``/bot status``; None where no cap applies and
+        nothing is priced (then there is nothing to hold the figures against)."""
         caps, mine = self._caps(agent), self.config.person
+        if not (caps.any or mine.any or self.config.prices):
+            return None
         day, month_start, _month = _days(self.clock.now())
         totals = await self.store.totals(day=day, month_start=month_start, agent=agent, person=person or NOBODY)
         priced = bool(self.config.prices)
