@@ -11,6 +11,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from sqlmodel import Session
+
 from core.agents import Agent
 from core.answer_stream import AnswerStream, Emit
 from core.budget import ThreadBudget
@@ -262,10 +264,11 @@ class AgentRunner:
             room = self.window.room(instructions, offered, tight=tight)
             messages = merge_user_runs(await self.window.fit(session_id, history, room, keep_from=keep_from))
             request = CompletionRequest(instructions=instructions, messages=messages, tools=offered)
+            unspent = None  # the call's count, written with the step it wrote (one write, not two)
             try:
                 reply = await self._complete(models, agent.name, parent, turn, request, live)
-                await self._spend(ctx, agent.name, self.models.answering(models, agent.name, parent.agent if parent
-                                                                          else None), request, reply)
+                unspent = await self._spend(ctx, agent.name, self.models.answering(
+                    models, agent.name, parent.agent if parent else None), request, reply)
                 if checking is not None:
                     await checking
             except ProviderError as exc:
@@ -281,6 +284,10 @@ class AgentRunner:
             except BaseException:
                 if live is not None:
                     live.close()
+                try:  # the call was made: it counts, whatever failed after it
+                    await self._write_alone(unspent)
+                except Exception:  # never in place of what failed
+                    log.exception("could not count a model call of turn %s", turn.id)
                 raise
             if live is not None:
                 live.finish(final=not reply.tool_calls)
@@ -288,6 +295,7 @@ class AgentRunner:
             if (silence or (not reply.tool_calls and not save_answer)) and self.models.unstored(models) is not None:
                 self._unsaved[turn.id] = models  # the caller's commit of the turn's end carries the switch
             if silence:
+                await self._write_alone(unspent)
                 return ""  # silence, whatever else the reply said or called: nothing of it is stored or run
             # The model may repeat a secret it saw: masked before it is stored, posted or shown. A
             # call whose arguments hold one never runs (see _call_tool): it would put the secret on
@@ -300,6 +308,7 @@ class AgentRunner:
                 if masked != shown:
                     holds_secret.add(call.id)
             if not reply.tool_calls and not save_answer:
+                await self._write_alone(unspent)
                 return content
             await self.store.add_message(
                 session_id,
@@ -308,7 +317,8 @@ class AgentRunner:
                 turn_id=turn.id,
                 now=self.clock.now(),
                 tool_calls=[c.as_dict() for c in recorded],
-                then=self.models.unstored(models),  # a switch to the fallback is stored with the step it wrote
+                # A switch to the fallback is stored with the step it wrote; so is the call's count.
+                then=_joined(self.models.unstored(models), unspent),
             )
             self.models.stored(models)
             history.append(ChatMessage("assistant", content, tuple(recorded)))
@@ -345,16 +355,23 @@ class AgentRunner:
         )
 
     async def _spend(self, ctx: ToolContext, agent: str, model: Model, request: CompletionRequest,
-                     reply: Completion) -> None:
-        """Count the call: its usage row (by the agent that ran it and the model that answered) and the thread's
-        budget, in one write; only the budget without spending caps wired."""
+                     reply: Completion) -> Callable[[Session], None] | None:
+        """Count the call: the write of its usage row (by the agent that ran it and the model that answered) and of
+        the thread's budget, for the transaction of the step it wrote. Without spending caps wired, only the budget,
+        written now (None returned)."""
         thread = thread_of(ctx.session_id) if self.budget is not None and self.budget.enabled else None
         if self.spending is not None:
-            await self.spending.record(ctx, agent, model.name, reply, estimated_input=request_tokens(request),
+            return self.spending.count(ctx, agent, model.name, reply, estimated_input=request_tokens(request),
                                        estimated_output=estimate(reply.content), thread=thread)
-        elif self.budget is not None:
+        if self.budget is not None:
             await self.budget.spend(ctx.session_id, reply.usage if reply.usage is not None else
                                     request_tokens(request) + estimate(reply.content))
+        return None
+
+    async def _write_alone(self, write: Callable[[Session], None] | None) -> None:
+        """A call's count that no step's write carries (the final answer is the caller's to store)."""
+        if write is not None:
+            await self.store.db.run_write(write)
 
     async def _complete(self, models: SessionModels, agent: str, parent: ToolContext | None, turn: TurnInfo,
                         request: CompletionRequest, live: AnswerStream | None) -> Completion:
@@ -579,6 +596,19 @@ class AgentRunner:
             return await self.redact(decision.result)
         await self.gate.started(decision)
         return await self._execute(tool, ctx, args)
+
+
+def _joined(*writes: Callable[[Session], None] | None) -> Callable[[Session], None] | None:
+    """The writes given, in order, as one (for one transaction); None when there are none."""
+    given = [w for w in writes if w is not None]
+    if len(given) <= 1:
+        return given[0] if given else None
+
+    def work(s: Session) -> None:
+        for write in given:
+            write(s)
+
+    return work
 
 
 async def _cancel_all(tasks: Iterable[asyncio.Future[str]]) -> None:

@@ -18,10 +18,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, ClassVar
+
+from sqlmodel import Session
 
 from core.clock import Clock
 from core.errors import BudgetExhausted
@@ -236,14 +238,24 @@ class SpendingCaps:
 
     async def record(self, ctx: ToolContext, agent: str, model: str, reply: Completion, *, estimated_input: int,
                      estimated_output: int, thread: str | None) -> Spent:
-        """Count one call (and, with ``thread``, add it to that thread's budget in the same write)."""
+        """Count one call now (and, with ``thread``, add it to that thread's budget in the same write)."""
         spent = self.spent(model, reply, estimated_input=estimated_input, estimated_output=estimated_output)
+        await self.store.db.run_write(self._counting(ctx, agent, model, spent, thread))
+        return spent
+
+    def count(self, ctx: ToolContext, agent: str, model: str, reply: Completion, *, estimated_input: int,
+              estimated_output: int, thread: str | None) -> Callable[[Session], None]:
+        """The write that counts one call, for the transaction of the step it wrote (the runner's)."""
+        spent = self.spent(model, reply, estimated_input=estimated_input, estimated_output=estimated_output)
+        return self._counting(ctx, agent, model, spent, thread)
+
+    def _counting(self, ctx: ToolContext, agent: str, model: str, spent: Spent,
+                  thread: str | None) -> Callable[[Session], None]:
         key = UsageKey(self.clock.now().date().isoformat(), agent, person_of(ctx))
-        await self.store.add(key, spent, thread=thread)
-        if self.bus is not None and ctx.session is not None:
+        if self.bus is not None and ctx.session is not None:  # /metrics: this process's counters
             self.bus.emit(ModelSpent(ctx.session, agent, model, spent.input_tokens, spent.output_tokens,
                                      None if spent.cost_micros is None else spent.cost_micros / 1e6))
-        return spent
+        return self.store.adding(key, spent, thread=thread)
 
     def spent(self, model: str, reply: Completion, *, estimated_input: int, estimated_output: int) -> Spent:
         """The call's tokens: the endpoint's split, else its total split by our estimate of the answer, else our

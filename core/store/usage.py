@@ -3,6 +3,7 @@ upsert (exact on PostgreSQL too, where two replicas may count for the same agent
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,8 +80,11 @@ class UsageStore:
                   "unpriced_calls": usage.c.unpriced_calls + added.excluded.unpriced_calls})
 
     async def add(self, key: UsageKey, spent: Spent, *, thread: str | None = None) -> None:
-        """Count one call under ``key``; ``thread``: also add its tokens to that thread's budget count, in the same
-        transaction (one write per model call, not two)."""
+        await self.db.run_write(self.adding(key, spent, thread=thread))
+
+    def adding(self, key: UsageKey, spent: Spent, *, thread: str | None = None) -> Callable[[Session], None]:
+        """The write that counts one call under ``key`` (for a transaction that writes more: the step's message);
+        ``thread``: it also adds the call's tokens to that thread's budget count."""
         params = {"day": key.day, "agent": key.agent, "person": key.person, "input_tokens": spent.input_tokens,
                   "output_tokens": spent.output_tokens, "cost_micros": spent.cost_micros or 0,
                   "unpriced": 1 if spent.cost_micros is None else 0}
@@ -91,7 +95,7 @@ class UsageStore:
                 conn.execute(_THREAD_SPEND, {"b_session": thread, "b_tokens": spent.tokens})
             conn.execute(self._add, params)
 
-        await self.db.run_write(work)
+        return work
 
     async def totals(self, *, day: str, month_start: str, agent: str, person: str) -> Totals:
         """The agent's and the person's sums that the caps compare against, in one query."""
