@@ -317,3 +317,27 @@ async def test_a_turn_nobody_addressed_ends_silent_at_a_cap(
             await asyncio.sleep(0.02)
     await gateway.idle()
     assert fake_llm.requests == [] and fake_slack.of("chat.postMessage") == []
+
+
+async def test_a_call_is_priced_by_the_model_that_answered_it(
+    make_settings: Any, start_gateway: Any, tmp_path: Path, clock: ShiftedClock, fake_slack: FakeSlack,
+    fake_llm: FakeLLM,
+) -> None:
+    """After the primary failed for good, the fallback answers: its price, not the primary's."""
+    from tests.conftest import running_llm
+    from tests.fakes.llm import HttpError
+
+    async with running_llm() as fallback:
+        gateway = await _start(
+            make_settings, start_gateway, tmp_path, clock,
+            '[[prices]]\nmodel = "fake-model"\ninput_per_million = 0\noutput_per_million = 0\n\n'
+            '[[prices]]\nmodel = "fallback-model"\ninput_per_million = 1000\noutput_per_million = 1000\n',
+            llm_fallback_base_url=f"{fallback.url}/v1", llm_fallback_api_key="sk-fallback-key-7d1e2f",  # type: ignore[attr-defined]
+            llm_fallback_model="fallback-model", llm_max_attempts=1)
+        fake_llm.then(HttpError(500, "upstream exploded"))
+        fallback.then(Reply("from the fallback"))
+        await gateway.send_event(mention("hello"))
+        await fake_slack.wait_for("chat.postMessage")
+        await gateway.idle()
+    [line] = await UsageStore(gateway.app.db).lines(since=TODAY)
+    assert line.calls == 1 and line.cost_micros == (line.input_tokens + line.output_tokens) * 1000 > 0
