@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, ClassVar
 
 from sqlmodel import Session
@@ -186,7 +186,7 @@ def _micros(amount: float | None) -> int | None:
 
 def _days(now: datetime) -> tuple[str, str, str]:
     """(today, the first day of this month, this month), UTC."""
-    day = now.date().isoformat()
+    day = now.astimezone(UTC).date().isoformat()
     return day, day[:8] + "01", day[:7]
 
 
@@ -205,13 +205,15 @@ class SpendingCaps:
     async def before_call(self, ctx: ToolContext, agent: str) -> None:
         """Return once the call may be made: no cap reached, or each reached one continued for this turn. Raises
         ``BudgetExhausted`` (the turn ends and says why) where nobody can be asked, or on Stop or expiry."""
-        caps = self._caps(agent)
-        if not caps.any and not self.config.person.any:
+        caps, who = self._caps(agent), person_of(ctx)
+        # An event's turn is nobody's: a person's cap is not theirs to share (the agent's caps and the source's
+        # rate_per_minute bound events).
+        person = self.config.person if who != NOBODY else PersonCaps()
+        if not caps.any and not person.any:
             return  # nothing to check: no read on the hot path
         day, month_start, month = _days(self.clock.now())
-        who = person_of(ctx)
         totals = await self.store.totals(day=day, month_start=month_start, agent=agent, person=who)
-        for cap in reached(caps, self.config.person, totals, agent=agent, who=_named(who), day=day, month=month):
+        for cap in reached(caps, person, totals, agent=agent, who=who, day=day, month=month):
             await self._continue_past(ctx, agent, cap)
 
     async def _continue_past(self, ctx: ToolContext, agent: str, cap: CapReached) -> None:
@@ -251,7 +253,7 @@ class SpendingCaps:
 
     def _counting(self, ctx: ToolContext, agent: str, model: str, spent: Spent,
                   thread: str | None) -> Callable[[Session], None]:
-        key = UsageKey(self.clock.now().date().isoformat(), agent, person_of(ctx))
+        key = UsageKey(_days(self.clock.now())[0], agent, person_of(ctx))
         if self.bus is not None and ctx.session is not None:  # /metrics: this process's counters
             self.bus.emit(ModelSpent(ctx.session, agent, model, spent.input_tokens, spent.output_tokens,
                                      None if spent.cost_micros is None else spent.cost_micros / 1e6))
@@ -293,10 +295,6 @@ class SpendingCaps:
             yours = shown(totals.person_day_tokens, totals.person_day_micros, mine.daily_tokens, mine.daily_cost)
             parts.append(f"you today {yours}")
         return "; ".join(parts)
-
-
-def _named(person: str) -> str:
-    return "nobody" if person == NOBODY else person
 
 
 def _first(text: str) -> str:

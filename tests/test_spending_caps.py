@@ -341,3 +341,24 @@ async def test_a_call_is_priced_by_the_model_that_answered_it(
         await gateway.idle()
     [line] = await UsageStore(gateway.app.db).lines(since=TODAY)
     assert line.calls == 1 and line.cost_micros == (line.input_tokens + line.output_tokens) * 1000 > 0
+
+
+async def test_a_persons_cap_is_never_shared_by_every_events_turn(tmp_path: Path) -> None:
+    """Events' turns are nobody's: ``person_daily_tokens`` does not pool them (their agent's caps bound them)."""
+    from core.errors import BudgetExhausted
+    from core.spending import PersonCaps
+
+    db = Database(f"sqlite:///{tmp_path}/x.db")
+    await db.migrate()
+    try:
+        clock = ShiftedClock()
+        clock.jump_to(NOW)
+        caps = SpendingCaps(UsageStore(db), clock, None, CapsConfig(person=PersonCaps(daily_tokens=10)))
+        await UsageStore(db).add(UsageKey(TODAY, "default", "nobody"), Spent(50, 0, None))
+        await UsageStore(db).add(UsageKey(TODAY, "default", "U1"), Spent(50, 0, None))
+        await caps.before_call(ToolContext(session_id="event:ci:k", turn_id=1, agent="default", sender="event:ci"),
+                               "default")
+        with pytest.raises(BudgetExhausted, match="U1's daily token cap"):
+            await caps.before_call(ToolContext(session_id="s:1", turn_id=2, agent="default", sender="U1"), "default")
+    finally:
+        await db.close()
