@@ -70,6 +70,7 @@ from core.schedules import ScheduleService
 from core.schedules.jobs import JobSettings, ScheduleJobs
 from core.skill_access import SkillAccess
 from core.skills import SkillCatalog, SkillRoot
+from core.spending import SpendingCaps, cost_cap_problem
 from core.store import (
     ApprovalStore,
     ControlStore,
@@ -86,6 +87,7 @@ from core.store.freezes import FreezeStore
 from core.store.memories import MemoryStore
 from core.store.schedules import ScheduleStore
 from core.store.stats import snapshot
+from core.store.usage import UsageStore
 from core.store.webhook_events import WebhookEventStore
 from core.subagents import SubAgents
 from core.tools import ToolRegistry
@@ -362,6 +364,9 @@ def build_application(
                          connection_wait_s=settings.connection_timeout_s)
     model = provider or build_provider(settings)
     models = _model_router(settings, toml, model, bus, credentials.redactor, secret_sink)
+    caps = toml.caps_config()
+    if (problem := cost_cap_problem(caps, _model_names(models))) is not None:
+        raise SettingsError(f"{settings.bot_config}: {problem}")
     runner = AgentRunner(
         store,
         model,
@@ -380,6 +385,7 @@ def build_application(
         tracer=tracer,
         models=models,
         events=bus,  # each tool call's outcome (chatops_tool_calls_total)
+        spending=SpendingCaps(UsageStore(db), clock, approvals, caps, bus=bus),  # [[prices]], caps, bot usage
     )
     if settings.memory_pass:  # after a member's turn, one bounded call proposes memories (best effort)
         bus.subscribe(MemoryPass(memory, model, store, trust=trust, enabled_for=_remembers(tools, agents),
@@ -475,6 +481,12 @@ def _model_router(settings: Settings, toml: BotToml, primary: Provider, bus: Eve
         fallback=Model(build_provider(settings, fallback), fallback.model) if fallback is not None else None,
         agents={name: Model(build_provider(settings, endpoint), endpoint.model) for name, endpoint in own.items()},
         bus=bus, redact=redactor.redact)
+
+
+def _model_names(models: ModelRouter) -> list[str]:
+    """Every model the bot may call (what [[prices]] must price when a cost cap is set)."""
+    found = [models.primary, *models.agents.values(), *([models.fallback] if models.fallback is not None else [])]
+    return [model.name for model in found]
 
 
 def _providers(models: ModelRouter) -> list[Provider]:

@@ -172,6 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     flist = _command(fverbs, "list", "the newest verdicts: when, positive or negative, which turn, who, where",
                      "The first line totals every person's latest verdict.")
     flist.add_argument("--limit", type=_id, default=50, help="how many to list (default: %(default)s)")
+    usage = _command(sub, "usage", "what the model calls used, by UTC day, agent and person (tokens, cost)",
+                     "Cost is priced by [[prices]] in bot.toml; calls of a model without a price are counted apart.")
+    usage.add_argument("--days", type=_id, default=7, help="this many UTC days, today included (default: %(default)s)")
+    usage.add_argument("--agent", default=None, help="only this agent (its name in bot.toml)")
+    usage.add_argument("--person", default=None, help="only this person (a user id; 'nobody' for events' turns)")
     audit = _command(sub, "audit", "the audit trail: approvals, votes, grants, credentials, schedules, overrides")
     averbs = audit.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
     export = _command(averbs, "export", "write every audit event since a date to stdout",
@@ -305,6 +310,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from bot.policy_check import check_command
 
         return check_command(args.tool, args.text, args.risk, args.header, args.body)
+    if args.command == "usage":
+        from bot.usage_command import usage_command
+
+        return asyncio.run(usage_command(args))
     if args.command == "feedback":
         from bot.operator import feedback_command
 

@@ -11,6 +11,7 @@ from bot.settings import Settings, load_settings
 from core.plugins import Check, DoctorContext
 
 if TYPE_CHECKING:
+    from bot.config.file import BotToml
     from bot.model_endpoints import ModelEndpoint
 
 
@@ -242,7 +243,23 @@ def _config_file(settings: Settings) -> list[Check]:
                             "docs/tools-and-approvals.md: Allow rules and files a command loads", warning=True))
     if connections:
         checks.append(_connections(settings, list(connections.values())))
+    if (caps := _spending_caps(settings, toml)) is not None:
+        checks.append(caps)
     return checks
+
+
+def _spending_caps(settings: Settings, toml: BotToml) -> Check | None:
+    """A cost cap needs a price for every model the bot may call (`bot run` refuses it otherwise: core.spending)."""
+    from core.spending import cost_cap_problem
+
+    config = toml.caps_config()
+    if not config.costs:
+        return None
+    models = [m for m in (settings.llm_model, settings.llm_fallback_model, *(t.model for t in toml.agents or []))
+              if m]
+    problem = cost_cap_problem(config, models)
+    return Check("spending caps", problem is None, problem or f"every model has a price ({len(config.prices)})",
+                 "add a [[prices]] table per model in bot.toml" if problem else "")
 
 
 async def _event_sources(settings: Settings) -> list[Check]:

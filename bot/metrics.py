@@ -34,6 +34,7 @@ from core.events import (
     TurnStarted,
 )
 from core.feedback import FeedbackGiven
+from core.spending import ModelSpent
 from core.store import Database
 from core.store.stats import snapshot
 from core.store.webhook_events import WebhookEventStore
@@ -91,6 +92,14 @@ MODEL_CALL_SECONDS = Histogram("chatops_model_call_duration_seconds", "How long 
 MODEL_TOKENS = Counter("chatops_model_tokens", "Tokens of model calls, as the endpoints counted them, by model and "
                        "direction (input, output)", ["model", "direction"])
 MODEL_SWITCHES = Counter("chatops_model_switches", "Sessions that went over to the fallback model")
+
+# Spending (core.spending): each model call counted, by the agent whose turn made it. Never by person: a label per
+# person is a series per person forever (unbounded, and it names people to whoever reads /metrics); `bot usage`
+# shows people.
+SPEND_TOKENS = Counter("chatops_spend_tokens", "Tokens of model calls counted against spending caps, by agent and "
+                       "direction (input, output)", ["agent", "direction"])
+SPEND_COST = Counter("chatops_spend_cost", "Cost of model calls priced by [[prices]] (its currency), by agent",
+                     ["agent"])
 
 EVENTS = Gauge("chatops_events", "Stored events by source and status (queued, answered, failed, filtered, duplicate; "
                "all replicas, within EVENT_RETENTION_DAYS)", ["source", "status"])
@@ -166,6 +175,11 @@ class Metrics:
             for direction, tokens in (("input", event.input_tokens), ("output", event.output_tokens)):
                 if tokens:
                     MODEL_TOKENS.labels(model=event.model, direction=direction).inc(tokens)
+        elif isinstance(event, ModelSpent):
+            for direction, tokens in (("input", event.input_tokens), ("output", event.output_tokens)):
+                SPEND_TOKENS.labels(agent=event.agent, direction=direction).inc(tokens)
+            if event.cost is not None:
+                SPEND_COST.labels(agent=event.agent).inc(event.cost)
         elif isinstance(event, ModelSwitched):
             MODEL_SWITCHES.inc()
         elif isinstance(event, FeedbackGiven):

@@ -24,7 +24,7 @@ from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, A
 from core.freeze_gate import approved_by_admin, asks_during_freeze, frozen_request, is_gated, rule_of
 from core.freezes import Freeze, Freezes
 from core.grants import GRANT_VERDICTS, GrantScope, GrantTerms
-from core.model import BUDGET_RISK, ApprovalInfo, ApprovalStatus, thread_of
+from core.model import BUDGET_RISK, CAP_RISK, ApprovalInfo, ApprovalStatus, thread_of
 from core.oncall import OnCallRota
 from core.oncall_approvals import OnCallApprovers
 from core.people import Person
@@ -138,6 +138,8 @@ class ApprovalBroker:
             if rota.refused:
                 return request
         deciders = self.policy.deciders(requester, approvers or self.agents.get(agent).approvers)
+        if risk == CAP_RISK:  # a spending cap: admins only (core.spending)
+            deciders = self.policy.admins
         self.requests.announce(ApprovalRequested(request.session, request, deciders))
         return request
 
@@ -364,6 +366,8 @@ class ApprovalBroker:
     async def may_decide(self, user: str, request: ApprovalInfo) -> bool:
         """Whether ``user`` may decide ``request``. They are a person of the request's channel: it is shown
         only there, and the gateway refuses other channels' clicks on it (``Gateway.decide``)."""
+        if request.risk == CAP_RISK:  # past a spending cap: only an admin, never the requester or an approver
+            return self.policy.is_admin(user, channel=request.session.channel)
         approvers = request.approvers or self.agents.get(request.agent).approvers
         if not await self.policy.may_decide(user, request.requester, approvers, channel=request.session.channel):
             return False

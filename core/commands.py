@@ -74,7 +74,8 @@ class Commands:
         words = command.text.split()
         sub = words[0].lower() if words else "help"
         if sub == "status":
-            return await self._status(command.session) + await freeze_status(self.freezes, marks)
+            return (await self._status(command.session) + await self._spending(command)
+                    + await freeze_status(self.freezes, marks))
         if sub == "stop":
             return await self._stop(command, marks)
         if sub == "queue" and len(words) == 2:
@@ -113,6 +114,16 @@ class Commands:
             return await unfreeze_command(self.freezes, policy, user=user, channel=channel, marks=marks)
         return await freeze_command(self.freezes, policy, user=user, channel=channel, words=words, name=command.name,
                                     marks=marks)
+
+    async def _spending(self, command: Command) -> str:
+        """The agent's usage today and this month against its caps, and the person's today (core.spending)."""
+        spending = self.dispatcher.runner.spending
+        if spending is None:
+            return ""
+        session = await self.dispatcher.conversations.get_session(command.session) if command.session else None
+        agent = session.agent if session is not None else self.dispatcher.agents.default.name
+        shown = await spending.status(agent, command.user)
+        return f" Spending: {shown}." if shown else ""
 
     async def _subagents(self, session: str) -> str:
         """Which sub-agents ran in this conversation (core.subagents), the latest ten."""

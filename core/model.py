@@ -252,7 +252,7 @@ class ApprovalInfo:
         rule with ``grant_ttl_s`` asks; never past a quorum (a grant would let one person stand for several
         from then on), and never for a rule without ``grant_ttl_s`` (it would skip its approvers for good)."""
         by_rule = self.policy is None or self.grant_ttl_s is not None
-        return by_rule and self.quorum <= 1 and self.risk != BUDGET_RISK
+        return by_rule and self.quorum <= 1 and self.risk not in (BUDGET_RISK, CAP_RISK)
 
     @property
     def thread_grantable(self) -> bool:
@@ -283,6 +283,7 @@ class ApprovalInfo:
 
 
 BUDGET_RISK = "budget"  # what a thread's token-budget park is filed as (its card: Continue and Stop)
+CAP_RISK = "cap"  # what a spending cap's park is filed as (core.spending): Continue and Stop, admins only
 
 
 class CredentialStatus(enum.StrEnum):

@@ -11,16 +11,18 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from sqlmodel import Session
+
 from core.agents import Agent
 from core.answer_stream import AnswerStream, Emit
 from core.budget import ThreadBudget
 from core.chat_history import merge_user_runs, to_chat, turn_start
 from core.clock import Clock
 from core.context_window import ContextWindow, estimate, request_tokens
-from core.errors import ModelsFailed, ProviderError, StepLimitReached, ToolError
+from core.errors import BudgetExhausted, ModelsFailed, ProviderError, StepLimitReached, ToolError
 from core.events import EventBus, ToolEnded, ToolOutcome
 from core.listening import LISTENING_NOTE, NO_REPLY, NO_REPLY_SPEC
-from core.model import TurnInfo
+from core.model import TurnInfo, thread_of
 from core.model_routing import Model, ModelRouter, SessionModels, switches_on
 from core.providers import (
     CallObserver,
@@ -34,6 +36,7 @@ from core.providers import (
     complete_with_retries,
 )
 from core.redaction import Redactor
+from core.spending import SpendingCaps
 from core.store import ConversationStore
 from core.store.summaries import SummaryStore
 from core.text import clean_text
@@ -101,6 +104,7 @@ class AgentRunner:
         tracer: Tracer = NO_TRACING,
         models: ModelRouter | None = None,
         events: EventBus | None = None,
+        spending: SpendingCaps | None = None,
     ) -> None:
         self.store = store
         self.provider = provider  # the primary model's
@@ -122,6 +126,7 @@ class AgentRunner:
         self.sections = tuple(sections)
         self.tracer = tracer  # invoke_agent, chat and execute_tool spans (core.tracing)
         self.events = events  # ToolEnded, for each call's outcome
+        self.spending = spending  # each call counted per day, agent and person; caps checked first (core.spending)
         self.window = ContextWindow(limits.context_tokens, SummaryStore(store.db) if store is not None else None,
                                     self._summarise, mask=self.redact)
 
@@ -242,17 +247,28 @@ class AgentRunner:
         # Nothing of the live text leaves before the masks are current (the check started above).
         live = None if on_text is None else AnswerStream(on_text, self.redactor, checking)
         for _step in range(max_steps):
+            if self.spending is not None:  # a spending cap reached: parked for an admin's Continue, or ended
+                try:
+                    await self.spending.before_call(ctx, agent.name)
+                except BudgetExhausted:
+                    if not optional:
+                        raise
+                    # Nobody asked for this turn: it ends silent, or a listening channel hears of the cap per message.
+                    log.info("turn %s (unaddressed) ended silent at a spending cap", turn.id)
+                    if self.models.unstored(models) is not None:
+                        self._unsaved[turn.id] = models
+                    return ""
             if self.budget is not None:  # used up: parked until Continue (or ended by Stop), before any call
                 await self.budget.before_call(ctx)
             _ANSWERING.set(self.models.answering(models, agent.name, parent.agent if parent else None))
             room = self.window.room(instructions, offered, tight=tight)
             messages = merge_user_runs(await self.window.fit(session_id, history, room, keep_from=keep_from))
             request = CompletionRequest(instructions=instructions, messages=messages, tools=offered)
+            unspent = None  # the call's count, written with the step it wrote (one write, not two)
             try:
                 reply = await self._complete(models, agent.name, parent, turn, request, live)
-                if self.budget is not None:
-                    await self.budget.spend(session_id, reply.usage if reply.usage is not None else
-                                            request_tokens(request) + estimate(reply.content))
+                unspent = await self._spend(ctx, agent.name, self.models.answering(
+                    models, agent.name, parent.agent if parent else None), request, reply)
                 if checking is not None:
                     await checking
             except ProviderError as exc:
@@ -268,6 +284,10 @@ class AgentRunner:
             except BaseException:
                 if live is not None:
                     live.close()
+                try:  # the call was made: it counts, whatever failed after it
+                    await self._write_alone(unspent)
+                except Exception:  # never in place of what failed
+                    log.exception("could not count a model call of turn %s", turn.id)
                 raise
             if live is not None:
                 live.finish(final=not reply.tool_calls)
@@ -275,6 +295,7 @@ class AgentRunner:
             if (silence or (not reply.tool_calls and not save_answer)) and self.models.unstored(models) is not None:
                 self._unsaved[turn.id] = models  # the caller's commit of the turn's end carries the switch
             if silence:
+                await self._write_alone(unspent)
                 return ""  # silence, whatever else the reply said or called: nothing of it is stored or run
             # The model may repeat a secret it saw: masked before it is stored, posted or shown. A
             # call whose arguments hold one never runs (see _call_tool): it would put the secret on
@@ -287,6 +308,7 @@ class AgentRunner:
                 if masked != shown:
                     holds_secret.add(call.id)
             if not reply.tool_calls and not save_answer:
+                await self._write_alone(unspent)
                 return content
             await self.store.add_message(
                 session_id,
@@ -295,7 +317,8 @@ class AgentRunner:
                 turn_id=turn.id,
                 now=self.clock.now(),
                 tool_calls=[c.as_dict() for c in recorded],
-                then=self.models.unstored(models),  # a switch to the fallback is stored with the step it wrote
+                # A switch to the fallback is stored with the step it wrote; so is the call's count.
+                then=_joined(self.models.unstored(models), unspent),
             )
             self.models.stored(models)
             history.append(ChatMessage("assistant", content, tuple(recorded)))
@@ -330,6 +353,25 @@ class AgentRunner:
             f"I used all {max_steps} steps without finishing. "
             "Ask me to continue, or raise MAX_STEPS."
         )
+
+    async def _spend(self, ctx: ToolContext, agent: str, model: Model, request: CompletionRequest,
+                     reply: Completion) -> Callable[[Session], None] | None:
+        """Count the call: the write of its usage row (by the agent that ran it and the model that answered) and of
+        the thread's budget, for the transaction of the step it wrote. Without spending caps wired, only the budget,
+        written now (None returned)."""
+        thread = thread_of(ctx.session_id) if self.budget is not None and self.budget.enabled else None
+        if self.spending is not None:
+            return self.spending.count(ctx, agent, model.name, reply, estimated_input=request_tokens(request),
+                                       estimated_output=estimate(reply.content), thread=thread)
+        if self.budget is not None:
+            await self.budget.spend(ctx.session_id, reply.usage if reply.usage is not None else
+                                    request_tokens(request) + estimate(reply.content))
+        return None
+
+    async def _write_alone(self, write: Callable[[Session], None] | None) -> None:
+        """A call's count that no step's write carries (the final answer is the caller's to store)."""
+        if write is not None:
+            await self.store.db.run_write(write)
 
     async def _complete(self, models: SessionModels, agent: str, parent: ToolContext | None, turn: TurnInfo,
                         request: CompletionRequest, live: AnswerStream | None) -> Completion:
@@ -554,6 +596,19 @@ class AgentRunner:
             return await self.redact(decision.result)
         await self.gate.started(decision)
         return await self._execute(tool, ctx, args)
+
+
+def _joined(*writes: Callable[[Session], None] | None) -> Callable[[Session], None] | None:
+    """The writes given, in order, as one (for one transaction); None when there are none."""
+    given = [w for w in writes if w is not None]
+    if len(given) <= 1:
+        return given[0] if given else None
+
+    def work(s: Session) -> None:
+        for write in given:
+            write(s)
+
+    return work
 
 
 async def _cancel_all(tasks: Iterable[asyncio.Future[str]]) -> None:

@@ -9,6 +9,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from bot.config.table import Person, Problem, Says, Table, Text
 from core.agents import DEFAULT_INSTRUCTIONS, Agent
+from core.spending import AgentCaps
 
 # One plain path component too: an agent's work folder is $BOT_HOME/work/<name> (bot.tools.shell).
 AGENT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
@@ -73,6 +74,15 @@ class AgentTable(Table):
     api_key_env: Annotated[str, AfterValidator(_key_variable)] | None = Field(
         None, description="the name of the environment variable holding its key (never one of the bot's own: "
                           "SLACK_*, BOT_*, LLM_*…); without it, a base_url of its own gets no key")
+    # Spending caps (core.spending): per UTC day and month, in tokens or priced by [[prices]].
+    daily_tokens: int | None = Field(None, ge=1, description="an integer ≥ 1: the tokens its calls may use per UTC "
+                                                             "day (default no cap)")
+    monthly_tokens: int | None = Field(None, ge=1, description="an integer ≥ 1: the tokens its calls may use per UTC "
+                                                               "month (default no cap)")
+    daily_cost: float | None = Field(None, gt=0, description="a number > 0: what its calls may cost per UTC day, "
+                                                             "priced by [[prices]] (default no cap)")
+    monthly_cost: float | None = Field(None, gt=0, description="a number > 0: what its calls may cost per UTC month, "
+                                                               "priced by [[prices]] (default no cap)")
 
     @model_validator(mode="after")
     def _endpoint_names_model(self) -> AgentTable:
@@ -86,3 +96,6 @@ class AgentTable(Table):
         return Agent(name=self.name, instructions=instructions, tools=tuple(self.tools),
                      skills=tuple(self.skills), approvers=tuple(self.approvers), model=self.model,
                      max_steps=self.max_steps)
+
+    def caps(self) -> AgentCaps:
+        return AgentCaps(self.daily_tokens, self.monthly_tokens, self.daily_cost, self.monthly_cost)

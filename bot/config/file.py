@@ -29,6 +29,7 @@ from bot.config.event_sources import EventSourceTable
 from bot.config.freezes import FreezeTable
 from bot.config.mcp_servers import McpServerTable
 from bot.config.policies import PolicyTable
+from bot.config.spending import LimitsTable, PriceTable
 from bot.config.table import Problem, Says, Table
 from bot.errors import SettingsError
 from bot.mcp.spec import McpServerSpec
@@ -36,6 +37,7 @@ from core.agents import DEFAULT_INSTRUCTIONS, Agent
 from core.connections.spec import ConnectionSpec
 from core.freezes import FreezeWindow
 from core.policies import Policy
+from core.spending import CapsConfig, PersonCaps
 from core.webhooks.model import EventSource
 
 
@@ -69,11 +71,25 @@ class BotToml(Table):
                                                                   "to POST /events/<name> wake an agent")
     freezes: list[FreezeTable] = Field([], description="an array of tables: change-freeze windows (cron in UTC "
                                                        "plus duration_s)")
+    prices: list[PriceTable] = Field([], description="an array of tables: what each model's tokens cost (spending "
+                                                     "caps, bot usage)")
+    limits: LimitsTable | None = Field(None, description="a table: each person's daily spending caps")
 
     @field_validator("agents", "connections", "mcp_servers", "event_sources")
     @classmethod
     def _unique_names(cls, tables: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
         _unique(tables or [], str(info.field_name))
+        return tables
+
+    @field_validator("prices")
+    @classmethod
+    def _one_price_per_model(cls, tables: list[PriceTable]) -> list[PriceTable]:
+        first: dict[str, int] = {}
+        for index, table in enumerate(tables):
+            if table.model in first:
+                raise Problem(f"{table.model!r} already has a price in prices[{first[table.model]}]: one per model",
+                              at=(index, "model"))
+            first[table.model] = index
         return tables
 
     @model_validator(mode="after")
@@ -118,6 +134,12 @@ class BotToml(Table):
         if self.agents is None:
             return [Agent(instructions=default_instructions or DEFAULT_INSTRUCTIONS)]
         return [table.agent(default_instructions) for table in self.agents]
+
+    def caps_config(self) -> CapsConfig:
+        """``[[prices]]``, each agent's caps and ``[limits]`` (core.spending)."""
+        return CapsConfig(prices={table.model: table.price() for table in self.prices},
+                          agents={table.name: table.caps() for table in self.agents or []},
+                          person=self.limits.caps() if self.limits is not None else PersonCaps())
 
     def policy_list(self) -> list[Policy]:
         return [table.policy(number) for number, table in enumerate(self.policies, start=1)]

@@ -12,7 +12,7 @@ from channels.slack.payloads import slack_person
 from channels.slack.request_cards import Button, RequestCard, by_mention, card_blocks, context, outcome, section
 from core.display import arguments_text
 from core.grants import lasting
-from core.model import BUDGET_RISK, ApprovalInfo, ApprovalStatus
+from core.model import BUDGET_RISK, CAP_RISK, ApprovalInfo, ApprovalStatus
 from core.replies import asked_by
 
 DENY_VIEW = "approval_deny"
@@ -42,12 +42,31 @@ def budget_blocks(request: ApprovalInfo) -> list[dict[str, Any]]:
         Button("Continue", "approval:approve", "primary"), Button("Stop", "approval:stop", "danger"))))
 
 
+def cap_blocks(request: ApprovalInfo) -> list[dict[str, Any]]:
+    """A spending cap reached (core.spending): an admin's Continue (this turn only) or Stop."""
+    args = request.arguments
+    asked = [section(f":money_with_wings: {escape(str(args.get('cap') or 'A spending cap'))} is reached "
+                     f"({escape(str(args.get('amounts') or ''))}). *Continue* lets this turn go on; other turns still "
+                     "stop at the cap. *Stop* ends this turn. Only admins can decide.")]
+    pending = request.status == ApprovalStatus.PENDING
+    if pending:
+        answer = f"{asked_by(request, SLACK_MARKS)} · expires {_date(request.expires_at)}"
+    else:
+        ended = {ApprovalStatus.APPROVED: "Continued", ApprovalStatus.DENIED: "Stopped"}.get(request.status)
+        said = f"{ended} by {request.decided_by or 'someone'}" if ended else request.summary()
+        answer = outcome(request, by_mention(escape(said), request.decided_by))
+    return card_blocks(RequestCard("approval", request.id, asked, pending, answer, (
+        Button("Continue", "approval:approve", "primary"), Button("Stop", "approval:stop", "danger"))))
+
+
 def approval_blocks(request: ApprovalInfo, *, attached: str | None = None,
                     effect: str | None = None) -> list[dict[str, Any]]:
     """The card: what the call will do (``effect``, mrkdwn, for the tools that say: channels.slack.tool_effects),
     then every argument in full (over several sections, or in the attached file ``attached``)."""
     if request.risk == BUDGET_RISK:
         return budget_blocks(request)
+    if request.risk == CAP_RISK:
+        return cap_blocks(request)
     asked_by_whom = asked_by(request, SLACK_MARKS)
     shown = arguments_text(request.arguments)
     chunks = _chunks(shown)
@@ -110,6 +129,8 @@ def deny_modal(request: ApprovalInfo) -> dict[str, Any]:
 def fallback_text(request: ApprovalInfo) -> str:
     if request.risk == BUDGET_RISK:
         return "This thread used its token budget: Continue or Stop"
+    if request.risk == CAP_RISK:
+        return "A spending cap is reached: an admin may Continue or Stop"
     if request.status == ApprovalStatus.PENDING:
         choices = ["Approve", "Deny"] + ["Always allow"] * request.grantable + ["Allow in this thread"] * \
             request.thread_grantable

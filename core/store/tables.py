@@ -497,3 +497,20 @@ class FreezeRow(SQLModel, table=True):
     created_at: datetime = timestamp()
     lifted_at: datetime | None = timestamp(nullable=True)
     lifted_by: str | None = Field(default=None, max_length=255)
+
+
+class UsageRow(SQLModel, table=True):
+    """What model calls used in one UTC day, for one agent and one person (a turn's requester; "nobody" for an
+    event's turn): spending caps are checked against it, ``bot usage`` and /metrics report it (core.spending)."""
+
+    __tablename__ = "usage"
+
+    day: str = Field(primary_key=True, max_length=10)  # "2026-12-05": ISO order is date order (month ranges)
+    agent: str = Field(primary_key=True, max_length=64)
+    person: str = Field(primary_key=True, max_length=255)
+    calls: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    input_tokens: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    output_tokens: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    # Millionths of the price table's currency: integers add up exactly (a float sum drifts).
+    cost_micros: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    unpriced_calls: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))

@@ -137,8 +137,10 @@ function approvalElement(a) {
     }
     await loadConversation();
   };
-  const budget = a.risk === "budget";  // a thread's token budget used up: Continue or Stop
-  if (budget) el.querySelector("p").innerHTML = `<strong>Token budget used:</strong> ${escapeHtml(String(a.arguments.used))} of ${escapeHtml(String(a.arguments.budget))} tokens. Continue with ${escapeHtml(String(a.arguments.more))} more, or stop this turn.`;
+  const cap = a.risk === "cap";  // a spending cap reached (core.spending): an admin's Continue or Stop
+  const budget = a.risk === "budget" || cap;  // a thread's token budget used up: Continue or Stop
+  if (a.risk === "budget") el.querySelector("p").innerHTML = `<strong>Token budget used:</strong> ${escapeHtml(String(a.arguments.used))} of ${escapeHtml(String(a.arguments.budget))} tokens. Continue with ${escapeHtml(String(a.arguments.more))} more, or stop this turn.`;
+  if (cap) el.querySelector("p").innerHTML = `<strong>Spending cap reached:</strong> ${escapeHtml(String(a.arguments.cap))} (${escapeHtml(String(a.arguments.amounts))}). Continue lets this turn go on; other turns still stop. Only admins can decide.`;
   const choices = budget ? [["Continue", "approve", ""], ["Stop", "stop", "danger"]] : [["Approve", "approve", ""], ["Deny", "deny", "danger"]];
   if (a.grantable) choices.push(["Always allow", "always", "secondary"]);  // a rule's request only with grant_ttl_s
   if (a.thread_grantable) choices.push(["Allow in this thread", "thread", "secondary"]);  // this conversation only
