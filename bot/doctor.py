@@ -217,6 +217,7 @@ def _config_file(settings: Settings) -> list[Check]:
     """``bot.toml`` (agents, ``[slack]``): what `bot run` would refuse, said before it is run."""
     from bot.config.file import load_config
     from bot.policy_check import flag_warnings
+    from bot.self_approval_check import unsatisfiable_setup
     from core.policies import PolicyAction
 
     if not settings.bot_config.exists():
@@ -236,6 +237,10 @@ def _config_file(settings: Settings) -> list[Check]:
         checks.append(Check("approval rules", False, "; ".join(f"{p.describe()} lets every call of {p.tool!r} run "
                                                                "without asking" for p in wide),
                             "give each allow rule a `match` (e.g. match = \"echo hello*\"), or remove it"))
+    if stuck := unsatisfiable_setup(settings, policies, agents):  # `bot run` refuses to start with it
+        checks.append(Check("self-approval", False, "; ".join(stuck),
+                            "name approvers other than requester, set BOT_ADMINS, or allow self-approval "
+                            "(docs/tools-and-approvals.md)"))
     if flagged := flag_warnings(policies):
         checks.append(Check("approval rules", True, "; ".join(flagged),
                             "docs/tools-and-approvals.md: Allow rules and files a command loads", warning=True))

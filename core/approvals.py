@@ -19,10 +19,11 @@ from core.approval_policy import ApprovalPolicy, DecideResult
 from core.clock import Clock
 from core.errors import NotAllowed, NotFound
 from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus
-from core.model import ApprovalInfo, ApprovalStatus
+from core.model import BUDGET_RISK, ApprovalInfo, ApprovalStatus
 from core.people import Person
 from core.policies import Policy, PolicyAction, PolicyBook, Ruling
 from core.requests import PersonRequests
+from core.self_approval import OPERATOR_EXEMPT, REFUSED, barred, effective
 from core.store import ApprovalStore
 from core.store.tables import ApprovalRow, GrantRow
 from core.tools import DESTINATION_TOOL, SUBAGENT_CANNOT_ASK, GateDecision, Risk, Tool, ToolContext, canonical_call
@@ -40,6 +41,7 @@ class ApprovalBroker:
     def __init__(
         self, store: ApprovalStore, bus: EventBus, clock: Clock, policy: ApprovalPolicy, agents: AgentDirectory,
         *, timeout_s: float, poll_s: float = 2.0, policies: PolicyBook | None = None, tracer: Tracer = NO_TRACING,
+        self_approval: bool = True,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -49,6 +51,7 @@ class ApprovalBroker:
         self.timeout = timedelta(seconds=timeout_s)
         self.policies = policies or PolicyBook()  # [[policies]]: the first matching rule decides a call
         self.tracer = tracer  # a wait on a person is a span of its call's trace (core.tracing)
+        self.self_approval = self_approval  # BOT_SELF_APPROVAL: rules that do not say, and calls no rule decides
         self.requests = PersonRequests("approval", store.requests, bus, clock, poll_s=poll_s, end=self._end,
                                        resolved=lambda request: ApprovalResolved(request.session, request))
 
@@ -79,15 +82,18 @@ class ApprovalBroker:
                                        "here, so it did not run; continue without it")
         request = await self.request(session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=ctx.call_id,
                                      tool=tool.name, args=args, agent=ctx.agent, place=ctx.place,
-                                     requester=ctx.requester, risk=tool.risk.value, policy=ruling.policy)
+                                     requester=ctx.requester, risk=tool.risk.value, policy=ruling.policy,
+                                     senders=ctx.senders)
         return _decision(await self._wait(request, ctx.turn_id))
 
     async def request(self, *, session_id: str, turn_id: int | None, call_id: str, tool: str, args: dict[str, Any],
                       agent: str, place: str | None, requester: str | None, risk: str = "gated",
-                      policy: Policy | None = None) -> ApprovalInfo:
+                      policy: Policy | None = None, senders: tuple[str, ...] = ()) -> ApprovalInfo:
         """Park a request (committed) and announce it; settle it later. Used by gated calls and by
         anything else a person must approve (a schedule's destination). ``policy``: the rule that asks
-        (its approvers, quorum and timeout; without one, the agent's approvers and APPROVAL_TIMEOUT_S)."""
+        (its approvers, quorum and timeout; without one, the agent's approvers and APPROVAL_TIMEOUT_S).
+        ``senders``: everyone whose words the turn took so far (the store adds the requester and the turn's
+        taken messages): with self-approval off, none of them may approve it."""
         now = self.clock.now()
         timeout = timedelta(seconds=policy.timeout_s) if policy is not None and policy.timeout_s else self.timeout
         approvers = policy.approvers if policy is not None else ()
@@ -104,6 +110,9 @@ class ApprovalBroker:
             escalate_to=json.dumps(list(policy.escalate_to)) if policy is not None and policy.escalate_to else None,
             remind_at=now + timedelta(seconds=remind) if remind is not None and remind < timeout.total_seconds()
             else None,
+            senders=json.dumps(list(senders)) if senders else None,
+            # A thread budget's Continue is no tool call: whoever asked may let their own thread go on.
+            self_approval=effective(policy, self.self_approval) or risk == BUDGET_RISK,
         ))
         log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
         deciders = self.policy.deciders(requester, approvers or self.agents.get(agent).approvers)
@@ -225,6 +234,8 @@ class ApprovalBroker:
         if not operator and not await self.may_decide(by, request):
             log.info("approval %s: %s may not decide", request_id, by)
             return DecideResult(False, request, refused="You can't approve this: you are not one of its approvers.")
+        if not operator and verdict != "deny" and barred(request, by):  # deny: a sender may always withdraw it
+            return await self._refuse_own(request, by, verdict)
         if request.quorum > 1 and not operator:  # one vote of several (an operator's word settles it)
             return await self._vote(request, verdict, by, reason)
         status = ApprovalStatus.DENIED if verdict == "deny" else ApprovalStatus.APPROVED
@@ -232,12 +243,20 @@ class ApprovalBroker:
         grantable = verdict == "always" and request.grantable
         call = grant_call(request.tool, request.arguments) if grantable else None
         won, settled = await self._settle(request_id, status, by=by,
-                                          reason=(reason or None) if verdict == "deny" else None, grant=call)
+                                          reason=(reason or None) if verdict == "deny" else None, grant=call,
+                                          detail=OPERATOR_EXEMPT if operator and not request.self_approval else None)
         if not won and not settled.settled:  # the settle refused it only because it has run out of time
             won_expiry, settled = await self.requests.end(request_id, ApprovalStatus.EXPIRED)
             log.info("approval %s: %s decided after its expiry; settled as expired", request_id, by)
             return DecideResult(False, settled, late=won_expiry)
         return DecideResult(won, settled)
+
+    async def _refuse_own(self, request: ApprovalInfo, by: str, verdict: str) -> DecideResult:
+        """A sender's approval while self-approval is off: nothing changes, and the attempt is audited."""
+        log.info("approval %s: %s asked for it and may not approve it", request.id, by)
+        await self.store.audit(self.clock.now(), by, "approval.self_refused", f"approval:{request.id}",
+                               {"tool": request.tool, "session": request.session.id, "verdict": verdict})
+        return DecideResult(False, request, refused=REFUSED)
 
     async def _vote(self, request: ApprovalInfo, verdict: str, by: str, reason: str | None) -> DecideResult:
         """Distinct approvers count; one Deny settles it denied. "Always allow" counts as an approval and
@@ -308,11 +327,12 @@ class ApprovalBroker:
                                                                     request.session.place))
 
     async def _settle(self, request_id: int, status: str, *, by: str | None, reason: str | None,
-                      grant: str | None = None) -> tuple[bool, ApprovalInfo]:
+                      grant: str | None = None, detail: dict[str, Any] | None = None) -> tuple[bool, ApprovalInfo]:
         """A person's decision, if still pending and not expired; returns whether this call settled it, and
-        the request as it stands. ``grant``: the exact call an "Always allow" records."""
+        the request as it stands. ``grant``: the exact call an "Always allow" records; ``detail``: more for its
+        audit line."""
         won, request = await self.store.settle(request_id, status, by=by, reason=reason, grant_call=grant,
-                                               now=self.clock.now())
+                                               now=self.clock.now(), detail=detail)
         assert request is not None
         if won:
             self.requests.settled_here(request)

@@ -234,6 +234,10 @@ class ApprovalInfo:
     notify: tuple[str, ...] = ("thread",)  # where it is shown: the thread, and each approver's DM ("dm")
     remind_at: datetime | None = None  # when the approvers are reminded (a rule's remind_after_s)
     reminded: bool = False
+    # Separation of duties (core.self_approval): everyone whose words the turn had taken when it asked (the
+    # requester first), and whether they may approve it. False: only someone else's approval counts.
+    senders: tuple[str, ...] = ()
+    self_approval: bool = True
 
     @property
     def settled(self) -> bool:

@@ -61,6 +61,7 @@ class Policy:
     trust: tuple[str, ...] = ()  # empty: every sender
     headers: tuple[str, ...] = ()  # globs over one header's "Name: value" (http_request); empty: names none
     body: str | None = None  # a glob over the request body (http_request); None: names none
+    self_approval: bool | None = None  # may a sender of the turn approve it (None: BOT_SELF_APPROVAL)
 
     def describe(self) -> str:
         where = f" matching {self.match!r}" if self.match is not None else ""

@@ -13,6 +13,7 @@ from channels.slack.request_cards import Button, RequestCard, by_mention, card_b
 from core.display import arguments_text
 from core.model import BUDGET_RISK, ApprovalInfo, ApprovalStatus
 from core.replies import asked_by
+from core.self_approval import needs_other
 
 DENY_VIEW = "approval_deny"
 # Slack allows 3,000 characters in a section's text and 50 blocks in a message. The arguments are
@@ -66,7 +67,8 @@ def approval_blocks(request: ApprovalInfo, *, attached: str | None = None,
     if pending:
         progress = request.progress()
         votes = f"{mention_all(escape(progress), request.approved_by)} · " if progress else ""
-        answer = f"{votes}{asked_by_whom} · expires {_date(request.expires_at)}"
+        others = needs_other(request, mention)  # self-approval off: whose click will not count
+        answer = f"{votes}{asked_by_whom}{f' · {others}' if others else ''} · expires {_date(request.expires_at)}"
     else:
         said = mention_all(by_mention(escape(request.summary()), request.decided_by), request.approved_by)
         answer = outcome(request, f"{said} · {asked_by_whom}")

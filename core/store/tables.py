@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, Text, UniqueConstraint, false, text
+from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, Text, UniqueConstraint, false, text, true
 from sqlmodel import Field, SQLModel
 
 from core.store.columns import UTCDateTime, timestamp
@@ -167,6 +167,10 @@ class ApprovalRow(SQLModel, table=True):
     escalate_to: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # JSON: who joins
     remind_at: datetime | None = timestamp(nullable=True)  # approvers are reminded then (and escalate_to join)
     reminded_at: datetime | None = timestamp(nullable=True)  # ...once: set by whoever reminded them
+    # Separation of duties (core.self_approval): everyone whose words the turn had taken when it asked (JSON list),
+    # and whether they may approve it; stored so a decision after a restart, on any replica, is judged alike.
+    senders: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    self_approval: bool = Field(default=True, sa_column=Column(Boolean, nullable=False, server_default=true()))
 
 
 class ApprovalVoteRow(SQLModel, table=True):
