@@ -334,6 +334,8 @@ def _approvers(settings: Settings) -> list[Check]:
         """Someone of a shared channel (``web`` and ``web:web`` are the operator, however written)."""
         return entry != REQUESTER and named.owner(entry)[0] in shared
 
+    if not settings.bot_self_approval:  # nobody approves their own call (core.self_approval)
+        return []
     open_to = [a.name for a in agents
                if any(fnmatchcase("shell_run", pattern) for pattern in a.tools)
                and REQUESTER in (a.approvers or settings.approvers)
@@ -345,7 +347,7 @@ def _approvers(settings: Settings) -> list[Check]:
     return [Check("approvers", True, f"{who} only `requester` while shell_run is on: in Slack anyone in a "
                   "channel can ask for a command and approve their own shell commands",
                   "set BOT_APPROVERS (or `approvers` in bot.toml) to the Slack user or user group ids who may "
-                  "approve, e.g. BOT_APPROVERS=U0123ABCD,S0456EFGH", warning=True)]
+                  "approve, e.g. BOT_APPROVERS=U0123ABCD,S0456EFGH; or set BOT_SELF_APPROVAL=false", warning=True)]
 
 
 def _models(settings: Settings) -> list[tuple[str, ModelEndpoint]]:

@@ -115,9 +115,13 @@ class ApprovalBroker:
             self_approval=effective(policy, self.self_approval) or risk == BUDGET_RISK,
         ))
         log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
-        deciders = self.policy.deciders(requester, approvers or self.agents.get(agent).approvers)
+        deciders = self._asked(request, approvers or self.agents.get(agent).approvers)
         self.requests.announce(ApprovalRequested(request.session, request, deciders))
         return request
+
+    def _asked(self, request: ApprovalInfo, approvers: tuple[str, ...]) -> tuple[str, ...]:
+        """Who is asked (named on the card, sent a DM): not the senders when their approval would not count."""
+        return tuple(d for d in self.policy.deciders(request.requester, approvers) if not barred(request, d))
 
     async def granted(self, *, agent: str, tool: str, place: str | None, args: dict[str, Any]) -> bool:
         """Whether an "Always allow" covers exactly this call here (same agent, tool, place, arguments)."""
@@ -214,8 +218,7 @@ class ApprovalBroker:
             log.exception("could not remind the approvers of approval %s", request.id)
             return
         if won and current is not None and not current.settled:
-            deciders = self.policy.deciders(current.requester,
-                                            current.approvers or self.agents.get(current.agent).approvers)
+            deciders = self._asked(current, current.approvers or self.agents.get(current.agent).approvers)
             log.info("approval %s: approvers reminded", request.id)
             self.bus.emit(ApprovalReminded(current.session, current, deciders,
                                            current.expires_at - self.clock.now()))
