@@ -72,7 +72,8 @@ class ApprovalBroker:
             subject = _subject(tool, args)
             if subject is not None and (tool.name, subject) in ctx.preapproved:  # e.g. a firing's own destination
                 return GateDecision(True)
-            if await self.granted(agent=ctx.agent, tool=tool.name, place=ctx.place, args=args):
+            if await self.granted(agent=ctx.agent, tool=tool.name, place=ctx.place, args=args,
+                                  by_others_than=self.sole_approvers(ctx.requester, ctx.senders)):
                 return GateDecision(True)
         if ctx.subagent:  # what would ask a person fails at once: nothing is parked, nothing is posted
             return GateDecision(False, f"error: `{tool.name}` needs a person's approval and {SUBAGENT_CANNOT_ASK}, "
@@ -123,10 +124,18 @@ class ApprovalBroker:
         """Who is asked (named on the card, sent a DM): not the senders when their approval would not count."""
         return tuple(d for d in self.policy.deciders(request.requester, approvers) if not barred(request, d))
 
-    async def granted(self, *, agent: str, tool: str, place: str | None, args: dict[str, Any]) -> bool:
-        """Whether an "Always allow" covers exactly this call here (same agent, tool, place, arguments)."""
+    async def granted(self, *, agent: str, tool: str, place: str | None, args: dict[str, Any],
+                      by_others_than: tuple[str, ...] = ()) -> bool:
+        """Whether an "Always allow" covers exactly this call here (same agent, tool, place, arguments).
+        ``by_others_than``: a grant made by one of these does not (with self-approval off, a sender's own
+        "Always allow", e.g. from before it was turned off, is no one else's approval)."""
         call = grant_call(tool, args)
-        return call is not None and await self.store.grant_for(agent, tool, place, call) is not None
+        grant = await self.store.grant_for(agent, tool, place, call) if call is not None else None
+        return grant is not None and grant.created_by not in by_others_than
+
+    def sole_approvers(self, requester: str | None, senders: tuple[str, ...]) -> tuple[str, ...]:
+        """Whose grants do not cover a call no rule decides: its senders while BOT_SELF_APPROVAL is off."""
+        return () if self.self_approval else tuple(dict.fromkeys(s for s in (requester, *senders) if s))
 
     async def wait(self, request: ApprovalInfo) -> ApprovalInfo:
         """Until it is settled (by anyone, in any process); returns it settled. Not a turn's wait:

@@ -196,6 +196,32 @@ async def test_the_web_chat_cannot_approve_its_own_request(
     assert "the user denied `shell_run`: no;" in _tool_results(fake_llm)[-1]
 
 
+async def test_an_always_allow_covers_everyone_but_the_person_who_gave_it(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """A grant is someone's approval: with self-approval off it does not cover the calls its giver asks for (nor
+    one a person gave themselves before self-approval was turned off)."""
+    gateway = await _start(make_settings, start_gateway, tmp_path, bot_self_approval=False, bot_approvers="U1,U7")
+    call = {"command": "echo granted"}
+    fake_llm.then(Reply(tool_calls=[("shell_run", call)]), Reply("ran"))
+    await gateway.send_event(mention("run it", user="U1"))
+    request_id, _shown = await _card(fake_slack)
+    await gateway.interact(block_action("approval:always", request_id, user="U7"))
+    await fake_slack.wait_for("chat.postMessage", 2)
+    await gateway.idle()
+
+    fake_llm.then(Reply(tool_calls=[("shell_run", call)]), Reply("ran again"))
+    await gateway.send_event(mention("again", user="U1"))  # U7's grant: someone else approved it
+    await fake_slack.wait_for("chat.postMessage", 3)
+    await gateway.idle()
+    assert len(fake_llm.requests) == 4 and "granted" in _tool_results(fake_llm)[-1]
+
+    fake_llm.then(Reply(tool_calls=[("shell_run", call)]))
+    await gateway.send_event(mention("mine too", user="U7"))  # U7's own call: their grant is not someone else's
+    _second, shown = await _card(fake_slack, 4)
+    assert "approval:approve" in shown and "needs someone other than <@U7>" in shown
+
+
 # -- a setup nobody could approve ----------------------------------------------------------------------------
 
 UNSATISFIABLE = '[[policies]]\ntool = "shell_run"\napprovers = ["requester"]\nself_approval = false\n'
