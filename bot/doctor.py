@@ -217,7 +217,7 @@ def _config_file(settings: Settings) -> list[Check]:
     """``bot.toml`` (agents, ``[slack]``): what `bot run` would refuse, said before it is run."""
     from bot.config.file import load_config
     from bot.policy_check import flag_warnings
-    from bot.self_approval_check import unsatisfiable_setup
+    from bot.self_approval_check import self_approval_warnings, unsatisfiable_setup
     from core.policies import PolicyAction
 
     if not settings.bot_config.exists():
@@ -241,6 +241,9 @@ def _config_file(settings: Settings) -> list[Check]:
         checks.append(Check("self-approval", False, "; ".join(stuck),
                             "name approvers other than requester, set BOT_ADMINS, or allow self-approval "
                             "(docs/tools-and-approvals.md)"))
+    if tight := self_approval_warnings(settings, policies):
+        checks.append(Check("self-approval", True, "; ".join(tight),
+                            "name more approvers than the quorum, or a user group", warning=True))
     if flagged := flag_warnings(policies):
         checks.append(Check("approval rules", True, "; ".join(flagged),
                             "docs/tools-and-approvals.md: Allow rules and files a command loads", warning=True))

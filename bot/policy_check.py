@@ -12,7 +12,7 @@ from typing import Any
 
 from bot.config.file import load_config
 from bot.errors import BotError, SettingsError
-from bot.self_approval_check import unsatisfiable_setup
+from bot.self_approval_check import self_approval_warnings, unsatisfiable_setup
 from bot.settings import load_settings
 from bot.tools.http import header_problem
 from core.policies import SHELL_TOOL, Policy, PolicyAction, PolicyBook
@@ -161,7 +161,7 @@ def check_command(tool: str, text: str, risk: str | None, headers: list[str] | N
               f"{f'{policy.timeout_s:g} s' if policy and policy.timeout_s else 'APPROVAL_TIMEOUT_S'}")
     if not book.policies:
         print(f"  ({settings.bot_config} has no [[policies]])")
-    for line in flag_warnings(book.policies):
+    for line in [*flag_warnings(book.policies), *self_approval_warnings(settings, book.policies)]:
         print(f"warning: {line}")
     if stuck := unsatisfiable_setup(settings, book.policies, toml.agent_list(settings.bot_instructions)):
         raise SettingsError("; ".join(stuck))  # `bot run` refuses to start with it

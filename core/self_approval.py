@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from core.model import ApprovalInfo
+from core.model import EVENT_PREFIX, ApprovalInfo
 from core.people import REQUESTER
 from core.policies import Policy, PolicyAction
 
@@ -42,7 +42,9 @@ def needs_other(request: ApprovalInfo, mention: Callable[[str], str] = str, *, l
     renders one user id (a channel's mention)."""
     if request.self_approval:
         return None
-    people = list(dict.fromkeys(s for s in (request.requester, *request.senders) if s))
+    # An event source is no person who could click (core.model.EVENT_PREFIX): not named.
+    people = list(dict.fromkeys(s for s in (request.requester, *request.senders)
+                                if s and not s.startswith(EVENT_PREFIX)))
     if not people:
         return None
     named = [mention(p) for p in people[:limit]]
@@ -85,6 +87,20 @@ def unsatisfiable(policies: Sequence[Policy], agents: Sequence[Deciders], *, adm
             whose = f" (for agent {agent!r})" if agent else ""
             lines.append(f"{policy.describe()} refuses self-approval, and only the requester may approve it{whose}: "
                          f"nobody could ever approve it ({fix})")
+    return lines
+
+
+def tight_quorums(policies: Sequence[Policy], *, default: bool) -> list[str]:
+    """One line per rule refusing self-approval whose quorum needs every approver it names (no user group): a
+    request one of them asks for is reached only with admins' votes. Said, not refused (others may ask)."""
+    lines = []
+    for policy in policies:
+        if policy.action is not PolicyAction.ASK or effective(policy, default) or policy.quorum <= 1:
+            continue
+        named = [a for a in policy.approvers if a != REQUESTER]
+        if named and not any(a.rpartition(":")[2].startswith("S") for a in named) and policy.quorum >= len(named):
+            lines.append(f"{policy.describe()} needs {policy.quorum} of its {len(named)} named approvers and refuses "
+                         "self-approval: a call one of them asks for is approved only with an admin's vote")
     return lines
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ import pytest
 
 from bot.cli import main
 from bot.errors import SettingsError
-from core.self_approval import REFUSED
+from core.policies import Policy, PolicyAction
+from core.self_approval import REFUSED, Deciders, unsatisfiable
 from tests.audit import audit_log
 from tests.bot_process import run_cli, slack_env
 from tests.conftest import GatewayClient
@@ -64,7 +66,8 @@ async def test_the_asker_may_not_approve_their_own_call_someone_else_may(
     assert await _told(fake_slack, 1) == REFUSED
     await gateway.interact(block_action("approval:always", request_id, user="U1"))  # no other way to say yes
     assert await _told(fake_slack, 2) == REFUSED
-    assert len(fake_llm.requests) == 1 and (await gateway.app.approvals.get(int(request_id))).status == "pending"  # type: ignore[union-attr]
+    stored = await gateway.app.approvals.get(int(request_id))
+    assert len(fake_llm.requests) == 1 and stored is not None and stored.status == "pending"
 
     fake_llm.then(Reply("done"))
     await gateway.interact(block_action("approval:approve", request_id, user="U7"))
@@ -246,6 +249,25 @@ def test_policies_check_refuses_a_rule_nobody_could_approve(
     assert "BOT_SELF_APPROVAL=false, and only the requester may approve agent 'default'" in capsys.readouterr().err
     monkeypatch.setenv("BOT_APPROVERS", "requester,U7")
     assert main(["policies", "check", "shell_run", "echo hi"]) == 0
+    capsys.readouterr()
+    config.write_text('[[policies]]\ntool = "shell_run"\napprovers = ["U7", "U8"]\nquorum = 2\n')
+    assert main(["policies", "check", "shell_run", "echo hi"]) == 0  # said, not refused: U9 may ask
+    assert "warning: rule 1 (ask 'shell_run') needs 2 of its 2 named approvers" in capsys.readouterr().out
+
+
+def test_who_could_approve_is_read_from_the_rule_the_agents_and_those_who_join_later() -> None:
+    ask = Policy(tool="shell_run", approvers=("requester",), self_approval=False)
+    ops = Deciders("ops", ("U7",))
+    lone = Deciders("lone", ("requester",))
+    assert len(unsatisfiable([ask], [ops], admins=(), default=True)) == 1  # the rule's own approvers
+    assert unsatisfiable([replace(ask, escalate_to=("U8",), remind_after_s=60)], [ops], admins=(), default=True) == []
+    assert unsatisfiable([ask], [ops], admins=("UADMIN",), default=True) == []
+    unnamed = Policy(tool="shell_run", self_approval=False)  # the agent's approvers
+    [line] = unsatisfiable([unnamed], [ops, lone], admins=(), default=True)
+    assert "for agent 'lone'" in line
+    assert unsatisfiable([replace(unnamed, self_approval=None)], [lone], admins=(), default=True) == []
+    assert len(unsatisfiable([replace(unnamed, self_approval=None)], [lone], admins=(), default=False)) == 2
+    assert unsatisfiable([replace(ask, action=PolicyAction.DENY, approvers=())], [ops], admins=(), default=True) == []
 
 
 async def test_doctor_and_start_refuse_a_rule_nobody_could_approve(
