@@ -246,7 +246,8 @@ class ApprovalBroker:
         if not operator and not await self.may_decide(by, request):
             log.info("approval %s: %s may not decide", request_id, by)
             return DecideResult(False, request, refused="You can't approve this: you are not one of its approvers.")
-        if not operator and verdict != "deny" and barred(request, by):  # deny: a sender may always withdraw it
+        # A sender may always deny (withdraw) it; a settled request says what happened, to them too.
+        if not operator and verdict != "deny" and not request.settled and barred(request, by):
             return await self._refuse_own(request, by, verdict)
         if request.quorum > 1 and not operator:  # one vote of several (an operator's word settles it)
             return await self._vote(request, verdict, by, reason)
