@@ -112,6 +112,23 @@ async def test_a_sender_steered_into_the_turn_may_not_approve_it_either(
     assert "steered" in _tool_results(fake_llm)[-1]
 
 
+async def test_a_second_slack_account_in_a_guest_role_cannot_approve_for_its_owner(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """Core cannot tell two accounts are one person; a guest account may approve nothing (core.trust), and a
+    member's second account is someone else: keep approver lists to people you have verified."""
+    fake_slack.people["UALT"] = {"is_restricted": True}
+    gateway = await _start(make_settings, start_gateway, tmp_path, bot_self_approval=False,
+                           bot_approvers="requester,UALT,U7")
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo alt"})]))
+    await gateway.send_event(mention("run it", user="U1"))
+    request_id, _shown = await _card(fake_slack)
+    await gateway.interact(block_action("approval:approve", request_id, user="UALT"))
+    assert "can't approve this" in await _told(fake_slack, 1) and "guest" in await _told(fake_slack, 1)
+    stored = await gateway.app.approvals.get(int(request_id))
+    assert stored is not None and stored.status == "pending" and len(fake_llm.requests) == 1
+
+
 async def test_in_a_quorum_the_askers_vote_does_not_count_and_they_may_still_deny(
     make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
 ) -> None:
