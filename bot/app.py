@@ -32,6 +32,7 @@ from bot.providers import build_provider
 from bot.sandbox import SKILLS, Bubblewrap
 from bot.sandbox import probe as probe_sandbox
 from bot.sandbox_peers import SandboxPeers
+from bot.self_approval_check import unsatisfiable_setup
 from bot.settings import Settings
 from bot.skills import BUILTIN_SKILLS
 from bot.tools import build_registry
@@ -304,12 +305,16 @@ def build_application(
                         fixed=fixed_level, people=named)
     policy = ApprovalPolicy(settings.approvers, settings.admins, groups=ports, trust=trust, people=named)
     policies = PolicyBook(toml.policy_list())
+    # A setup nobody could approve (self-approval refused, only the requester may approve): one line, no start.
+    if stuck := unsatisfiable_setup(settings, policies.policies, map(agents.get, agents.names())):
+        raise SettingsError("; ".join(stuck))
     for warning in flag_warnings(policies.policies):  # a glob wider than meant: said, not refused
         log.warning("%s", warning)
     freezes = Freezes(FreezeStore(db), clock, toml.freeze_windows())  # in the database: every replica's at once
     approvals = ApprovalBroker(approval_store, bus, clock, policy, agents,
                                timeout_s=settings.approval_timeout_s, poll_s=settings.approval_poll_s,
                                policies=policies, tracer=tracer, freezes=freezes,
+                               self_approval=settings.bot_self_approval,
                                rota=on_call_rota(settings, [agents.get(n) for n in agents.names()], policies.policies,
                                                  ports, clock))
     credentials = CredentialService(

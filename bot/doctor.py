@@ -219,6 +219,7 @@ def _config_file(settings: Settings) -> list[Check]:
     """``bot.toml`` (agents, ``[slack]``): what `bot run` would refuse, said before it is run."""
     from bot.config.file import load_config
     from bot.policy_check import flag_warnings
+    from bot.self_approval_check import self_approval_warnings, unsatisfiable_setup
     from core.policies import PolicyAction
 
     if not settings.bot_config.exists():
@@ -238,6 +239,13 @@ def _config_file(settings: Settings) -> list[Check]:
         checks.append(Check("approval rules", False, "; ".join(f"{p.describe()} lets every call of {p.tool!r} run "
                                                                "without asking" for p in wide),
                             "give each allow rule a `match` (e.g. match = \"echo hello*\"), or remove it"))
+    if stuck := unsatisfiable_setup(settings, policies, agents):  # `bot run` refuses to start with it
+        checks.append(Check("self-approval", False, "; ".join(stuck),
+                            "name approvers other than requester, set BOT_ADMINS, or allow self-approval "
+                            "(docs/tools-and-approvals.md)"))
+    if tight := self_approval_warnings(settings, policies):
+        checks.append(Check("self-approval", True, "; ".join(tight),
+                            "name more approvers than the quorum, or a user group", warning=True))
     if flagged := flag_warnings(policies):
         checks.append(Check("approval rules", True, "; ".join(flagged),
                             "docs/tools-and-approvals.md: Allow rules and files a command loads", warning=True))
@@ -364,6 +372,8 @@ def _approvers(settings: Settings) -> list[Check]:
         on call (``oncall:<schedule>``: Slack's people)."""
         return entry != REQUESTER and (named.owner(entry)[0] in shared or is_oncall(entry))
 
+    if not settings.bot_self_approval:  # nobody approves their own call (core.self_approval)
+        return []
     open_to = [a.name for a in agents
                if any(fnmatchcase("shell_run", pattern) for pattern in a.tools)
                and REQUESTER in (a.approvers or settings.approvers)
@@ -375,7 +385,7 @@ def _approvers(settings: Settings) -> list[Check]:
     return [Check("approvers", True, f"{who} only `requester` while shell_run is on: in Slack anyone in a "
                   "channel can ask for a command and approve their own shell commands",
                   "set BOT_APPROVERS (or `approvers` in bot.toml) to the Slack user or user group ids who may "
-                  "approve, e.g. BOT_APPROVERS=U0123ABCD,S0456EFGH", warning=True)]
+                  "approve, e.g. BOT_APPROVERS=U0123ABCD,S0456EFGH; or set BOT_SELF_APPROVAL=false", warning=True)]
 
 
 def _models(settings: Settings) -> list[tuple[str, ModelEndpoint]]:

@@ -10,8 +10,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from bot.config.file import load_policies
-from bot.errors import BotError
+from bot.config.file import load_config
+from bot.errors import BotError, SettingsError
+from bot.self_approval_check import self_approval_warnings, unsatisfiable_setup
 from bot.settings import load_settings
 from bot.tools.http import header_problem
 from core.approvals import grants_cover
@@ -154,7 +155,8 @@ def check_command(tool: str, text: str, risk: str | None, headers: list[str] | N
                   body: str | None = None) -> int:
     args = with_payload(tool, call_arguments(tool, text), headers or [], body)
     settings = load_settings()
-    book = PolicyBook(load_policies(settings.bot_config))
+    toml = load_config(settings.bot_config)
+    book = PolicyBook(toml.policy_list())
     assumed = ""
     if risk is not None:
         level = Risk(risk)
@@ -174,6 +176,8 @@ def check_command(tool: str, text: str, risk: str | None, headers: list[str] | N
         print(f"  grants: {grants_offered(policy)}")
     if not book.policies:
         print(f"  ({settings.bot_config} has no [[policies]])")
-    for line in flag_warnings(book.policies):
+    for line in [*flag_warnings(book.policies), *self_approval_warnings(settings, book.policies)]:
         print(f"warning: {line}")
+    if stuck := unsatisfiable_setup(settings, book.policies, toml.agent_list(settings.bot_instructions)):
+        raise SettingsError("; ".join(stuck))  # `bot run` refuses to start with it
     return 0

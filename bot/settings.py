@@ -92,6 +92,9 @@ class Settings(BaseSettings):
     # People and policy
     bot_approvers: str = "requester"
     bot_admins: str | None = None
+    # Separation of duties (SPEC §17): false: nobody whose words a turn took may approve what it asks for (the
+    # default of every [[policies]] rule, and what covers calls no rule decides).
+    bot_self_approval: bool = True
     approval_timeout_s: float = Field(default=900, gt=0)
     approval_poll_s: float = Field(default=2.0, gt=0)
     bot_config: Path = Path("bot.toml")

@@ -30,6 +30,7 @@ from core.oncall_approvals import OnCallApprovers
 from core.people import Person
 from core.policies import Policy, PolicyAction, PolicyBook, Ruling
 from core.requests import PersonRequests
+from core.self_approval import OPERATOR_EXEMPT, REFUSED, barred, effective
 from core.store import ApprovalStore
 from core.store.tables import ApprovalRow, GrantRow
 from core.tools import DESTINATION_TOOL, SUBAGENT_CANNOT_ASK, GateDecision, Risk, Tool, ToolContext, canonical_call
@@ -50,6 +51,7 @@ class ApprovalBroker:
         *, timeout_s: float, poll_s: float = 2.0, policies: PolicyBook | None = None, tracer: Tracer = NO_TRACING,
         rota: OnCallRota | None = None,
         freezes: Freezes | None = None,
+        self_approval: bool = True,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -62,6 +64,7 @@ class ApprovalBroker:
         self.on_call = OnCallApprovers(rota, store, bus, clock, self._end_unasked)
         self.freezes = freezes  # change freezes (core.freezes); None: there are none
         self._freeze_told: dict[tuple[str, int], None] = {}  # turns whose thread heard of the freeze (the newest)
+        self.self_approval = self_approval  # BOT_SELF_APPROVAL: rules that do not say, and calls no rule decides
         self.requests = PersonRequests("approval", store.requests, bus, clock, poll_s=poll_s, end=self._end,
                                        resolved=lambda request: ApprovalResolved(request.session, request))
 
@@ -89,7 +92,7 @@ class ApprovalBroker:
                 return GateDecision(True)
         if freeze is None and grants_cover(ruling.policy) and await self.granted(
                 agent=ctx.agent, tool=tool.name, place=ctx.place, args=args, session_id=ctx.session_id,
-                policy=ruling.policy, not_by=_not_granting(ctx, ruling)):
+                policy=ruling.policy, not_by=self._not_granting(ctx, ruling)):
             return GateDecision(True)
         if ctx.subagent:  # what would ask a person fails at once: nothing is parked, nothing is posted
             return GateDecision(False, f"error: `{tool.name}` needs a person's approval and {SUBAGENT_CANNOT_ASK}, "
@@ -99,15 +102,18 @@ class ApprovalBroker:
                                        "here, so it did not run; continue without it")
         request = await self.request(session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=ctx.call_id,
                                      tool=tool.name, args=args, agent=ctx.agent, place=ctx.place,
-                                     requester=ctx.requester, risk=tool.risk.value, policy=ruling.policy)
+                                     requester=ctx.requester, risk=tool.risk.value, policy=ruling.policy,
+                                     senders=ctx.senders)
         return await self._unless_frozen(ctx, tool, await self._wait(request, ctx.turn_id), ruling.policy)
 
     async def request(self, *, session_id: str, turn_id: int | None, call_id: str, tool: str, args: dict[str, Any],
                       agent: str, place: str | None, requester: str | None, risk: str = "gated",
-                      policy: Policy | None = None) -> ApprovalInfo:
+                      policy: Policy | None = None, senders: tuple[str, ...] = ()) -> ApprovalInfo:
         """Park a request (committed) and announce it; settle it later. Used by gated calls and by
         anything else a person must approve (a schedule's destination). ``policy``: the rule that asks
-        (its approvers, quorum and timeout; without one, the agent's approvers and APPROVAL_TIMEOUT_S)."""
+        (its approvers, quorum and timeout; without one, the agent's approvers and APPROVAL_TIMEOUT_S).
+        ``senders``: everyone whose words the turn took so far (the store adds the requester and the turn's
+        taken messages): with self-approval off, none of them may approve it."""
         now = self.clock.now()
         timeout = timedelta(seconds=policy.timeout_s) if policy is not None and policy.timeout_s else self.timeout
         approvers = policy.approvers if policy is not None else ()
@@ -131,13 +137,16 @@ class ApprovalBroker:
             else None,
             grant_ttl_s=policy.grant_ttl_s if policy is not None and grants_cover(policy) else None,
             grant_rule_key=rule_key(policy) if policy is not None and grants_cover(policy) else None,
+            senders=json.dumps(list(senders)) if senders else None,
+            # A thread budget's or a cap's Continue is no tool call: the self-approval rule is about tool calls.
+            self_approval=effective(policy, self.self_approval) or risk in (BUDGET_RISK, CAP_RISK),
         ))
         log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
         if rota is not None and rota.problem is not None:  # the thread is told; a refusal ends it, nobody asked
             request = await self.on_call.told(request, rota)
             if rota.refused:
                 return request
-        deciders = self.policy.deciders(requester, approvers or self.agents.get(agent).approvers)
+        deciders = self._asked(request, approvers or self.agents.get(agent).approvers)
         if risk == CAP_RISK:  # a spending cap: admins only (core.spending)
             deciders = self.policy.admins
         self.requests.announce(ApprovalRequested(request.session, request, deciders))
@@ -157,6 +166,21 @@ class ApprovalBroker:
         key = rule_key(policy) if policy is not None else None
         return await self.store.grant_for(agent, tool, place, call, thread=thread, rule_key=key,
                                           now=self.clock.now(), not_by=not_by) is not None
+
+    def _not_granting(self, ctx: ToolContext, ruling: Ruling) -> tuple[str, ...]:
+        """Whose grants cannot cover this call: with self-approval off (its rule's, else BOT_SELF_APPROVAL), the
+        turn's senders. A grant is its maker's one decision, never their approval of their own later call."""
+        if effective(ruling.policy, self.self_approval):
+            return ()
+        return tuple(dict.fromkeys(s for s in (ctx.requester, *ctx.senders) if s))
+
+    def sole_approvers(self, requester: str | None, senders: tuple[str, ...]) -> tuple[str, ...]:
+        """Whose grants do not cover a call no rule decides: its senders while BOT_SELF_APPROVAL is off."""
+        return () if self.self_approval else tuple(dict.fromkeys(s for s in (requester, *senders) if s))
+
+    def _asked(self, request: ApprovalInfo, approvers: tuple[str, ...]) -> tuple[str, ...]:
+        """Who is asked (named on the card, sent a DM): not the senders when their approval would not count."""
+        return tuple(d for d in self.policy.deciders(request.requester, approvers) if not barred(request, d))
 
     async def wait(self, request: ApprovalInfo) -> ApprovalInfo:
         """Until it is settled (by anyone, in any process); returns it settled. Not a turn's wait:
@@ -250,8 +274,7 @@ class ApprovalBroker:
             log.exception("could not remind the approvers of approval %s", request.id)
             return
         if won and current is not None and not current.settled:
-            deciders = self.policy.deciders(current.requester,
-                                            current.approvers or self.agents.get(current.agent).approvers)
+            deciders = self._asked(current, current.approvers or self.agents.get(current.agent).approvers)
             log.info("approval %s: approvers reminded", request.id)
             self.bus.emit(ApprovalReminded(current.session, current, deciders,
                                            current.expires_at - self.clock.now()))
@@ -273,6 +296,9 @@ class ApprovalBroker:
             return DecideResult(False, request, refused="You can't approve this: you are not one of its approvers.")
         if verdict != "deny" and (frozen := await self._frozen_approval(request, by, operator=operator)) is not None:
             return DecideResult(False, request, refused=frozen)  # still pending: Deny works, and so does a lift
+        # A sender may always deny (withdraw) it; a settled request says what happened, to them too.
+        if not operator and verdict != "deny" and not request.settled and barred(request, by):
+            return await self._refuse_own(request, by, verdict)
         if request.quorum > 1 and not operator:  # one vote of several (an operator's word settles it)
             return await self._vote(request, verdict, by, reason)
         status = ApprovalStatus.DENIED if verdict == "deny" else ApprovalStatus.APPROVED
@@ -280,7 +306,8 @@ class ApprovalBroker:
         # that rule's approvers from then on.
         grant = self._grant_terms(request, verdict)
         won, settled = await self._settle(request_id, status, by=by,
-                                          reason=(reason or None) if verdict == "deny" else None, grant=grant)
+                                          reason=(reason or None) if verdict == "deny" else None, grant=grant,
+                                          detail=OPERATOR_EXEMPT if operator and not request.self_approval else None)
         if not won and not settled.settled:  # the settle refused it only because it has run out of time
             won_expiry, settled = await self.requests.end(request_id, ApprovalStatus.EXPIRED)
             log.info("approval %s: %s decided after its expiry; settled as expired", request_id, by)
@@ -301,6 +328,13 @@ class ApprovalBroker:
                           thread=thread_of(request.session.id) if scope is GrantScope.THREAD else None,
                           expires_at=self.clock.now() + timedelta(seconds=ttl) if ttl is not None else None,
                           rule=request.policy, rule_key=request.grant_rule_key)
+
+    async def _refuse_own(self, request: ApprovalInfo, by: str, verdict: str) -> DecideResult:
+        """A sender's approval while self-approval is off: nothing changes, and the attempt is audited."""
+        log.info("approval %s: %s asked for it and may not approve it", request.id, by)
+        await self.store.audit(self.clock.now(), by, "approval.self_refused", f"approval:{request.id}",
+                               {"tool": request.tool, "session": request.session.id, "verdict": verdict})
+        return DecideResult(False, request, refused=REFUSED)
 
     async def _vote(self, request: ApprovalInfo, verdict: str, by: str, reason: str | None) -> DecideResult:
         """Distinct approvers count; one Deny settles it denied. "Always allow" counts as an approval and
@@ -376,11 +410,13 @@ class ApprovalBroker:
                                                                     request.session.place))
 
     async def _settle(self, request_id: int, status: str, *, by: str | None, reason: str | None,
-                      grant: GrantTerms | None = None) -> tuple[bool, ApprovalInfo]:
+                      grant: GrantTerms | None = None, detail: dict[str, Any] | None = None
+                      ) -> tuple[bool, ApprovalInfo]:
         """A person's decision, if still pending and not expired; returns whether this call settled it, and
-        the request as it stands. ``grant``: what an "Always allow" or "Allow in this thread" records."""
+        the request as it stands. ``grant``: what an "Always allow" or "Allow in this thread" records;
+        ``detail``: more for its audit line."""
         won, request = await self.store.settle(request_id, status, by=by, reason=reason, grant=grant,
-                                               now=self.clock.now())
+                                               now=self.clock.now(), detail=detail)
         assert request is not None
         if won:
             self.requests.settled_here(request)
@@ -496,13 +532,6 @@ def rule_key(policy: Policy) -> str:
     lasts, its place in the file). A grant is bound to it, so a grant never covers a call that another rule
     decides, nor one the same rule decides once it has been edited (stricter approvers, a shorter grant_ttl_s)."""
     return hashlib.sha256(repr(policy).encode()).hexdigest()[:32]
-
-
-def _not_granting(ctx: ToolContext, ruling: Ruling) -> tuple[str, ...]:
-    """Whose grants cannot cover this call: none today. Where self-approval is refused (issue 40.1), the turn's
-    senders (``ctx.senders``): a grant counts as its maker's one decision, never as their approval of their own
-    later call."""
-    return ()
 
 
 def _subject(tool: Tool, args: dict[str, Any]) -> str | None:

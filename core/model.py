@@ -241,6 +241,10 @@ class ApprovalInfo:
     grant_ttl_s: float | None = None
     grant_scope: str | None = None  # the grant its approval recorded: place (Always allow) or thread
     grant_rule_key: str | None = None  # the fingerprint of the rule that asked, which its grant is bound to
+    # Separation of duties (core.self_approval): everyone whose words the turn had taken when it asked (the
+    # requester first), and whether they may approve it. False: only someone else's approval counts.
+    senders: tuple[str, ...] = ()
+    self_approval: bool = True
 
     @property
     def settled(self) -> bool:

@@ -66,6 +66,7 @@ class Policy:
     # and covering later calls under this same rule (core.grants); None: the rule's requests record no grant.
     grant_ttl_s: float | None = None
     during_freeze: str = "refuse"  # DURING_FREEZE: during a change freeze its calls are refused, or asked (admins)
+    self_approval: bool | None = None  # may a sender of the turn approve it (None: BOT_SELF_APPROVAL)
 
     def describe(self) -> str:
         where = f" matching {self.match!r}" if self.match is not None else ""

@@ -16,7 +16,8 @@ from core.policies import HTTP_TOOL, TRUST_LEVELS, Policy, PolicyAction
 MAX_QUORUM = 20
 MAX_WAIT_S = 7 * 24 * 3600  # a week: longer is surely a slip (a value in ms)
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # no header holds these (bot/tools/http.py refuses them)
-_ASKING_KEYS = ("approvers", "quorum", "notify", "remind_after_s", "escalate_to", "timeout_s", "grant_ttl_s")
+_ASKING_KEYS = ("approvers", "quorum", "notify", "remind_after_s", "escalate_to", "timeout_s", "grant_ttl_s",
+                "self_approval")
 _SECONDS = f"a number of seconds above 0 and at most {MAX_WAIT_S}"
 
 
@@ -69,6 +70,9 @@ class PolicyTable(Table):
                                                           "grant lasting this long")
     during_freeze: Literal["refuse", "ask"] = Field(
         "refuse", description="during a change freeze, 'refuse' its calls (default) or 'ask' (only admins approve)")
+    self_approval: bool | None = Field(None, description="true or false: whether a sender of the turn (who asked, "
+                                                         "or whose message joined it) may approve it "
+                                                         "(default BOT_SELF_APPROVAL)")
 
     @field_validator("trust")
     @classmethod
@@ -118,4 +122,5 @@ class PolicyTable(Table):
                       approvers=tuple(self.approvers), quorum=self.quorum, notify=tuple(dict.fromkeys(self.notify)),
                       escalate_to=tuple(self.escalate_to), remind_after_s=self.remind_after_s,
                       timeout_s=self.timeout_s, trust=tuple(self.trust), headers=tuple(self.headers), body=self.body,
-                     grant_ttl_s=self.grant_ttl_s, during_freeze=self.during_freeze)
+                     grant_ttl_s=self.grant_ttl_s, during_freeze=self.during_freeze,
+                     self_approval=self.self_approval)

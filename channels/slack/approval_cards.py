@@ -14,6 +14,7 @@ from core.display import arguments_text
 from core.grants import lasting
 from core.model import BUDGET_RISK, CAP_RISK, ApprovalInfo, ApprovalStatus
 from core.replies import asked_by
+from core.self_approval import needs_other
 
 DENY_VIEW = "approval_deny"
 # Slack allows 3,000 characters in a section's text and 50 blocks in a message. The arguments are
@@ -86,7 +87,9 @@ def approval_blocks(request: ApprovalInfo, *, attached: str | None = None,
     if pending:
         progress = request.progress()
         votes = f"{mention_all(escape(progress), request.approved_by)} · " if progress else ""
-        answer = f"{votes}{asked_by_whom}{_asking(request)} · expires {_date(request.expires_at)}"
+        others = needs_other(request, mention)  # self-approval off: whose click will not count
+        answer = (f"{votes}{asked_by_whom}{_asking(request)}{f' · {others}' if others else ''}"
+                  f" · expires {_date(request.expires_at)}")
         if request.grantable and request.grant_ttl_s is not None:  # a rule's grant: the approver should know
             answer += f" · a grant lasts {lasting(request.grant_ttl_s)}"
     else:

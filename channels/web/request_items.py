@@ -8,6 +8,7 @@ from typing import Any
 
 from core.model import ApprovalInfo, ConnectionRequestInfo, CredentialRequestInfo
 from core.requests import PersonRequest
+from core.self_approval import needs_other
 
 
 def request_item(request: PersonRequest, asked_at: str, **own: Any) -> dict[str, Any]:
@@ -19,7 +20,7 @@ def approval_item(a: ApprovalInfo) -> dict[str, Any]:
     return request_item(a, a.parked_at.isoformat(), tool=a.tool, arguments=a.arguments, requester=a.requester,
                         quorum=a.quorum, progress=a.progress(), grantable=a.grantable, risk=a.risk,
                         thread_grantable=a.thread_grantable, grant_ttl_s=a.grant_ttl_s,
-                        reminded=a.reminded)
+                        reminded=a.reminded, needs_other=needs_other(a))
 
 
 def credential_item(c: CredentialRequestInfo) -> dict[str, Any]:

@@ -114,13 +114,16 @@ class ScheduleService:
         if approval is None:
             args = destination_args(schedule)
             # "Always allow" on an earlier destination approval: this agent may post there again.
+            # Whoever had written where it was asked for may have asked for it (core.self_approval).
+            senders = recorded_senders(schedule) or ()
             granted = await self.approvals.granted(agent=schedule.agent, tool=DESTINATION_TOOL,
-                                                   place=destination_place(schedule), args=args)
+                                                   place=destination_place(schedule), args=args,
+                                                   not_by=self.approvals.sole_approvers(schedule.creator, senders))
             if not granted:
                 approval = await self.approvals.request(
                     session_id=schedule.origin_session or "", turn_id=None, call_id=f"schedule:{schedule.id}",
                     tool=DESTINATION_TOOL, args=args, agent=schedule.agent, place=destination_place(schedule),
-                    requester=schedule.creator,
+                    requester=schedule.creator, senders=senders,
                 )
                 await self.store.set_status(schedule.id, ScheduleStatus.PENDING_DESTINATION, approval_id=approval.id,
                                             now=self.clock.now())

@@ -34,12 +34,19 @@ class ApprovalStore:
                     .order_by(col(InputRow.id)))).all()
                 others = list(dict.fromkeys(x for x in senders if x and x != row.requester))
                 row.other_senders = json.dumps(others) if others else None
+            else:
+                others = []
+            # Everyone the call may come from (core.self_approval): the requester first, the turn's senders as the
+            # runner knew them, and every message the turn had taken.
+            given = json.loads(row.senders) if row.senders else []
+            everyone = list(dict.fromkeys(x for x in (row.requester, *given, *others) if x))
+            row.senders = json.dumps(everyone) if everyone else None
             # A turn waits on it (not, e.g., a schedule's destination): its session says so.
             return await self.requests.park_in(s, row, session_waits=row.turn_id is not None)
 
     async def settle(
         self, request_id: int, status: str, *, by: str | None, reason: str | None, now: datetime,
-        grant_call: str | None = None, grant: GrantTerms | None = None,
+        grant_call: str | None = None, grant: GrantTerms | None = None, detail: dict[str, Any] | None = None,
     ) -> tuple[bool, ApprovalInfo | None]:
         """Settle once: only a pending request changes, and a decision (approve, deny) only before it
         expires. Returns (won, the request as it now stands). An approval with ``grant`` (the exact call,
@@ -48,7 +55,8 @@ class ApprovalStore:
         if grant is None and grant_call is not None:
             grant = GrantTerms(call=grant_call, scope=GrantScope.PLACE, thread=None, expires_at=None)
         async with self.db.write() as s:
-            won, row = await self._settle_in(s, request_id, status, by=by, reason=reason, now=now, grant=grant)
+            won, row = await self._settle_in(s, request_id, status, by=by, reason=reason, now=now, grant=grant,
+                                             detail=detail)
             return won, (await _info(s, row) if row is not None else None)
 
     async def vote(self, request_id: int, voter: str, verdict: str, *, reason: str | None,
@@ -132,8 +140,8 @@ class ApprovalStore:
         return await self.requests.recent(session_id, limit)
 
     async def _settle_in(self, s: AsyncSession, request_id: int, status: str, *, by: str | None,
-                         reason: str | None, now: datetime, grant: GrantTerms | None = None
-                         ) -> tuple[bool, ApprovalRow | None]:
+                         reason: str | None, now: datetime, grant: GrantTerms | None = None,
+                         detail: dict[str, Any] | None = None) -> tuple[bool, ApprovalRow | None]:
         always = grant is not None and status == ApprovalStatus.APPROVED
         decision = status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED)  # expiry and cancel settle regardless
         won, row = await self.requests.settle_in(
@@ -144,7 +152,7 @@ class ApprovalStore:
             # Expired and denied stay apart here (and in the metrics): an expiry is nobody's decision.
             s.add(audit_row(now, by or "system", f"approval.{status}", f"approval:{row.id}",
                             {"tool": row.tool, "session": row.session_id, "place": row.place, "reason": reason,
-                             "always": always, "policy": row.policy}))
+                             "always": always, "policy": row.policy, **(detail or {})}))
             if always and grant is not None:
                 await _record_grant(s, row, grant, by=by, now=now)
         return won, row
@@ -249,4 +257,5 @@ async def _info(s: AsyncSession, row: ApprovalRow) -> ApprovalInfo:
         notify=tuple(json.loads(row.notify)) if row.notify else ("thread",), remind_at=row.remind_at,
         reminded=row.reminded_at is not None, grant_ttl_s=row.grant_ttl_s, grant_scope=row.grant_scope,
         grant_rule_key=row.grant_rule_key,
+        senders=tuple(json.loads(row.senders)) if row.senders else (), self_approval=row.self_approval,
     )

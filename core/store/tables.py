@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, Column, Float, Index, Integer, Text, UniqueConstraint, false, text
+from sqlalchemy import BigInteger, Boolean, Column, Float, Index, Integer, Text, UniqueConstraint, false, text, true
 from sqlmodel import Field, SQLModel
 
 from core.store.columns import UTCDateTime, timestamp
@@ -172,6 +172,10 @@ class ApprovalRow(SQLModel, table=True):
     grant_ttl_s: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
     grant_rule_key: str | None = Field(default=None, max_length=64)
     grant_scope: str | None = Field(default=None, max_length=16)  # place (Always allow), thread
+    # Separation of duties (core.self_approval): everyone whose words the turn had taken when it asked (JSON list),
+    # and whether they may approve it; stored so a decision after a restart, on any replica, is judged alike.
+    senders: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    self_approval: bool = Field(default=True, sa_column=Column(Boolean, nullable=False, server_default=true()))
 
 
 class ApprovalVoteRow(SQLModel, table=True):

@@ -121,7 +121,7 @@ function approvalElement(a) {
     el.appendChild(meta);
     return el;
   }
-  meta.textContent = `${a.reminded ? "Reminder: still waiting · " : ""}${a.progress ? a.progress + " · " : ""}expires ${new Date(a.expires_at).toLocaleTimeString()}`;
+  meta.textContent = `${a.reminded ? "Reminder: still waiting · " : ""}${a.progress ? a.progress + " · " : ""}${a.needs_other ? a.needs_other + " · " : ""}expires ${new Date(a.expires_at).toLocaleTimeString()}`;
   const actions = document.createElement("div");
   actions.className = "approval-actions";
   const reason = document.createElement("input");
