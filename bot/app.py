@@ -25,6 +25,7 @@ from bot.http_headers import server_app
 from bot.keys import load_keyring
 from bot.metrics import EventFigures, Metrics
 from bot.model_endpoints import agent_endpoints, fallback_endpoint
+from bot.passkeys_config import build_passkeys
 from bot.people import people
 from bot.policy_check import flag_warnings
 from bot.providers import build_provider
@@ -38,6 +39,7 @@ from bot.tools.schedules import schedule_tools
 from bot.tracing import from_environment as traces_from_environment
 from channels.web.credential_link import CredentialLinkPage
 from channels.web.oauth_pages import OAuthPages
+from channels.web.passkey_pages import PasskeyPages
 from core.agents import AgentDirectory
 from core.approval_policy import ApprovalPolicy
 from core.approvals import ApprovalBroker
@@ -68,6 +70,7 @@ from core.schedules import ScheduleService
 from core.schedules.jobs import JobSettings, ScheduleJobs
 from core.skill_access import SkillAccess
 from core.skills import SkillCatalog, SkillRoot
+from core.step_up import StepUps
 from core.store import (
     ApprovalStore,
     ControlStore,
@@ -301,9 +304,10 @@ def build_application(
     policies = PolicyBook(toml.policy_list())
     for warning in flag_warnings(policies.policies):  # a glob wider than meant: said, not refused
         log.warning("%s", warning)
+    passkeys = build_passkeys(settings.bot_public_url, policies.policies, db, clock)  # step_up rules' (SPEC §17)
     approvals = ApprovalBroker(approval_store, bus, clock, policy, agents,
                                timeout_s=settings.approval_timeout_s, poll_s=settings.approval_poll_s,
-                               policies=policies, tracer=tracer)
+                               policies=policies, tracer=tracer, passkeys=passkeys)
     credentials = CredentialService(
         CredentialStore(db), load_keyring(settings), bus, clock, policy, agents,
         timeout_s=settings.credential_timeout_s, max_bytes=settings.credential_max_bytes,
@@ -445,6 +449,10 @@ def build_application(
         routes += OAuthPages(gateway, secure_cookie=(settings.bot_public_url or "").startswith("https://"),
                              prefix=URL(settings.bot_public_url or "/").path.rstrip("/"),
                              trusted_proxies=settings.trusted_proxies).routes()
+    if passkeys is not None:  # the passkey pages: enrolment and step-up links
+        routes += PasskeyPages(StepUps(passkeys, approvals), secure_cookie=passkeys.rp.origin.startswith("https://"),
+                               prefix=URL(settings.bot_public_url or "/").path.rstrip("/"),
+                               trusted_proxies=settings.trusted_proxies).routes()
     return Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals, credentials=credentials,
                        schedules=schedules, schedule_jobs=schedule_jobs, deliveries=deliveries, gateway=gateway,
                        address=address, sandbox_peers=peers, events=events, memory=memory,

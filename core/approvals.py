@@ -20,6 +20,7 @@ from core.clock import Clock
 from core.errors import NotAllowed, NotFound
 from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus
 from core.model import ApprovalInfo, ApprovalStatus
+from core.passkeys import Passkeys
 from core.people import Person
 from core.policies import Policy, PolicyAction, PolicyBook, Ruling
 from core.requests import PersonRequests
@@ -40,6 +41,7 @@ class ApprovalBroker:
     def __init__(
         self, store: ApprovalStore, bus: EventBus, clock: Clock, policy: ApprovalPolicy, agents: AgentDirectory,
         *, timeout_s: float, poll_s: float = 2.0, policies: PolicyBook | None = None, tracer: Tracer = NO_TRACING,
+        passkeys: Passkeys | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -49,6 +51,7 @@ class ApprovalBroker:
         self.timeout = timedelta(seconds=timeout_s)
         self.policies = policies or PolicyBook()  # [[policies]]: the first matching rule decides a call
         self.tracer = tracer  # a wait on a person is a span of its call's trace (core.tracing)
+        self.passkeys = passkeys  # a step_up rule's approvals count once confirmed with one (None: no such rule)
         self.requests = PersonRequests("approval", store.requests, bus, clock, poll_s=poll_s, end=self._end,
                                        resolved=lambda request: ApprovalResolved(request.session, request))
 
@@ -104,6 +107,7 @@ class ApprovalBroker:
             escalate_to=json.dumps(list(policy.escalate_to)) if policy is not None and policy.escalate_to else None,
             remind_at=now + timedelta(seconds=remind) if remind is not None and remind < timeout.total_seconds()
             else None,
+            step_up=policy is not None and policy.step_up,
         ))
         log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
         deciders = self.policy.deciders(requester, approvers or self.agents.get(agent).approvers)
@@ -214,8 +218,9 @@ class ApprovalBroker:
     # -- deciders' side -------------------------------------------------------------------------
 
     async def decide(self, request_id: int, verdict: str, by: str, reason: str | None = None, *,
-                     operator: bool = False) -> DecideResult:
-        """A person's click (or an operator's override). ``verdict``: approve, deny or always."""
+                     operator: bool = False, stepped_up: bool = False) -> DecideResult:
+        """A person's click (or an operator's override). ``verdict``: approve, deny or always. ``stepped_up``:
+        the approver has just confirmed it with a passkey (core.step_up), as a ``step_up`` rule requires."""
         request = await self.store.get(request_id)
         if request is None:
             return DecideResult(False, None)
@@ -225,6 +230,9 @@ class ApprovalBroker:
         if not operator and not await self.may_decide(by, request):
             log.info("approval %s: %s may not decide", request_id, by)
             return DecideResult(False, request, refused="You can't approve this: you are not one of its approvers.")
+        if (request.step_up and not operator and not stepped_up and verdict != "deny"
+                and not request.settled and request.expires_at > self.clock.now()):
+            return await self._ask_step_up(request, verdict, by)  # nothing counts until the passkey says so
         if request.quorum > 1 and not operator:  # one vote of several (an operator's word settles it)
             return await self._vote(request, verdict, by, reason)
         status = ApprovalStatus.DENIED if verdict == "deny" else ApprovalStatus.APPROVED
@@ -256,6 +264,13 @@ class ApprovalBroker:
             log.info("approval %s: %s", request.id, current.progress())
             self.bus.emit(ApprovalVoted(current.session, current))
         return DecideResult(won, current, voted=counted and not won)
+
+    async def _ask_step_up(self, request: ApprovalInfo, verdict: str, by: str) -> DecideResult:
+        """The approver's private way to confirm with a passkey (a one-time link), or how to get one."""
+        if self.passkeys is None:  # start refuses a step_up rule without BOT_PUBLIC_URL: only a rule added since
+            return DecideResult(False, request, refused="This approval needs a passkey, and this bot has no "
+                                                        "passkey page (BOT_PUBLIC_URL): ask an operator.")
+        return DecideResult(False, request, step_up=await self.passkeys.ask(request, verdict, by))
 
     async def refuse(self, request_id: int, reason: str) -> bool:
         """A channel could not show the request as it must be shown (e.g. its arguments in full):

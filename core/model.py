@@ -234,6 +234,7 @@ class ApprovalInfo:
     notify: tuple[str, ...] = ("thread",)  # where it is shown: the thread, and each approver's DM ("dm")
     remind_at: datetime | None = None  # when the approvers are reminded (a rule's remind_after_s)
     reminded: bool = False
+    step_up: bool = False  # an approval counts once the approver confirms it with a passkey (core.passkeys)
 
     @property
     def settled(self) -> bool:

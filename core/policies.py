@@ -61,6 +61,7 @@ class Policy:
     trust: tuple[str, ...] = ()  # empty: every sender
     headers: tuple[str, ...] = ()  # globs over one header's "Name: value" (http_request); empty: names none
     body: str | None = None  # a glob over the request body (http_request); None: names none
+    step_up: bool = False  # an approval counts once the approver confirms it with a passkey (core.passkeys)
 
     def describe(self) -> str:
         where = f" matching {self.match!r}" if self.match is not None else ""

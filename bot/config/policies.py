@@ -61,6 +61,8 @@ class PolicyTable(Table):
         [], description="a list of globs over one header's 'Name: value', e.g. [\"Accept: *\"] (http_request)")
     body: Text | None = Field(None, description="a non-empty glob over the request body, e.g. '{\"q\": *}' "
                                                 "(http_request)")
+    step_up: bool = Field(False, description="true or false: an approval counts only once the approver confirms "
+                                             "it with a passkey on the bot's page (needs BOT_PUBLIC_URL)")
 
     @field_validator("trust")
     @classmethod
@@ -100,9 +102,17 @@ class PolicyTable(Table):
             raise Problem("needs remind_after_s: they join the approvers at the reminder", at=("escalate_to",))
         return self
 
+    @model_validator(mode="after")
+    def _step_up_asks(self) -> PolicyTable:
+        if self.step_up and self.action != "ask":
+            raise Problem("only applies to rules that ask (action = 'ask'): nobody approves the others",
+                          at=("step_up",))
+        return self
+
     def policy(self, number: int) -> Policy:
         """The rule as core applies it; ``number`` is its place in the file, from 1."""
         return Policy(tool=self.tool, number=number, match=self.match, action=PolicyAction(self.action),
                       approvers=tuple(self.approvers), quorum=self.quorum, notify=tuple(dict.fromkeys(self.notify)),
                       escalate_to=tuple(self.escalate_to), remind_after_s=self.remind_after_s,
-                      timeout_s=self.timeout_s, trust=tuple(self.trust), headers=tuple(self.headers), body=self.body)
+                      timeout_s=self.timeout_s, trust=tuple(self.trust), headers=tuple(self.headers), body=self.body,
+                      step_up=self.step_up)

@@ -214,5 +214,5 @@ async def _info(s: AsyncSession, row: ApprovalRow) -> ApprovalInfo:
         approvers=tuple(json.loads(row.approvers)) if row.approvers else (), quorum=row.quorum, policy=row.policy,
         approved_by=tuple(await _approvals_of(s, row.id)) if row.quorum > 1 else (), risk=row.risk,
         notify=tuple(json.loads(row.notify)) if row.notify else ("thread",), remind_at=row.remind_at,
-        reminded=row.reminded_at is not None,
+        reminded=row.reminded_at is not None, step_up=row.step_up,
     )

@@ -167,6 +167,8 @@ class ApprovalRow(SQLModel, table=True):
     escalate_to: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # JSON: who joins
     remind_at: datetime | None = timestamp(nullable=True)  # approvers are reminded then (and escalate_to join)
     reminded_at: datetime | None = timestamp(nullable=True)  # ...once: set by whoever reminded them
+    # A rule's step_up: an approval counts once the approver confirms it with a passkey (core.passkeys)
+    step_up: bool = Field(default=False, sa_column=Column(Boolean, nullable=False, server_default=false()))
 
 
 class ApprovalVoteRow(SQLModel, table=True):
