@@ -27,6 +27,7 @@ class LinkPage:
 class Finished:
     ok: bool
     message: str
+    gone: bool = False  # the link cannot be used (any more): nothing was tried
 
 
 class StepUps:
@@ -58,7 +59,7 @@ class StepUps:
     async def finish(self, token: str, kind: str, credential: dict[str, Any]) -> Finished:
         link = await self._usable(token, kind)
         if isinstance(link, str):
-            return Finished(False, link)
+            return Finished(False, link, gone=True)
         if link.kind == ENROL:
             enrolled = await self.passkeys.enrol(token, credential)
             if isinstance(enrolled, str):

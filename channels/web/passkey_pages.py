@@ -81,7 +81,7 @@ class PasskeyPages:
         if not isinstance(credential, dict):
             return _json(400, message="No passkey answer was sent.")
         finished = await self.step_ups.finish(token, kind, credential)
-        response = _json(200 if finished.ok else 409, message=finished.message)
+        response = _json(200 if finished.ok else 410 if finished.gone else 409, message=finished.message)
         response.del_cookie(_cookie(token), path=self.cookie_path)
         return response
 
