@@ -96,6 +96,16 @@ class OpenLink:
 
 
 @dataclass(frozen=True)
+class PasskeyView:
+    """An enrolled passkey as operators see it (``bot approvers list``): never its key."""
+
+    id: int
+    owner: str
+    created_at: datetime
+    last_used_at: datetime | None
+
+
+@dataclass(frozen=True)
 class Confirmed:
     """A step-up assertion verified: ``decider`` approved ``approval_id`` with passkey ``passkey_id``."""
 
@@ -253,11 +263,18 @@ class Passkeys:
 
     # -- operators ----------------------------------------------------------------------------------
 
-    async def listed(self) -> list[PasskeyRow]:
-        return await self.store.all()
+    async def listed(self) -> list[PasskeyView]:
+        return [_view(row) for row in await self.store.all()]
 
-    async def revoke(self, passkey_id: int, *, by: str) -> PasskeyRow | None:
-        return await self.store.revoke(passkey_id, by, self.clock.now())
+    async def revoke(self, passkey_id: int, *, by: str) -> PasskeyView | None:
+        """Revoke an active passkey (audited): it confirms nothing any more."""
+        row = await self.store.revoke(passkey_id, by, self.clock.now())
+        return _view(row) if row is not None else None
+
+
+def _view(row: PasskeyRow) -> PasskeyView:
+    assert row.id is not None
+    return PasskeyView(id=row.id, owner=row.owner, created_at=row.created_at, last_used_at=row.last_used_at)
 
 
 def _b64decode(text: str) -> bytes:

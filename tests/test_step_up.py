@@ -213,6 +213,16 @@ async def test_a_link_refuses_another_approvers_passkey_a_forged_challenge_anoth
         assert request is not None and not request.settled and len(fake_llm.requests) == 1  # still nothing counted
         audit = [row.action for row in await audit_log(gateway.app.approvals.store.db)]
         assert "approval.step_up" not in audit
+
+        # A revoked passkey confirms nothing: its owner is told to enrol again.
+        passkeys = gateway.app.approvals.passkeys
+        assert passkeys is not None
+        assert [(k.id, k.owner) for k in await passkeys.listed()] == [(1, "slack:U7"), (2, "slack:U8")]
+        revoked = await passkeys.revoke(1, by="operator:test")
+        assert revoked is not None and revoked.owner == "slack:U7"
+        await gateway.interact(block_action("approval:approve", request_id, user="U7"))
+        told_now = await fake_slack.wait_for("chat.postEphemeral", told + 1)
+        assert "bot approvers enroll slack:U7" in told_now[-1].params["text"]
     finally:
         await browser.close()
 
