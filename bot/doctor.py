@@ -217,6 +217,7 @@ def _config_file(settings: Settings) -> list[Check]:
     """``bot.toml`` (agents, ``[slack]``): what `bot run` would refuse, said before it is run."""
     from bot.config.file import load_config
     from bot.policy_check import flag_warnings
+    from core.passkeys import relying_party
     from core.policies import PolicyAction
 
     if not settings.bot_config.exists():
@@ -241,6 +242,10 @@ def _config_file(settings: Settings) -> list[Check]:
                             "docs/tools-and-approvals.md: Allow rules and files a command loads", warning=True))
     if connections:
         checks.append(_connections(settings, list(connections.values())))
+    if (stepping := [p for p in policies if p.step_up]) and isinstance(rp := relying_party(settings.bot_public_url),
+                                                                         str):
+        checks.append(Check("step-up", False, f"{stepping[0].describe()} has step_up = true, but {rp}",
+                            "set BOT_PUBLIC_URL to the bot's https address (docs/security.md: Step-up)"))
     return checks
 
 

@@ -294,3 +294,15 @@ async def test_bot_approvers_enroll_prints_a_one_time_link_for_one_person(tmp_pa
     assert code == 3 and "no active passkey 9" in out
     code, out = await run_cli(tmp_path, {"BOT_PUBLIC_URL": "http://10.1.2.3:3000"}, "approvers", "enroll", "U7")
     assert code == 2 and "BOT_PUBLIC_URL" in out and "/passkeys/" not in out
+
+
+def test_doctor_names_a_step_up_rule_without_a_host_name(make_settings: Any, tmp_path: Path) -> None:
+    from bot.doctor import _config_file
+
+    config = tmp_path / "bot.toml"
+    config.write_text(RULE)
+    [failed] = [c for c in _config_file(make_settings(bot_config=config, bot_public_url="https://10.0.0.5"))
+                if c.name == "step-up"]
+    assert not failed.ok and "IP address" in failed.detail
+    assert not [c for c in _config_file(make_settings(bot_config=config, bot_public_url=ORIGIN)) if c.name == "step-up"]
+
