@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.agents import AgentDirectory
 from core.approval_policy import ApprovalPolicy, DecideResult
@@ -20,7 +20,6 @@ from core.clock import Clock
 from core.errors import NotAllowed, NotFound
 from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus
 from core.model import ApprovalInfo, ApprovalStatus
-from core.passkeys import Passkeys
 from core.people import Person
 from core.policies import Policy, PolicyAction, PolicyBook, Ruling
 from core.requests import PersonRequests
@@ -30,6 +29,9 @@ from core.tools import DESTINATION_TOOL, SUBAGENT_CANNOT_ASK, GateDecision, Risk
 from core.tracing import APPROVAL, NO_TRACING, Tracer
 from core.trust import NOT_ALLOWED, is_restricted
 from core.views import AuditEntry, GrantView
+
+if TYPE_CHECKING:  # webauthn is loaded only where passkeys are made (bot.passkeys_config)
+    from core.passkeys import Passkeys
 
 log = logging.getLogger(__name__)
 

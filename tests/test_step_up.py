@@ -26,7 +26,7 @@ from tests.conftest import GatewayClient
 from tests.fakes.core import ShiftedClock
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import FakeSlack
-from tests.passkey_authenticator import SoftAuthenticator
+from tests.passkey_authenticator import SoftAuthenticator, b64
 from tests.slack_requests import block_action, mention
 
 ORIGIN = "http://localhost"  # BOT_PUBLIC_URL here: the pages are reached at 127.0.0.1:<port>, the origin is this
@@ -72,9 +72,10 @@ class PasskeyBrowser:
         await self.http.close()
 
 
-async def _start(make_settings: Any, start_gateway: Any, tmp_path: Path, clock: Any = None) -> GatewayClient:
+async def _start(make_settings: Any, start_gateway: Any, tmp_path: Path, clock: Any = None,
+                 rule: str = RULE) -> GatewayClient:
     config = tmp_path / "bot.toml"
-    config.write_text(RULE)
+    config.write_text(rule)
     gateway: GatewayClient = await start_gateway(make_settings(bot_config=config, bot_public_url=ORIGIN), clock=clock)
     return gateway
 
@@ -126,8 +127,7 @@ async def test_an_approval_counts_once_confirmed_with_the_approvers_passkey_and_
         assert headers["X-Frame-Options"] == "DENY" and "frame-ancestors 'none'" in headers["Content-Security-Policy"]
         status, options = await browser.post(link, "options", {})
         assert options["options"]["userVerification"] == "required"
-        assert [c["id"] for c in options["options"]["allowCredentials"]] == [
-            json.loads(json.dumps(authenticator.create(options["options"] | {"rp": {"id": "localhost"}})))["id"]]
+        assert [c["id"] for c in options["options"]["allowCredentials"]] == [b64(authenticator.credential_id)]
         answer = authenticator.get(options["options"])
         status, done = await browser.post(link, "finish", {"credential": answer})
         assert status == 200 and "Confirmed with passkey 1" in done["message"], done
@@ -147,6 +147,32 @@ async def test_an_approval_counts_once_confirmed_with_the_approvers_passkey_and_
         # The token is never logged (libraries' debug lines are held at WARNING by bot.logs, as in production).
         ours = [r.getMessage() for r in caplog.records if not r.name.startswith(QUIET_LIBRARIES)]
         assert ours and not any(URL(link).name in line for line in ours)
+    finally:
+        await browser.close()
+
+
+async def test_with_a_quorum_each_approval_counts_once_its_approver_confirmed_it(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    gateway = await _start(make_settings, start_gateway, tmp_path, rule=RULE.replace("step_up", "quorum = 2\nstep_up"))
+    browser = PasskeyBrowser(gateway)
+    try:
+        keys = {user: await _enrolled(gateway, browser, f"slack:{user}") for user in ("U7", "U8")}
+        request_id = await _asked(gateway, fake_slack, fake_llm, "echo two-passkeys")
+        first = await _link(gateway, fake_slack, request_id, "U7", 1)
+        second = await _link(gateway, fake_slack, request_id, "U8", 2)
+        answer = keys["U7"].get(await browser.options(first))
+        status, done = await browser.post(first, "finish", {"credential": answer})
+        assert status == 200 and "Your approval is counted: 1 of 2 approvals — U7" in done["message"], done
+        assert len(fake_llm.requests) == 1
+        answer = keys["U8"].get(await browser.options(second))
+        status, done = await browser.post(second, "finish", {"credential": answer})
+        assert status == 200 and "Approved by U7 and U8" in done["message"], done
+        await fake_slack.wait_for("chat.postMessage", 2)
+        await gateway.idle()
+        assert "two-passkeys" in str(fake_llm.requests[1]["messages"][-1]["content"])
+        audit = [row for row in await audit_log(gateway.app.approvals.store.db) if row.action == "approval.step_up"]
+        assert [row.actor for row in audit] == ["slack:U7", "slack:U8"]
     finally:
         await browser.close()
 
