@@ -121,6 +121,7 @@ async def test_an_approval_counts_once_confirmed_with_the_approvers_passkey_and_
         assert [c.params["user"] for c in fake_slack.of("chat.postEphemeral")] == ["U7"]  # only to them
         assert not any(link in json.dumps(c.params) for c in fake_slack.of("chat.postMessage"))  # never the thread
         assert not fake_slack.of("chat.update") and len(fake_llm.requests) == 1  # nothing counted, nothing ran
+        assert "approving needs a passkey" in json.dumps(fake_slack.of("chat.postMessage")[0].params["blocks"])
 
         status, page, headers = await browser.open(link)
         assert status == 200 and "echo stepped-up" in page and "passkeys.js" in page

@@ -66,7 +66,8 @@ def approval_blocks(request: ApprovalInfo, *, attached: str | None = None,
     if pending:
         progress = request.progress()
         votes = f"{mention_all(escape(progress), request.approved_by)} · " if progress else ""
-        answer = f"{votes}{asked_by_whom} · expires {_date(request.expires_at)}"
+        step_up = " · approving needs a passkey" if request.step_up else ""  # a rule's step_up (core.passkeys)
+        answer = f"{votes}{asked_by_whom}{step_up} · expires {_date(request.expires_at)}"
     else:
         said = mention_all(by_mention(escape(request.summary()), request.decided_by), request.approved_by)
         answer = outcome(request, f"{said} · {asked_by_whom}")
