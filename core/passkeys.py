@@ -30,7 +30,7 @@ from webauthn import (
     verify_registration_response,
 )
 from webauthn.helpers import base64url_to_bytes, bytes_to_base64url, options_to_json
-from webauthn.helpers.exceptions import InvalidAuthenticationResponse, InvalidRegistrationResponse
+from webauthn.helpers.exceptions import WebAuthnException
 from webauthn.helpers.structs import (
     AuthenticatorSelectionCriteria,
     PublicKeyCredentialDescriptor,
@@ -219,11 +219,12 @@ class Passkeys:
             verified = verify_registration_response(
                 credential=credential, expected_challenge=_b64decode(link.challenge), expected_rp_id=self.rp.id,
                 expected_origin=self.rp.origin, require_user_verification=True)
-        except (InvalidRegistrationResponse, ValueError, KeyError, TypeError) as exc:
+        except (WebAuthnException, ValueError, KeyError, TypeError, AttributeError) as exc:  # whatever was sent
             log.info("passkey enrolment for %s refused: %s", link.owner, exc)
             return "The passkey could not be verified, so nothing was enrolled. Ask for a new link."
         credential_id = bytes_to_base64url(verified.credential_id)
-        if any(k.credential_id == credential_id for k in await self.store.passkeys_of(link.owner)):
+        # Any person's, revoked ones too: without attestation the browser names the id, and one id is one passkey.
+        if await self.store.credential_known(credential_id):
             return "This passkey is already enrolled."
         passkey_id = await self.store.add_passkey(PasskeyRow(
             owner=link.owner, credential_id=credential_id, public_key=verified.credential_public_key,
@@ -250,7 +251,7 @@ class Passkeys:
                 credential=credential, expected_challenge=_b64decode(link.challenge), expected_rp_id=self.rp.id,
                 expected_origin=self.rp.origin, credential_public_key=passkey.public_key,
                 credential_current_sign_count=passkey.sign_count, require_user_verification=True)
-        except (InvalidAuthenticationResponse, ValueError, KeyError, TypeError) as exc:
+        except (WebAuthnException, ValueError, KeyError, TypeError, AttributeError) as exc:  # whatever was sent
             log.info("step-up for approval %s refused: %s", link.approval_id, exc)
             return "The passkey could not be verified, so nothing was approved."
         note = f"step-up confirmed with passkey {passkey.id}"

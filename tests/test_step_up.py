@@ -223,6 +223,14 @@ async def test_a_link_refuses_another_approvers_passkey_a_forged_challenge_anoth
         await refused(lambda o: mine.get(o, origin="https://evil.example"), "could not be verified")
         await refused(lambda o: mine.get(o, verified=False), "could not be verified")  # no user verification
         await refused(lambda o: mine.get(o, count=3), "could not be verified")  # its sign count went back
+        await refused(lambda o: {**mine.get(o), "response": {"signature": 7}}, "could not be verified")  # garbage
+
+        # Enrolling a passkey id someone already has (the browser names it: no attestation) is refused.
+        passkeys = gateway.app.approvals.passkeys
+        assert passkeys is not None
+        copycat = SoftAuthenticator(ORIGIN, credential_id=theirs.credential_id)
+        status, body = await browser.enrol((await passkeys.enrol_link("slack:U7", by="operator:test"))[0], copycat)
+        assert status == 409 and "already enrolled" in body["message"]
 
         told += 1
         link = await _link(gateway, fake_slack, request_id, "U7", told)
@@ -242,8 +250,6 @@ async def test_a_link_refuses_another_approvers_passkey_a_forged_challenge_anoth
         assert "approval.step_up" not in audit
 
         # A revoked passkey confirms nothing: its owner is told to enrol again.
-        passkeys = gateway.app.approvals.passkeys
-        assert passkeys is not None
         assert [(k.id, k.owner) for k in await passkeys.listed()] == [(1, "slack:U7"), (2, "slack:U8")]
         revoked = await passkeys.revoke(1, by="operator:test")
         assert revoked is not None and revoked.owner == "slack:U7"

@@ -69,6 +69,11 @@ class PasskeyStore:
                 col(PasskeyRow.owner) == owner, col(PasskeyRow.revoked_at).is_(None)).order_by(
                 col(PasskeyRow.id)))).all())
 
+    async def credential_known(self, credential_id: str) -> bool:
+        async with self.db.read() as s:
+            return (await s.exec(select(PasskeyRow.id).where(col(PasskeyRow.credential_id) == credential_id))
+                    ).first() is not None
+
     async def all(self) -> list[PasskeyRow]:
         async with self.db.read() as s:
             return list((await s.exec(select(PasskeyRow).where(col(PasskeyRow.revoked_at).is_(None)).order_by(
