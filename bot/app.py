@@ -26,6 +26,7 @@ from bot.keys import load_keyring
 from bot.metrics import EventFigures, Metrics
 from bot.model_endpoints import agent_endpoints, fallback_endpoint
 from bot.oncall import on_call_rota
+from bot.passkeys_config import build_passkeys
 from bot.people import people
 from bot.policy_check import flag_warnings
 from bot.providers import build_provider
@@ -40,6 +41,7 @@ from bot.tools.schedules import schedule_tools
 from bot.tracing import from_environment as traces_from_environment
 from channels.web.credential_link import CredentialLinkPage
 from channels.web.oauth_pages import OAuthPages
+from channels.web.passkey_pages import PasskeyPages
 from core.agents import AgentDirectory
 from core.approval_policy import ApprovalPolicy
 from core.approvals import ApprovalBroker
@@ -72,6 +74,7 @@ from core.schedules.jobs import JobSettings, ScheduleJobs
 from core.skill_access import SkillAccess
 from core.skills import SkillCatalog, SkillRoot
 from core.spending import SpendingCaps, cost_cap_problem
+from core.step_up import StepUps
 from core.store import (
     ApprovalStore,
     ControlStore,
@@ -310,11 +313,12 @@ def build_application(
         raise SettingsError("; ".join(stuck))
     for warning in flag_warnings(policies.policies):  # a glob wider than meant: said, not refused
         log.warning("%s", warning)
+    passkeys = build_passkeys(settings.bot_public_url, policies.policies, db, clock)  # step_up rules' (SPEC §17)
     freezes = Freezes(FreezeStore(db), clock, toml.freeze_windows())  # in the database: every replica's at once
     approvals = ApprovalBroker(approval_store, bus, clock, policy, agents,
                                timeout_s=settings.approval_timeout_s, poll_s=settings.approval_poll_s,
                                policies=policies, tracer=tracer, freezes=freezes,
-                               self_approval=settings.bot_self_approval,
+                               self_approval=settings.bot_self_approval, passkeys=passkeys,
                                rota=on_call_rota(settings, [agents.get(n) for n in agents.names()], policies.policies,
                                                  ports, clock))
     credentials = CredentialService(
@@ -463,6 +467,10 @@ def build_application(
         routes += OAuthPages(gateway, secure_cookie=(settings.bot_public_url or "").startswith("https://"),
                              prefix=URL(settings.bot_public_url or "/").path.rstrip("/"),
                              trusted_proxies=settings.trusted_proxies).routes()
+    if passkeys is not None:  # the passkey pages: enrolment and step-up links
+        routes += PasskeyPages(StepUps(passkeys, approvals), secure_cookie=passkeys.rp.origin.startswith("https://"),
+                               prefix=URL(settings.bot_public_url or "/").path.rstrip("/"),
+                               trusted_proxies=settings.trusted_proxies).routes()
     return Application(settings=settings, db=db, dispatcher=dispatcher, approvals=approvals, credentials=credentials,
                        schedules=schedules, schedule_jobs=schedule_jobs, deliveries=deliveries, gateway=gateway,
                        address=address, sandbox_peers=peers, events=events, memory=memory,

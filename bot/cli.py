@@ -56,6 +56,7 @@ _LIST_HINT = {
     "schedules": "`bot schedules list` shows them",
     "events": "`bot events list` shows them",
     "memory": "`bot memory list` shows them",
+    "approvers": "`bot approvers list` shows the passkeys",
 }
 
 
@@ -208,6 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
     ccheck = _command(cfverbs, "check", "check bot.toml as `bot run` would, and say what it holds",
                       "Exit code 2 and the key's path when something is wrong.")
     ccheck.add_argument("--config", default=None, metavar="PATH", help="the file (default: BOT_CONFIG, bot.toml)")
+    appr = _command(sub, "approvers", "approvers' passkeys, for rules with step_up (needs BOT_PUBLIC_URL)")
+    apverbs = appr.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
+    _command(apverbs, "enroll", "print a one-time link (24 h) on which USER registers a passkey",
+             "Re-enrolling adds a passkey; give the link to that person only.").add_argument(
+        "user", help="the person, as approvers name them: a Slack user id (U…), slack:U…, or web")
+    _command(apverbs, "list", "enrolled passkeys: id, owner, when enrolled, last use")
+    _command(apverbs, "revoke", "revoke a passkey: it confirms nothing any more").add_argument(
+        "id", type=_id, help="the passkey's id (from `bot approvers list`)")
     webp = _command(sub, "web", "web chat logins")
     wverbs = webp.add_subparsers(dest="verb", required=True, metavar="VERB", help="one of:")
     _command(wverbs, "logout-all", "end every web chat login (audited); browsers get the login page again")
@@ -302,6 +311,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return asyncio.run(approvals_command(args))
     if args.command == "web":
         return asyncio.run(_web_logout_all())
+    if args.command == "approvers":
+        from bot.approvers_command import approvers_command
+
+        return asyncio.run(approvers_command(args))
     if args.command == "audit":
         from bot.operator import audit_command
 

@@ -220,6 +220,7 @@ def _config_file(settings: Settings) -> list[Check]:
     from bot.config.file import load_config
     from bot.policy_check import flag_warnings
     from bot.self_approval_check import self_approval_warnings, unsatisfiable_setup
+    from core.passkeys import relying_party
     from core.policies import PolicyAction
 
     if not settings.bot_config.exists():
@@ -253,6 +254,10 @@ def _config_file(settings: Settings) -> list[Check]:
         checks.append(_connections(settings, list(connections.values())))
     if (caps := _spending_caps(settings, toml)) is not None:
         checks.append(caps)
+    if (stepping := [p for p in policies if p.step_up]) and isinstance(rp := relying_party(settings.bot_public_url),
+                                                                         str):
+        checks.append(Check("step-up", False, f"{stepping[0].describe()} has step_up = true, but {rp}",
+                            "set BOT_PUBLIC_URL to the bot's https address (docs/security.md: Step-up)"))
     return checks
 
 

@@ -171,7 +171,7 @@ class SandboxPeers:
         if verdict and time.monotonic() - self._logged > 1:  # a flood logs once a second, not per connection
             self._logged = time.monotonic()
             log.warning("refused %s %s from %s: a shell_run command's process, or one that could not be traced "
-                        "while a command runs", request.method, request.path, peer)
+                        "while a command runs", request.method, _first_segment(request.path), peer)
         return verdict
 
     async def refuses(self, peer: Any, local: Any) -> bool:
@@ -436,3 +436,10 @@ def _pids() -> list[int]:
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
+
+
+def _first_segment(path: str) -> str:
+    """What a log line shows of a path: its first segment only, since later ones may be a one-time link's token
+    (``/credentials/<token>``, ``/passkeys/step-up/<token>``)."""
+    first, _, rest = path.lstrip("/").partition("/")
+    return f"/{first}/…" if rest else f"/{first}"

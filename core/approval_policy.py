@@ -76,6 +76,7 @@ class DecideResult:
     refused: str | None = None  # the clicker may not decide: why
     late: bool = False  # it was still pending, but past its expiry: settled as expired instead
     voted: bool = False  # a vote counted towards the request's quorum (``won`` when it settled it)
+    step_up: str | None = None  # nothing counted yet: how the approver confirms with a passkey (told privately)
 
     @property
     def expired(self) -> bool:
@@ -88,6 +89,8 @@ class DecideResult:
             return self.refused
         if self.request is None:
             return "That approval request does not exist."
+        if self.step_up is not None:
+            return self.step_up
         if self.won:
             return self.request.summary() + "."
         if self.voted:

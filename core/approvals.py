@@ -14,7 +14,7 @@ import json
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.agents import AgentDirectory
 from core.approval_policy import ApprovalPolicy, DecideResult
@@ -38,6 +38,9 @@ from core.tracing import APPROVAL, NO_TRACING, Tracer
 from core.trust import NOT_ALLOWED, is_restricted
 from core.views import AuditEntry, GrantView
 
+if TYPE_CHECKING:  # webauthn is loaded only where passkeys are made (bot.passkeys_config)
+    from core.passkeys import Passkeys
+
 log = logging.getLogger(__name__)
 
 FREEZE_TOLD_KEPT = 1000  # turns remembered as told of a freeze
@@ -52,6 +55,7 @@ class ApprovalBroker:
         rota: OnCallRota | None = None,
         freezes: Freezes | None = None,
         self_approval: bool = True,
+        passkeys: Passkeys | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -65,6 +69,7 @@ class ApprovalBroker:
         self.freezes = freezes  # change freezes (core.freezes); None: there are none
         self._freeze_told: dict[tuple[str, int], None] = {}  # turns whose thread heard of the freeze (the newest)
         self.self_approval = self_approval  # BOT_SELF_APPROVAL: rules that do not say, and calls no rule decides
+        self.passkeys = passkeys  # a step_up rule's approvals count once confirmed with one (None: no such rule)
         self.requests = PersonRequests("approval", store.requests, bus, clock, poll_s=poll_s, end=self._end,
                                        resolved=lambda request: ApprovalResolved(request.session, request))
 
@@ -140,6 +145,7 @@ class ApprovalBroker:
             senders=json.dumps(list(senders)) if senders else None,
             # A thread budget's or a cap's Continue is no tool call: the self-approval rule is about tool calls.
             self_approval=effective(policy, self.self_approval) or risk in (BUDGET_RISK, CAP_RISK),
+            step_up=policy is not None and policy.step_up,
         ))
         log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
         if rota is not None and rota.problem is not None:  # the thread is told; a refusal ends it, nobody asked
@@ -282,9 +288,10 @@ class ApprovalBroker:
     # -- deciders' side -------------------------------------------------------------------------
 
     async def decide(self, request_id: int, verdict: str, by: str, reason: str | None = None, *,
-                     operator: bool = False) -> DecideResult:
+                     operator: bool = False, stepped_up: bool = False) -> DecideResult:
         """A person's click (or an operator's override). ``verdict``: approve, deny, always (a grant for the place)
-        or thread (a grant for this conversation only)."""
+        or thread (a grant for this conversation only). ``stepped_up``: the approver has just confirmed it with a
+        passkey (core.step_up), as a ``step_up`` rule requires."""
         request = await self.store.get(request_id)
         if request is None:
             return DecideResult(False, None)
@@ -299,6 +306,9 @@ class ApprovalBroker:
         # A sender may always deny (withdraw) it; a settled request says what happened, to them too.
         if not operator and verdict != "deny" and not request.settled and barred(request, by):
             return await self._refuse_own(request, by, verdict)
+        if (request.step_up and not operator and not stepped_up and verdict != "deny"
+                and not request.settled and request.expires_at > self.clock.now()):
+            return await self._ask_step_up(request, verdict, by)  # nothing counts until the passkey says so
         if request.quorum > 1 and not operator:  # one vote of several (an operator's word settles it)
             return await self._vote(request, verdict, by, reason)
         status = ApprovalStatus.DENIED if verdict == "deny" else ApprovalStatus.APPROVED
@@ -353,6 +363,13 @@ class ApprovalBroker:
             log.info("approval %s: %s", request.id, current.progress())
             self.bus.emit(ApprovalVoted(current.session, current))
         return DecideResult(won, current, voted=counted and not won)
+
+    async def _ask_step_up(self, request: ApprovalInfo, verdict: str, by: str) -> DecideResult:
+        """The approver's private way to confirm with a passkey (a one-time link), or how to get one."""
+        if self.passkeys is None:  # start refuses a step_up rule without BOT_PUBLIC_URL: only a rule added since
+            return DecideResult(False, request, refused="This approval needs a passkey, and this bot has no "
+                                                        "passkey page (BOT_PUBLIC_URL): ask an operator.")
+        return DecideResult(False, request, step_up=await self.passkeys.ask(request, verdict, by))
 
     async def refuse(self, request_id: int, reason: str) -> bool:
         """A channel could not show the request as it must be shown (e.g. its arguments in full):
@@ -523,8 +540,9 @@ def grant_view(grant: GrantRow) -> GrantView:
 
 def grants_cover(policy: Policy | None) -> bool:
     """Whether grants may cover a call this rule decides (None: a call no rule decides, always). A rule offers
-    grants only with grant_ttl_s and quorum 1: a grant stands for one person's decision, never for a quorum."""
-    return policy is None or (policy.grant_ttl_s is not None and policy.quorum <= 1)
+    grants only with grant_ttl_s and quorum 1: a grant stands for one person's decision, never for a quorum; and
+    never with step_up: a grant would let later calls run with no passkey at all."""
+    return policy is None or (policy.grant_ttl_s is not None and policy.quorum <= 1 and not policy.step_up)
 
 
 def rule_key(policy: Policy) -> str:

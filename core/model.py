@@ -245,6 +245,7 @@ class ApprovalInfo:
     # requester first), and whether they may approve it. False: only someone else's approval counts.
     senders: tuple[str, ...] = ()
     self_approval: bool = True
+    step_up: bool = False  # an approval counts once the approver confirms it with a passkey (core.passkeys)
 
     @property
     def settled(self) -> bool:

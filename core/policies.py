@@ -67,6 +67,7 @@ class Policy:
     grant_ttl_s: float | None = None
     during_freeze: str = "refuse"  # DURING_FREEZE: during a change freeze its calls are refused, or asked (admins)
     self_approval: bool | None = None  # may a sender of the turn approve it (None: BOT_SELF_APPROVAL)
+    step_up: bool = False  # an approval counts once the approver confirms it with a passkey (core.passkeys)
 
     def describe(self) -> str:
         where = f" matching {self.match!r}" if self.match is not None else ""

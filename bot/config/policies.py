@@ -73,6 +73,8 @@ class PolicyTable(Table):
     self_approval: bool | None = Field(None, description="true or false: whether a sender of the turn (who asked, "
                                                          "or whose message joined it) may approve it "
                                                          "(default BOT_SELF_APPROVAL)")
+    step_up: bool = Field(False, description="true or false: an approval counts only once the approver confirms "
+                                             "it with a passkey on the bot's page (needs BOT_PUBLIC_URL)")
 
     @field_validator("trust")
     @classmethod
@@ -116,6 +118,13 @@ class PolicyTable(Table):
             raise Problem("needs remind_after_s: they join the approvers at the reminder", at=("escalate_to",))
         return self
 
+    @model_validator(mode="after")
+    def _step_up_asks(self) -> PolicyTable:
+        if self.step_up and self.action != "ask":
+            raise Problem("only applies to rules that ask (action = 'ask'): nobody approves the others",
+                          at=("step_up",))
+        return self
+
     def policy(self, number: int) -> Policy:
         """The rule as core applies it; ``number`` is its place in the file, from 1."""
         return Policy(tool=self.tool, number=number, match=self.match, action=PolicyAction(self.action),
@@ -123,4 +132,4 @@ class PolicyTable(Table):
                       escalate_to=tuple(self.escalate_to), remind_after_s=self.remind_after_s,
                       timeout_s=self.timeout_s, trust=tuple(self.trust), headers=tuple(self.headers), body=self.body,
                      grant_ttl_s=self.grant_ttl_s, during_freeze=self.during_freeze,
-                     self_approval=self.self_approval)
+                     self_approval=self.self_approval, step_up=self.step_up)

@@ -87,8 +87,9 @@ def approval_blocks(request: ApprovalInfo, *, attached: str | None = None,
     if pending:
         progress = request.progress()
         votes = f"{mention_all(escape(progress), request.approved_by)} · " if progress else ""
+        step_up = " · approving needs a passkey" if request.step_up else ""  # a rule's step_up (core.passkeys)
         others = needs_other(request, mention)  # self-approval off: whose click will not count
-        answer = (f"{votes}{asked_by_whom}{_asking(request)}{f' · {others}' if others else ''}"
+        answer = (f"{votes}{asked_by_whom}{_asking(request)}{f' · {others}' if others else ''}{step_up}"
                   f" · expires {_date(request.expires_at)}")
         if request.grantable and request.grant_ttl_s is not None:  # a rule's grant: the approver should know
             answer += f" · a grant lasts {lasting(request.grant_ttl_s)}"

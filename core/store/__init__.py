@@ -8,6 +8,7 @@ from core.store.database import Database
 from core.store.inputs import Budget, HeldElsewhere, InputStore, Taken
 from core.store.intake import Accepted, AcceptOutcome
 from core.store.leases import LeaseStore
+from core.store.passkeys import PasskeyStore
 from core.store.web_sessions import WebSessionStore
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "HeldElsewhere",
     "InputStore",
     "LeaseStore",
+    "PasskeyStore",
     "Taken",
     "WebSessionStore",
 ]

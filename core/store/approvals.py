@@ -258,4 +258,5 @@ async def _info(s: AsyncSession, row: ApprovalRow) -> ApprovalInfo:
         reminded=row.reminded_at is not None, grant_ttl_s=row.grant_ttl_s, grant_scope=row.grant_scope,
         grant_rule_key=row.grant_rule_key,
         senders=tuple(json.loads(row.senders)) if row.senders else (), self_approval=row.self_approval,
+        step_up=row.step_up,
     )

@@ -176,6 +176,8 @@ class ApprovalRow(SQLModel, table=True):
     # and whether they may approve it; stored so a decision after a restart, on any replica, is judged alike.
     senders: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     self_approval: bool = Field(default=True, sa_column=Column(Boolean, nullable=False, server_default=true()))
+    # A rule's step_up: an approval counts once the approver confirms it with a passkey (core.passkeys)
+    step_up: bool = Field(default=False, sa_column=Column(Boolean, nullable=False, server_default=false()))
 
 
 class ApprovalVoteRow(SQLModel, table=True):
