@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -51,10 +53,22 @@ class ApprovalBroker:
         self.tracer = tracer  # a wait on a person is a span of its call's trace (core.tracing)
         self.requests = PersonRequests("approval", store.requests, bus, clock, poll_s=poll_s, end=self._end,
                                        resolved=lambda request: ApprovalResolved(request.session, request))
+        # One model step's requests parked together (ask_together), until its runner reaches each call.
+        self._asked: dict[tuple[str, str], ApprovalInfo] = {}
 
     # -- the runner's side (core.tools.ToolGate) ------------------------------------------------
 
     async def authorize(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> GateDecision:
+        batched = self._asked.pop((ctx.session_id, ctx.call_id), None)
+        if batched is not None and not _same_call(batched, ctx, tool, args):
+            batched = None  # never another call's request (a reused call id)
+        decision = await self._authorize(ctx, tool, args, batched)
+        if batched is not None and decision.request_id != batched.id:  # no longer asked (e.g. granted meanwhile)
+            await self.requests.end(batched.id, ApprovalStatus.CANCELLED, "no longer needed a decision")
+        return decision
+
+    async def _authorize(self, ctx: ToolContext, tool: Tool, args: dict[str, Any],
+                         batched: ApprovalInfo | None) -> GateDecision:
         ruling = self.policies.rule(tool.name, args, risk=tool.risk, trust=ctx.trust)
         if _untrusted(ctx, tool, ruling):
             return await self._refuse_untrusted(ctx, tool)
@@ -77,10 +91,69 @@ class ApprovalBroker:
         if not ctx.interactive:
             return GateDecision(False, f"error: `{tool.name}` needs a person's approval and nobody can be asked "
                                        "here, so it did not run; continue without it")
-        request = await self.request(session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=ctx.call_id,
-                                     tool=tool.name, args=args, agent=ctx.agent, place=ctx.place,
-                                     requester=ctx.requester, risk=tool.risk.value, policy=ruling.policy)
-        return _decision(await self._wait(request, ctx.turn_id))
+        request = batched or await self.request(session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=ctx.call_id,
+                                                tool=tool.name, args=args, agent=ctx.agent, place=ctx.place,
+                                                requester=ctx.requester, risk=tool.risk.value, policy=ruling.policy)
+        if request.status == ApprovalStatus.PENDING:
+            request = await self._wait(request, ctx.turn_id)
+        return await self._edit_ruled(ctx, tool, request) or _decision(request)
+
+    async def _edit_ruled(self, ctx: ToolContext, tool: Tool, request: ApprovalInfo) -> GateDecision | None:
+        """An approver's edit meets the policies again as it is about to run, at the turn's own trust: a deny rule
+        refuses it (the editor was checked too, but a rule may have been added, or name this turn's level)."""
+        if request.status != ApprovalStatus.APPROVED or request.edited_arguments is None:
+            return None
+        ruling = self.policies.rule(tool.name, request.edited_arguments, risk=tool.risk, trust=ctx.trust)
+        if ruling.action is not PolicyAction.DENY:
+            return None
+        refused = await self._ruled(ruling, ctx, tool)
+        assert refused is not None
+        return replace(refused, request_id=request.id)
+
+    async def ask_together(self, ctx: ToolContext, calls: Sequence[tuple[str, Tool, dict[str, Any]]],
+                           batch: str) -> None:
+        """One model step's calls that will need a person are parked in one commit (sharing ``batch``) and
+        announced by one event, so one card asks them all; each waits when the runner reaches it (``authorize``).
+        A call a rule denies or allows, or that nobody may be asked about, is not parked. One such call: nothing
+        is done here (it is asked as ever, on its own card)."""
+        asking = [(call_id, tool, args, ruling) for call_id, tool, args in calls
+                  if (ruling := await self._would_ask(ctx, tool, args)) is not None]
+        if len(asking) < 2:
+            return
+        rows = [self._row(session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=call_id, tool=tool.name,
+                          args=args, agent=ctx.agent, place=ctx.place, requester=ctx.requester,
+                          risk=tool.risk.value, policy=ruling.policy, batch=batch)
+                for call_id, tool, args, ruling in asking]
+        parked = await self.store.park_batch(rows)
+        deciders: list[str] = []
+        for (call_id, *_), request in zip(asking, parked, strict=True):
+            self._asked[(ctx.session_id, call_id)] = request
+            deciders += self.policy.deciders(request.requester, request.approvers
+                                             or self.agents.get(request.agent).approvers)
+        log.info("approvals %s requested together (batch %s, session %s)", [r.id for r in parked], batch,
+                 ctx.session_id)
+        self.requests.announce(ApprovalRequested(parked[0].session, parked[0], tuple(dict.fromkeys(deciders)),
+                                                 batch=tuple(parked)))
+
+    def forget(self, ctx: ToolContext, call_ids: Sequence[str]) -> None:
+        for call_id in call_ids:
+            self._asked.pop((ctx.session_id, call_id), None)
+
+    async def _would_ask(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> Ruling | None:
+        """The rule a call would be asked under, when ``authorize`` would ask a person about it; else None. Like
+        ``authorize``, without its effects (nothing audited, parked or refused here: that happens on reaching it)."""
+        ruling = self.policies.rule(tool.name, args, risk=tool.risk, trust=ctx.trust)
+        if _untrusted(ctx, tool, ruling) or ruling.action is not PolicyAction.ASK:
+            return None
+        if ruling.policy is None:
+            subject = _subject(tool, args)
+            if subject is not None and (tool.name, subject) in ctx.preapproved:
+                return None
+            if await self.granted(agent=ctx.agent, tool=tool.name, place=ctx.place, args=args):
+                return None
+        if ctx.subagent or not ctx.interactive:
+            return None
+        return ruling
 
     async def request(self, *, session_id: str, turn_id: int | None, call_id: str, tool: str, args: dict[str, Any],
                       agent: str, place: str | None, requester: str | None, risk: str = "gated",
@@ -88,13 +161,25 @@ class ApprovalBroker:
         """Park a request (committed) and announce it; settle it later. Used by gated calls and by
         anything else a person must approve (a schedule's destination). ``policy``: the rule that asks
         (its approvers, quorum and timeout; without one, the agent's approvers and APPROVAL_TIMEOUT_S)."""
+        request = await self.store.park(self._row(session_id=session_id, turn_id=turn_id, call_id=call_id, tool=tool,
+                                                  args=args, agent=agent, place=place, requester=requester, risk=risk,
+                                                  policy=policy))
+        log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
+        deciders = self.policy.deciders(requester, request.approvers or self.agents.get(agent).approvers)
+        self.requests.announce(ApprovalRequested(request.session, request, deciders))
+        return request
+
+    def _row(self, *, session_id: str, turn_id: int | None, call_id: str, tool: str, args: dict[str, Any],
+             agent: str, place: str | None, requester: str | None, risk: str, policy: Policy | None,
+             batch: str | None = None) -> ApprovalRow:
+        """A pending request's row: the rule's approvers, quorum, timeout, notify, escalation and reminder."""
         now = self.clock.now()
         timeout = timedelta(seconds=policy.timeout_s) if policy is not None and policy.timeout_s else self.timeout
         approvers = policy.approvers if policy is not None else ()
         if policy is not None and policy.escalate_to and not approvers:  # those who join add to these, written out
             approvers = self.agents.get(agent).approvers or self.policy.approvers
         remind = policy.remind_after_s if policy is not None and policy.remind_after_s else None
-        request = await self.store.park(ApprovalRow(
+        return ApprovalRow(
             session_id=session_id, turn_id=turn_id, tool_call_id=call_id, tool=tool, arguments=json.dumps(args),
             agent=agent, place=place, requester=requester, risk=risk, status=ApprovalStatus.PENDING,
             parked_at=now, expires_at=now + timeout, approvers=json.dumps(list(approvers)) if approvers else None,
@@ -103,12 +188,8 @@ class ApprovalBroker:
             notify=json.dumps(list(policy.notify)) if policy is not None else None,
             escalate_to=json.dumps(list(policy.escalate_to)) if policy is not None and policy.escalate_to else None,
             remind_at=now + timedelta(seconds=remind) if remind is not None and remind < timeout.total_seconds()
-            else None,
-        ))
-        log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
-        deciders = self.policy.deciders(requester, approvers or self.agents.get(agent).approvers)
-        self.requests.announce(ApprovalRequested(request.session, request, deciders))
-        return request
+            else None, batch=batch,
+        )
 
     async def granted(self, *, agent: str, tool: str, place: str | None, args: dict[str, Any]) -> bool:
         """Whether an "Always allow" covers exactly this call here (same agent, tool, place, arguments)."""
@@ -174,7 +255,7 @@ class ApprovalBroker:
             return await self._ruled(ruling, ctx, tool)
         if request.status == ApprovalStatus.PENDING:
             request = await self._wait(request, ctx.turn_id)  # its buttons still work after a restart
-        return _decision(request)
+        return await self._edit_ruled(ctx, tool, request) or _decision(request)
 
     async def started(self, decision: GateDecision) -> None:
         if decision.request_id is not None:
@@ -361,7 +442,8 @@ def _subject(tool: Tool, args: dict[str, Any]) -> str | None:
 
 def _decision(request: ApprovalInfo) -> GateDecision:
     if request.status == ApprovalStatus.APPROVED:  # by a person (or an operator): this call was asked about
-        return GateDecision(True, request_id=request.id, already_started=request.started, asked=True)
+        return GateDecision(True, request_id=request.id, already_started=request.started, asked=True,
+                            arguments=request.edited_arguments, edited_by=request.edited_by)
     if request.status == ApprovalStatus.DENIED:
         reason = request.reason or "no reason given"
         return GateDecision(False, f"error: the user denied `{request.tool}`: {reason}; do not retry it; "

@@ -234,6 +234,10 @@ class ApprovalInfo:
     notify: tuple[str, ...] = ("thread",)  # where it is shown: the thread, and each approver's DM ("dm")
     remind_at: datetime | None = None  # when the approvers are reminded (a rule's remind_after_s)
     reminded: bool = False
+    batch: str | None = None  # one model step's gated calls asked on one card share it (issue 40.3)
+    # An approver's edit, approved: what runs instead of ``arguments`` (the call as the model asked it), and who.
+    edited_arguments: dict[str, Any] | None = None
+    edited_by: str | None = None
 
     @property
     def settled(self) -> bool:
@@ -258,6 +262,8 @@ class ApprovalInfo:
         if self.status == ApprovalStatus.APPROVED:
             if len(self.approved_by) > 1:
                 who = " and ".join([", ".join(self.approved_by[:-1]), self.approved_by[-1]])
+            if self.edited_arguments is not None:
+                return f"Approved with changes by {self.edited_by or who}"
             return f"{'Always allowed' if self.always else 'Approved'} by {who}"
         if self.status == ApprovalStatus.DENIED:
             return f"Denied by {who}" + (f": {self.reason}" if self.reason else "")

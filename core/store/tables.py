@@ -167,6 +167,11 @@ class ApprovalRow(SQLModel, table=True):
     escalate_to: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # JSON: who joins
     remind_at: datetime | None = timestamp(nullable=True)  # approvers are reminded then (and escalate_to join)
     reminded_at: datetime | None = timestamp(nullable=True)  # ...once: set by whoever reminded them
+    # One model step's gated calls are asked on one card (issue 40.3): they share this key ("<turn>:<step>").
+    batch: str | None = Field(default=None, max_length=64, index=True)
+    # An approver's edit (JSON): what runs instead of ``arguments`` (kept as the model asked), and who edited.
+    edited_arguments: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    edited_by: str | None = Field(default=None, max_length=64)
 
 
 class ApprovalVoteRow(SQLModel, table=True):
