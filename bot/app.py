@@ -39,6 +39,7 @@ from bot.tracing import from_environment as traces_from_environment
 from channels.web.credential_link import CredentialLinkPage
 from channels.web.oauth_pages import OAuthPages
 from core.agents import AgentDirectory
+from core.approval_edits import ApprovalEdits
 from core.approval_policy import ApprovalPolicy
 from core.approvals import ApprovalBroker
 from core.attachments import AttachmentReader
@@ -424,7 +425,7 @@ def build_application(
                         connections=connections.service if connections is not None else None, memory=memory)
     feedback = FeedbackBook(FeedbackStore(db), store, bus, clock)
     gateway = Gateway(dispatcher, approvals, credentials, schedules, commands=commands, feedback=feedback,
-                      consent=connections)
+                      consent=connections, edits=ApprovalEdits(approvals, tools, credentials.redactor))
     channels = _channels(settings, toml, ChannelContext(
         gateway=gateway, db=db, clock=clock, keys=credentials.keys, learn_secret=credentials.redactor.learn,
         public_url=settings.bot_public_url))

@@ -20,13 +20,12 @@ from typing import Any, Protocol
 from core.approval_policy import DecideResult
 from core.approvals import ApprovalBroker
 from core.errors import NotFound
-from core.model import BUDGET_RISK, ApprovalInfo, ApprovalStatus
+from core.model import BUDGET_RISK, EDIT_MAX_CHARS, ApprovalInfo, ApprovalStatus, carries_credential
 from core.policies import PolicyAction
 from core.tools import DESTINATION_TOOL, Risk, ToolContext, ToolError, ToolRegistry, canonical_call, precheck_call
 
 log = logging.getLogger(__name__)
 
-EDIT_MAX_CHARS = 3_000  # what an edit box holds (Slack's plain_text_input); longer calls are not editable
 BATCH_VERDICTS = ("approve", "deny")
 
 
@@ -72,24 +71,6 @@ class EditResult:
             return self.problem
         assert self.request is not None
         return self.request.summary() + "."
-
-
-def carries_credential(args: dict[str, Any]) -> bool:
-    """Whether a call names a credential to use (shell_run ``credentials``, http_request ``credential``, any tool's
-    argument so named): such a call is never edited (an edit could point the credential somewhere else)."""
-    return any("credential" in str(key).lower() and value not in (None, "", [], {}) for key, value in args.items())
-
-
-def editable(request: ApprovalInfo) -> bool:
-    """Whether an Edit is offered at all (core refuses the rest again when the edit comes)."""
-    return (not request.settled and request.risk != BUDGET_RISK and request.tool != DESTINATION_TOOL
-            and request.quorum <= 1 and not carries_credential(request.arguments)
-            and len(edit_text(request)) <= EDIT_MAX_CHARS)
-
-
-def edit_text(request: ApprovalInfo) -> str:
-    """The call's arguments as the edit box shows them: pretty-printed JSON."""
-    return json.dumps(request.arguments, indent=2, ensure_ascii=False)
 
 
 class ApprovalEdits:

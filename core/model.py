@@ -249,6 +249,18 @@ class ApprovalInfo:
         skip its approvers and quorum from then on)."""
         return self.policy is None and self.quorum <= 1 and self.risk != BUDGET_RISK
 
+    @property
+    def editable(self) -> bool:
+        """Whether **Edit** is offered (issue 40.3; core checks every edit again): a tool call that waits, needs one
+        approver, uses no credential and fits the edit box. Never a budget's Continue or a schedule's destination."""
+        return (not self.settled and self.risk != BUDGET_RISK and self.tool != "schedule_destination"
+                and self.quorum <= 1 and not carries_credential(self.arguments)
+                and len(self.edit_text()) <= EDIT_MAX_CHARS)
+
+    def edit_text(self) -> str:
+        """The call's arguments as the edit box shows them: pretty-printed JSON."""
+        return json.dumps(self.arguments, indent=2, ensure_ascii=False)
+
     def progress(self) -> str | None:
         """"1 of 2 — U1" while a request that needs several approvers waits; None otherwise."""
         if self.quorum <= 1 or self.settled:
@@ -275,6 +287,13 @@ class ApprovalInfo:
 
 
 BUDGET_RISK = "budget"  # what a thread's token-budget park is filed as (its card: Continue and Stop)
+EDIT_MAX_CHARS = 3_000  # what an approval's edit box holds (Slack's plain_text_input); longer calls are not editable
+
+
+def carries_credential(args: dict[str, Any]) -> bool:
+    """Whether a call names a credential to use (shell_run ``credentials``, http_request ``credential``, any tool's
+    argument so named): such a call is never edited (an edit could send the credential somewhere else)."""
+    return any("credential" in str(key).lower() and value not in (None, "", [], {}) for key, value in args.items())
 
 
 class CredentialStatus(enum.StrEnum):

@@ -40,7 +40,7 @@ async def test_approver_click_runs_the_command_once(
     root, request, request_id = await _ask_for(gateway, fake_slack, fake_llm, "echo hello-from-shell")
     blocks = request.params["blocks"]
     assert request.params["thread_ts"] == root["ts"]
-    assert [b["text"]["text"] for b in blocks[-1]["elements"]] == ["Approve", "Deny", "Always allow"]
+    assert [b["text"]["text"] for b in blocks[-1]["elements"]] == ["Approve", "Deny", "Always allow", "Edit"]
     assert {b["value"] for b in blocks[-1]["elements"]} == {request_id}  # only the id
     assert "echo hello-from-shell" in json.dumps(blocks) and "<@U1>" in json.dumps(blocks)
 

@@ -286,6 +286,10 @@ class WebChannel:
             item.update(input_id=event.input_id)
         elif isinstance(event, Notice):
             item.update(text=event.text)
+        elif isinstance(event, ApprovalRequested) and len(event.batch) > 1:  # one model step's calls: each shown
+            for request in event.batch:
+                self._publish(event.session_id, {**item, "approval": approval_item(request)})
+            return
         elif isinstance(event, ApprovalRequested | ApprovalResolved | ApprovalVoted | ApprovalReminded):
             item.update(approval=approval_item(event.request))
         elif isinstance(event, CredentialRequested | CredentialResolved):
