@@ -22,9 +22,10 @@ from core.clock import Clock
 from core.errors import NotAllowed, NotFound
 from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus
 from core.model import ApprovalInfo, ApprovalStatus
+from core.parking import HOLD
 from core.people import Person
 from core.policies import Policy, PolicyAction, PolicyBook, Ruling
-from core.requests import PersonRequests
+from core.requests import STOPPED, PersonRequests
 from core.store import ApprovalStore
 from core.store.tables import ApprovalRow, GrantRow
 from core.tools import DESTINATION_TOOL, SUBAGENT_CANNOT_ASK, GateDecision, Risk, Tool, ToolContext, canonical_call
@@ -135,9 +136,12 @@ class ApprovalBroker:
         self.requests.announce(ApprovalRequested(parked[0].session, parked[0], tuple(dict.fromkeys(deciders)),
                                                  batch=tuple(parked)))
 
-    def forget(self, ctx: ToolContext, call_ids: Sequence[str]) -> None:
-        for call_id in call_ids:
-            self._asked.pop((ctx.session_id, call_id), None)
+    async def forget(self, ctx: ToolContext, call_ids: Sequence[str]) -> None:
+        left = [request for call_id in call_ids if (request := self._asked.pop((ctx.session_id, call_id), None))]
+        hold = HOLD.get()
+        if left and hold is not None and hold.turn_id == ctx.turn_id and hold.stopped:
+            for request in left:  # the card must not offer what no turn will run
+                await self.requests.end(request.id, ApprovalStatus.CANCELLED, STOPPED)
 
     async def _would_ask(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> Ruling | None:
         """The rule a call would be asked under, when ``authorize`` would ask a person about it; else None. Like

@@ -321,7 +321,7 @@ class AgentRunner:
                     history.append(ChatMessage("tool", result, tool_call_id=call.id))
             finally:
                 if batched and self.gate is not None:
-                    self.gate.forget(ctx, batched)
+                    await self.gate.forget(ctx, batched)
                 await _cancel_all(together.values())
             if steer is not None:
                 steered = await steer()

@@ -230,9 +230,9 @@ class ToolGate(Protocol):
         that will need a person are asked together, on one card (``batch``); each then waits in ``authorize``."""
         ...
 
-    def forget(self, ctx: ToolContext, call_ids: Sequence[str]) -> None:
-        """The step ended: whatever ``ask_together`` kept for calls it never reached is let go (the requests stay:
-        a restart finds them, or they expire)."""
+    async def forget(self, ctx: ToolContext, call_ids: Sequence[str]) -> None:
+        """The step ended: whatever ``ask_together`` kept for calls it never reached is let go. A person's stop
+        cancels those requests; after a shutdown they stay (a restart finds them, or they expire)."""
         ...
 
 

@@ -12,7 +12,7 @@ from tests.audit import audit_log
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import Call, FakeSlack
-from tests.slack_requests import block_action, mention, view_submission
+from tests.slack_requests import block_action, command_body, mention, view_submission
 
 DENY_RM = '[[policies]]\ntool = "shell_run"\nmatch = "rm *"\naction = "deny"\n'
 
@@ -275,3 +275,19 @@ async def test_an_edit_racing_an_approve_settles_once(
     await gateway.idle()
     [result] = _results(fake_llm)
     assert "first-come" in result and "too-late" not in result
+
+
+async def test_a_stop_cancels_every_call_of_the_card(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    gateway = await _start(make_settings, start_gateway, tmp_path)
+    card = await _card(gateway, fake_slack, fake_llm, _shell("touch stop-1", "touch stop-2", "touch stop-3"))
+    calls = list(_calls(card))
+    await gateway.interact(command_body("stop"))
+    await gateway.idle()
+    for request_id in calls:  # none is left for a click that no turn would run
+        current = await gateway.app.approvals.get(int(request_id))
+        assert current is not None and current.status == "cancelled"
+    await gateway.interact(block_action("approval_batch:approve", calls[0], user="U1"))
+    assert "already settled" in (await fake_slack.wait_for("chat.postEphemeral"))[0].params["text"]
+    assert len(fake_llm.requests) == 1
