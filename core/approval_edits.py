@@ -45,13 +45,13 @@ class BatchDecision:
         refused = [r for r in self.results if r.refused is not None and r.request is not None]
         voted = [r for r in self.results if r.voted and r.request is not None]
         lines = []
-        if refused:
-            lines.append("You can't decide " + ", ".join(f"`{r.request.tool}` (request {r.request.id})"
-                                                         for r in refused if r.request is not None)
+        if refused:  # by id only: a forged id must not show what another conversation's calls are
+            lines.append("You can't decide " + ", ".join(f"request {r.request.id}" for r in refused
+                                                         if r.request is not None)
                          + ": you are not one of their approvers, so they still wait.")
         for r in voted:
             assert r.request is not None
-            lines.append(f"`{r.request.tool}` (request {r.request.id}) needs more approvers: {r.request.progress()}.")
+            lines.append(f"Request {r.request.id} needs more approvers: {r.request.progress()}.")
         if not self.results:
             lines.append("Every call of this card was already settled.")
         return " ".join(lines)

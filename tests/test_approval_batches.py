@@ -5,9 +5,14 @@ policies again, never a call that uses a credential; the model is told what ran 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
+from bot.app import build_application
+from core.store import ApprovalStore, Database
 from tests.audit import audit_log
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
@@ -291,3 +296,37 @@ async def test_a_stop_cancels_every_call_of_the_card(
     await gateway.interact(block_action("approval_batch:approve", calls[0], user="U1"))
     assert "already settled" in (await fake_slack.wait_for("chat.postEphemeral"))[0].params["text"]
     assert len(fake_llm.requests) == 1
+
+
+async def test_a_restart_between_an_approved_edit_and_its_run_runs_the_edit(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """The edit is stored with the approval, in one commit: the process that runs the call after a restart runs
+    the edited arguments (and finds each call's request of the card; nothing is asked twice)."""
+    config = tmp_path / "bot.toml"
+    config.write_text("")
+    settings = make_settings(bot_config=config)
+    first = build_application(settings)
+    await first.start()
+    async with aiohttp.ClientSession() as http:
+        card = await _card(GatewayClient(first, http), fake_slack, fake_llm, _shell("echo before", "echo other"))
+    edited, other = _calls(card)
+    stopped = await first.stop()
+    assert stopped.kept == 2  # both still pending, set aside
+    database = Database(settings.resolved_database_url)
+    try:  # approved with the edit while no process runs
+        won, _ = await ApprovalStore(database).approve_edited(
+            int(edited), {"command": "echo after-restart"}, by="U1", now=datetime.now(UTC),
+            detail={"arguments": {"command": "echo before"}, "edited_arguments": {"command": "echo after-restart"}})
+        assert won
+    finally:
+        await database.close()
+
+    gateway = await start_gateway(settings)
+    fake_llm.then(Reply("done after the restart"))
+    await gateway.interact(block_action("approval:approve", other, user="U1"))
+    await fake_slack.wait_for("chat.postMessage", 2)
+    await gateway.idle()
+    ran, plain = _results(fake_llm)
+    assert "after-restart" in ran and "changed this call" in ran and "other" in plain
+    assert len(fake_slack.of("chat.postMessage")) == 2  # the card was not posted again
