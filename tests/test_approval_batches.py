@@ -4,6 +4,7 @@ policies again, never a call that uses a credential; the model is told what ran 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -330,3 +331,35 @@ async def test_a_restart_between_an_approved_edit_and_its_run_runs_the_edit(
     ran, plain = _results(fake_llm)
     assert "after-restart" in ran and "changed this call" in ran and "other" in plain
     assert len(fake_slack.of("chat.postMessage")) == 2  # the card was not posted again
+
+
+async def test_the_web_chat_shows_each_call_of_a_batch_and_approves_all(
+    gateway: GatewayClient, fake_llm: FakeLLM
+) -> None:
+    cid, headers = "0123456789abcdef0123456789abcdef", {"Content-Type": "application/json"}
+
+    async def post(path: str, body: Any) -> tuple[int, Any]:
+        async with gateway.http.post(f"{gateway.base}{path}", data=json.dumps(body), headers=headers) as resp:
+            return resp.status, await resp.json()
+
+    async def approvals() -> list[dict[str, Any]]:
+        async with gateway.http.get(f"{gateway.base}/api/conversations/{cid}") as resp:
+            return list((await resp.json(content_type=None))["approvals"])
+
+    fake_llm.then(_shell("echo web-1", "echo web-2"))
+    await post(f"/api/conversations/{cid}/messages", {"text": "run both"})
+    shown: list[dict[str, Any]] = []
+    for _ in range(200):
+        if len(shown := await approvals()) == 2:
+            break
+        await asyncio.sleep(0.02)
+    assert [a["arguments"]["command"] for a in shown] == ["echo web-1", "echo web-2"]
+    assert shown[0]["batch"] and shown[0]["batch"] == shown[1]["batch"]
+    assert (await post(f"/api/approvals/{shown[0]['id']}/all", {"verdict": "always"}))[0] == 400
+    assert (await post("/api/approvals/999/all", {"verdict": "approve"}))[0] == 404
+    fake_llm.then(Reply("both ran"))
+    status, body = await post(f"/api/approvals/{shown[1]['id']}/all", {"verdict": "approve"})
+    assert (status, body["decided"]) == (200, 2)
+    await gateway.idle()
+    assert [a["status"] for a in await approvals()] == ["approved", "approved"]
+    assert "web-1" in _results(fake_llm)[0] and "web-2" in _results(fake_llm)[1]

@@ -93,6 +93,7 @@ class WebChannel:
             web.post("/api/conversations/{cid}/feedback", guard(self._feedback)),
             web.get("/api/conversations/{cid}/events", guard(self._events)),
             web.post("/api/approvals/{id}", guard(self._decide)),
+            web.post("/api/approvals/{id}/all", guard(self._decide_all)),
             web.post("/api/credentials/{id}", guard(self._provide)),
             web.get("/api/schedules", guard(self._list_schedules)),
             web.post("/api/schedules/{id}/{action}", guard(self._change_schedule)),
@@ -205,6 +206,15 @@ class WebChannel:
                                            channel=self.name)
         status = 403 if result.refused else 200 if result.won or result.voted else 409
         return web.json_response({"won": result.won, "voted": result.voted, "message": result.message}, status=status)
+
+    async def _decide_all(self, request: web.Request) -> web.Response:
+        """Approve all / Deny all of the batch the request belongs to: core decides each call on its own."""
+        request_id = parse_id(request.match_info["id"])
+        if request_id is None:
+            return web.json_response({"error": "approval ids are numbers"}, status=400)
+        body = await _json_object(request)
+        result = await self.gateway.decide_all(request_id, body.get("verdict"), by=WEB_USER, channel=self.name)
+        return web.json_response({"decided": sum(r.won for r in result.results), "message": result.message})
 
     async def _send(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)

@@ -153,6 +153,24 @@ function approvalElement(a) {
     });
     actions.appendChild(button);
   }
+  if (a.batch) {  // one model step's calls: each is decided on its own, by core, through its own policy
+    for (const [label, verdict, cls] of [["Approve all", "approve", "secondary"], ["Deny all", "deny", "danger"]]) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.textContent = label;
+      button.className = cls;
+      button.addEventListener("click", async () => {
+        try {
+          const result = await api(`/api/approvals/${a.id}/all`, { body: { verdict } });
+          if (result && result.message) meta.textContent = result.message;
+        } catch (error) {
+          meta.textContent = error.message;
+        }
+        await loadConversation();
+      });
+      actions.appendChild(button);
+    }
+  }
   el.append(actions, reason, meta);
   return el;
 }
