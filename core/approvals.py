@@ -62,9 +62,11 @@ class ApprovalBroker:
     async def authorize(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> GateDecision:
         batched = self._asked.pop((ctx.session_id, ctx.call_id), None)
         if batched is not None and not _same_call(batched, ctx, tool, args):
+            self.requests.expect(batched.id, False)
             batched = None  # never another call's request (a reused call id)
         decision = await self._authorize(ctx, tool, args, batched)
         if batched is not None and decision.request_id != batched.id:  # no longer asked (e.g. granted meanwhile)
+            self.requests.expect(batched.id, False)
             await self.requests.end(batched.id, ApprovalStatus.CANCELLED, "no longer needed a decision")
         return decision
 
@@ -129,6 +131,7 @@ class ApprovalBroker:
         deciders: list[str] = []
         for (call_id, *_), request in zip(asking, parked, strict=True):
             self._asked[(ctx.session_id, call_id)] = request
+            self.requests.expect(request.id)  # decided before its call is reached: announced once, not twice
             deciders += self.policy.deciders(request.requester, request.approvers
                                              or self.agents.get(request.agent).approvers)
         log.info("approvals %s requested together (batch %s, session %s)", [r.id for r in parked], batch,
@@ -138,6 +141,8 @@ class ApprovalBroker:
 
     async def forget(self, ctx: ToolContext, call_ids: Sequence[str]) -> None:
         left = [request for call_id in call_ids if (request := self._asked.pop((ctx.session_id, call_id), None))]
+        for request in left:
+            self.requests.expect(request.id, False)
         hold = HOLD.get()
         if left and hold is not None and hold.turn_id == ctx.turn_id and hold.stopped:
             for request in left:  # the card must not offer what no turn will run

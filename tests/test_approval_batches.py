@@ -78,6 +78,7 @@ async def test_three_gated_calls_one_card_and_approve_all_runs_each(
     make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
 ) -> None:
     gateway = await _start(make_settings, start_gateway, tmp_path)
+    before = await gateway.metrics()
     card = await _card(gateway, fake_slack, fake_llm, _shell("echo one-1", "echo two-2", "echo three-3"))
     calls = _calls(card)
     assert list(calls.values()) == [["Approve", "Deny", "Edit"]] * 3  # one card, a decision per call
@@ -95,6 +96,11 @@ async def test_three_gated_calls_one_card_and_approve_all_runs_each(
     assert "approval:approve" not in final and final.count("Approved by <@U1>") == 3
     audit = [row for row in await audit_log(gateway.app.approvals.store.db) if row.action == "approval.approved"]
     assert sorted(row.subject for row in audit) == sorted(f"approval:{i}" for i in calls)  # one entry per call
+    after = await gateway.metrics()
+    for event in ("requested", "approved"):  # each call counted once (never again when its turn reaches it)
+        series = f'chatops_approvals_total{{event="{event}"}}'
+        assert after[series] - before.get(series, 0) == 3
+    assert len(fake_slack.of("chat.update")) == 3  # the card updated once per decision
 
 
 async def test_approve_all_with_one_call_denied_by_a_rule(
