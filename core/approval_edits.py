@@ -86,14 +86,20 @@ class ApprovalEdits:
         request = await self.broker.get(request_id)
         if request is None:
             raise NotFound("no such approval request")
-        batch = [request] if request.batch is None else await self.broker.store.batch(request.session.id,
-                                                                                       request.batch)
+        batch = await self.batch(request)
         results = []
         for member in batch:
             if member.settled:
                 continue
             results.append(await self.broker.decide(member.id, verdict, by))
         return BatchDecision(tuple(results))
+
+    async def batch(self, request: ApprovalInfo) -> list[ApprovalInfo]:
+        """Every request of ``request``'s batch as it now stands, in call order (just ``request`` without one). The
+        batch is read from the stored request, never from what a click carries."""
+        if request.batch is None:
+            return [request]
+        return await self.broker.store.batch(request.session.id, request.batch) or [request]
 
     # -- Edit -----------------------------------------------------------------------------------------------------
 

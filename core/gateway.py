@@ -151,9 +151,7 @@ class Gateway:
 
     async def approval_batch(self, request: ApprovalInfo) -> list[ApprovalInfo]:
         """Every request of ``request``'s batch as it now stands (just ``request`` when it has none)."""
-        if request.batch is None:
-            return [request]
-        return await self._approvals.store.batch(request.session.id, request.batch) or [request]
+        return await self._edits.batch(request)
 
     async def edit_prompt(self, request_id: int, by: str, *, channel: str) -> ApprovalInfo | str:
         """An Edit click, before the edit box opens: the request when ``by`` may edit it, else why not."""

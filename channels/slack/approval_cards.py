@@ -112,6 +112,8 @@ def batch_blocks(requests: list[ApprovalInfo], effects: dict[int, str] | None = 
             if progress:
                 blocks.append(context(mention_all(escape(progress), request.approved_by)))
             buttons = [Button("Approve", "approval:approve", "primary"), Button("Deny", "approval:deny", "danger")]
+            if request.grantable:
+                buttons.append(Button("Always allow", "approval:always"))
             if request.editable:
                 buttons.append(Button("Edit", "approval:edit"))
             blocks.append({"type": "actions", "block_id": f"approval:{request.id}",
