@@ -17,7 +17,7 @@ from core.store import ApprovalStore, Database
 from tests.audit import audit_log
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
-from tests.fakes.slack_api import Call, FakeSlack
+from tests.fakes.slack_api import Call, Failure, FakeSlack
 from tests.slack_requests import block_action, command_body, mention, view_submission
 
 DENY_RM = '[[policies]]\ntool = "shell_run"\nmatch = "rm *"\naction = "deny"\n'
@@ -405,3 +405,16 @@ async def test_always_allow_on_one_call_of_a_card_covers_its_twin_and_the_twin_s
     twin = await gateway.app.approvals.get(int(second))
     assert twin is not None and twin.status == "cancelled"  # the grant ran it: nothing left to click
     assert "approval_batch" not in _last_card(fake_slack)
+
+
+async def test_a_batch_slack_will_not_take_as_one_message_is_asked_card_by_card(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    gateway = await _start(make_settings, start_gateway, tmp_path)
+    fake_slack.fail_next("chat.postMessage", Failure(error="msg_too_long"))
+    fake_llm.then(_shell("echo split-1", "echo split-2"))
+    await gateway.send_event(mention("do these"))
+    posts = await fake_slack.wait_for("chat.postMessage", 2)  # the refused one is not kept
+    assert [p.params["blocks"][-1]["block_id"].split(":")[0] for p in posts] == ["approval", "approval"]
+    assert ["echo split-1" in json.dumps(posts[0].params), "echo split-2" in json.dumps(posts[1].params)] == [
+        True, True]

@@ -90,6 +90,9 @@ class SlackApprovals:
             posted = await self.threads.post(current[0].session, send, lambda posted: str(posted["ts"]))
         except SlackApiError as exc:  # e.g. Slack is down: they stay pending, and expire if nobody can decide
             log.error("could not post approvals %s: %s", [r.id for r in current], error_code(exc))
+            if error_code(exc) in _TOO_BIG:  # too much for one message after all: a card each
+                for request in current:
+                    await self.announce(request, deciders)
             return
         for request in current:
             where: dict[str, Any] = {"channel": posted["channel"], "ts": posted["ts"], "batch": True}
