@@ -45,10 +45,12 @@ class BatchDecision:
         refused = [r for r in self.results if r.refused is not None and r.request is not None]
         voted = [r for r in self.results if r.voted and r.request is not None]
         lines = []
-        if refused:  # by id only: a forged id must not show what another conversation's calls are
-            lines.append("You can't decide " + ", ".join(f"request {r.request.id}" for r in refused
-                                                         if r.request is not None)
-                         + ": you are not one of their approvers, so they still wait.")
+        reasons: dict[str, list[str]] = {}
+        for r in refused:  # by id only: a forged id must not show what another conversation's calls are
+            assert r.request is not None and r.refused is not None
+            reasons.setdefault(r.refused, []).append(f"request {r.request.id}")
+        for reason, ids in reasons.items():
+            lines.append(f"Still waiting — {', '.join(ids)}: {reason}")
         for r in voted:
             assert r.request is not None
             lines.append(f"Request {r.request.id} needs more approvers: {r.request.progress()}.")

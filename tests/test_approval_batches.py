@@ -162,7 +162,7 @@ async def test_approve_all_counts_one_vote_on_a_quorum_call_and_says_what_it_cou
     assert _calls(card)[quorum_call] == ["Approve", "Deny"]  # no Edit: an edit is one person's decision
     await gateway.interact(block_action("approval_batch:approve", quorum_call, user="U7"))
     told = (await fake_slack.wait_for("chat.postEphemeral"))[0].params["text"]
-    assert f"request {plain_call}" in told and "still wait" in told  # U7 may not decide the requester's call
+    assert f"Still waiting — request {plain_call}: You can't approve this" in told  # the requester's call, not U7's
     assert "1 of 2 approvals" in told
     current = await gateway.app.approvals.get(int(quorum_call))
     assert current is not None and not current.settled and current.approved_by == ("U7",)
@@ -418,3 +418,20 @@ async def test_a_batch_slack_will_not_take_as_one_message_is_asked_card_by_card(
     assert [p.params["blocks"][-1]["block_id"].split(":")[0] for p in posts] == ["approval", "approval"]
     assert ["echo split-1" in json.dumps(posts[0].params), "echo split-2" in json.dumps(posts[1].params)] == [
         True, True]
+
+
+async def test_a_guest_named_as_approver_can_neither_edit_nor_approve_all(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    fake_slack.people["UGUEST"] = {"is_restricted": True}
+    gateway = await _start(make_settings, start_gateway, tmp_path, bot_approvers="U1,UGUEST")
+    card = await _card(gateway, fake_slack, fake_llm, _shell("echo guarded-1", "echo guarded-2"))
+    first, second = _calls(card)
+    answer = await _edit(gateway, first, '{"command": "echo by-guest"}', user="UGUEST")
+    assert "Guests" in answer["errors"]["arguments"]
+    await gateway.interact(block_action("approval_batch:approve", first, user="UGUEST"))
+    told = (await fake_slack.wait_for("chat.postEphemeral"))[0].params["text"]
+    assert f"Still waiting — request {first}, request {second}: You can't approve this" in told and "guest" in told
+    for request_id in (first, second):
+        current = await gateway.app.approvals.get(int(request_id))
+        assert current is not None and not current.settled
