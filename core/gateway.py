@@ -38,7 +38,6 @@ from core.people import Person
 from core.replies import PLAIN, Marks
 from core.schedules import ScheduleService
 from core.store import Accepted, AcceptOutcome
-from core.tools import ToolRegistry
 from core.views import ConnectionView, GrantView, ScheduleView
 
 # What adapters may name without importing the services that produce them.
@@ -54,9 +53,9 @@ class Gateway:
 
     def __init__(self, dispatcher: Dispatcher, approvals: ApprovalBroker, credentials: CredentialService,
                  schedules: ScheduleService, *, commands: Commands, feedback: FeedbackBook,
-                 consent: Consent | None = None, edits: ApprovalEdits | None = None) -> None:
+                 edits: ApprovalEdits, consent: Consent | None = None) -> None:
         self._dispatcher = dispatcher
-        self._edits = edits or ApprovalEdits(approvals, ToolRegistry())  # Approve all, and an approver's Edit
+        self._edits = edits  # Approve all / Deny all, and an approver's Edit
         self._consent = consent
         self._conversations = dispatcher.conversations
         self._approvals = approvals
