@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from bot.app import build_application
 from core.store import ApprovalStore, Database
@@ -306,8 +307,10 @@ async def test_a_stop_cancels_every_call_of_the_card(
     assert len(fake_llm.requests) == 1
 
 
+@pytest.mark.parametrize("denied_since", [False, True])
 async def test_a_restart_between_an_approved_edit_and_its_run_runs_the_edit(
-    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path,
+    denied_since: bool
 ) -> None:
     """The edit is stored with the approval, in one commit: the process that runs the call after a restart runs
     the edited arguments (and finds each call's request of the card; nothing is asked twice)."""
@@ -330,13 +333,19 @@ async def test_a_restart_between_an_approved_edit_and_its_run_runs_the_edit(
     finally:
         await database.close()
 
+    if denied_since:  # a rule added before the run: the edited call meets it as it is about to run
+        config.write_text('[[policies]]\ntool = "shell_run"\nmatch = "echo after-*"\naction = "deny"\n')
     gateway = await start_gateway(settings)
     fake_llm.then(Reply("done after the restart"))
     await gateway.interact(block_action("approval:approve", other, user="U1"))
     await fake_slack.wait_for("chat.postMessage", 2)
     await gateway.idle()
     ran, plain = _results(fake_llm)
-    assert "after-restart" in ran and "changed this call" in ran and "other" in plain
+    if denied_since:
+        assert "approval policy refuses `shell_run`" in ran and "exit code" not in ran
+    else:
+        assert "after-restart" in ran and "changed this call" in ran
+    assert "other" in plain
     assert len(fake_slack.of("chat.postMessage")) == 2  # the card was not posted again
 
 
