@@ -444,3 +444,39 @@ async def test_a_guest_named_as_approver_can_neither_edit_nor_approve_all(
     for request_id in (first, second):
         current = await gateway.app.approvals.get(int(request_id))
         assert current is not None and not current.settled
+
+
+async def test_the_web_chat_edits_a_call_and_core_checks_it(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    gateway = await _start(make_settings, start_gateway, tmp_path, DENY_RM)
+    cid, headers = "0123456789abcdef0123456789abcdef", {"Content-Type": "application/json"}
+
+    async def post(path: str, body: Any) -> tuple[int, Any]:
+        async with gateway.http.post(f"{gateway.base}{path}", data=json.dumps(body), headers=headers) as resp:
+            return resp.status, await resp.json()
+
+    async def approvals() -> list[dict[str, Any]]:
+        async with gateway.http.get(f"{gateway.base}/api/conversations/{cid}") as resp:
+            return list((await resp.json(content_type=None))["approvals"])
+
+    fake_llm.then(_shell("echo web-asked"))
+    await post(f"/api/conversations/{cid}/messages", {"text": "run it"})
+    shown: list[dict[str, Any]] = []
+    for _ in range(200):
+        if shown := await approvals():
+            break
+        await asyncio.sleep(0.02)
+    [asked] = shown
+    assert asked["editable"] is True
+    status, body = await post(f"/api/approvals/{asked['id']}/edit", {"arguments": '{"command": "rm -rf /"}'})
+    assert status == 422 and "policy refuses the edited call" in body["error"]
+    assert (await post(f"/api/approvals/{asked['id']}/edit", {"arguments": {"command": "x"}}))[0] == 400
+    fake_llm.then(Reply("ran the edit"))
+    status, body = await post(f"/api/approvals/{asked['id']}/edit", {"arguments": '{"command": "echo web-edited"}'})
+    assert (status, body["message"]) == (200, "Approved with changes by web.")
+    await gateway.idle()
+    [settled] = await approvals()
+    assert settled["edited_arguments"] == {"command": "echo web-edited"} and settled["edited_by"] == "web"
+    [result] = _results(fake_llm)
+    assert "an approver (web) changed this call" in result and "web-edited" in result

@@ -94,6 +94,7 @@ class WebChannel:
             web.get("/api/conversations/{cid}/events", guard(self._events)),
             web.post("/api/approvals/{id}", guard(self._decide)),
             web.post("/api/approvals/{id}/all", guard(self._decide_all)),
+            web.post("/api/approvals/{id}/edit", guard(self._edit)),
             web.post("/api/credentials/{id}", guard(self._provide)),
             web.get("/api/schedules", guard(self._list_schedules)),
             web.post("/api/schedules/{id}/{action}", guard(self._change_schedule)),
@@ -215,6 +216,17 @@ class WebChannel:
         body = await _json_object(request)
         result = await self.gateway.decide_all(request_id, body.get("verdict"), by=WEB_USER, channel=self.name)
         return web.json_response({"decided": sum(r.won for r in result.results), "message": result.message})
+
+    async def _edit(self, request: web.Request) -> web.Response:
+        """Approve the call with changed arguments (JSON text): core checks the edit; 422 says why it was refused."""
+        request_id = parse_id(request.match_info["id"])
+        if request_id is None:
+            return web.json_response({"error": "approval ids are numbers"}, status=400)
+        body = await _json_object(request)
+        result = await self.gateway.edit(request_id, body.get("arguments"), by=WEB_USER, channel=self.name)
+        if not result.won:
+            return web.json_response({"error": result.message}, status=422)
+        return web.json_response({"won": True, "message": result.message})
 
     async def _send(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)

@@ -18,7 +18,8 @@ def request_item(request: PersonRequest, asked_at: str, **own: Any) -> dict[str,
 def approval_item(a: ApprovalInfo) -> dict[str, Any]:
     return request_item(a, a.parked_at.isoformat(), tool=a.tool, arguments=a.arguments, requester=a.requester,
                         quorum=a.quorum, progress=a.progress(), grantable=a.grantable, risk=a.risk,
-                        reminded=a.reminded, batch=a.batch, edited_arguments=a.edited_arguments)
+                        reminded=a.reminded, batch=a.batch, edited_arguments=a.edited_arguments,
+                        edited_by=a.edited_by, editable=a.editable)
 
 
 def credential_item(c: CredentialRequestInfo) -> dict[str, Any]:
