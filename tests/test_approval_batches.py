@@ -256,6 +256,8 @@ async def test_only_approvers_edit_and_bad_arguments_are_refused_in_the_box(
     assert answer["response_action"] == "errors"
     answer = await _edit(gateway, request_id, '{"command": "echo x", "credentials": ["github.token"]}')
     assert "credential" in answer["errors"]["arguments"]
+    answer = await _edit(gateway, request_id, '{"command": "echo sk-test-key-abcdef"}')  # the model API key's value
+    assert "value of a secret" in answer["errors"]["arguments"]
     current = await gateway.app.approvals.get(int(request_id))
     assert current is not None and not current.settled
 
