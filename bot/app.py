@@ -43,6 +43,7 @@ from channels.web.credential_link import CredentialLinkPage
 from channels.web.oauth_pages import OAuthPages
 from channels.web.passkey_pages import PasskeyPages
 from core.agents import AgentDirectory
+from core.approval_edits import ApprovalEdits
 from core.approval_policy import ApprovalPolicy
 from core.approvals import ApprovalBroker
 from core.attachments import AttachmentReader
@@ -446,7 +447,7 @@ def build_application(
                         freezes=freezes)
     feedback = FeedbackBook(FeedbackStore(db), store, bus, clock)
     gateway = Gateway(dispatcher, approvals, credentials, schedules, commands=commands, feedback=feedback,
-                      consent=connections)
+                      consent=connections, edits=ApprovalEdits(approvals, tools, credentials.redactor))
     channels = _channels(settings, toml, ChannelContext(
         gateway=gateway, db=db, clock=clock, keys=credentials.keys, learn_secret=credentials.redactor.learn,
         public_url=settings.bot_public_url))

@@ -162,7 +162,7 @@ class Metrics:
             if started is not None:
                 TURN_SECONDS.observe(time.monotonic() - started)
         elif isinstance(event, ApprovalRequested):
-            APPROVALS.labels(event="requested").inc()
+            APPROVALS.labels(event="requested").inc(len(event.batch) or 1)  # a batch: one per call
         elif isinstance(event, ApprovalResolved):  # approved, denied, expired (nobody's decision), cancelled
             APPROVALS.labels(event=event.request.status).inc()
         elif isinstance(event, ApprovalVoted | ApprovalReminded):

@@ -12,7 +12,8 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -26,10 +27,11 @@ from core.freezes import Freeze, Freezes
 from core.grants import GRANT_VERDICTS, GrantScope, GrantTerms
 from core.model import BUDGET_RISK, CAP_RISK, ApprovalInfo, ApprovalStatus, thread_of
 from core.oncall import OnCallRota
-from core.oncall_approvals import OnCallApprovers
+from core.oncall_approvals import OnCallApprovers, RotaOutcome
+from core.parking import HOLD
 from core.people import Person
 from core.policies import Policy, PolicyAction, PolicyBook, Ruling
-from core.requests import PersonRequests
+from core.requests import STOPPED, PersonRequests
 from core.self_approval import OPERATOR_EXEMPT, REFUSED, barred, effective
 from core.store import ApprovalStore
 from core.store.tables import ApprovalRow, GrantRow
@@ -72,10 +74,24 @@ class ApprovalBroker:
         self.passkeys = passkeys  # a step_up rule's approvals count once confirmed with one (None: no such rule)
         self.requests = PersonRequests("approval", store.requests, bus, clock, poll_s=poll_s, end=self._end,
                                        resolved=lambda request: ApprovalResolved(request.session, request))
+        # One model step's requests parked together (ask_together), until its runner reaches each call.
+        self._asked: dict[tuple[str, str], ApprovalInfo] = {}
 
     # -- the runner's side (core.tools.ToolGate) ------------------------------------------------
 
     async def authorize(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> GateDecision:
+        batched = self._asked.pop((ctx.session_id, ctx.call_id), None)
+        if batched is not None and not _same_call(batched, ctx, tool, args):
+            self.requests.expect(batched.id, False)
+            batched = None  # never another call's request (a reused call id)
+        decision = await self._authorize(ctx, tool, args, batched)
+        if batched is not None and decision.request_id != batched.id:  # no longer asked (e.g. granted meanwhile)
+            self.requests.expect(batched.id, False)
+            await self.requests.end(batched.id, ApprovalStatus.CANCELLED, "no longer needed a decision")
+        return decision
+
+    async def _authorize(self, ctx: ToolContext, tool: Tool, args: dict[str, Any],
+                         batched: ApprovalInfo | None) -> GateDecision:
         ruling = self.policies.rule(tool.name, args, risk=tool.risk, trust=ctx.trust)
         if _untrusted(ctx, tool, ruling):
             return await self._refuse_untrusted(ctx, tool)
@@ -105,11 +121,87 @@ class ApprovalBroker:
         if not ctx.interactive:
             return GateDecision(False, f"error: `{tool.name}` needs a person's approval and nobody can be asked "
                                        "here, so it did not run; continue without it")
-        request = await self.request(session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=ctx.call_id,
-                                     tool=tool.name, args=args, agent=ctx.agent, place=ctx.place,
-                                     requester=ctx.requester, risk=tool.risk.value, policy=ruling.policy,
-                                     senders=ctx.senders)
-        return await self._unless_frozen(ctx, tool, await self._wait(request, ctx.turn_id), ruling.policy)
+        request = batched or await self.request(session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=ctx.call_id,
+                                                tool=tool.name, args=args, agent=ctx.agent, place=ctx.place,
+                                                requester=ctx.requester, risk=tool.risk.value, policy=ruling.policy,
+                                                senders=ctx.senders)
+        if request.status == ApprovalStatus.PENDING:
+            request = await self._wait(request, ctx.turn_id)
+        return (await self._edit_ruled(ctx, tool, request)
+                or await self._unless_frozen(ctx, tool, request, ruling.policy))
+
+    async def _edit_ruled(self, ctx: ToolContext, tool: Tool, request: ApprovalInfo) -> GateDecision | None:
+        """An approver's edit meets the policies again as it is about to run, at the turn's own trust: a deny rule
+        refuses it (the editor was checked too, but a rule may have been added, or name this turn's level)."""
+        if request.status != ApprovalStatus.APPROVED or request.edited_arguments is None:
+            return None
+        ruling = self.policies.rule(tool.name, request.edited_arguments, risk=tool.risk, trust=ctx.trust)
+        if ruling.action is not PolicyAction.DENY:
+            return None
+        refused = await self._ruled(ruling, ctx, tool)
+        assert refused is not None
+        return replace(refused, request_id=request.id)
+
+    async def ask_together(self, ctx: ToolContext, calls: Sequence[tuple[str, Tool, dict[str, Any]]],
+                           batch: str) -> None:
+        """One model step's calls that will need a person are parked in one commit (sharing ``batch``) and
+        announced by one event, so one card asks them all; each waits when the runner reaches it (``authorize``).
+        A call a rule denies or allows, or that nobody may be asked about, is not parked. One such call: nothing
+        is done here (it is asked as ever, on its own card)."""
+        asking = [(call_id, tool, args, ruling) for call_id, tool, args in calls
+                  if (ruling := await self._would_ask(ctx, tool, args)) is not None]
+        if len(asking) < 2:
+            return
+        rows: list[tuple[str, ApprovalRow]] = []
+        for call_id, tool, args, ruling in asking:
+            row, rota = await self._row(session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=call_id,
+                                        tool=tool.name, args=args, agent=ctx.agent, place=ctx.place,
+                                        requester=ctx.requester, risk=tool.risk.value, policy=ruling.policy,
+                                        senders=ctx.senders, batch=batch)
+            if rota is None or rota.problem is None:  # a rota that could not be read: asked on its own card, told
+                rows.append((call_id, row))
+        if len(rows) < 2:
+            return
+        parked = await self.store.park_batch([row for _, row in rows])
+        deciders: list[str] = []
+        for (call_id, _), request in zip(rows, parked, strict=True):
+            self._asked[(ctx.session_id, call_id)] = request
+            self.requests.expect(request.id)  # decided before its call is reached: announced once, not twice
+            deciders += self._asked_of(request, request.approvers or self.agents.get(request.agent).approvers)
+        log.info("approvals %s requested together (batch %s, session %s)", [r.id for r in parked], batch,
+                 ctx.session_id)
+        self.requests.announce(ApprovalRequested(parked[0].session, parked[0], tuple(dict.fromkeys(deciders)),
+                                                 batch=tuple(parked)))
+
+    async def forget(self, ctx: ToolContext, call_ids: Sequence[str]) -> None:
+        left = [request for call_id in call_ids if (request := self._asked.pop((ctx.session_id, call_id), None))]
+        for request in left:
+            self.requests.expect(request.id, False)
+        hold = HOLD.get()
+        if left and hold is not None and hold.turn_id == ctx.turn_id and hold.stopped:
+            for request in left:  # the card must not offer what no turn will run
+                await self.requests.end(request.id, ApprovalStatus.CANCELLED, STOPPED)
+
+    async def _would_ask(self, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> Ruling | None:
+        """The rule a call would be asked under, when ``authorize`` would ask a person about it; else None. Like
+        ``authorize``, without its effects (nothing audited, parked or refused here: that happens on reaching it)."""
+        ruling = self.policies.rule(tool.name, args, risk=tool.risk, trust=ctx.trust)
+        if _untrusted(ctx, tool, ruling) or ctx.subagent or not ctx.interactive:
+            return None
+        freeze = await self._freeze(tool, ruling)
+        if freeze is not None:  # refused on reaching it, or (during_freeze = "ask") asked whatever would skip it
+            return ruling if asks_during_freeze(ruling.policy) else None
+        if ruling.action is not PolicyAction.ASK:
+            return None
+        if ruling.policy is None:
+            subject = _subject(tool, args)
+            if subject is not None and (tool.name, subject) in ctx.preapproved:
+                return None
+        if grants_cover(ruling.policy) and await self.granted(
+                agent=ctx.agent, tool=tool.name, place=ctx.place, args=args, session_id=ctx.session_id,
+                policy=ruling.policy, not_by=self._not_granting(ctx, ruling)):
+            return None
+        return ruling
 
     async def request(self, *, session_id: str, turn_id: int | None, call_id: str, tool: str, args: dict[str, Any],
                       agent: str, place: str | None, requester: str | None, risk: str = "gated",
@@ -119,6 +211,26 @@ class ApprovalBroker:
         (its approvers, quorum and timeout; without one, the agent's approvers and APPROVAL_TIMEOUT_S).
         ``senders``: everyone whose words the turn took so far (the store adds the requester and the turn's
         taken messages): with self-approval off, none of them may approve it."""
+        row, rota = await self._row(session_id=session_id, turn_id=turn_id, call_id=call_id, tool=tool, args=args,
+                                    agent=agent, place=place, requester=requester, risk=risk, policy=policy,
+                                    senders=senders)
+        request = await self.store.park(row)
+        log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
+        if rota is not None and rota.problem is not None:  # the thread is told; a refusal ends it, nobody asked
+            request = await self.on_call.told(request, rota)
+            if rota.refused:
+                return request
+        deciders = self._asked_of(request, request.approvers or self.agents.get(agent).approvers)
+        if risk == CAP_RISK:  # a spending cap: admins only (core.spending)
+            deciders = self.policy.admins
+        self.requests.announce(ApprovalRequested(request.session, request, deciders))
+        return request
+
+    async def _row(self, *, session_id: str, turn_id: int | None, call_id: str, tool: str, args: dict[str, Any],
+                   agent: str, place: str | None, requester: str | None, risk: str, policy: Policy | None,
+                   senders: tuple[str, ...] = (), batch: str | None = None) -> tuple[ApprovalRow, RotaOutcome | None]:
+        """A pending request's row: the rule's approvers (whoever is on call now, for a rota's), quorum, timeout,
+        notify, escalation, reminder, grants, senders and step-up; and what the rota said, if one was read."""
         now = self.clock.now()
         timeout = timedelta(seconds=policy.timeout_s) if policy is not None and policy.timeout_s else self.timeout
         approvers = policy.approvers if policy is not None else ()
@@ -130,7 +242,7 @@ class ApprovalBroker:
         if rota is not None:  # whoever is on call now, written out (the decision uses them, not the rota then)
             approvers, escalate_to = rota.approvers, rota.escalate_to
         remind = policy.remind_after_s if policy is not None and policy.remind_after_s else None
-        request = await self.store.park(ApprovalRow(
+        return ApprovalRow(
             session_id=session_id, turn_id=turn_id, tool_call_id=call_id, tool=tool, arguments=json.dumps(args),
             agent=agent, place=place, requester=requester, risk=risk, status=ApprovalStatus.PENDING,
             parked_at=now, expires_at=now + timeout, approvers=json.dumps(list(approvers)) if approvers else None,
@@ -145,18 +257,8 @@ class ApprovalBroker:
             senders=json.dumps(list(senders)) if senders else None,
             # A thread budget's or a cap's Continue is no tool call: the self-approval rule is about tool calls.
             self_approval=effective(policy, self.self_approval) or risk in (BUDGET_RISK, CAP_RISK),
-            step_up=policy is not None and policy.step_up,
-        ))
-        log.info("approval %s requested for %s (session %s)", request.id, tool, session_id)
-        if rota is not None and rota.problem is not None:  # the thread is told; a refusal ends it, nobody asked
-            request = await self.on_call.told(request, rota)
-            if rota.refused:
-                return request
-        deciders = self._asked(request, approvers or self.agents.get(agent).approvers)
-        if risk == CAP_RISK:  # a spending cap: admins only (core.spending)
-            deciders = self.policy.admins
-        self.requests.announce(ApprovalRequested(request.session, request, deciders))
-        return request
+            step_up=policy is not None and policy.step_up, batch=batch,
+        ), rota
 
     async def granted(self, *, agent: str, tool: str, place: str | None, args: dict[str, Any],
                       session_id: str | None = None, policy: Policy | None = None, not_by: tuple[str, ...] = ()
@@ -184,7 +286,7 @@ class ApprovalBroker:
         """Whose grants do not cover a call no rule decides: its senders while BOT_SELF_APPROVAL is off."""
         return () if self.self_approval else tuple(dict.fromkeys(s for s in (requester, *senders) if s))
 
-    def _asked(self, request: ApprovalInfo, approvers: tuple[str, ...]) -> tuple[str, ...]:
+    def _asked_of(self, request: ApprovalInfo, approvers: tuple[str, ...]) -> tuple[str, ...]:
         """Who is asked (named on the card, sent a DM): not the senders when their approval would not count."""
         return tuple(d for d in self.policy.deciders(request.requester, approvers) if not barred(request, d))
 
@@ -249,7 +351,8 @@ class ApprovalBroker:
             request = await self._wait(request, ctx.turn_id)  # its buttons still work after a restart
         if request.started:
             return _decision(request)
-        return await self._unless_frozen(ctx, tool, request, rule_of(request, self.policies))
+        return (await self._edit_ruled(ctx, tool, request)
+                or await self._unless_frozen(ctx, tool, request, rule_of(request, self.policies)))
 
     async def started(self, decision: GateDecision) -> None:
         if decision.request_id is not None:
@@ -280,7 +383,7 @@ class ApprovalBroker:
             log.exception("could not remind the approvers of approval %s", request.id)
             return
         if won and current is not None and not current.settled:
-            deciders = self._asked(current, current.approvers or self.agents.get(current.agent).approvers)
+            deciders = self._asked_of(current, current.approvers or self.agents.get(current.agent).approvers)
             log.info("approval %s: approvers reminded", request.id)
             self.bus.emit(ApprovalReminded(current.session, current, deciders,
                                            current.expires_at - self.clock.now()))
@@ -489,6 +592,10 @@ class ApprovalBroker:
             return decision
         return await self._refuse_frozen(ctx, tool.name, freeze, request.id)
 
+    async def frozen_approval(self, request: ApprovalInfo, by: str) -> str | None:
+        """Why ``by`` may not approve ``request`` now because of a freeze (an edit approves too); None if they may."""
+        return await self._frozen_approval(request, by, operator=False)
+
     async def _frozen_approval(self, request: ApprovalInfo, by: str, *, operator: bool) -> str | None:
         """Why ``by`` may not approve ``request`` now, because of a freeze; None when they may."""
         if self.freezes is None or not frozen_request(request) or (freeze := await self.freezes.active()) is None:
@@ -559,7 +666,8 @@ def _subject(tool: Tool, args: dict[str, Any]) -> str | None:
 
 def _decision(request: ApprovalInfo) -> GateDecision:
     if request.status == ApprovalStatus.APPROVED:  # by a person (or an operator): this call was asked about
-        return GateDecision(True, request_id=request.id, already_started=request.started, asked=True)
+        return GateDecision(True, request_id=request.id, already_started=request.started, asked=True,
+                            arguments=request.edited_arguments, edited_by=request.edited_by)
     if request.status == ApprovalStatus.DENIED:
         reason = request.reason or "no reason given"
         return GateDecision(False, f"error: the user denied `{request.tool}`: {reason}; do not retry it; "

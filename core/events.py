@@ -149,6 +149,8 @@ class ApprovalRequested(Event):
     name: ClassVar[str] = "approval.requested"
     request: ApprovalInfo
     deciders: tuple[str, ...] = ()  # who is asked (user and group ids; admins may decide too)
+    # One model step's gated calls asked together (issue 40.3): every request of it, ``request`` first; one card.
+    batch: tuple[ApprovalInfo, ...] = ()
 
 
 @dataclass(frozen=True)

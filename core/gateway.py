@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from core.approval_edits import BATCH_VERDICTS, ApprovalEdits, BatchDecision, EditResult
 from core.approval_policy import DecideResult
 from core.approvals import TOO_LONG_TO_SHOW, ApprovalBroker
 from core.clock import Clock
@@ -40,8 +41,8 @@ from core.store import Accepted, AcceptOutcome
 from core.views import ConnectionView, GrantView, ScheduleView
 
 # What adapters may name without importing the services that produce them.
-__all__ = ["AcceptOutcome", "Accepted", "CallbackResult", "Command", "DecideResult", "FeedbackResult", "Gateway",
-           "Marks", "Opened", "Preview", "ProvideResult", "Status", "StopReport"]
+__all__ = ["AcceptOutcome", "Accepted", "BatchDecision", "CallbackResult", "Command", "DecideResult", "EditResult",
+           "FeedbackResult", "Gateway", "Marks", "Opened", "Preview", "ProvideResult", "Status", "StopReport"]
 
 VERDICTS = ("approve", "deny", "always", "thread")  # thread: Allow in this thread
 REASON_MAX = 500  # characters of a deny reason (the model reads it)
@@ -52,8 +53,9 @@ class Gateway:
 
     def __init__(self, dispatcher: Dispatcher, approvals: ApprovalBroker, credentials: CredentialService,
                  schedules: ScheduleService, *, commands: Commands, feedback: FeedbackBook,
-                 consent: Consent | None = None) -> None:
+                 edits: ApprovalEdits, consent: Consent | None = None) -> None:
         self._dispatcher = dispatcher
+        self._edits = edits  # Approve all / Deny all, and an approver's Edit
         self._consent = consent
         self._conversations = dispatcher.conversations
         self._approvals = approvals
@@ -137,6 +139,30 @@ class Gateway:
         if request is None or request.settled or not await self._approvals.may_decide(by, request):
             return await self._approvals.decide(request_id, "deny", by=by)
         return request
+
+    async def decide_all(self, request_id: int, verdict: object, by: str, *, channel: str) -> BatchDecision:
+        """Approve all / Deny all on the card of ``request_id``'s batch: one decision per still-pending request of
+        it, each through its own policy (the batch is read from the stored request, never from the click)."""
+        if not isinstance(verdict, str) or verdict not in BATCH_VERDICTS:
+            raise InvalidInput("verdict must be approve or deny")
+        _owned(await self._approvals.get(request_id), channel, "approval request")
+        return await self._edits.decide_all(request_id, verdict, by)
+
+    async def approval_batch(self, request: ApprovalInfo) -> list[ApprovalInfo]:
+        """Every request of ``request``'s batch as it now stands (just ``request`` when it has none)."""
+        return await self._edits.batch(request)
+
+    async def edit_prompt(self, request_id: int, by: str, *, channel: str) -> ApprovalInfo | str:
+        """An Edit click, before the edit box opens: the request when ``by`` may edit it, else why not."""
+        _owned(await self._approvals.get(request_id), channel, "approval request")
+        return await self._edits.may_edit(request_id, by)
+
+    async def edit(self, request_id: int, arguments: object, by: str, *, channel: str) -> EditResult:
+        """Approve the call with changed ``arguments`` (JSON text, as the person wrote it): core checks it all."""
+        if not isinstance(arguments, str):
+            raise InvalidInput("the arguments must be JSON text")
+        _owned(await self._approvals.get(request_id), channel, "approval request")
+        return await self._edits.edit(request_id, arguments, by)
 
     async def approval(self, request_id: int) -> ApprovalInfo | None:
         return await self._approvals.get(request_id)

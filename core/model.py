@@ -246,6 +246,10 @@ class ApprovalInfo:
     senders: tuple[str, ...] = ()
     self_approval: bool = True
     step_up: bool = False  # an approval counts once the approver confirms it with a passkey (core.passkeys)
+    batch: str | None = None  # one model step's gated calls asked on one card share it (issue 40.3)
+    # An approver's edit, approved: what runs instead of ``arguments`` (the call as the model asked it), and who.
+    edited_arguments: dict[str, Any] | None = None
+    edited_by: str | None = None
 
     @property
     def settled(self) -> bool:
@@ -264,6 +268,19 @@ class ApprovalInfo:
         """Whether "Allow in this thread" is offered: a turn's call (a schedule's destination has no thread)."""
         return self.grantable and self.turn_id is not None
 
+    @property
+    def editable(self) -> bool:
+        """Whether **Edit** is offered (issue 40.3; core checks every edit again): a tool call that waits, needs one
+        approver, uses no credential and fits the edit box. Never a budget's Continue or a schedule's destination."""
+        return (not self.settled and self.risk not in (BUDGET_RISK, CAP_RISK) and not self.step_up
+                and self.tool != "schedule_destination"
+                and self.quorum <= 1 and not carries_credential(self.arguments)
+                and len(self.edit_text()) <= EDIT_MAX_CHARS)
+
+    def edit_text(self) -> str:
+        """The call's arguments as the edit box shows them: pretty-printed JSON."""
+        return json.dumps(self.arguments, indent=2, ensure_ascii=False)
+
     def progress(self) -> str | None:
         """"1 of 2 — U1" while a request that needs several approvers waits; None otherwise."""
         if self.quorum <= 1 or self.settled:
@@ -277,6 +294,8 @@ class ApprovalInfo:
         if self.status == ApprovalStatus.APPROVED:
             if len(self.approved_by) > 1:
                 who = " and ".join([", ".join(self.approved_by[:-1]), self.approved_by[-1]])
+            if self.edited_arguments is not None:
+                return f"Approved with changes by {self.edited_by or who}"
             return f"{granted_label(self.grant_scope, self.grant_ttl_s) if self.always else 'Approved'} by {who}"
         if self.status == ApprovalStatus.DENIED:
             return f"Denied by {who}" + (f": {self.reason}" if self.reason else "")
@@ -289,6 +308,13 @@ class ApprovalInfo:
 
 BUDGET_RISK = "budget"  # what a thread's token-budget park is filed as (its card: Continue and Stop)
 CAP_RISK = "cap"  # what a spending cap's park is filed as (core.spending): Continue and Stop, admins only
+EDIT_MAX_CHARS = 3_000  # what an approval's edit box holds (Slack's plain_text_input); longer calls are not editable
+
+
+def carries_credential(args: dict[str, Any]) -> bool:
+    """Whether a call names a credential to use (shell_run ``credentials``, http_request ``credential``, any tool's
+    argument so named): such a call is never edited (an edit could send the credential somewhere else)."""
+    return any("credential" in str(key).lower() and value not in (None, "", [], {}) for key, value in args.items())
 
 
 class CredentialStatus(enum.StrEnum):

@@ -77,10 +77,20 @@ class Waiters:
         self.clock = clock
         self._waiters: waiting.Waiters[Parked] = waiting.Waiters(poll_s)
         self._settled_here: set[int] = set()
+        self._expected: set[int] = set()  # parked for a wait that has not begun yet (a batch's later calls)
+
+    def expect(self, request_id: int, expected: bool = True) -> None:
+        """A wait on it will begin later in this process (or, ``expected`` False, never will): settled here before
+        then, it is not announced a second time when the wait begins."""
+        if expected:
+            self._expected.add(request_id)
+        else:
+            self._expected.discard(request_id)
+            self._settled_here.discard(request_id)
 
     def wake(self, request_id: int) -> None:
         """Settled by this process: its waiter returns now, and need not announce it again."""
-        if self._waiters.waiting(request_id):
+        if self._waiters.waiting(request_id) or request_id in self._expected:
             self._settled_here.add(request_id)
         self._waiters.wake(request_id)
 
@@ -119,6 +129,7 @@ class Waiters:
             while await self._waiters.wait(key, settled, timeout_s=max(self._left(request), 0.0)) is None:
                 pass  # its time ran out: the next read settles it as expired
             here = key in self._settled_here
+            self._expected.discard(key)
             if not self._waiters.waiting(key):
                 self._settled_here.discard(key)
             if not here:

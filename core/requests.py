@@ -108,6 +108,10 @@ class PersonRequests(Generic[V]):
         return await self._waiters.wait(request, turn_id=turn_id, load=self.rows.get, expire=expire, cancel=cancel,
                                         settled_elsewhere=lambda current: self.bus.emit(self.resolved(current)))
 
+    def expect(self, request_id: int, expected: bool = True) -> None:
+        """A turn of this process will wait on it later (a batch's later calls): see ``Waiters.expect``."""
+        self._waiters.expect(request_id, expected)
+
     async def end(self, request_id: int, status: str, reason: str | None = None) -> tuple[bool, V]:
         """Settle it as nobody's decision (``EXPIRED``, ``CANCELLED``) if still pending."""
         won, request = await self._end(request_id, status, reason)

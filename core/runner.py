@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import re
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
@@ -41,6 +42,7 @@ from core.store import ConversationStore
 from core.store.summaries import SummaryStore
 from core.text import clean_text
 from core.tools import (
+    GateDecision,
     Risk,
     Tool,
     ToolContext,
@@ -326,6 +328,8 @@ class AgentRunner:
                 return content
             # Calls that may run together (sub-agents) start at once; the others run in order. Results are
             # stored in call order; a stop cancels whatever still runs (a sub-agent, or one waiting for a slot).
+            # The step's calls that will need a person are asked on one card before the first one runs.
+            batched = await self._ask_together(reply.tool_calls, holds_secret, allowed_names, ctx, turn.id)
             together = {call.id: asyncio.ensure_future(self._call_tool(call, allowed_names, ctx, on_tool))
                         for call in reply.tool_calls if call.id not in holds_secret and self._concurrent(call.name)}
             try:
@@ -339,6 +343,8 @@ class AgentRunner:
                     )
                     history.append(ChatMessage("tool", result, tool_call_id=call.id))
             finally:
+                if batched and self.gate is not None:
+                    await self.gate.forget(ctx, batched)
                 await _cancel_all(together.values())
             if steer is not None:
                 steered = await steer()
@@ -494,16 +500,55 @@ class AgentRunner:
                 if not decision.allowed:
                     self._ended(ctx, call.name, ToolOutcome.DENIED)
                     return await self.redact(decision.result)
+                args, note = await self._edited(tool, ctx, args, decision)
                 await self.gate.started(decision)  # the decision is on record before the tool runs
                 ctx = replace(ctx, asked=decision.asked)  # whether a person approved this very call
             elif tool.risk is Risk.GATED:
                 raise ToolError(f"{tool.name} needs a person's approval, and nobody can approve here")
+            else:
+                note = ""
             if on_tool is not None:
                 on_tool(tool.name)
-            return await self._execute(tool, ctx, args)
+            return note + await self._execute(tool, ctx, args)
         except ToolError as exc:  # e.g. a schema error quoting the model's arguments
             self._ended(ctx, call.name, ToolOutcome.REFUSED)
             return await self.redact(f"error: {exc}")
+
+    async def _ask_together(self, calls: Sequence[ToolCall], holds_secret: set[str], allowed: set[str],
+                            ctx: ToolContext, turn_id: int) -> list[str]:
+        """Before a step's calls run in order, the gate asks about those that will need a person on one card
+        (issue 40.3); returns the call ids it was shown. Calls that run together (delegate), that hold a secret or
+        that are refused anyway (unknown tool, bad arguments, a failed check) are left to be handled as ever."""
+        if self.gate is None or len(calls) < 2 or len({call.id for call in calls}) != len(calls):
+            return []
+        prepared: list[tuple[str, Tool, dict[str, Any]]] = []
+        for call in calls:
+            tool = self.tools.get(call.name)
+            if tool is None or call.name not in allowed or call.id in holds_secret or tool.concurrent:
+                continue
+            called = replace(ctx, call_id=call.id, asked=False)
+            try:
+                args = tool.parse_arguments(call.arguments)
+                await precheck_call(tool, called, args)
+                prepared.append((call.id, await as_called(tool, called, args), args))
+            except ToolError:
+                continue  # refused with its reason when the runner reaches it
+        if len(prepared) < 2:
+            return []
+        await self.gate.ask_together(ctx, prepared, f"{turn_id}:{uuid.uuid4().hex[:16]}")
+        return [call_id for call_id, _tool, _args in prepared]
+
+    async def _edited(self, tool: Tool, ctx: ToolContext, args: dict[str, Any],
+                      decision: GateDecision) -> tuple[dict[str, Any], str]:
+        """The arguments that run (an approver's edit, checked again by the tool's schema and its own check, or the
+        model's), and what the model is told before the result when an approver changed the call."""
+        if decision.arguments is None:
+            return args, ""
+        edited = tool.parse_arguments(decision.arguments)
+        await precheck_call(tool, ctx, edited)
+        shown = await self.redact(json.dumps(edited, ensure_ascii=False))
+        return edited, (f"note: an approver ({decision.edited_by or 'someone'}) changed this call before approving "
+                        f"it; it ran with these arguments instead of yours: {shown}\n")
 
     async def _execute(self, tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> str:
         log.info("tool %s called (session %s, turn %s)", tool.name, ctx.session_id, ctx.turn_id)
@@ -587,15 +632,21 @@ class AgentRunner:
         decision = await self.gate.recover(ctx, tool, args)  # a safe tool too: a policy may have asked
         ctx = replace(ctx, asked=decision is not None and decision.asked)
         parked = self.resumable is not None and await self.resumable(ctx)
+        note = ""
+        if decision is not None and decision.allowed:
+            try:
+                args, note = await self._edited(tool, ctx, args, decision)  # an approver's edit, stored first
+            except ToolError as exc:
+                return await self.redact(f"error: {exc}")
         if parked and (decision is None or decision.already_started):
-            return await self._execute(tool, ctx, args)  # it sent nothing yet: it waited for consent
+            return note + await self._execute(tool, ctx, args)  # it sent nothing yet: it waited for consent
         if decision is None or decision.already_started:
             return INTERRUPTED_RESULT
         if not decision.allowed:
             self._ended(ctx, tool.name, ToolOutcome.DENIED)
             return await self.redact(decision.result)
         await self.gate.started(decision)
-        return await self._execute(tool, ctx, args)
+        return note + await self._execute(tool, ctx, args)
 
 
 def _joined(*writes: Callable[[Session], None] | None) -> Callable[[Session], None] | None:

@@ -7,7 +7,7 @@ import enum
 import fnmatch
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -206,6 +206,9 @@ class GateDecision:
     request_id: int | None = None
     already_started: bool = False  # approved before a crash and begun: never run it twice
     asked: bool = False  # a person approved this very call; False: it runs without anyone being asked
+    # An approver changed the call before approving it (issue 40.3): what runs instead, and who changed it.
+    arguments: dict[str, Any] | None = None
+    edited_by: str | None = None
 
 
 class ToolGate(Protocol):
@@ -219,6 +222,17 @@ class ToolGate(Protocol):
 
     async def started(self, decision: GateDecision) -> None:
         """Record that an approved call begins to run (before it runs)."""
+        ...
+
+    async def ask_together(self, ctx: ToolContext, calls: Sequence[tuple[str, Tool, dict[str, Any]]],
+                           batch: str) -> None:
+        """Before one model step's calls run (``calls``: each call id, its tool as called, its arguments): those
+        that will need a person are asked together, on one card (``batch``); each then waits in ``authorize``."""
+        ...
+
+    async def forget(self, ctx: ToolContext, call_ids: Sequence[str]) -> None:
+        """The step ended: whatever ``ask_together`` kept for calls it never reached is let go. A person's stop
+        cancels those requests; after a shutdown they stay (a restart finds them, or they expire)."""
         ...
 
 

@@ -67,7 +67,8 @@ def test_violation_detector_can_fail() -> None:
 # core.model, core.views, core.events, core.errors, core.ports, core.text, core.display, core.replies).
 CORE_SERVICES = ("core.dispatcher", "core.approvals", "core.credentials", "core.schedules", "core.turns",
                  "core.controls", "core.runner", "core.commands", "core.delivery", "core.leasing", "core.feedback",
-                 "core.budget", "core.policies", "core.context_window", "core.connections", "core.subagents")
+                 "core.budget", "core.policies", "core.context_window", "core.connections", "core.subagents",
+                 "core.approval_edits")
 
 
 def test_channels_call_core_only_through_the_gateway() -> None:

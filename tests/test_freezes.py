@@ -249,7 +249,7 @@ async def test_during_freeze_ask_asks_even_an_allowed_call_and_only_admins_may_a
     await gateway.send_event(mention("echo it"))
     [card] = await fake_slack.wait_for("chat.postMessage")
     buttons = card.params["blocks"][-1]["elements"]
-    assert [b["text"]["text"] for b in buttons] == ["Approve", "Deny"]  # asked, and no standing grant offered
+    assert [b["text"]["text"] for b in buttons] == ["Approve", "Deny", "Edit"]  # asked, and no standing grant offered
     await gateway.interact(block_action("approval:approve", buttons[0]["value"], user="U1"))  # the requester
     [told] = await fake_slack.wait_for("chat.postEphemeral")
     assert "Only admins can approve it" in told.params["text"] and "incident 42" in told.params["text"]

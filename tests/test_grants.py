@@ -29,7 +29,7 @@ from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import Call, FakeSlack
 from tests.slack_requests import block_action, command_body, mention
 
-BOTH = ["Approve", "Deny", "Always allow", "Allow in this thread"]
+BOTH = ["Approve", "Deny", "Always allow", "Allow in this thread", "Edit"]  # Edit: issue 40.3
 
 
 @pytest.fixture(autouse=True)
@@ -223,7 +223,7 @@ async def test_rules_without_grant_ttl_or_with_a_quorum_offer_no_grant(
                            '[[policies]]\ntool = "shell_run"\nmatch = "date"\napprovers = ["U7", "U8"]\nquorum = 2\n'
                            'grant_ttl_s = 3600\n')
     _thread, card = await _call(gateway, fake_slack, fake_llm, "uptime")
-    assert card is not None and _buttons(card) == ["Approve", "Deny"]
+    assert card is not None and _buttons(card) == ["Approve", "Deny", "Edit"]
     await _click(gateway, fake_slack, card, "thread")  # a forged grant button: a plain approval, no grant
     assert "Approved by <@U1>" in json.dumps(fake_slack.of("chat.update")[-1].params["blocks"])
     _thread, card = await _call(gateway, fake_slack, fake_llm, "uptime")  # asked again
@@ -231,7 +231,7 @@ async def test_rules_without_grant_ttl_or_with_a_quorum_offer_no_grant(
     await _dismiss(gateway, card)
 
     _thread, card = await _call(gateway, fake_slack, fake_llm, "date")
-    assert card is not None and _buttons(card) == ["Approve", "Deny"]  # a grant never stands for a quorum
+    assert card is not None and _buttons(card) == ["Approve", "Deny"]  # a grant never stands for a quorum (nor an edit)
     for voter in ("U7", "U8"):  # each grant button counts as one approval, and records nothing
         await gateway.interact(block_action("approval:thread", _request_id(card), user=voter))
     await gateway.idle()

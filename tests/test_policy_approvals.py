@@ -164,7 +164,7 @@ async def test_a_rule_s_request_offers_no_standing_grant_and_is_asked_again(
         cards = await fake_slack.wait_for("chat.postMessage", 2 * round_ - 1)
         card = cards[-1]
         buttons = card.params["blocks"][-1]["elements"]
-        assert [b["text"]["text"] for b in buttons] == ["Approve", "Deny"]
+        assert [b["text"]["text"] for b in buttons] == ["Approve", "Deny", "Edit"]
         await gateway.interact(block_action("approval:always", buttons[0]["value"], user="U1"))  # forged
         await fake_slack.wait_for("chat.postMessage", 2 * round_)
         await gateway.idle()

@@ -41,7 +41,7 @@ async def test_approver_click_runs_the_command_once(
     blocks = request.params["blocks"]
     assert request.params["thread_ts"] == root["ts"]
     assert [b["text"]["text"] for b in blocks[-1]["elements"]] == [
-        "Approve", "Deny", "Always allow", "Allow in this thread"]
+        "Approve", "Deny", "Always allow", "Allow in this thread", "Edit"]
     assert {b["value"] for b in blocks[-1]["elements"]} == {request_id}  # only the id
     assert "echo hello-from-shell" in json.dumps(blocks) and "<@U1>" in json.dumps(blocks)
 

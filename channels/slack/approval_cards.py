@@ -9,14 +9,24 @@ from typing import Any
 
 from channels.slack.formatting import SLACK_MARKS, escape
 from channels.slack.payloads import slack_person
-from channels.slack.request_cards import Button, RequestCard, by_mention, card_blocks, context, outcome, section
+from channels.slack.request_cards import (
+    Button,
+    RequestCard,
+    button_element,
+    by_mention,
+    card_blocks,
+    context,
+    outcome,
+    section,
+)
 from core.display import arguments_text
 from core.grants import lasting
-from core.model import BUDGET_RISK, CAP_RISK, ApprovalInfo, ApprovalStatus
+from core.model import BUDGET_RISK, CAP_RISK, EDIT_MAX_CHARS, ApprovalInfo, ApprovalStatus
 from core.replies import asked_by
 from core.self_approval import needs_other
 
 DENY_VIEW = "approval_deny"
+EDIT_VIEW = "approval_edit"
 # Slack allows 3,000 characters in a section's text and 50 blocks in a message. The arguments are
 # never cut: they take several sections, and past _INLINE_SECTIONS (a wall nobody reads in a
 # channel) they are attached in full as a file in the thread.
@@ -101,7 +111,93 @@ def approval_blocks(request: ApprovalInfo, *, attached: str | None = None,
         buttons.append(Button("Always allow", "approval:always"))
     if request.thread_grantable:
         buttons.append(Button("Allow in this thread", "approval:thread"))
-    return card_blocks(RequestCard("approval", request.id, asked, pending, answer, tuple(buttons)))
+    if request.editable:  # core says which (never a call that uses a credential) and checks the edit again
+        buttons.append(Button("Edit", "approval:edit"))
+    return card_blocks(RequestCard("approval", request.id, [*asked, *_ran_instead(request)], pending, answer,
+                                   tuple(buttons)))
+
+
+def fits_in_batch(request: ApprovalInfo) -> bool:
+    """Whether a call's arguments fit its part of a batch card (one section), else the calls get a card each."""
+    return request.risk not in (BUDGET_RISK, CAP_RISK) and len(_chunks(arguments_text(request.arguments))) == 1
+
+
+def batch_blocks(requests: list[ApprovalInfo], effects: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """One card for one model step's gated calls (issue 40.3): each call in full with its own buttons (or how it
+    ended), then **Approve all** / **Deny all** while any still waits. Each button carries one request id only;
+    the batch is read from the stored request."""
+    first = requests[0]
+    blocks: list[dict[str, Any]] = [section(f":lock: *{escape(first.agent)}* wants to run {len(requests)} calls:")]
+    for number, request in enumerate(requests, 1):
+        shown = _chunks(arguments_text(request.arguments))[0]
+        blocks.append(section(f"*{number}.* `{escape(request.tool)}`\n```\n{shown}\n```"))
+        effect = (effects or {}).get(request.id)
+        if effect:
+            blocks.append(section(effect[:_SECTION_CHARS]))
+        blocks.extend(_ran_instead(request))
+        if request.status == ApprovalStatus.PENDING:
+            progress = request.progress()
+            if progress:
+                blocks.append(context(mention_all(escape(progress), request.approved_by)))
+            buttons = [Button("Approve", "approval:approve", "primary"), Button("Deny", "approval:deny", "danger")]
+            if request.grantable:
+                buttons.append(Button("Always allow", "approval:always"))
+            if request.thread_grantable:
+                buttons.append(Button("Allow in this thread", "approval:thread"))
+            if request.editable:
+                buttons.append(Button("Edit", "approval:edit"))
+            blocks.append({"type": "actions", "block_id": f"approval:{request.id}",
+                           "elements": [button_element(b, str(request.id)) for b in buttons]})
+        else:
+            said = mention_all(by_mention(escape(request.summary()), request.decided_by), request.approved_by)
+            blocks.append(context(outcome(request, said)))
+    waiting = [r for r in requests if r.status == ApprovalStatus.PENDING]
+    asked_by_whom = asked_by(first, SLACK_MARKS)
+    if waiting:
+        blocks.append(context(f"{asked_by_whom} · expires {_date(min(r.expires_at for r in waiting))}"))
+        blocks.append({"type": "actions", "block_id": f"approval_batch:{first.id}", "elements": [
+            button_element(Button("Approve all", "approval_batch:approve", "primary"), str(first.id)),
+            button_element(Button("Deny all", "approval_batch:deny", "danger"), str(first.id))]})
+    else:
+        blocks.append(context(f"All {len(requests)} calls settled · {asked_by_whom}"))
+    return blocks
+
+
+def batch_fallback_text(requests: list[ApprovalInfo]) -> str:
+    waiting = sum(1 for r in requests if r.status == ApprovalStatus.PENDING)
+    tools = ", ".join(r.tool for r in requests)
+    if waiting:
+        return f"{requests[0].agent} wants to run {len(requests)} calls ({tools}): {waiting} waiting for a decision"
+    return f"{len(requests)} calls ({tools}): all settled"
+
+
+def edit_modal(request: ApprovalInfo) -> dict[str, Any]:
+    """The edit box: the call's arguments as pretty JSON. Submitting approves the edited call (core checks it)."""
+    return {
+        "type": "modal", "callback_id": EDIT_VIEW, "private_metadata": str(request.id),
+        "title": {"type": "plain_text", "text": "Edit and approve"},
+        "submit": {"type": "plain_text", "text": "Approve edited"},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": [
+            {"type": "section", "text": {"type": "mrkdwn", "text": (
+                f"Change the arguments of `{escape(request.tool)}`, then approve the edited call. The policies check "
+                "it again, and the agent is told what ran instead.")}},
+            {"type": "input", "block_id": "arguments",
+             "label": {"type": "plain_text", "text": "Arguments (JSON)"},
+             "element": {"type": "plain_text_input", "action_id": "json", "multiline": True,
+                         "max_length": EDIT_MAX_CHARS, "initial_value": request.edit_text()}},
+        ],
+    }
+
+
+def _ran_instead(request: ApprovalInfo) -> list[dict[str, Any]]:
+    """An approved edit: what ran instead of what the model asked."""
+    if request.edited_arguments is None:
+        return []
+    chunks = _chunks(arguments_text(request.edited_arguments))
+    who = mention(request.edited_by) if request.edited_by else "an approver"
+    return [section(f":pencil2: Edited by {who}; it runs with these arguments instead:"),
+            *(section(f"```\n{chunk}\n```") for chunk in chunks[:_INLINE_SECTIONS])]
 
 
 def _asking(request: ApprovalInfo, limit: int = 5) -> str:

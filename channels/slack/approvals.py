@@ -18,9 +18,14 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 from channels.slack.api import PrivateReplies, error_code
 from channels.slack.approval_cards import (
     DENY_VIEW,
+    EDIT_VIEW,
     approval_blocks,
+    batch_blocks,
+    batch_fallback_text,
     deny_modal,
+    edit_modal,
     fallback_text,
+    fits_in_batch,
     fits_on_card,
     mention,
     time_left,
@@ -38,7 +43,9 @@ from core.model import ApprovalInfo
 
 log = logging.getLogger(__name__)
 
-ACTION = re.compile(r"^approval:(approve|deny|always|thread|stop)$")
+ACTION = re.compile(r"^approval:(approve|deny|always|thread|stop|edit)$")
+BATCH_ACTION = re.compile(r"^approval_batch:(approve|deny)$")
+_BATCH_MAX = 10  # calls on one card (Slack allows 50 blocks); more, and each gets its own card
 _MAX_DM_CARDS = 25  # a group of hundreds is asked in the thread, not by hundreds of DMs
 _TOO_BIG = {"invalid_blocks", "msg_too_long", "too_many_blocks", "msg_blocks_too_long"}
 
@@ -56,9 +63,46 @@ class SlackApprovals:
         self._cards = CardMessages(client, "approval", self.threads)
         self._effects = ToolEffects(client)  # what a Slack tool's call will do, in words, on its card
         app.action(ACTION)(self._on_click)
+        app.action(BATCH_ACTION)(self._on_batch_click)
         app.view(DENY_VIEW)(self._on_deny_submitted)
+        app.view(EDIT_VIEW)(self._on_edit_submitted)
 
     # -- rendering ------------------------------------------------------------------------------
+
+    async def announce_batch(self, requests: tuple[ApprovalInfo, ...], deciders: tuple[str, ...] = ()) -> None:
+        """One model step's gated calls on one card in the thread. A batch that cannot be one card (too many calls,
+        arguments too long for their part of it, or a rule that asks by DM) is shown as a card per call."""
+        current = [await self.gateway.approval(r.id) or r for r in requests]
+        if (len(current) > _BATCH_MAX or not all(fits_in_batch(r) for r in current)
+                or any(r.notify != ("thread",) for r in current)):
+            for request in current:
+                await self.announce(request, deciders)
+            return
+        effects = {r.id: effect for r in current
+                   if (effect := await self._effects.describe(r.tool, r.arguments,
+                                                              team=team_of(r.session.place))) is not None}
+
+        async def send(channel: str, thread_ts: str | None) -> AsyncSlackResponse:
+            return await self.client.chat_postMessage(channel=channel, thread_ts=thread_ts,
+                                                      text=batch_fallback_text(current),
+                                                      blocks=batch_blocks(current, effects))
+        try:
+            posted = await self.threads.post(current[0].session, send, lambda posted: str(posted["ts"]))
+        except SlackApiError as exc:  # e.g. Slack is down: they stay pending, and expire if nobody can decide
+            log.error("could not post approvals %s: %s", [r.id for r in current], error_code(exc))
+            if error_code(exc) in _TOO_BIG:  # too much for one message after all: a card each
+                for request in current:
+                    await self.announce(request, deciders)
+            return
+        for request in current:
+            where: dict[str, Any] = {"channel": posted["channel"], "ts": posted["ts"], "batch": True}
+            if request.id in effects:
+                where["effect"] = effects[request.id]
+            await self.gateway.approval_shown(request.id, where)
+        # Decided while it was posted: the card shows it now.
+        latest = await self.gateway.approval_batch(current[0])
+        if any(r.settled for r in latest):
+            await self.resolve(latest[0])
 
     async def announce(self, request: ApprovalInfo, deciders: tuple[str, ...] = ()) -> None:
         """The card in the thread and, with a rule's ``notify = ["dm"]``, in each decider's DM; where each
@@ -191,6 +235,11 @@ class SlackApprovals:
         if not request.settled or not request.announcement:
             request = await self.gateway.approval(request.id) or request
         where = request.announcement or {}
+        if where.get("batch") and request.batch is not None:  # one card for the batch: every call as it stands
+            batch = await self.gateway.approval_batch(request)
+            effects = {r.id: e for r in batch if (e := _effect(r)) is not None}
+            await self._cards.update(request, where, batch_fallback_text(batch), batch_blocks(batch, effects))
+            return
         places = ([{"channel": where["channel"], "ts": where["ts"]}] if "channel" in where else []) + list(
             where.get("copies") or [])
         text, blocks = fallback_text(request), approval_blocks(request, effect=_effect(request))
@@ -217,6 +266,46 @@ class SlackApprovals:
             except NotFound:  # unknown, or another channel's: none that a click here can decide
                 self._private.tell(channel, user, "That approval request does not exist.")
 
+    async def _on_batch_click(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        """Approve all / Deny all: core decides each still-pending call of the card's batch on its own."""
+        await ack()
+        user, channel = user_id(body), channel_id(body)
+        if not user:
+            return
+        verdict = BATCH_ACTION.match(str(action.get("action_id")))
+        request_id = _request_id(action.get("value"))
+        if verdict is None or request_id is None:
+            self._private.tell(channel, user, "That button does not belong to an approval request I know.")
+            return
+        with in_workspace(await self._workspace_of(request_id)):
+            try:
+                result = await self.gateway.decide_all(request_id, verdict.group(1), by=user, channel=self.channel)
+            except NotFound:
+                self._private.tell(channel, user, "That approval request does not exist.")
+                return
+        if result.message:
+            self._private.tell(channel, user, result.message)
+
+    async def _on_edit_submitted(self, ack: Any, body: dict[str, Any], view: dict[str, Any]) -> None:
+        """The edit box submitted: core checks the edit and approves the edited call, or the box says why not (it
+        stays open; nothing was decided)."""
+        user = user_id(body)
+        request_id = _request_id(view.get("private_metadata"))
+        if request_id is None or not user:
+            await ack()
+            return
+        text = input_value(view, "arguments", "json")
+        try:
+            with in_workspace(await self._workspace_of(request_id)):
+                result = await self.gateway.edit(request_id, text, by=user, channel=self.channel)
+        except (InvalidInput, NotFound) as exc:
+            await ack(response_action="errors", errors={"arguments": str(exc)[:300]})
+            return
+        if result.won:
+            await ack()
+        else:
+            await ack(response_action="errors", errors={"arguments": result.message[:300]})
+
     async def _workspace_of(self, request_id: int) -> str | None:
         return await request_workspace(self.client, self.gateway.approval, request_id)
 
@@ -225,6 +314,16 @@ class SlackApprovals:
             result = await self.gateway.decide(request_id, "deny", by=user, channel=self.channel)
             if not result.won:
                 self._private.tell(channel, user, result.message)
+            return
+        if verdict.group(1) == "edit":
+            editing = await self.gateway.edit_prompt(request_id, by=user, channel=self.channel)
+            if isinstance(editing, str):
+                self._private.tell(channel, user, editing)
+                return
+            try:
+                await self.client.views_open(trigger_id=trigger, view=edit_modal(editing))
+            except SlackApiError as exc:
+                log.warning("could not open the edit modal: %s", error_code(exc))
             return
         if verdict.group(1) == "deny":
             prompt = await self.gateway.deny_prompt(request_id, by=user, channel=self.channel)

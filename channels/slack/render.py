@@ -140,7 +140,10 @@ class SlackRenderer:
         elif isinstance(event, ToolStarted):
             await self._status(event.turn.id, f"is {activity(event.tool)}")
         elif isinstance(event, ApprovalRequested):
-            await self.approvals.announce(event.request, event.deciders)
+            if event.batch:  # one model step's gated calls: one card
+                await self.approvals.announce_batch(event.batch, event.deciders)
+            else:
+                await self.approvals.announce(event.request, event.deciders)
             if self._shows_status(event.request.turn_id):
                 await self._status(event.request.turn_id, await self._waiting_for(event.deciders))
         elif isinstance(event, ApprovalResolved | ApprovalVoted):  # in place: the outcome, or the votes so far

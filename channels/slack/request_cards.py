@@ -51,7 +51,7 @@ def card_blocks(card: RequestCard) -> list[dict[str, Any]]:
     if card.pending:
         value = str(card.request_id)
         blocks.append({"type": "actions", "block_id": f"{card.kind}:{card.request_id}",
-                       "elements": [_button(b, value) for b in card.buttons]})
+                       "elements": [button_element(b, value) for b in card.buttons]})
     return blocks
 
 
@@ -87,7 +87,7 @@ def carried_id(value: Any) -> int | None:
     return int(value)
 
 
-def _button(button: Button, value: str) -> dict[str, Any]:
+def button_element(button: Button, value: str) -> dict[str, Any]:
     shown: dict[str, Any] = {"type": "button", "action_id": button.action_id,
                              "text": {"type": "plain_text", "text": button.label}, "value": value}
     if button.style is not None:

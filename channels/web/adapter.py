@@ -93,6 +93,8 @@ class WebChannel:
             web.post("/api/conversations/{cid}/feedback", guard(self._feedback)),
             web.get("/api/conversations/{cid}/events", guard(self._events)),
             web.post("/api/approvals/{id}", guard(self._decide)),
+            web.post("/api/approvals/{id}/all", guard(self._decide_all)),
+            web.post("/api/approvals/{id}/edit", guard(self._edit)),
             web.post("/api/credentials/{id}", guard(self._provide)),
             web.get("/api/schedules", guard(self._list_schedules)),
             web.post("/api/schedules/{id}/{action}", guard(self._change_schedule)),
@@ -206,6 +208,26 @@ class WebChannel:
         status = 403 if result.refused else 200 if result.won or result.voted else 409
         return web.json_response({"won": result.won, "voted": result.voted, "message": result.message}, status=status)
 
+    async def _decide_all(self, request: web.Request) -> web.Response:
+        """Approve all / Deny all of the batch the request belongs to: core decides each call on its own."""
+        request_id = parse_id(request.match_info["id"])
+        if request_id is None:
+            return web.json_response({"error": "approval ids are numbers"}, status=400)
+        body = await _json_object(request)
+        result = await self.gateway.decide_all(request_id, body.get("verdict"), by=WEB_USER, channel=self.name)
+        return web.json_response({"decided": sum(r.won for r in result.results), "message": result.message})
+
+    async def _edit(self, request: web.Request) -> web.Response:
+        """Approve the call with changed arguments (JSON text): core checks the edit; 422 says why it was refused."""
+        request_id = parse_id(request.match_info["id"])
+        if request_id is None:
+            return web.json_response({"error": "approval ids are numbers"}, status=400)
+        body = await _json_object(request)
+        result = await self.gateway.edit(request_id, body.get("arguments"), by=WEB_USER, channel=self.name)
+        if not result.won:
+            return web.json_response({"error": result.message}, status=422)
+        return web.json_response({"won": True, "message": result.message})
+
     async def _send(self, request: web.Request) -> web.Response:
         session_id = _session_id(request)
         body = await _json_object(request)
@@ -286,6 +308,10 @@ class WebChannel:
             item.update(input_id=event.input_id)
         elif isinstance(event, Notice):
             item.update(text=event.text)
+        elif isinstance(event, ApprovalRequested) and len(event.batch) > 1:  # one model step's calls: each shown
+            for request in event.batch:
+                self._publish(event.session_id, {**item, "approval": approval_item(request)})
+            return
         elif isinstance(event, ApprovalRequested | ApprovalResolved | ApprovalVoted | ApprovalReminded):
             item.update(approval=approval_item(event.request))
         elif isinstance(event, CredentialRequested | CredentialResolved):

@@ -20,7 +20,8 @@ def approval_item(a: ApprovalInfo) -> dict[str, Any]:
     return request_item(a, a.parked_at.isoformat(), tool=a.tool, arguments=a.arguments, requester=a.requester,
                         quorum=a.quorum, progress=a.progress(), grantable=a.grantable, risk=a.risk,
                         thread_grantable=a.thread_grantable, grant_ttl_s=a.grant_ttl_s,
-                        reminded=a.reminded, needs_other=needs_other(a))
+                        reminded=a.reminded, needs_other=needs_other(a), batch=a.batch,
+                        edited_arguments=a.edited_arguments, edited_by=a.edited_by, editable=a.editable)
 
 
 def credential_item(c: CredentialRequestInfo) -> dict[str, Any]:

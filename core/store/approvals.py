@@ -44,6 +44,45 @@ class ApprovalStore:
             # A turn waits on it (not, e.g., a schedule's destination): its session says so.
             return await self.requests.park_in(s, row, session_waits=row.turn_id is not None)
 
+    async def park_batch(self, rows: list[ApprovalRow]) -> list[ApprovalInfo]:
+        """Park one model step's gated calls together, in one commit (they share ``batch``): one card asks them all."""
+        async with self.db.write() as s:
+            parked = []
+            for row in rows:
+                if row.turn_id is not None:
+                    senders = (await s.exec(select(InputRow.sender).where(
+                        InputRow.turn_id == row.turn_id, InputRow.status == InputStatus.TAKEN)
+                        .order_by(col(InputRow.id)))).all()
+                    others = list(dict.fromkeys(x for x in senders if x and x != row.requester))
+                    row.other_senders = json.dumps(others) if others else None
+                parked.append(await self.requests.park_in(s, row, session_waits=row.turn_id is not None))
+            return parked
+
+    async def batch(self, session_id: str, batch: str) -> list[ApprovalInfo]:
+        """Every request of one batch (of that conversation), in call order."""
+        async with self.db.read() as s:
+            rows = (await s.exec(select(ApprovalRow).where(ApprovalRow.session_id == session_id,
+                                                           ApprovalRow.batch == batch)
+                                 .order_by(col(ApprovalRow.id)))).all()
+            return [await _info(s, row) for row in rows]
+
+    async def approve_edited(self, request_id: int, arguments: dict[str, Any], *, by: str, now: datetime,
+                             detail: dict[str, Any]) -> tuple[bool, ApprovalInfo | None]:
+        """Approve the edited call: the edit is stored first (in the same commit as the approval, only while the
+        request is pending and not expired), and audited with both versions of the arguments."""
+        async with self.db.write() as s:
+            won, row = await self.requests.settle_in(
+                s, request_id, {"status": ApprovalStatus.APPROVED, "decided_by": by, "decided_at": now,
+                                "edited_arguments": json.dumps(arguments), "edited_by": by}, before=now)
+            if won and row is not None:
+                s.add(audit_row(now, by, "approval.edited", f"approval:{row.id}",
+                                {"tool": row.tool, "session": row.session_id, "place": row.place,
+                                 "policy": row.policy, **detail}))
+                s.add(audit_row(now, by, f"approval.{ApprovalStatus.APPROVED}", f"approval:{row.id}",
+                                {"tool": row.tool, "session": row.session_id, "place": row.place, "reason": None,
+                                 "always": False, "policy": row.policy, "edited": True}))
+            return won, (await _info(s, row) if row is not None else None)
+
     async def settle(
         self, request_id: int, status: str, *, by: str | None, reason: str | None, now: datetime,
         grant_call: str | None = None, grant: GrantTerms | None = None, detail: dict[str, Any] | None = None,
@@ -259,4 +298,6 @@ async def _info(s: AsyncSession, row: ApprovalRow) -> ApprovalInfo:
         grant_rule_key=row.grant_rule_key,
         senders=tuple(json.loads(row.senders)) if row.senders else (), self_approval=row.self_approval,
         step_up=row.step_up,
+        batch=row.batch,
+        edited_arguments=json.loads(row.edited_arguments) if row.edited_arguments else None, edited_by=row.edited_by,
     )

@@ -178,6 +178,11 @@ class ApprovalRow(SQLModel, table=True):
     self_approval: bool = Field(default=True, sa_column=Column(Boolean, nullable=False, server_default=true()))
     # A rule's step_up: an approval counts once the approver confirms it with a passkey (core.passkeys)
     step_up: bool = Field(default=False, sa_column=Column(Boolean, nullable=False, server_default=false()))
+    # One model step's gated calls are asked on one card (issue 40.3): they share this key ("<turn>:<step>").
+    batch: str | None = Field(default=None, max_length=64, index=True)
+    # An approver's edit (JSON): what runs instead of ``arguments`` (kept as the model asked), and who edited.
+    edited_arguments: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    edited_by: str | None = Field(default=None, max_length=64)
 
 
 class ApprovalVoteRow(SQLModel, table=True):

@@ -118,6 +118,11 @@ function approvalElement(a) {
   meta.className = "meta";
   if (a.status !== "pending") {
     meta.textContent = a.summary;
+    if (a.edited_arguments) {  // an approver's edit: what ran instead
+      const ran = document.createElement("pre");
+      ran.innerHTML = `<code>${escapeHtml(argumentsText(a.edited_arguments))}</code>`;
+      el.appendChild(ran);
+    }
     el.appendChild(meta);
     return el;
   }
@@ -155,6 +160,47 @@ function approvalElement(a) {
       decide(verdict);
     });
     actions.appendChild(button);
+  }
+  if (a.editable) {  // change the arguments and approve the edited call: core checks it all again
+    const box = document.createElement("textarea");
+    box.hidden = true;
+    box.rows = 6;
+    box.value = JSON.stringify(a.arguments, null, 2);
+    box.setAttribute("aria-label", "Arguments (JSON)");
+    const button = document.createElement("button");
+    button.type = "button";
+    button.textContent = "Edit";
+    button.className = "secondary";
+    button.addEventListener("click", async () => {
+      if (box.hidden) { box.hidden = false; box.focus(); button.textContent = "Approve edited"; return; }
+      try {
+        await api(`/api/approvals/${a.id}/edit`, { body: { arguments: box.value } });
+      } catch (error) {
+        meta.textContent = error.message;
+        return;
+      }
+      await loadConversation();
+    });
+    actions.appendChild(button);
+    el.appendChild(box);
+  }
+  if (a.batch) {  // one model step's calls: each is decided on its own, by core, through its own policy
+    for (const [label, verdict, cls] of [["Approve all", "approve", "secondary"], ["Deny all", "deny", "danger"]]) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.textContent = label;
+      button.className = cls;
+      button.addEventListener("click", async () => {
+        try {
+          const result = await api(`/api/approvals/${a.id}/all`, { body: { verdict } });
+          if (result && result.message) meta.textContent = result.message;
+        } catch (error) {
+          meta.textContent = error.message;
+        }
+        await loadConversation();
+      });
+      actions.appendChild(button);
+    }
   }
   el.append(actions, reason, meta);
   return el;
