@@ -82,7 +82,8 @@ async def test_three_gated_calls_one_card_and_approve_all_runs_each(
     before = await gateway.metrics()
     card = await _card(gateway, fake_slack, fake_llm, _shell("echo one-1", "echo two-2", "echo three-3"))
     calls = _calls(card)
-    assert list(calls.values()) == [["Approve", "Deny", "Always allow", "Allow in this thread", "Edit"]] * 3  # one card, a decision per call
+    every = ["Approve", "Deny", "Always allow", "Allow in this thread", "Edit"]
+    assert list(calls.values()) == [every] * 3  # one card, a decision per call
     shown = json.dumps(card.params["blocks"])
     assert "echo one-1" in shown and "echo two-2" in shown and "echo three-3" in shown
     assert len(fake_slack.of("chat.postMessage")) == 1
