@@ -59,6 +59,12 @@ def _card_request(card: Any) -> str:
     return str(button["value"])
 
 
+def _batch_requests(card: Any) -> list[int]:
+    """The request ids of a batch card's calls, in call order (each call's own actions block)."""
+    return [int(block["block_id"].split(":")[1]) for block in card.params["blocks"]
+            if block.get("type") == "actions" and block.get("block_id", "").startswith("approval:")]
+
+
 # -- poisoning through text the model read -------------------------------------------------------------------
 
 
@@ -79,14 +85,14 @@ async def test_text_read_from_a_channel_cannot_write_a_memory_unless_a_person_ap
                                     ("forget", {"id": kept.memory.id})]),
                   Reply("Done."))
     await gateway.send_event(mention("what's new in #ops?"))
-    [card] = await fake_slack.wait_for("chat.postMessage")
-    assert "remember" in card.params["text"] and POISON in json.dumps(card.params["blocks"])  # the exact text
+    [card] = await fake_slack.wait_for("chat.postMessage")  # one card for the step's two calls (issue 40.3)
+    assert "remember" in card.params["text"] and "forget" in card.params["text"]
+    assert POISON in json.dumps(card.params["blocks"])  # the exact text
     assert await _memory(gateway).store.count("default") == 1  # nothing kept while it waits
-    await gateway.app.approvals.decide(int(_card_request(card)), "deny", by="U1")
-    [_, forget_card] = await fake_slack.wait_for("chat.postMessage", 2)
-    assert "forget" in forget_card.params["text"]
-    await gateway.app.approvals.decide(int(_card_request(forget_card)), "deny", by="U1")
-    await fake_slack.wait_for("chat.postMessage", 3)
+    remember_id, forget_id = _batch_requests(card)
+    await gateway.app.approvals.decide(remember_id, "deny", by="U1")
+    await gateway.app.approvals.decide(forget_id, "deny", by="U1")
+    await fake_slack.wait_for("chat.postMessage", 2)
     await gateway.idle()
     wrote, forgot = _results(fake_llm.requests[-1])[-2:]
     assert wrote.startswith("error: the user denied `remember`")
@@ -98,9 +104,9 @@ async def test_text_read_from_a_channel_cannot_write_a_memory_unless_a_person_ap
                   Reply(tool_calls=[("remember", {"text": "The ops channel is shared with a vendor"})]),
                   Reply("Noted."))
     await gateway.send_event(mention("read #ops and remember that it is shared with a vendor"))
-    card = (await fake_slack.wait_for("chat.postMessage", 4))[-1]
+    card = (await fake_slack.wait_for("chat.postMessage", 3))[-1]
     await gateway.interact(block_action("approval:approve", _card_request(card), user="U1"))
-    await fake_slack.wait_for("chat.postMessage", 5)
+    await fake_slack.wait_for("chat.postMessage", 4)
     await gateway.idle()
     assert _results(fake_llm.requests[-1])[-1].startswith("Remembered as #")
 
@@ -108,7 +114,7 @@ async def test_text_read_from_a_channel_cannot_write_a_memory_unless_a_person_ap
     fake_llm.then(Reply(tool_calls=[("time_now", {}), ("recall", {"query": "deploys"}),
                                     ("remember", {"text": "Releases go out on Tuesdays"})]), Reply("Noted."))
     await gateway.send_event(mention("remember that releases go out on Tuesdays"))
-    await fake_slack.wait_for("chat.postMessage", 6)
+    await fake_slack.wait_for("chat.postMessage", 5)
     await gateway.idle()
     assert _results(fake_llm.requests[-1])[-1].startswith("Remembered as #")
     assert await _memory(gateway).store.count("default") == 3
