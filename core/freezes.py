@@ -12,12 +12,11 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from apscheduler.triggers.cron import CronTrigger
-
 from core.clock import Clock
 from core.errors import InvalidInput
 from core.store.freezes import FreezeStore
 from core.store.tables import FreezeRow
+from core.triggers import crontab_trigger
 
 MAX_REASON_CHARS = 500  # said on every refusal, in the thread and to the model: a sentence, not a document
 MAX_FREEZE = timedelta(days=366)  # longer is surely a slip
@@ -53,12 +52,12 @@ class FreezeWindow:
     reason: str
 
     def __post_init__(self) -> None:
-        cron_trigger(self.cron)  # a bad expression fails here, where it is read
+        crontab_trigger(self.cron, UTC)  # a bad expression fails here, where it is read
 
     def covering(self, now: datetime) -> Freeze | None:
         """The freeze this window holds at ``now``, or None. Its latest fire time at or before ``now`` is found by
         bisecting (to the second) over the last ``duration_s``: a minutely cron with a week's duration stays cheap."""
-        trigger = cron_trigger(self.cron)
+        trigger = crontab_trigger(self.cron, UTC)
         duration = timedelta(seconds=self.duration_s)
         low, high = now - duration, now
         first = trigger.get_next_fire_time(None, low)
@@ -75,51 +74,6 @@ class FreezeWindow:
         assert latest is not None and latest <= now
         until = latest + duration
         return Freeze(self.reason, until) if until > now else None
-
-
-_DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-
-
-def cron_trigger(cron: str) -> CronTrigger:
-    """A 5-field cron expression in UTC, its weekdays read as cron reads them (0 and 7 Sunday, 5 Friday).
-    APScheduler 3's ``from_crontab`` counts weekdays from Monday (its 5 is Saturday): a Friday freeze must not
-    fall on Saturday, so the weekday field is written out as day names first. Raises ValueError."""
-    fields = cron.split()
-    if len(fields) != 5:
-        raise ValueError(f"a cron expression has 5 fields (minute hour day month weekday), got {cron!r}")
-    minute, hour, day, month, weekday = fields
-    return CronTrigger(minute=minute, hour=hour, day=day, month=month, day_of_week=_weekday_names(weekday),
-                       timezone=UTC)
-
-
-def _weekday_names(field: str) -> str:
-    """``1-5`` → ``mon,tue,wed,thu,fri``; ``*`` stays; names pass through. Raises ValueError."""
-    if field == "*":
-        return field
-    days: list[str] = []
-    for part in field.lower().split(","):
-        span, _, step_text = part.partition("/")
-        step = int(step_text) if step_text else 1
-        if step < 1:
-            raise ValueError(f"weekday step {step_text!r} must be at least 1")
-        first, _, last = span.partition("-")
-        low = 0 if first == "*" else _day(first)
-        high = 6 if first == "*" else (_day(last) if last else low)
-        if last.strip() == "7":  # 7 is Sunday too, at the end of a range (5-7: Friday to Sunday)
-            high = 7
-        if high < low:
-            raise ValueError(f"weekday range {span!r} runs backwards")
-        days += [_DAY_NAMES[d % 7] for d in range(low, high + 1, step)]
-    return ",".join(dict.fromkeys(days))
-
-
-def _day(text: str) -> int:
-    text = text.strip()
-    if text in _DAY_NAMES:
-        return _DAY_NAMES.index(text)
-    if text.isdigit() and 0 <= int(text) <= 7:
-        return int(text) % 7
-    raise ValueError(f"{text!r} is not a weekday (0-7 or sun-sat)")
 
 
 class Freezes:

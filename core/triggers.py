@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -41,7 +41,7 @@ class TriggerSpec:
             if len(self.cron.split()) != 5:
                 raise InvalidInput(f"cron must have 5 fields (minute hour day month weekday), got {self.cron!r}")
             try:
-                return CronTrigger.from_crontab(self.cron, timezone=zone)
+                return crontab_trigger(self.cron, zone)
             except ValueError as exc:
                 raise InvalidInput(f"invalid cron {self.cron!r}: {exc}") from None
         if self.every_seconds is not None:
@@ -134,3 +134,49 @@ def parse_when(text: str) -> tuple[TriggerSpec, str]:
         spec["timezone"] = rest[1]
         rest = rest[2:]
     return TriggerSpec(**spec), " ".join(rest)
+
+
+_DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def crontab_trigger(cron: str, zone: tzinfo) -> CronTrigger:
+    """A 5-field cron expression, its weekdays read as cron reads them (0 and 7 Sunday, 5 Friday). APScheduler 3's
+    ``from_crontab`` counts weekdays from Monday (its 5 is Saturday, its 1-5 Tuesday to Saturday): a Friday
+    freeze or a weekday schedule must not move a day, so the weekday field is written out as day names first.
+    Raises ValueError."""
+    fields = cron.split()
+    if len(fields) != 5:
+        raise ValueError(f"a cron expression has 5 fields (minute hour day month weekday), got {cron!r}")
+    minute, hour, day, month, weekday = fields
+    return CronTrigger(minute=minute, hour=hour, day=day, month=month, day_of_week=_weekday_names(weekday),
+                       timezone=zone)
+
+
+def _weekday_names(field: str) -> str:
+    """``1-5`` → ``mon,tue,wed,thu,fri``; ``*`` stays; names pass through. Raises ValueError."""
+    if field == "*":
+        return field
+    days: list[str] = []
+    for part in field.lower().split(","):
+        span, _, step_text = part.partition("/")
+        step = int(step_text) if step_text else 1
+        if step < 1:
+            raise ValueError(f"weekday step {step_text!r} must be at least 1")
+        first, _, last = span.partition("-")
+        low = 0 if first == "*" else _day(first)
+        high = 6 if first == "*" else (_day(last) if last else low)
+        if last.strip() == "7":  # 7 is Sunday too, at the end of a range (5-7: Friday to Sunday)
+            high = 7
+        if high < low:
+            raise ValueError(f"weekday range {span!r} runs backwards")
+        days += [_DAY_NAMES[d % 7] for d in range(low, high + 1, step)]
+    return ",".join(dict.fromkeys(days))
+
+
+def _day(text: str) -> int:
+    text = text.strip()
+    if text in _DAY_NAMES:
+        return _DAY_NAMES.index(text)
+    if text.isdigit() and 0 <= int(text) <= 7:
+        return int(text) % 7
+    raise ValueError(f"{text!r} is not a weekday (0-7 or sun-sat)")

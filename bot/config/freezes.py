@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Annotated
 
 from pydantic import Field, field_validator
 
 from bot.config.table import Problem, Table, Text
-from core.freezes import MAX_FREEZE, MAX_REASON_CHARS, FreezeWindow, clean_reason, cron_trigger
+from core.freezes import MAX_FREEZE, MAX_REASON_CHARS, FreezeWindow, clean_reason
+from core.triggers import crontab_trigger
 
 
 class FreezeTable(Table):
@@ -27,7 +29,7 @@ class FreezeTable(Table):
         if len(value.split()) != 5:
             raise Problem(f"must have 5 fields (minute hour day month weekday), got {value!r}")
         try:
-            cron_trigger(value)
+            crontab_trigger(value, UTC)
         except ValueError as exc:
             raise Problem(f"is not a valid cron expression ({exc})") from None
         return value

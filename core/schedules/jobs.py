@@ -11,13 +11,15 @@ import asyncio
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from apscheduler.jobstores.base import JobLookupError
 
 from core.clock import Clock
 from core.delivery import Deliveries
 from core.dispatcher import Dispatcher
+from core.errors import InvalidInput
 from core.events import DirectNotice, EventBus, Notice
 from core.model import Inbound, MessageRef, OutcomeStatus, ScheduleStatus, SessionInfo, SessionStatus
 from core.schedules.backend import DbFriendlyScheduler, build_scheduler
@@ -177,8 +179,9 @@ class ScheduleJobs:
         for schedule in await self.store.all(statuses=(ScheduleStatus.ACTIVE,)):
             assert schedule.id is not None
             job = self._scheduler.get_job(_job_id(schedule.id))
-            if job is None or job.next_run_time is None:
-                await self.add(schedule.id, TriggerSpec.from_json(schedule.trigger))
+            spec = TriggerSpec.from_json(schedule.trigger)
+            if job is None or job.next_run_time is None or _stale_cron(job.trigger, spec, self.clock.now()):
+                await self.add(schedule.id, spec)
 
     # -- firing ---------------------------------------------------------------------------------
 
@@ -284,3 +287,14 @@ def _reply_ref(schedule: ScheduleRow, **ref: str) -> dict[str, str]:
     """Where a firing answers, and the session the schedule was asked for in (``origin``): the channel finds
     there what the destination alone does not say (e.g. the Slack workspace whose token posts it)."""
     return ref | ({"origin": schedule.origin_session} if schedule.origin_session else {})
+
+
+def _stale_cron(stored: Any, spec: TriggerSpec, now: datetime) -> bool:
+    """Whether a cron job's stored trigger is not what its expression means now: jobs stored before weekdays were
+    read as cron reads them (``core.triggers.crontab_trigger``) would still fire a day late."""
+    if spec.cron is None:
+        return False
+    try:
+        return str(stored) != str(spec.build(now, 0))
+    except InvalidInput:
+        return False
