@@ -50,7 +50,7 @@ from core.store import (
 )
 from core.store.database import async_url
 from core.store.deliveries import DeliveryStore, OutboxClaim
-from core.store.leases import LeaseClaim
+from core.store.leases import GiveBack, LeaseClaim, LeaseTake
 from core.store.memories import MemoryFull, MemoryStore, NewMemory, in_metadata  # in_metadata: search objects out
 from core.store.schedules import ScheduleStore
 from core.store.tables import (
@@ -728,12 +728,11 @@ async def test_a_turn_starts_under_its_lease_in_one_transaction(db: Database, in
     name, mine, theirs = f"session:{SID}", LeaseClaim(f"session:{SID}", "p1", TTL), "p2"
     await burst(inputs, "one")
     assert await leases.acquire(name, theirs, TTL, T0)
-    held = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0, lease=lambda s: leases.acquire_in(s, mine, T0))
+    held = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0, lease=LeaseTake(leases, mine, T0))
     assert held == HeldElsewhere(waiting=True)
     assert await inputs.last_arrival(SID) is not None  # nothing was taken
     expired = T0 + TTL + timedelta(seconds=1)
-    taken = await inputs.take_batch(SID, FOLLOWUP, ROOMY, expired,
-                                    lease=lambda s: leases.acquire_in(s, mine, expired))
+    taken = await inputs.take_batch(SID, FOLLOWUP, ROOMY, expired, lease=LeaseTake(leases, mine, expired))
     assert isinstance(taken, Taken) and taken.text == "one"
     assert not await leases.acquire(name, theirs, TTL, expired)  # p1's now
     await burst(inputs, "two", start=5)
@@ -744,8 +743,13 @@ async def test_a_turn_starts_under_its_lease_in_one_transaction(db: Database, in
     assert await leases.release_if_idle(name, "p1", SID)
     assert await leases.live_holders([name], expired) == set()
     assert await leases.release_if_idle(name, "p1", SID)  # not held: nothing to give back
+    assert await inputs.take_batch(SID, FOLLOWUP, ROOMY, expired, lease=LeaseTake(leases, mine, expired)) is None
+    # The same through a plain callable (a statement of its own on either backend)
     assert await inputs.take_batch(SID, FOLLOWUP, ROOMY, expired,
                                    lease=lambda s: leases.acquire_in(s, mine, expired)) is None
+    assert await inputs.take_batch("no-such-session", FOLLOWUP, ROOMY, expired,
+                                   lease=LeaseTake(leases, LeaseClaim("session:no-such-session", "p1", TTL),
+                                                   expired)) is None
 
 
 async def test_the_lease_goes_and_stays_with_the_commits_that_start_and_end_a_turn(
@@ -778,6 +782,44 @@ async def test_the_lease_goes_and_stays_with_the_commits_that_start_and_end_a_tu
     await convs.finish_turn(taken.turn.id, status="finished", answer="a", error=None, now=T0,
                             then=lambda s: released.append(leases.release_if_idle_in(s, name, "p1", SID)))
     assert released == [True] and await leases.live_holders([name], T0) == set()
+
+
+async def test_a_turns_end_gives_its_lease_back_unless_a_message_waits(
+        db: Database, inputs: InputStore, convs: ConversationStore) -> None:
+    """finish_turn's ``give_back`` (on PostgreSQL inside the turn end's one statement, run alone when nothing else
+    joins it): kept while a message waits, given back when none does, and a lease another holder has now is
+    not given back (and not ours: nothing to hold). A turn end that rolls back keeps it."""
+    leases = LeaseStore(db)
+    name, mine = f"session:{SID}", LeaseClaim(f"session:{SID}", "p1", TTL)
+    await burst(inputs, "one")
+    taken = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0, lease=LeaseTake(leases, mine, T0))
+    assert isinstance(taken, Taken)
+
+    def fail(s: Any) -> None:
+        raise RuntimeError("the turn's end failed after the release")
+
+    back = GiveBack(name, "p1", SID)
+    with pytest.raises(RuntimeError):
+        await convs.finish_turn(taken.turn.id, status="finished", answer="a", error=None, now=T0, give_back=back,
+                                then=fail, known=taken.turn)
+    assert await leases.live_holders([name], T0) == {name}  # the end did not commit
+    await burst(inputs, "two", start=5)
+    back = GiveBack(name, "p1", SID)
+    final = await convs.finish_turn(taken.turn.id, status="finished", answer="a", error=None, now=T0,
+                                    give_back=back, known=taken.turn, answer_message=True)
+    assert back.given_back is False and await leases.live_holders([name], T0) == {name}  # "two" waits: kept
+    assert final.id == taken.turn.id and final.session.status == "idle"
+    again = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0, lease=LeaseTake(leases, mine, T0))
+    assert isinstance(again, Taken) and again.text == "two"
+    back = GiveBack(name, "p1", SID)
+    await convs.finish_turn(again.turn.id, status="finished", answer="b", error=None, now=T0, give_back=back,
+                            known=again.turn, answer_message=True)
+    assert back.given_back is True and await leases.live_holders([name], T0) == set()
+    assert await leases.acquire(name, "p2", TTL, T0)
+    back = GiveBack(name, "p1", SID)
+    await convs.finish_turn(again.turn.id, status="finished", answer="b", error=None, now=T0, give_back=back)
+    assert back.given_back is True and await leases.live_holders([name], T0) == {name}  # p2's, untouched
+    assert [m.content for m in await convs.transcript(SID, 10)] == ["one", "a", "two", "b"]
 
 
 async def test_an_idle_connection_the_server_dropped_is_replaced_before_use(
