@@ -17,6 +17,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Connection, func, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import StatementError
+from sqlmodel import Session as SQLSession
 from sqlmodel import SQLModel, select
 
 import channels.slack.tables  # noqa: F401  (with core.store.tables: populates SQLModel.metadata)
@@ -48,6 +49,7 @@ from core.store import (
     WebSessionStore,
     database,
 )
+from core.store import inputs as store_inputs
 from core.store.database import async_url
 from core.store.deliveries import DeliveryStore, OutboxClaim
 from core.store.leases import GiveBack, LeaseClaim, LeaseTake
@@ -820,6 +822,50 @@ async def test_a_turns_end_gives_its_lease_back_unless_a_message_waits(
     await convs.finish_turn(again.turn.id, status="finished", answer="b", error=None, now=T0, give_back=back)
     assert back.given_back is True and await leases.live_holders([name], T0) == {name}  # p2's, untouched
     assert [m.content for m in await convs.transcript(SID, 10)] == ["one", "a", "two", "b"]
+
+
+async def test_an_input_another_taker_took_meanwhile_is_never_taken_twice(
+        db: Database, inputs: InputStore) -> None:
+    """PostgreSQL, two takers of one session's inputs (a replica whose lease ran out while it stalled, and the one
+    that took over): both read the input as waiting; the second one's take waits on the first's row lock and,
+    once the first committed, finds it taken. It takes nothing (no second turn, no second transcript message) and
+    says another runs the session."""
+    if db.is_sqlite:
+        pytest.skip("SQLite's writes are one at a time: no two takers interleave")
+    [input_id] = await burst(inputs, "one")
+    other = Database(db.url)
+    try:
+        async with other.engine.connect() as first:
+            transaction = await first.begin()
+            # the first taker's turn start, left uncommitted: it holds the input's row
+            taken_first = await first.run_sync(
+                lambda conn: store_inputs.take_batch(SQLSession(bind=conn), SID, COLLECT, ROOMY, T0))
+            assert isinstance(taken_first, Taken)
+            second = asyncio.create_task(inputs.take_batch(SID, COLLECT, ROOMY, T0))
+            await wait_for_a_lock(db)
+            await transaction.commit()
+        assert await second == HeldElsewhere(waiting=True)
+    finally:
+        await other.close()
+    async with db.read() as s:
+        turns = (await s.exec(select(TurnRow))).all()
+        messages = (await s.exec(select(MessageRow))).all()
+        row = await s.get(InputRow, input_id)
+    assert [t.id for t in turns] == [taken_first.turn.id]
+    assert [(m.content, m.turn_id) for m in messages] == [("one", taken_first.turn.id)]
+    assert row is not None and (row.status, row.turn_id) == ("taken", taken_first.turn.id)
+
+
+async def wait_for_a_lock(db: Database) -> None:
+    """Until some statement on the database waits for a row lock (PostgreSQL)."""
+    for _ in range(1000):
+        waiting = await db.run_read(lambda s: s.connection().exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        ).scalar())
+        if waiting:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("nothing waited for the lock")
 
 
 async def test_an_idle_connection_the_server_dropped_is_replaced_before_use(
