@@ -134,35 +134,21 @@ class Intake:
         return await written_apart(self._write_group, arrivals)
 
     async def _write_group(self, group: list[Arrival]) -> list[Accepted | Exception]:
-        if len(group) == 1 and alone_eligible(self.db, group[0]):
+        if len(group) == 1 and new_arrival_fits(self.db, group[0]):
             return await self._write_alone(group[0])
         return await self.db.run_write(lambda s: _accept_group(s, self.db, self.listen_rates, group), urgent=True)
 
     async def _write_alone(self, arrival: Arrival) -> list[Accepted | Exception]:
-        """PostgreSQL, an arrival alone in its group (issue 39): ``new_arrival`` reads its session with the pause and,
-        when there is no session yet, claims the event's key and stores the conversation with its input, in one
-        statement committed before the server answers (one round trip, not five). For a conversation that exists it
-        wrote nothing, and the usual transaction follows with what it read (as fresh as a statement inside that
+        """PostgreSQL, an arrival alone in its group (issue 39): ``new_arrival`` run alone, so a new conversation's
+        first input is committed before the server answers (one round trip, not five). For a conversation that exists
+        it wrote nothing, and the usual transaction follows with what it read (as fresh as a statement inside that
         transaction would have read it: READ COMMITTED)."""
-        msg = arrival.msg
-        session = _new_session_values(arrival)
-        if_running, if_paused = _new_session_verdict(arrival, paused=False), _new_session_verdict(arrival, paused=True)
-        rows = await self.db.run_alone(new_arrival(msg.delivery_key is not None), {
-            "b_session": msg.session_id, "a_key": msg.delivery_key, "a_now": arrival.now,
-            **{f"s_{name}": value for name, value in session.items()},
-            **{f"i_{name}": value for name, value in _input_values(arrival, arrival.kind).items()
-               if name not in ("status", "note")},
-            "a_status": if_running[0], "a_note": if_running[2], "a_status_paused": if_paused[0],
-            "a_note_paused": if_paused[2]})
-        row = rows[0]
-        paused = row.intake_paused == "1"
-        if row.id is not None:  # the conversation exists: nothing was written
-            return await self.db.run_write(
-                lambda s: _accept_group(s, self.db, self.listen_rates, [arrival], known=(paused, row)), urgent=True)
-        if row.input_id is None:  # its event's key was claimed before: a redelivery
-            return [Accepted(AcceptOutcome.DUPLICATE)]
-        _status, outcome, note = if_paused if paused else if_running
-        return [Accepted(outcome, int(row.input_id), session_info(SimpleNamespace(**session)), note)]
+        [row] = await self.db.run_alone(new_arrival(arrival.msg.delivery_key is not None), _new_arrival_params(arrival))
+        stored = _new_arrival_outcome(arrival, row)
+        if stored is not None:
+            return [stored]
+        return await self.db.run_write(
+            lambda s: _accept_group(s, self.db, self.listen_rates, [arrival], known=row), urgent=True)
 
 
 async def written_apart(write: Callable[[list[Req]], Awaitable[list[Res | Exception]]], group: list[Req], *,
@@ -186,17 +172,27 @@ async def written_apart(write: Callable[[list[Req]], Awaitable[list[Res | Except
 
 
 def _accept_group(s: Session, db: Database, rates: ListenRates, arrivals: list[Arrival], *,
-                  known: tuple[bool, Row[Any]] | None = None) -> list[Accepted | Exception]:
-    """``known``: the pause and the first arrival's session (a ``new_arrival`` row), read just before."""
-    paused: bool | None = None if known is None else known[0]
+                  known: Row[Any] | None = None) -> list[Accepted | Exception]:
+    """``known``: the first arrival's ``new_arrival`` row (its session, which exists, and the pause), read just
+    before this transaction."""
+    paused: bool | None = None
     results: dict[int, Accepted | Exception] = {}
     # Sessions are written in the order of their ids (arrival order within one): two replicas committing
     # groups that touch the same conversations lock their rows in the same order, and never deadlock.
     for index in sorted(range(len(arrivals)), key=lambda i: arrivals[i].msg.session_id):
         arrival = arrivals[index]
         head: tuple[Row[Any] | None] | None = None  # this arrival's session, when read with the pause
-        if known is not None and index == 0:
-            head = (known[1] if known[1].id is not None else None,)
+        row: Row[Any] | None = known if index == 0 else None
+        if row is None and new_arrival_fits(db, arrival):
+            # PostgreSQL: a new conversation's first input stored in the statement that finds there is none
+            row = s.connection().execute(new_arrival(arrival.msg.delivery_key is not None),
+                                         _new_arrival_params(arrival)).one()
+            stored = _new_arrival_outcome(arrival, row)
+            if stored is not None:
+                results[index] = stored
+                continue
+        if row is not None:  # the conversation exists; the pause as fresh as it comes
+            paused, head = row.intake_paused == "1", (row,)
         asks = arrival.refuse_if_paused is not None and arrival.refuse is None
         if paused is None and (asks or arrival.listen_per_minute is not None):
             # Read once per group, with the first session that needs it (one round trip, not two).
@@ -308,11 +304,33 @@ def _new_session_verdict(arrival: Arrival, *, paused: bool) -> tuple[str, Accept
     return _verdict(arrival.kind, refuse)
 
 
-def alone_eligible(db: Database, arrival: Arrival) -> bool:
-    """Whether ``Intake._write_alone`` can store the arrival: on PostgreSQL, a message or a command whose storing a
-    new conversation decides from the pause alone (no listening place's minute, no view to replace)."""
+def new_arrival_fits(db: Database, arrival: Arrival) -> bool:
+    """Whether ``new_arrival`` can store the arrival: on PostgreSQL, a message or a command, whose storing in a new
+    conversation the pause alone decides (no listening place's minute, no view to replace)."""
     return (not db.is_sqlite and arrival.kind in (InputKind.MESSAGE, InputKind.CONTROL)
             and arrival.listen_per_minute is None and not arrival.msg.view_context)
+
+
+def _new_arrival_params(arrival: Arrival) -> dict[str, Any]:
+    """``new_arrival``'s parameters: the session and input as a new conversation stores them, paused or not."""
+    msg = arrival.msg
+    if_running, if_paused = _new_session_verdict(arrival, paused=False), _new_session_verdict(arrival, paused=True)
+    return {"b_session": msg.session_id, "a_key": msg.delivery_key, "a_now": arrival.now,
+            **{f"s_{name}": value for name, value in _new_session_values(arrival).items()},
+            **{f"i_{name}": value for name, value in _input_values(arrival, arrival.kind).items()},
+            "a_status": if_running[0], "a_note": if_running[2], "a_status_paused": if_paused[0],
+            "a_note_paused": if_paused[2]}
+
+
+def _new_arrival_outcome(arrival: Arrival, row: Row[Any]) -> Accepted | None:
+    """What ``new_arrival``'s row says: the input stored in a new conversation, a redelivery, or None: the
+    conversation exists, and nothing was written."""
+    if row.id is not None:
+        return None
+    if row.input_id is None:  # its event's key was claimed before
+        return Accepted(AcceptOutcome.DUPLICATE)
+    _status, outcome, note = _new_session_verdict(arrival, paused=row.intake_paused == "1")
+    return Accepted(outcome, int(row.input_id), session_info(SimpleNamespace(**_new_session_values(arrival))), note)
 
 
 def _new_session_values(arrival: Arrival) -> dict[str, Any]:
