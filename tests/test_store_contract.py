@@ -824,15 +824,16 @@ async def test_a_turns_end_gives_its_lease_back_unless_a_message_waits(
     assert [m.content for m in await convs.transcript(SID, 10)] == ["one", "a", "two", "b"]
 
 
+@pytest.mark.parametrize("texts", [("one",), ("one", "two")], ids=["one input", "a batch"])
 async def test_an_input_another_taker_took_meanwhile_is_never_taken_twice(
-        db: Database, inputs: InputStore) -> None:
+        db: Database, inputs: InputStore, texts: tuple[str, ...]) -> None:
     """PostgreSQL, two takers of one session's inputs (a replica whose lease ran out while it stalled, and the one
     that took over): both read the input as waiting; the second one's take waits on the first's row lock and,
     once the first committed, finds it taken. It takes nothing (no second turn, no second transcript message) and
     says another runs the session."""
     if db.is_sqlite:
         pytest.skip("SQLite's writes are one at a time: no two takers interleave")
-    [input_id] = await burst(inputs, "one")
+    ids = await burst(inputs, *texts)
     other = Database(db.url)
     try:
         async with other.engine.connect() as first:
@@ -850,10 +851,11 @@ async def test_an_input_another_taker_took_meanwhile_is_never_taken_twice(
     async with db.read() as s:
         turns = (await s.exec(select(TurnRow))).all()
         messages = (await s.exec(select(MessageRow))).all()
-        row = await s.get(InputRow, input_id)
+        rows = [await s.get(InputRow, input_id) for input_id in ids]
     assert [t.id for t in turns] == [taken_first.turn.id]
-    assert [(m.content, m.turn_id) for m in messages] == [("one", taken_first.turn.id)]
-    assert row is not None and (row.status, row.turn_id) == ("taken", taken_first.turn.id)
+    assert [(m.content, m.turn_id) for m in messages] == [(text_, taken_first.turn.id) for text_ in texts]
+    assert [(row.status, row.turn_id) for row in rows if row is not None] == [
+        ("taken", taken_first.turn.id)] * len(texts)
 
 
 async def wait_for_a_lock(db: Database) -> None:

@@ -285,7 +285,18 @@ def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, n
     session = head if head is not None else conn.execute(st.SESSION_FOR_TURN, {"b_session": session_id}).one()
     mode = session.queue_mode or (session.place_queue_mode if session.place else None) or default_mode
     batch = _fit(waiting, budget, one_message=mode == QueueMode.FOLLOWUP)
-    if conn.dialect.name == "postgresql":  # one round trip for both (statements.START_TURN)
+    written: list[int] = []
+    if conn.dialect.name == "postgresql" and len(batch) == 1 and batch[0].message_id is None:
+        # The usual turn (one mention): started with its input taken in one statement (one round trip, not two)
+        item = batch[0]
+        started = conn.execute(st.START_TURN_TAKING_ONE, dict(
+            t_session=session_id, t_agent=session.agent, t_now=now, b_input=item.id, m_session=item.session_id,
+            m_content=item.text, m_sender=item.sender, m_channel=item.platform_channel, m_ts=item.platform_ts,
+            m_key=item.idempotency_key)).first()
+        if started is None:
+            raise TakenElsewhere(item.id)
+        turn_id, written = int(started.turn_id), [int(started.message_id)]
+    elif conn.dialect.name == "postgresql":  # one round trip for both (statements.START_TURN)
         turn_id = int(conn.execute(st.START_TURN, dict(t_session=session_id, t_agent=session.agent,
                                                        t_now=now)).scalar_one())
     else:
@@ -293,7 +304,8 @@ def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, n
             session_id=session_id, agent=session.agent, status=TurnStatus.RUNNING, attempts=1, created_at=now,
             started_at=now)).inserted_primary_key[0])  # type: ignore[index]
         conn.execute(st.UPDATE_SESSION, {"b_session": session_id, "status": SessionStatus.RUNNING})
-    written = _take(s, turn_id, batch, now)
+    if not written:
+        written = _take(s, turn_id, batch, now)
     # A new turn holds exactly this batch (context and control inputs are never "waiting" controls).
     messages = [i for i in batch if i.kind == InputKind.MESSAGE]
     asked = tuple(m for i, m in zip(batch, written, strict=True) if i.kind == InputKind.MESSAGE)

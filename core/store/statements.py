@@ -237,19 +237,39 @@ _still_waiting = (select(inputs.c.id)
                   .where(inputs.c.id == bindparam("b_input", type_=inputs.c.id.type),
                          inputs.c.status == InputStatus.WAITING)
                   .with_for_update().cte("still_waiting"))
-_message = (messages.insert().from_select(
-    ["session_id", "role", "content", "sender", "platform_channel", "platform_ts", "idempotency_key", "turn_id",
-     "created_at"],
-    select(bindparam("m_session", type_=messages.c.session_id.type), literal("user", messages.c.role.type),
-           bindparam("m_content", type_=messages.c.content.type), bindparam("m_sender", type_=messages.c.sender.type),
-           bindparam("m_channel", type_=messages.c.platform_channel.type),
-           bindparam("m_ts", type_=messages.c.platform_ts.type),
-           bindparam("m_key", type_=messages.c.idempotency_key.type), _turn, _now).select_from(_still_waiting),
-    include_defaults=False).returning(messages.c.id).cte("input_message"))
+def _input_message(turn_id: Any, *sources: Any) -> Any:
+    """The taken input's transcript message (``m_`` columns, for ``turn_id``), written only when ``sources`` (its
+    still_waiting row, and what else gives ``turn_id``) has a row."""
+    return (messages.insert().from_select(
+        ["session_id", "role", "content", "sender", "platform_channel", "platform_ts", "idempotency_key", "turn_id",
+         "created_at"],
+        select(bindparam("m_session", type_=messages.c.session_id.type), literal("user", messages.c.role.type),
+               bindparam("m_content", type_=messages.c.content.type),
+               bindparam("m_sender", type_=messages.c.sender.type),
+               bindparam("m_channel", type_=messages.c.platform_channel.type),
+               bindparam("m_ts", type_=messages.c.platform_ts.type),
+               bindparam("m_key", type_=messages.c.idempotency_key.type), turn_id, _now)
+        .select_from(sources[0].join(sources[1], true()) if len(sources) > 1 else sources[0]),
+        include_defaults=False).returning(messages.c.id).cte("input_message"))
+
+
+_message = _input_message(_turn, _still_waiting)
 TAKE_INPUT = (update(inputs).where(inputs.c.id.in_(select(_still_waiting.c.id)))
               .values(status=InputStatus.TAKEN, turn_id=_turn, taken_at=_now,
                       message_id=select(_message.c.id).scalar_subquery())
               .returning(inputs.c.message_id))
+# A turn that takes one input not yet in the transcript (one mention: the usual turn) started in one statement:
+# START_TURN and TAKE_INPUT together (``turn_id``, ``message_id``). No row when the input was taken meanwhile: the
+# turn and the session's status it wrote are then rolled back with the transaction.
+_started = (turns.insert().values(session_id=bindparam("t_session", type_=sessions.c.id.type),
+                                  agent=bindparam("t_agent", type_=turns.c.agent.type), status=TurnStatus.RUNNING,
+                                  attempts=1, created_at=_now, started_at=_now)
+            .returning(turns.c.id).cte("new_turn"))
+_first_message = _input_message(_started.c.id, _still_waiting, _started)
+START_TURN_TAKING_ONE = (update(inputs).where(inputs.c.id.in_(select(_still_waiting.c.id)))
+                         .values(status=InputStatus.TAKEN, turn_id=select(_started.c.id).scalar_subquery(),
+                                 taken_at=_now, message_id=select(_first_message.c.id).scalar_subquery())
+                         .returning(inputs.c.turn_id, inputs.c.message_id).add_cte(_session_running))
 
 # PostgreSQL: a new conversation's first input, and the conversation, in one statement (``s_``: the session's
 # columns, the rest the input's). SQLite: INSERT_SESSION, then INSERT_INPUT (core.store.intake).
