@@ -43,7 +43,6 @@ from core.runner import AgentRunner
 from core.store import Budget, ControlStore, ConversationStore, HeldElsewhere, InputStore, Taken
 
 if TYPE_CHECKING:
-
     from core.clock import Clock
     from core.store.deliveries import OutboxClaim
 

@@ -125,7 +125,7 @@ class ConversationStore:
         # A finished turn without an answer (one that stayed silent: core.listening) has nothing to deliver.
         claim = outbox if outbox is not None and status == TurnStatus.FINISHED and answer is not None else None
 
-        # PostgreSQL: the writes below, and the lease's release, as one statement (one round trip, not five)
+        # PostgreSQL: the writes below, and the lease's release, are one statement
         statement = st.turn_end(write_message, claim is not None, give_back is not None)
         params = dict(b_turn=turn_id, e_status=status, e_answer=stored_answer, e_error=stored_error, e_now=now,
                       e_session_status=session_status,
