@@ -15,6 +15,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Connection, func, text
+from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import StatementError
 from sqlmodel import Session as SQLSession
@@ -856,6 +857,28 @@ async def test_an_input_another_taker_took_meanwhile_is_never_taken_twice(
     assert [(m.content, m.turn_id) for m in messages] == [(text_, taken_first.turn.id) for text_ in texts]
     assert [(row.status, row.turn_id) for row in rows if row is not None] == [
         ("taken", taken_first.turn.id)] * len(texts)
+
+
+async def test_a_mention_costs_postgresql_six_statements_from_arrival_to_the_turns_end(
+        db: Database, inputs: InputStore, convs: ConversationStore) -> None:
+    """Issue 39's hot path, counted: a mention that starts a conversation is stored by one statement, its turn starts
+    with four (the head with the lease, the waiting inputs, the turn with its input taken, the transcript) and ends
+    with one, the lease given back in it."""
+    if db.is_sqlite:
+        pytest.skip("SQLite runs the same writes as statements of their own")
+    statements: list[str] = []
+    sqlalchemy_event.listen(db.engine.sync_engine, "before_cursor_execute",
+                            lambda _c, _cur, statement, *_: statements.append(statement.split()[0]))
+    accepted = await send(inputs, inbound("one", delivery="ev1"))
+    assert accepted.outcome == AcceptOutcome.QUEUED and len(statements) == 1
+    leases = LeaseStore(db)
+    taken = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0, history=10,
+                                    lease=LeaseTake(leases, LeaseClaim(f"session:{SID}", "p1", TTL), T0))
+    assert isinstance(taken, Taken) and len(statements) == 1 + 4
+    back = GiveBack(f"session:{SID}", "p1", SID)
+    await convs.finish_turn(taken.turn.id, status="finished", answer="a", error=None, now=T0, known=taken.turn,
+                            answer_message=True, give_back=back)
+    assert back.given_back is True and len(statements) == 1 + 4 + 1
 
 
 async def wait_for_a_lock(db: Database) -> None:
