@@ -14,14 +14,10 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from core.clock import Clock
 from core.store import LeaseStore
-from core.store.leases import LeaseClaim
-
-if TYPE_CHECKING:
-    from sqlmodel import Session
+from core.store.leases import GiveBack, LeaseClaim, LeaseTake
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +58,12 @@ class SessionLeases:
         live = await self.store.live_holders([lease_name(s) for s in sessions], self.clock.now())
         return [s for s in sessions if lease_name(s) not in live]
 
-    def taker(self, session_id: str) -> Callable[[Session], bool]:
+    def taker(self, session_id: str) -> LeaseTake:
         """Takes the session's lease inside the transaction that starts its turn (``InputStore.take_batch``)."""
         assert self.store is not None
-        store, claim = self.store, LeaseClaim(lease_name(session_id), self.holder, timedelta(seconds=self.ttl_s))
-        now = self.clock.now()  # read here, on the loop: the transaction may run on the database's thread
-        return lambda s: store.acquire_in(s, claim, now)
+        claim = LeaseClaim(lease_name(session_id), self.holder, timedelta(seconds=self.ttl_s))
+        # now: read here, on the loop: the transaction may run on the database's thread
+        return LeaseTake(self.store, claim, self.clock.now())
 
     async def release(self, session_id: str) -> None:
         assert self.store is not None
@@ -128,9 +124,9 @@ class LeaseHold:
         self._heartbeat: asyncio.Task[None] | None = None
         self.held = False
         self._given_back: bool | None = None  # what the last turn's end did, once it committed
-        self._pending: list[bool] | None = None  # what the running turn's end did, until it commits
+        self._pending: GiveBack | None = None  # what the running turn's end does, until it commits
 
-    def taker(self) -> Callable[[Session], bool] | None:
+    def taker(self) -> LeaseTake | None:
         """For the transaction that starts the next turn (None without leases). Also when held: it extends
         a lease still ours and finds one another replica took meanwhile (we stalled past it), so no turn
         ever starts on a lease this process only believes it holds."""
@@ -151,27 +147,20 @@ class LeaseHold:
         self._heartbeat = None
         self._on_lost()
 
-    def releaser(self) -> Callable[[Session], None] | None:
-        """For the transaction that ends the turn: gives the lease back unless a message waits. What it did
-        counts only once that transaction committed (``ended``)."""
-        store = self._leases.store
-        if not self.held or store is None:
+    def releaser(self) -> GiveBack | None:
+        """For the transaction that ends the turn (``finish_turn``'s ``give_back``): gives the lease back unless a
+        message waits. What it did counts only once that transaction committed (``ended``)."""
+        if not self.held or self._leases.store is None:
             return None
-        name, holder = lease_name(self._session_id), self._leases.holder
-        outcome: list[bool] = []
-        self._pending = outcome
-
-        def release(s: Session) -> None:
-            outcome.append(store.release_if_idle_in(s, name, holder, self._session_id))
-
-        return release
+        self._pending = GiveBack(lease_name(self._session_id), self._leases.holder, self._session_id)
+        return self._pending
 
     def ended(self) -> None:
         """The turn's end committed: if it gave the lease back, it is not held any more."""
         pending, self._pending = self._pending, None
-        if pending:
-            self._given_back = pending[-1]
-            if pending[-1]:
+        if pending is not None and pending.given_back is not None:
+            self._given_back = pending.given_back
+            if pending.given_back:
                 self._let_go()
 
     async def release_if_idle(self) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -43,8 +43,6 @@ from core.runner import AgentRunner
 from core.store import Budget, ControlStore, ConversationStore, HeldElsewhere, InputStore, Taken
 
 if TYPE_CHECKING:
-    from sqlmodel import Session
-
     from core.clock import Clock
     from core.store.deliveries import OutboxClaim
 
@@ -394,12 +392,11 @@ class TurnDrivers:
         lease = driver.lease if driver is not None and not (driver.more or driver.wake) else None
         # A switch to the fallback model that this end's answer (or silence) carries: stored in the same commit.
         switch = self.runner.unsaved_switch(turn.id)
-        writes = [write for write in (lease.releaser() if lease else None,
-                                      self.runner.models.unstored(switch) if switch else None) if write is not None]
+        store_switch = self.runner.models.unstored(switch) if switch else None
         # A turn that took nothing at its tool steps holds the inputs it started with: not read again.
         known = turn if driver is not None and not driver.steered else None
-        final = await self.conversations.finish_turn(turn.id, **how, then=_all(writes) if writes else None,
-                                                     known=known)
+        final = await self.conversations.finish_turn(turn.id, **how, then=store_switch, known=known,
+                                                     give_back=lease.releaser() if lease else None)
         if lease is not None:
             lease.ended()
         if switch is not None:
@@ -442,15 +439,6 @@ class TurnDrivers:
         log.warning("turn %s failed (%s): %s", turn.id, kind, message)
         final = await self._end(turn, status=TurnStatus.FAILED, answer=None, error=message, now=self.clock.now())
         self.bus.emit(TurnFailed(final.session, final, kind, message))
-
-
-def _all(writes: Sequence[Callable[[Session], object]]) -> Callable[[Session], None]:
-    """Several writes for one transaction, in order."""
-    def work(s: Session) -> None:
-        for write in writes:
-            write(s)
-
-    return work
 
 
 def _current_task_cancelling() -> bool:

@@ -234,6 +234,30 @@ async def test_two_replicas_committing_groups_over_the_same_conversations_never_
             await b.close()
 
 
+@pytest.mark.skipif(not os.environ.get("TEST_DATABASE_URL"), reason="needs TEST_DATABASE_URL")
+async def test_two_replicas_storing_the_same_new_conversation_at_once_store_it_once() -> None:
+    """A mention and its twin message event (same message, other event ids) reach two replicas at once, each alone
+    in its group: each tries the one statement that stores a new conversation with its input. One stores it; the
+    other's statement fails as a whole (nothing of it kept, not its event's key), is read again, and finds the
+    message there: a duplicate. The same when the twins land in one replica's group, and with the same event id."""
+    async with fresh_postgres(os.environ["TEST_DATABASE_URL"]) as url:
+        a, b = Database(url), Database(url)
+        await a.migrate()
+        try:
+            ia, ib = InputStore(a), InputStore(b)
+            for n in range(20):
+                same_event = n % 2 == 0
+                twins = [_accept(ia, _msg(n, delivery=f"ev{n}")),
+                         _accept(ib if n < 10 else ia, _msg(n, delivery=f"ev{n}" if same_event else f"twin{n}"))]
+                results = await asyncio.gather(*twins)
+                assert sorted(str(getattr(r, "outcome", r)) for r in results) == [
+                    AcceptOutcome.DUPLICATE, AcceptOutcome.QUEUED], (n, results)
+            assert await _stored(a) == [f"message {n}" for n in range(20)]
+        finally:
+            await a.close()
+            await b.close()
+
+
 async def test_a_failing_first_model_call_does_not_cut_the_secret_check_short() -> None:
     """The masks are brought up to date while the model is first asked; a quick failure (a 401 that quotes
     the key) must still be redacted with the new secret in the masks."""

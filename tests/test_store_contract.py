@@ -15,8 +15,10 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Connection, func, text
+from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import StatementError
+from sqlmodel import Session as SQLSession
 from sqlmodel import SQLModel, select
 
 import channels.slack.tables  # noqa: F401  (with core.store.tables: populates SQLModel.metadata)
@@ -48,9 +50,10 @@ from core.store import (
     WebSessionStore,
     database,
 )
+from core.store import inputs as store_inputs
 from core.store.database import async_url
 from core.store.deliveries import DeliveryStore, OutboxClaim
-from core.store.leases import LeaseClaim
+from core.store.leases import GiveBack, LeaseClaim, LeaseTake
 from core.store.memories import MemoryFull, MemoryStore, NewMemory, in_metadata  # in_metadata: search objects out
 from core.store.schedules import ScheduleStore
 from core.store.tables import (
@@ -728,12 +731,11 @@ async def test_a_turn_starts_under_its_lease_in_one_transaction(db: Database, in
     name, mine, theirs = f"session:{SID}", LeaseClaim(f"session:{SID}", "p1", TTL), "p2"
     await burst(inputs, "one")
     assert await leases.acquire(name, theirs, TTL, T0)
-    held = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0, lease=lambda s: leases.acquire_in(s, mine, T0))
+    held = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0, lease=LeaseTake(leases, mine, T0))
     assert held == HeldElsewhere(waiting=True)
     assert await inputs.last_arrival(SID) is not None  # nothing was taken
     expired = T0 + TTL + timedelta(seconds=1)
-    taken = await inputs.take_batch(SID, FOLLOWUP, ROOMY, expired,
-                                    lease=lambda s: leases.acquire_in(s, mine, expired))
+    taken = await inputs.take_batch(SID, FOLLOWUP, ROOMY, expired, lease=LeaseTake(leases, mine, expired))
     assert isinstance(taken, Taken) and taken.text == "one"
     assert not await leases.acquire(name, theirs, TTL, expired)  # p1's now
     await burst(inputs, "two", start=5)
@@ -744,8 +746,13 @@ async def test_a_turn_starts_under_its_lease_in_one_transaction(db: Database, in
     assert await leases.release_if_idle(name, "p1", SID)
     assert await leases.live_holders([name], expired) == set()
     assert await leases.release_if_idle(name, "p1", SID)  # not held: nothing to give back
+    assert await inputs.take_batch(SID, FOLLOWUP, ROOMY, expired, lease=LeaseTake(leases, mine, expired)) is None
+    # The same through a plain callable (a statement of its own on either backend)
     assert await inputs.take_batch(SID, FOLLOWUP, ROOMY, expired,
                                    lease=lambda s: leases.acquire_in(s, mine, expired)) is None
+    assert await inputs.take_batch("no-such-session", FOLLOWUP, ROOMY, expired,
+                                   lease=LeaseTake(leases, LeaseClaim("session:no-such-session", "p1", TTL),
+                                                   expired)) is None
 
 
 async def test_the_lease_goes_and_stays_with_the_commits_that_start_and_end_a_turn(
@@ -778,6 +785,112 @@ async def test_the_lease_goes_and_stays_with_the_commits_that_start_and_end_a_tu
     await convs.finish_turn(taken.turn.id, status="finished", answer="a", error=None, now=T0,
                             then=lambda s: released.append(leases.release_if_idle_in(s, name, "p1", SID)))
     assert released == [True] and await leases.live_holders([name], T0) == set()
+
+
+async def test_a_turns_end_gives_its_lease_back_unless_a_message_waits(
+        db: Database, inputs: InputStore, convs: ConversationStore) -> None:
+    """finish_turn's ``give_back`` (on PostgreSQL inside the turn end's one statement, run alone when nothing else
+    joins it): kept while a message waits, given back when none does, and a lease another holder has now is
+    not given back (and not ours: nothing to hold). A turn end that rolls back keeps it."""
+    leases = LeaseStore(db)
+    name, mine = f"session:{SID}", LeaseClaim(f"session:{SID}", "p1", TTL)
+    await burst(inputs, "one")
+    taken = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0, lease=LeaseTake(leases, mine, T0))
+    assert isinstance(taken, Taken)
+
+    def fail(s: Any) -> None:
+        raise RuntimeError("the turn's end failed after the release")
+
+    back = GiveBack(name, "p1", SID)
+    with pytest.raises(RuntimeError):
+        await convs.finish_turn(taken.turn.id, status="finished", answer="a", error=None, now=T0, give_back=back,
+                                then=fail, known=taken.turn)
+    assert await leases.live_holders([name], T0) == {name}  # the end did not commit
+    await burst(inputs, "two", start=5)
+    back = GiveBack(name, "p1", SID)
+    final = await convs.finish_turn(taken.turn.id, status="finished", answer="a", error=None, now=T0,
+                                    give_back=back, known=taken.turn, answer_message=True)
+    assert back.given_back is False and await leases.live_holders([name], T0) == {name}  # "two" waits: kept
+    assert final.id == taken.turn.id and final.session.status == "idle"
+    again = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0, lease=LeaseTake(leases, mine, T0))
+    assert isinstance(again, Taken) and again.text == "two"
+    back = GiveBack(name, "p1", SID)
+    await convs.finish_turn(again.turn.id, status="finished", answer="b", error=None, now=T0, give_back=back,
+                            known=again.turn, answer_message=True)
+    assert back.given_back is True and await leases.live_holders([name], T0) == set()
+    assert await leases.acquire(name, "p2", TTL, T0)
+    back = GiveBack(name, "p1", SID)
+    await convs.finish_turn(again.turn.id, status="finished", answer="b", error=None, now=T0, give_back=back)
+    assert back.given_back is True and await leases.live_holders([name], T0) == {name}  # p2's, untouched
+    assert [m.content for m in await convs.transcript(SID, 10)] == ["one", "a", "two", "b"]
+
+
+@pytest.mark.parametrize("texts", [("one",), ("one", "two")], ids=["one input", "a batch"])
+async def test_an_input_another_taker_took_meanwhile_is_never_taken_twice(
+        db: Database, inputs: InputStore, texts: tuple[str, ...]) -> None:
+    """PostgreSQL, two takers of one session's inputs (a replica whose lease ran out while it stalled, and the one
+    that took over): both read the input as waiting; the second one's take waits on the first's row lock and,
+    once the first committed, finds it taken. It takes nothing (no second turn, no second transcript message) and
+    says another runs the session."""
+    if db.is_sqlite:
+        pytest.skip("SQLite's writes are one at a time: no two takers interleave")
+    ids = await burst(inputs, *texts)
+    other = Database(db.url)
+    try:
+        async with other.engine.connect() as first:
+            transaction = await first.begin()
+            # the first taker's turn start, left uncommitted: it holds the input's row
+            taken_first = await first.run_sync(
+                lambda conn: store_inputs.take_batch(SQLSession(bind=conn), SID, COLLECT, ROOMY, T0))
+            assert isinstance(taken_first, Taken)
+            second = asyncio.create_task(inputs.take_batch(SID, COLLECT, ROOMY, T0))
+            await wait_for_a_lock(db)
+            await transaction.commit()
+        assert await second == HeldElsewhere(waiting=True)
+    finally:
+        await other.close()
+    async with db.read() as s:
+        turns = (await s.exec(select(TurnRow))).all()
+        messages = (await s.exec(select(MessageRow))).all()
+        rows = [await s.get(InputRow, input_id) for input_id in ids]
+    assert [t.id for t in turns] == [taken_first.turn.id]
+    assert [(m.content, m.turn_id) for m in messages] == [(text_, taken_first.turn.id) for text_ in texts]
+    assert [(row.status, row.turn_id) for row in rows if row is not None] == [
+        ("taken", taken_first.turn.id)] * len(texts)
+
+
+async def test_a_mention_costs_postgresql_six_statements_from_arrival_to_the_turns_end(
+        db: Database, inputs: InputStore, convs: ConversationStore) -> None:
+    """Issue 39's hot path, counted: a mention that starts a conversation is stored by one statement, its turn starts
+    with four (the head with the lease, the waiting inputs, the turn with its input taken, the transcript) and ends
+    with one, the lease given back in it."""
+    if db.is_sqlite:
+        pytest.skip("SQLite runs the same writes as statements of their own")
+    statements: list[str] = []
+    sqlalchemy_event.listen(db.engine.sync_engine, "before_cursor_execute",
+                            lambda _c, _cur, statement, *_: statements.append(statement.split()[0]))
+    accepted = await send(inputs, inbound("one", delivery="ev1"))
+    assert accepted.outcome == AcceptOutcome.QUEUED and len(statements) == 1
+    leases = LeaseStore(db)
+    taken = await inputs.take_batch(SID, FOLLOWUP, ROOMY, T0, history=10,
+                                    lease=LeaseTake(leases, LeaseClaim(f"session:{SID}", "p1", TTL), T0))
+    assert isinstance(taken, Taken) and len(statements) == 1 + 4
+    back = GiveBack(f"session:{SID}", "p1", SID)
+    await convs.finish_turn(taken.turn.id, status="finished", answer="a", error=None, now=T0, known=taken.turn,
+                            answer_message=True, give_back=back)
+    assert back.given_back is True and len(statements) == 1 + 4 + 1
+
+
+async def wait_for_a_lock(db: Database) -> None:
+    """Until some statement on the database waits for a row lock (PostgreSQL)."""
+    for _ in range(1000):
+        waiting = await db.run_read(lambda s: s.connection().exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        ).scalar())
+        if waiting:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("nothing waited for the lock")
 
 
 async def test_an_idle_connection_the_server_dropped_is_replaced_before_use(

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Row, and_, or_, true, update
+from sqlalchemy.exc import NoResultFound
 from sqlmodel import Session, col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -48,6 +49,7 @@ _deliveries = DeliveryRow.__table__  # type: ignore[attr-defined]
 
 if TYPE_CHECKING:
     from core.store.deliveries import OutboxClaim
+    from core.store.leases import GiveBack
 
 
 class ConversationStore:
@@ -104,13 +106,17 @@ class ConversationStore:
         self, turn_id: int, *, status: str, answer: str | None, error: str | None, now: datetime,
         outbox: OutboxClaim | None = None, answer_message: bool = False,
         then: Callable[[Session], object] | None = None, known: TurnInfo | None = None,
+        give_back: GiveBack | None = None,
     ) -> TurnInfo:
         """Record how the turn ended; returns it with every input it took (for the events). With ``outbox``
         (the session's channel delivers answers), a finished turn's answer goes into the outbox in the same
         commit: an answer that exists is never left undelivered by a crash. With ``answer_message`` the
         answer also goes into the transcript, in the same commit (the runner left it to the turn's end).
-        ``then`` runs last in the same transaction (the session's lease given back). ``known``: the turn as it
-        started, when it has taken no input since (its inputs are not read again: one round trip less)."""
+        ``give_back``: the session's lease goes back in the same transaction unless a message waits (what that did:
+        ``give_back.given_back``, once this returns). ``then`` runs last in the same transaction (a model switch
+        stored). ``known``: the turn as it started, when it has taken no input since (its inputs are not read again:
+        one round trip less). On PostgreSQL, with ``known`` and no ``then``, the end is one statement, run alone
+        (autocommit: committed when the server answers, in one round trip instead of three)."""
         # An error may quote what a model endpoint said: stored text never holds NUL.
         stored_answer = clean_text(answer) if answer is not None else None
         stored_error = clean_text(error) if error is not None else None
@@ -119,14 +125,30 @@ class ConversationStore:
         # A finished turn without an answer (one that stayed silent: core.listening) has nothing to deliver.
         claim = outbox if outbox is not None and status == TurnStatus.FINISHED and answer is not None else None
 
+        # PostgreSQL: the writes below, and the lease's release, are one statement
+        statement = st.turn_end(write_message, claim is not None, give_back is not None)
+        params = dict(b_turn=turn_id, e_status=status, e_answer=stored_answer, e_error=stored_error, e_now=now,
+                      e_session_status=session_status,
+                      **({"o_until": claim.until, "o_holder": claim.holder} if claim is not None else {}),
+                      **(give_back.params() if give_back is not None else {}))
+
+        def ended(row: Row[Any]) -> None:
+            if give_back is not None:
+                give_back.given_back = bool(row.lease_released) or not row.lease_held
+
+        if not self.db.is_sqlite and known is not None and then is None:
+            rows = await self.db.run_alone(statement, params)
+            if not rows:
+                raise NoResultFound(f"no turn {turn_id}")
+            ended(rows[0])
+            return replace(known, session=session_info(rows[0]), everyone=None, resumed=False)
+
         def work(s: Session) -> TurnInfo:
             conn = s.connection()
-            if not self.db.is_sqlite:  # PostgreSQL: the writes below as one statement (one round trip, not four)
-                row = conn.execute(st.turn_end(write_message, claim is not None), dict(
-                    b_turn=turn_id, e_status=status, e_answer=stored_answer, e_error=stored_error, e_now=now,
-                    e_session_status=session_status, **({"o_until": claim.until, "o_holder": claim.holder}
-                                                         if claim is not None else {}))).one()
+            if not self.db.is_sqlite:
+                row = conn.execute(statement, params).one()
                 turn, session = row, session_info(row)
+                ended(row)
             else:
                 turn = conn.execute(st.UPDATE_TURN_HEAD, dict(b_turn=turn_id, status=status, answer=stored_answer,
                                                               error=stored_error, finished_at=now)).one()
@@ -139,6 +161,8 @@ class ConversationStore:
                         turn_id=turn_id, session_id=session.id, channel=session.channel,
                         status=DeliveryStatus.PENDING, attempts=1, next_attempt_at=claim.until,
                         claimed_by=claim.holder, created_at=now))
+                if give_back is not None:
+                    give_back.run_in(s)
             info = (replace(known, session=session, everyone=None, resumed=False) if known is not None
                     else turn_info(s, turn_id, turn.input_message_id, session))
             if then is not None:

@@ -31,6 +31,7 @@ from core.store.control import queue_mode_of
 from core.store.conversations import resume_interrupted, transcript
 from core.store.database import Database
 from core.store.intake import Accepted, Arrival, Intake, waiting_messages
+from core.store.leases import LeaseTake
 from core.store.row_views import answer_optional, session_info, trace_context, turn_info, turn_outcome
 from core.store.tables import InputRow, MessageRow, ProcessedEventRow, SessionRow, TurnRow
 
@@ -102,7 +103,7 @@ class InputStore:
 
     async def take_batch(self, session_id: str, default_mode: str, budget: Budget, now: datetime, *,
                          resume: bool = False, history: int = 0,
-                         lease: Callable[[Session], bool] | None = None) -> Taken | HeldElsewhere | None:
+                         lease: LeaseTake | Callable[[Session], bool] | None = None) -> Taken | HeldElsewhere | None:
         """Start a turn with the oldest waiting inputs: one message (followup) or as many as the budget
         holds (steer, collect), with the context recorded before it. None when no message waits.
         With ``resume``, a turn a dead process left interrupted comes first (continued, taking nothing).
@@ -110,16 +111,30 @@ class InputStore:
         transaction: the model's view of the conversation, the batch included), and the stored secrets'
         fingerprint (the masks' check needs no query of its own).
         With ``lease`` (taking the session's lease, False when another replica holds it), the lease is taken
-        first in the same transaction: one commit starts the turn under it."""
+        first in the same transaction: one commit starts the turn under it (a LeaseTake: on PostgreSQL in the
+        statement that reads the session). An input another replica took meanwhile: nothing is taken (rolled
+        back), and it says another replica runs them."""
 
         def work(s: Session) -> Taken | HeldElsewhere | None:
-            if lease is not None and not lease(s):
+            conn = s.connection()
+            postgres = conn.dialect.name == "postgresql"
+            folded = postgres and isinstance(lease, LeaseTake)  # the lease taken in the head's read (one trip less)
+            if lease is not None and not folded and not lease(s):
                 return HeldElsewhere(waiting_messages(s, session_id) > 0)
-            # The session with its interrupted turn, its place's queue mode and the secrets' fingerprint: one read.
-            conn = s.connection()  # on PostgreSQL the conversation's senders too (SENDERS: one round trip less)
-            read: Select[Any] = (st.SESSION_FOR_TURN_WITH_SENDERS if conn.dialect.name == "postgresql"
-                                 else st.SESSION_FOR_TURN)
-            head = conn.execute(read, {"b_session": session_id}).first()
+            # The session with its interrupted turn, its place's queue mode and the secrets' fingerprint: one read,
+            # on PostgreSQL with the conversation's senders too (SENDERS: one round trip less), and the lease.
+            if folded:
+                assert isinstance(lease, LeaseTake)
+                head = conn.execute(st.SESSION_FOR_TURN_UNDER_LEASE,
+                                    {"b_session": session_id, **lease.params()}).first()
+                assert head is not None  # always one row
+                if not head.lease_taken:
+                    return HeldElsewhere(waiting_messages(s, session_id) > 0)
+                if head.id is None:  # no such conversation (the one row the read always returns)
+                    return None
+            else:
+                read: Select[Any] = st.SESSION_FOR_TURN_WITH_SENDERS if postgres else st.SESSION_FOR_TURN
+                head = conn.execute(read, {"b_session": session_id}).first()
             if head is None:  # no such conversation: nothing waits in it
                 return None
             interrupted = head.interrupted_turn if resume else None
@@ -136,7 +151,10 @@ class InputStore:
             return taken
 
         # A turn waits on it to ask the model: ahead of the writes nobody waits on (receipts, transcript).
-        return await self.db.run_write(work, urgent=True)
+        try:
+            return await self.db.run_write(work, urgent=True)
+        except TakenElsewhere:  # rolled back: another replica took an input (its lease) meanwhile, and runs them
+            return HeldElsewhere(waiting=True)
 
     async def take_steered(self, turn_id: int, default_mode: str, budget: Budget, now: datetime) -> Taken | None:
         """Hand what waits to the running turn at its tool step (steer mode only); None when nothing does."""
@@ -160,7 +178,10 @@ class InputStore:
             _take(s, turn_id, batch, now)
             return _taken(turn_info(s, turn_id, turn.input_message_id, session_info(session)), batch)
 
-        return await self.db.run_write(work)
+        try:
+            return await self.db.run_write(work)
+        except TakenElsewhere:  # rolled back: nothing taken in at this step
+            return None
 
     async def last_arrival(self, session_id: str) -> datetime | None:
         value = await self.db.run_read(
@@ -264,7 +285,18 @@ def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, n
     session = head if head is not None else conn.execute(st.SESSION_FOR_TURN, {"b_session": session_id}).one()
     mode = session.queue_mode or (session.place_queue_mode if session.place else None) or default_mode
     batch = _fit(waiting, budget, one_message=mode == QueueMode.FOLLOWUP)
-    if conn.dialect.name == "postgresql":  # one round trip for both (statements.START_TURN)
+    written: list[int] = []
+    if conn.dialect.name == "postgresql" and len(batch) == 1 and batch[0].message_id is None:
+        # The usual turn (one mention): started with its input taken in one statement (one round trip, not two)
+        item = batch[0]
+        started = conn.execute(st.START_TURN_TAKING_ONE, dict(
+            t_session=session_id, t_agent=session.agent, t_now=now, b_input=item.id, m_session=item.session_id,
+            m_content=item.text, m_sender=item.sender, m_channel=item.platform_channel, m_ts=item.platform_ts,
+            m_key=item.idempotency_key)).first()
+        if started is None:
+            raise TakenElsewhere(item.id)
+        turn_id, written = int(started.turn_id), [int(started.message_id)]
+    elif conn.dialect.name == "postgresql":  # one round trip for both (statements.START_TURN)
         turn_id = int(conn.execute(st.START_TURN, dict(t_session=session_id, t_agent=session.agent,
                                                        t_now=now)).scalar_one())
     else:
@@ -272,7 +304,8 @@ def take_batch(s: Session, session_id: str, default_mode: str, budget: Budget, n
             session_id=session_id, agent=session.agent, status=TurnStatus.RUNNING, attempts=1, created_at=now,
             started_at=now)).inserted_primary_key[0])  # type: ignore[index]
         conn.execute(st.UPDATE_SESSION, {"b_session": session_id, "status": SessionStatus.RUNNING})
-    written = _take(s, turn_id, batch, now)
+    if not written:
+        written = _take(s, turn_id, batch, now)
     # A new turn holds exactly this batch (context and control inputs are never "waiting" controls).
     messages = [i for i in batch if i.kind == InputKind.MESSAGE]
     asked = tuple(m for i, m in zip(batch, written, strict=True) if i.kind == InputKind.MESSAGE)
@@ -313,7 +346,9 @@ def _take(s: Session, turn_id: int, batch: Sequence[Row[Any]], now: datetime) ->
             message_id = conn.execute(st.TAKE_INPUT, dict(
                 b_input=item.id, t_turn=turn_id, t_now=now, m_session=item.session_id, m_content=item.text,
                 m_sender=item.sender, m_channel=item.platform_channel, m_ts=item.platform_ts,
-                m_key=item.idempotency_key)).scalar_one()
+                m_key=item.idempotency_key)).scalar()
+            if message_id is None:
+                raise TakenElsewhere(item.id)
             written.append(int(message_id))
             continue
         if message_id is None:
@@ -322,10 +357,17 @@ def _take(s: Session, turn_id: int, batch: Sequence[Row[Any]], now: datetime) ->
                 platform_channel=item.platform_channel, platform_ts=item.platform_ts,
                 idempotency_key=item.idempotency_key, turn_id=turn_id, created_at=now,
             )).inserted_primary_key[0]  # type: ignore[index]
-        conn.execute(st.UPDATE_INPUT, dict(
+        result: Any = conn.execute(st.TAKE_WAITING_INPUT, dict(
             b_input=item.id, status=InputStatus.TAKEN, turn_id=turn_id, taken_at=now, message_id=message_id))
+        if not result.rowcount:
+            raise TakenElsewhere(item.id)
         written.append(int(message_id))
     return written
+
+
+class TakenElsewhere(Exception):
+    """An input read as waiting was taken by someone else before this transaction could (another replica, whose
+    lease ran out under a stalled holder): the transaction rolls back, nothing of it is taken twice."""
 
 
 def _taken(turn: TurnInfo, batch: Sequence[Row[Any]]) -> Taken:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
@@ -12,7 +13,8 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Row, bindparam, literal, select
+from sqlalchemy import Row, Select, bindparam, case, select, true
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlmodel import Session
 
@@ -129,9 +131,24 @@ class Intake:
         return self._group
 
     async def _write(self, arrivals: list[Arrival]) -> list[Accepted | Exception]:
-        return await written_apart(
-            lambda group: self.db.run_write(lambda s: _accept_group(s, self.db, self.listen_rates, group), urgent=True),
-            arrivals)
+        return await written_apart(self._write_group, arrivals)
+
+    async def _write_group(self, group: list[Arrival]) -> list[Accepted | Exception]:
+        if len(group) == 1 and new_arrival_fits(self.db, group[0]):
+            return await self._write_alone(group[0])
+        return await self.db.run_write(lambda s: _accept_group(s, self.db, self.listen_rates, group), urgent=True)
+
+    async def _write_alone(self, arrival: Arrival) -> list[Accepted | Exception]:
+        """PostgreSQL, an arrival alone in its group (issue 39): ``new_arrival`` run alone, so a new conversation's
+        first input is committed before the server answers (one round trip, not five). For a conversation that exists
+        it wrote nothing, and the usual transaction follows with what it read (as fresh as a statement inside that
+        transaction would have read it: READ COMMITTED)."""
+        [row] = await self.db.run_alone(new_arrival(arrival.msg.delivery_key is not None), _new_arrival_params(arrival))
+        stored = _new_arrival_outcome(arrival, row)
+        if stored is not None:
+            return [stored]
+        return await self.db.run_write(
+            lambda s: _accept_group(s, self.db, self.listen_rates, [arrival], known=row), urgent=True)
 
 
 async def written_apart(write: Callable[[list[Req]], Awaitable[list[Res | Exception]]], group: list[Req], *,
@@ -154,7 +171,10 @@ async def written_apart(write: Callable[[list[Req]], Awaitable[list[Res | Except
         return [result for one in group for result in await written_apart(write, [one])]
 
 
-def _accept_group(s: Session, db: Database, rates: ListenRates, arrivals: list[Arrival]) -> list[Accepted | Exception]:
+def _accept_group(s: Session, db: Database, rates: ListenRates, arrivals: list[Arrival], *,
+                  known: Row[Any] | None = None) -> list[Accepted | Exception]:
+    """``known``: the first arrival's ``new_arrival`` row (its session, which exists, and the pause), read just
+    before this transaction."""
     paused: bool | None = None
     results: dict[int, Accepted | Exception] = {}
     # Sessions are written in the order of their ids (arrival order within one): two replicas committing
@@ -162,6 +182,17 @@ def _accept_group(s: Session, db: Database, rates: ListenRates, arrivals: list[A
     for index in sorted(range(len(arrivals)), key=lambda i: arrivals[i].msg.session_id):
         arrival = arrivals[index]
         head: tuple[Row[Any] | None] | None = None  # this arrival's session, when read with the pause
+        row: Row[Any] | None = known if index == 0 else None
+        if row is None and new_arrival_fits(db, arrival):
+            # PostgreSQL: a new conversation's first input stored in the statement that finds there is none
+            row = s.connection().execute(new_arrival(arrival.msg.delivery_key is not None),
+                                         _new_arrival_params(arrival)).one()
+            stored = _new_arrival_outcome(arrival, row)
+            if stored is not None:
+                results[index] = stored
+                continue
+        if row is not None:  # the conversation exists; the pause as fresh as it comes
+            paused, head = row.intake_paused == "1", (row,)
         asks = arrival.refuse_if_paused is not None and arrival.refuse is None
         if paused is None and (asks or arrival.listen_per_minute is not None):
             # Read once per group, with the first session that needs it (one round trip, not two).
@@ -182,10 +213,10 @@ def _accept_group(s: Session, db: Database, rates: ListenRates, arrivals: list[A
 
 # The session an arrival is for (all its columns NULL when there is none yet) and whether intake is paused
 # (``intake_paused``): one read, for the first arrival of a group that needs the pause.
-_one_row = select(literal(1).label("one")).subquery("one_row")
-SESSION_AND_PAUSED = (select(select(st.control.c.value).where(st.control.c.key == INTAKE_PAUSED).scalar_subquery()
-                             .label("intake_paused"), *st.sessions.c)
-                      .select_from(_one_row.outerjoin(st.sessions, st.sessions.c.id == bindparam("b_session"))))
+SESSION_AND_PAUSED: Select[Any] = (
+    select(select(st.control.c.value).where(st.control.c.key == INTAKE_PAUSED).scalar_subquery().label("intake_paused"),
+           *st.sessions.c, st.ONE_ROW.c.one)
+    .select_from(st.ONE_ROW.outerjoin(st.sessions, st.sessions.c.id == bindparam("b_session"))))
 
 
 def _refused(arrival: Arrival, reason: str) -> Arrival:
@@ -227,28 +258,18 @@ def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival,
     if found is None:
         if kind == InputKind.CONTEXT and not msg.view_context:
             return Accepted(AcceptOutcome.IGNORED)
-        values = dict(
-            id=msg.session_id, channel=msg.channel, agent=msg.agent or arrival.agent, status=SessionStatus.IDLE,
-            reply_ref=json.dumps(msg.reply_ref), place=msg.place, created_at=now, updated_at=now,
-            preapproved=json.dumps([list(p) for p in msg.preapproved]) if msg.preapproved else None,
-            queue_mode=None,
-        )
+        values = _new_session_values(arrival)
         if not together:
             conn.execute(st.INSERT_SESSION, values)
         info = session_info(SimpleNamespace(**values))
     else:
         info = session_info(found)
-    status, outcome, note = InputStatus.WAITING, AcceptOutcome.QUEUED, None
     if msg.view_context and not new_session:  # only the newest view waits: one line, not a day of them
         conn.execute(st.REPLACE_VIEWS, {"b_session": msg.session_id, "b_view": f"{VIEW_KEY}%",
                                         "status": InputStatus.CANCELLED, "note": "replaced by a newer view"})
-    if kind == InputKind.CONTEXT:
-        outcome = AcceptOutcome.RECORDED
-    elif kind == InputKind.CONTROL:
-        status, outcome = InputStatus.TAKEN, AcceptOutcome.COMMAND
-    elif arrival.refuse is not None:
-        status, outcome, note = InputStatus.REFUSED, AcceptOutcome.REFUSED, arrival.refuse
-    elif not new_session and waiting_messages(s, msg.session_id) >= arrival.max_waiting:
+    status, outcome, note = _verdict(kind, arrival.refuse)
+    if (outcome == AcceptOutcome.QUEUED and not new_session
+            and waiting_messages(s, msg.session_id) >= arrival.max_waiting):
         note = (f"I'm busy: {arrival.max_waiting} messages in this conversation are already waiting for me. "
                 "Send this again once I've answered them.")
         status, outcome = InputStatus.REFUSED, AcceptOutcome.REFUSED
@@ -256,18 +277,125 @@ def _accept_one(s: Session, db: Database, rates: ListenRates, arrival: Arrival,
     with_session = together and new_session
     insert, extra = ((st.INSERT_INPUT_OF_NEW_SESSION, {f"s_{k}": v for k, v in values.items()})
                      if with_session else (st.INSERT_INPUT, {}))
-    inserted = conn.execute(insert, extra | dict(
-        session_id=msg.session_id, kind=kind, status=status, text=msg.text,
-        images=json.dumps(list(msg.images)) if msg.images else None,
-        attachments=json.dumps([asdict(a) for a in msg.attachments]) if msg.attachments else None, sender=msg.sender,
-        agent=msg.agent, platform_channel=msg.ref.channel, platform_ts=msg.ref.ts,
-        idempotency_key=msg.idempotency_key, note=note, created_at=now, answer_optional=optional,
-        trace_context=arrival.trace_context,
-    ))
+    inserted = conn.execute(insert, extra | _input_values(arrival, kind, optional) | dict(status=status, note=note))
     if not new_session:
         conn.execute(st.UPDATE_SESSION, {"b_session": msg.session_id, "updated_at": now})
     input_id = int(inserted.scalar_one() if with_session else inserted.inserted_primary_key[0])  # type: ignore[index]
     return Accepted(outcome, input_id, info, note)
+
+
+def _verdict(kind: str, refuse: str | None) -> tuple[str, AcceptOutcome, str | None]:
+    """How an input that is new is stored (its status, the outcome, the note), before the check for a conversation
+    already full of waiting messages (which only a QUEUED one gets)."""
+    if kind == InputKind.CONTEXT:
+        return InputStatus.WAITING, AcceptOutcome.RECORDED, None
+    if kind == InputKind.CONTROL:
+        return InputStatus.TAKEN, AcceptOutcome.COMMAND, None
+    if refuse is not None:
+        return InputStatus.REFUSED, AcceptOutcome.REFUSED, refuse
+    return InputStatus.WAITING, AcceptOutcome.QUEUED, None
+
+
+def _new_session_verdict(arrival: Arrival, *, paused: bool) -> tuple[str, AcceptOutcome, str | None]:
+    """``_verdict`` for the first input of a new conversation, with intake paused or not (``_accept_group``'s rule)."""
+    refuse = arrival.refuse
+    if refuse is None and paused and arrival.refuse_if_paused is not None:
+        refuse = arrival.refuse_if_paused
+    return _verdict(arrival.kind, refuse)
+
+
+def new_arrival_fits(db: Database, arrival: Arrival) -> bool:
+    """Whether ``new_arrival`` can store the arrival: on PostgreSQL, a message or a command, whose storing in a new
+    conversation the pause alone decides (no listening place's minute, no view to replace)."""
+    return (not db.is_sqlite and arrival.kind in (InputKind.MESSAGE, InputKind.CONTROL)
+            and arrival.listen_per_minute is None and not arrival.msg.view_context)
+
+
+def _new_arrival_params(arrival: Arrival) -> dict[str, Any]:
+    """``new_arrival``'s parameters: the session and input as a new conversation stores them, paused or not."""
+    msg = arrival.msg
+    if_running, if_paused = _new_session_verdict(arrival, paused=False), _new_session_verdict(arrival, paused=True)
+    return {"b_session": msg.session_id, "a_key": msg.delivery_key, "a_now": arrival.now,
+            **{f"s_{name}": value for name, value in _new_session_values(arrival).items()},
+            **{f"i_{name}": value for name, value in _input_values(arrival, arrival.kind).items()},
+            "a_status": if_running[0], "a_note": if_running[2], "a_status_paused": if_paused[0],
+            "a_note_paused": if_paused[2]}
+
+
+def _new_arrival_outcome(arrival: Arrival, row: Row[Any]) -> Accepted | None:
+    """What ``new_arrival``'s row says: the input stored in a new conversation, a redelivery, or None: the
+    conversation exists, and nothing was written."""
+    if row.id is not None:
+        return None
+    if row.input_id is None:  # its event's key was claimed before
+        return Accepted(AcceptOutcome.DUPLICATE)
+    _status, outcome, note = _new_session_verdict(arrival, paused=row.intake_paused == "1")
+    return Accepted(outcome, int(row.input_id), session_info(SimpleNamespace(**_new_session_values(arrival))), note)
+
+
+def _new_session_values(arrival: Arrival) -> dict[str, Any]:
+    msg, now = arrival.msg, arrival.now
+    return dict(
+        id=msg.session_id, channel=msg.channel, agent=msg.agent or arrival.agent, status=SessionStatus.IDLE,
+        reply_ref=json.dumps(msg.reply_ref), place=msg.place, created_at=now, updated_at=now,
+        preapproved=json.dumps([list(p) for p in msg.preapproved]) if msg.preapproved else None,
+        queue_mode=None,
+    )
+
+
+def _input_values(arrival: Arrival, kind: str, optional: bool = False) -> dict[str, Any]:
+    """An input's columns but its status and note."""
+    msg = arrival.msg
+    return dict(
+        session_id=msg.session_id, kind=kind, text=msg.text,
+        images=json.dumps(list(msg.images)) if msg.images else None,
+        attachments=json.dumps([asdict(a) for a in msg.attachments]) if msg.attachments else None, sender=msg.sender,
+        agent=msg.agent, platform_channel=msg.ref.channel, platform_ts=msg.ref.ts,
+        idempotency_key=msg.idempotency_key, created_at=arrival.now, answer_optional=optional,
+        trace_context=arrival.trace_context,
+    )
+
+
+_SESSION_COLUMNS = ("id", "channel", "agent", "status", "reply_ref", "place", "created_at", "updated_at", "preapproved",
+                    "queue_mode")
+_INPUT_COLUMNS = ("session_id", "kind", "text", "images", "attachments", "sender", "agent", "platform_channel",
+                  "platform_ts", "idempotency_key", "created_at", "answer_optional", "trace_context")
+
+
+@functools.cache
+def new_arrival(claims: bool) -> Select[Any]:
+    """PostgreSQL: SESSION_AND_PAUSED (always one row), and when there is no such session yet, in the same statement:
+    the event's key claimed (``claims``; ``a_key``, ``a_now``), then, unless a redelivery's claim found it taken, the
+    session (``s_`` columns) with its input (``i_`` columns; status and note ``a_status``/``a_note``, or
+    ``a_status_paused``/``a_note_paused`` when intake is paused). ``input_id``: the input stored, else NULL. When
+    two replicas store the same new conversation at once, the second statement fails as a whole (the session's key)
+    and nothing of it is stored (``written_apart`` reads again)."""
+    head = SESSION_AND_PAUSED.cte("head")
+    if claims:
+        claim = (postgresql.insert(st.processed).from_select(
+            ["key", "received_at"],
+            select(bindparam("a_key", type_=st.processed.c.key.type),
+                   bindparam("a_now", type_=st.processed.c.received_at.type)).where(
+                select(head.c.one).where(head.c.id.is_(None)).exists()))
+            .on_conflict_do_nothing().returning(st.processed.c.key).cte("claim"))
+        new_only = select(claim.c.key).exists()  # claimed now: new, and not a redelivery
+    else:
+        new_only = select(head.c.one).where(head.c.id.is_(None)).exists()
+    session = (st.sessions.insert().from_select(
+        list(_SESSION_COLUMNS),
+        select(*(bindparam(f"s_{name}", type_=st.sessions.c[name].type) for name in _SESSION_COLUMNS)).where(new_only),
+        include_defaults=False).returning(st.sessions.c.id).cte("new_session"))
+    paused = head.c.intake_paused == "1"
+    stored = (st.inputs.insert().from_select(
+        [*_INPUT_COLUMNS, "status", "note"],
+        select(*(bindparam(f"i_{name}", type_=st.inputs.c[name].type) for name in _INPUT_COLUMNS),
+               case((paused, bindparam("a_status_paused", type_=st.inputs.c.status.type)),
+                    else_=bindparam("a_status", type_=st.inputs.c.status.type)),
+               case((paused, bindparam("a_note_paused", type_=st.inputs.c.note.type)),
+                    else_=bindparam("a_note", type_=st.inputs.c.note.type)))
+        .select_from(session.join(head, true())), include_defaults=False)
+        .returning(st.inputs.c.id).cte("new_input"))
+    return select(head, select(stored.c.id).scalar_subquery().label("input_id"))
 
 
 def waiting_messages(s: Session, session_id: str) -> int:

@@ -43,6 +43,44 @@ class LeaseClaim:
     ttl: timedelta
 
 
+@dataclass(frozen=True)
+class LeaseTake:
+    """Taking a lease in the transaction that starts a turn: called with that transaction's Session (True when taken),
+    or, on PostgreSQL, folded into the statement that reads the turn's head (``params``; core.store.inputs)."""
+
+    store: LeaseStore
+    claim: LeaseClaim
+    now: datetime
+
+    def __call__(self, s: Session) -> bool:
+        return self.store.acquire_in(s, self.claim, self.now)
+
+    def params(self) -> dict[str, Any]:
+        """For core.store.statements.SESSION_FOR_TURN_UNDER_LEASE."""
+        return {"l_name": self.claim.name, "l_holder": self.claim.holder, "l_until": self.now + self.claim.ttl,
+                "l_now": self.now}
+
+
+@dataclass
+class GiveBack:
+    """A session's lease given back in the transaction that ends its turn, unless a message of the session waits
+    (``finish_turn``; on PostgreSQL inside the turn end's statement). ``given_back``, once that ran: True when the
+    holder does not hold it any more (given back, or not its own), False when kept (a message waits)."""
+
+    name: str
+    holder: str
+    session_id: str
+    given_back: bool | None = None
+
+    def params(self) -> dict[str, Any]:
+        """For core.store.statements.turn_end(..., give_back=True)."""
+        return {"l_name": self.name, "l_holder": self.holder, "l_session": self.session_id}
+
+    def run_in(self, s: Session) -> None:
+        """As a statement of its own in the caller's transaction (SQLite, or a turn end of several statements)."""
+        self.given_back = release_if_idle_in(s, self.name, self.holder, self.session_id)
+
+
 class LeaseStore:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -73,11 +111,7 @@ class LeaseStore:
     def release_if_idle_in(self, s: Session, name: str, holder: str, session_id: str) -> bool:
         """Give the session's lease back, inside a caller's transaction (the one that ends a turn), unless
         one of its messages waits. True when the holder no longer holds it (given back, or not its own)."""
-        params = {"b_name": name, "b_holder": holder, "b_session": session_id}
-        if _rowcount(s, RELEASE_IF_IDLE, params):
-            return True
-        # Not deleted: a message waits, or the lease is not ours (then there is nothing to give back).
-        return s.connection().execute(HELD, params).first() is None
+        return release_if_idle_in(s, name, holder, session_id)
 
     async def release_if_idle(self, name: str, holder: str, session_id: str) -> bool:
         return await self.db.run_write(lambda s: self.release_if_idle_in(s, name, holder, session_id))
@@ -89,6 +123,15 @@ class LeaseStore:
         rows = await self.db.run_read(
             lambda s: s.connection().execute(LIVE, {"b_names": names, "b_now": now}).scalars().all())
         return set(rows)
+
+
+def release_if_idle_in(s: Session, name: str, holder: str, session_id: str) -> bool:
+    """``LeaseStore.release_if_idle_in``."""
+    params = {"b_name": name, "b_holder": holder, "b_session": session_id}
+    if _rowcount(s, RELEASE_IF_IDLE, params):
+        return True
+    # Not deleted: a message waits, or the lease is not ours (then there is nothing to give back).
+    return s.connection().execute(HELD, params).first() is None
 
 
 def _rowcount(s: Session, statement: Any, params: dict[str, Any]) -> int:

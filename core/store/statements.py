@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import Select, bindparam, func, literal, select, true, update
+from sqlalchemy import Select, bindparam, delete, exists, func, literal, select, true, update
+from sqlalchemy.dialects import postgresql
 
 from core.model import DeliveryStatus, InputKind, InputStatus, SessionStatus, TurnStatus
 from core.store.connection_tables import ConnectionRow
@@ -21,6 +22,7 @@ from core.store.tables import (
     ControlRow,
     DeliveryRow,
     InputRow,
+    LeaseRow,
     MessageRow,
     ProcessedEventRow,
     SecretRow,
@@ -36,6 +38,7 @@ deliveries = DeliveryRow.__table__  # type: ignore[attr-defined]
 control = ControlRow.__table__  # type: ignore[attr-defined]
 processed = ProcessedEventRow.__table__  # type: ignore[attr-defined]
 secrets = SecretRow.__table__  # type: ignore[attr-defined]
+leases = LeaseRow.__table__  # type: ignore[attr-defined]
 
 WAITING_READ = 500  # waiting inputs read at once (a batch never holds more)
 
@@ -105,6 +108,32 @@ SESSION_FOR_TURN_WITH_SENDERS = SESSION_FOR_TURN.with_only_columns(
         inputs.c.session_id == bindparam("b_session"), inputs.c.kind != InputKind.CONTROL,
         inputs.c.sender.is_not(None)).scalar_subquery().label("senders"),
     *list(SESSION_FOR_TURN.selected_columns)[-FINGERPRINT_COLUMNS:])
+# One row whatever is found: an outer join from it leaves the columns NULL when there is no such row.
+ONE_ROW = select(literal(1).label("one")).subquery("one_row")
+
+
+def _lease_upsert() -> postgresql.Insert:
+    """LeaseStore's take (``l_``: name, holder, until, now): free, expired, or already ours (then extended)."""
+    insert = postgresql.insert(leases).values(name=bindparam("l_name", type_=leases.c.name.type),
+                                              holder=bindparam("l_holder", type_=leases.c.holder.type),
+                                              expires_at=bindparam("l_until", type_=leases.c.expires_at.type))
+    return insert.on_conflict_do_update(
+        index_elements=["name"], set_={"holder": insert.excluded.holder, "expires_at": insert.excluded.expires_at},
+        where=(leases.c.expires_at < bindparam("l_now", type_=leases.c.expires_at.type))
+        | (leases.c.holder == insert.excluded.holder))
+
+
+# PostgreSQL: SESSION_FOR_TURN_WITH_SENDERS with the session's lease taken in the same statement (issue 39: one round
+# trip less per turn), ``lease_taken`` 1 when it is ours now, before the fingerprint. Always one row (the session's
+# columns NULL when there is none): a lease held elsewhere is told apart from no conversation. A data-modifying WITH
+# runs once, to completion, whatever the SELECT reads of it.
+_lease_taken = _lease_upsert().returning(leases.c.name).cte("lease_taken")
+_head_columns = list(SESSION_FOR_TURN_WITH_SENDERS.selected_columns)
+SESSION_FOR_TURN_UNDER_LEASE: Select[Any] = (select(
+    *_head_columns[:-FINGERPRINT_COLUMNS],
+    select(func.count()).select_from(_lease_taken).scalar_subquery().label("lease_taken"),
+    *_head_columns[-FINGERPRINT_COLUMNS:])
+    .select_from(ONE_ROW.outerjoin(sessions, sessions.c.id == bindparam("b_session"))))
 TRANSCRIPT = (select(messages).where(messages.c.session_id == bindparam("b_session"))
               .order_by(messages.c.id.desc()).limit(bindparam("b_limit")))
 
@@ -114,7 +143,8 @@ UPDATE_TURN = update(turns).where(turns.c.id == bindparam("b_turn"))
 # Writes that also read what they wrote (RETURNING: one round trip, not two; SQLite has it since 3.35)
 UPDATE_SESSION_RETURNING = UPDATE_SESSION.returning(*sessions.c)
 UPDATE_TURN_HEAD = UPDATE_TURN.returning(turns.c.session_id, turns.c.input_message_id)
-UPDATE_INPUT = update(inputs).where(inputs.c.id == bindparam("b_input"))
+# An input taken into a turn: only while it still waits (never taken twice, see TAKE_INPUT).
+TAKE_WAITING_INPUT = update(inputs).where(inputs.c.id == bindparam("b_input"), inputs.c.status == InputStatus.WAITING)
 # A view context still waiting (``VIEW_KEY`` keys) is replaced by a newer one.
 REPLACE_VIEWS = update(inputs).where(inputs.c.session_id == bindparam("b_session"),
                                      inputs.c.status == InputStatus.WAITING, inputs.c.kind == InputKind.CONTEXT,
@@ -143,11 +173,14 @@ def secrets_fingerprint(s: Any) -> tuple[object, ...]:
 
 
 @functools.cache
-def turn_end(answer_message: bool, outbox: bool) -> Select[Any]:
+def turn_end(answer_message: bool, outbox: bool, give_back: bool = False) -> Select[Any]:
     """PostgreSQL: a turn's end as one statement (issue 39), in the transaction ``finish_turn`` opens: the turn's
     status, the session's (its row returned, with the turn's ``input_message_id``), and with ``answer_message`` the
     answer in the transcript, with ``outbox`` its outbox row claimed by ``o_holder`` until ``o_until``. SQLite has
-    no INSERT or UPDATE inside WITH: there they are statements of their own (core.store.conversations)."""
+    no INSERT or UPDATE inside WITH: there they are statements of their own (core.store.conversations).
+    With ``give_back``, the session's lease (``l_name``, ``l_holder``, ``l_session``) is given back in it too unless a
+    message of the session waits (core.store.leases.RELEASE_IF_IDLE's rule): ``lease_held`` says whether the holder
+    held it (its row locked first, so a takeover committed meanwhile is seen), ``lease_released`` whether it went."""
     now = bindparam("e_now", type_=turns.c.finished_at.type)
     answer = bindparam("e_answer", type_=turns.c.answer.type)
     turn_id = bindparam("b_turn", type_=turns.c.id.type)
@@ -172,13 +205,24 @@ def turn_end(answer_message: bool, outbox: bool) -> Select[Any]:
                    bindparam("o_holder", type_=deliveries.c.claimed_by.type), now, literal(False), literal(0)),
             include_defaults=False,
         ).cte("outbox"))
-    found = select(*session.c, ended.c.input_message_id).select_from(session.join(ended, true()))
+    lease_columns = []
+    if give_back:
+        mine = (select(leases.c.name).where(leases.c.name == bindparam("l_name", type_=leases.c.name.type),
+                                            leases.c.holder == bindparam("l_holder", type_=leases.c.holder.type))
+                .with_for_update().cte("lease_mine"))
+        released = (delete(leases).where(leases.c.name.in_(select(mine.c.name)), ~exists().where(
+            inputs.c.session_id == bindparam("l_session", type_=inputs.c.session_id.type),
+            inputs.c.status == InputStatus.WAITING, inputs.c.kind == InputKind.MESSAGE))
+            .returning(leases.c.name).cte("lease_released"))
+        lease_columns = [select(func.count()).select_from(mine).scalar_subquery().label("lease_held"),
+                         select(func.count()).select_from(released).scalar_subquery().label("lease_released")]
+    found = select(*session.c, ended.c.input_message_id, *lease_columns).select_from(session.join(ended, true()))
     return found.add_cte(*writes) if writes else found
 
 
 # PostgreSQL: a turn's start (issue 39). The turn is inserted and its session marked running in one statement;
 # each input taken becomes its transcript message and is marked taken in one statement (``TAKE_INPUT``; an input
-# already in the transcript only gets the UPDATE_INPUT). SQLite: statements of their own (core.store.inputs).
+# already in the transcript only gets the TAKE_WAITING_INPUT). SQLite: statements of their own (core.store.inputs).
 _now = bindparam("t_now", type_=turns.c.started_at.type)
 _session_running = (update(sessions).where(sessions.c.id == bindparam("t_session", type_=sessions.c.id.type))
                     .values(status=SessionStatus.RUNNING).cte("session_running"))
@@ -187,18 +231,45 @@ START_TURN = (turns.insert().values(session_id=bindparam("t_session", type_=sess
                                     attempts=1, created_at=_now, started_at=_now)
               .returning(turns.c.id).add_cte(_session_running))
 _turn = bindparam("t_turn", type_=turns.c.id.type)
-_message = (messages.insert().values(
-    session_id=bindparam("m_session", type_=messages.c.session_id.type), role="user",
-    content=bindparam("m_content", type_=messages.c.content.type),
-    sender=bindparam("m_sender", type_=messages.c.sender.type),
-    platform_channel=bindparam("m_channel", type_=messages.c.platform_channel.type),
-    platform_ts=bindparam("m_ts", type_=messages.c.platform_ts.type),
-    idempotency_key=bindparam("m_key", type_=messages.c.idempotency_key.type), turn_id=_turn, created_at=_now)
-    .returning(messages.c.id).cte("input_message"))
-TAKE_INPUT = (update(inputs).where(inputs.c.id == bindparam("b_input"))
+# The input is locked first and taken only while it still waits: an input another replica took meanwhile (its lease
+# ran out under a stalled holder) is neither written to the transcript again nor taken twice; no row comes back.
+_still_waiting = (select(inputs.c.id)
+                  .where(inputs.c.id == bindparam("b_input", type_=inputs.c.id.type),
+                         inputs.c.status == InputStatus.WAITING)
+                  .with_for_update().cte("still_waiting"))
+def _input_message(turn_id: Any, *sources: Any) -> Any:
+    """The taken input's transcript message (``m_`` columns, for ``turn_id``), written only when ``sources`` (its
+    still_waiting row, and what else gives ``turn_id``) has a row."""
+    return (messages.insert().from_select(
+        ["session_id", "role", "content", "sender", "platform_channel", "platform_ts", "idempotency_key", "turn_id",
+         "created_at"],
+        select(bindparam("m_session", type_=messages.c.session_id.type), literal("user", messages.c.role.type),
+               bindparam("m_content", type_=messages.c.content.type),
+               bindparam("m_sender", type_=messages.c.sender.type),
+               bindparam("m_channel", type_=messages.c.platform_channel.type),
+               bindparam("m_ts", type_=messages.c.platform_ts.type),
+               bindparam("m_key", type_=messages.c.idempotency_key.type), turn_id, _now)
+        .select_from(sources[0].join(sources[1], true()) if len(sources) > 1 else sources[0]),
+        include_defaults=False).returning(messages.c.id).cte("input_message"))
+
+
+_message = _input_message(_turn, _still_waiting)
+TAKE_INPUT = (update(inputs).where(inputs.c.id.in_(select(_still_waiting.c.id)))
               .values(status=InputStatus.TAKEN, turn_id=_turn, taken_at=_now,
                       message_id=select(_message.c.id).scalar_subquery())
               .returning(inputs.c.message_id))
+# A turn that takes one input not yet in the transcript (one mention: the usual turn) started in one statement:
+# START_TURN and TAKE_INPUT together (``turn_id``, ``message_id``). No row when the input was taken meanwhile: the
+# turn and the session's status it wrote are then rolled back with the transaction.
+_started = (turns.insert().values(session_id=bindparam("t_session", type_=sessions.c.id.type),
+                                  agent=bindparam("t_agent", type_=turns.c.agent.type), status=TurnStatus.RUNNING,
+                                  attempts=1, created_at=_now, started_at=_now)
+            .returning(turns.c.id).cte("new_turn"))
+_first_message = _input_message(_started.c.id, _still_waiting, _started)
+START_TURN_TAKING_ONE = (update(inputs).where(inputs.c.id.in_(select(_still_waiting.c.id)))
+                         .values(status=InputStatus.TAKEN, turn_id=select(_started.c.id).scalar_subquery(),
+                                 taken_at=_now, message_id=select(_first_message.c.id).scalar_subquery())
+                         .returning(inputs.c.turn_id, inputs.c.message_id).add_cte(_session_running))
 
 # PostgreSQL: a new conversation's first input, and the conversation, in one statement (``s_``: the session's
 # columns, the rest the input's). SQLite: INSERT_SESSION, then INSERT_INPUT (core.store.intake).
