@@ -40,6 +40,7 @@ from core.redaction import Redactor
 from core.spending import SpendingCaps
 from core.store import ConversationStore
 from core.store.summaries import SummaryStore
+from core.store.usage import Count
 from core.text import clean_text
 from core.tools import (
     GateDecision,
@@ -114,6 +115,7 @@ class AgentRunner:
         self.models = models or ModelRouter(Model(provider, str(getattr(provider, "model", provider.name))))
         self._sessions: dict[int, SessionModels] = {}  # top-level turn id → its models, shared with its sub-agents
         self._unsaved: dict[int, SessionModels] = {}  # turn id → a switch its final answer's commit must carry
+        self._uncounted: dict[int, Count] = {}  # turn id → its final answer's call, counted in the turn end's commit
         self.tools = tools
         self.clock = clock
         self.limits = limits
@@ -207,6 +209,19 @@ class AgentRunner:
             return shared
         thread = await self.store.get_session(parent.session_id)  # not begun in this runner: as stored
         return self.models.start(thread if thread is not None else turn.session)
+
+    def uncounted(self, turn_id: int) -> Count | None:
+        """The final answer's model call, for the commit that ends the turn to count (one write, not two)."""
+        return self._uncounted.pop(turn_id, None)
+
+    async def count_alone(self, turn_id: int) -> None:
+        """A final call the turn's end did not count (it was not stored): counted on its own, the call was made."""
+        count = self._uncounted.pop(turn_id, None)
+        if count is not None:
+            try:
+                await self._write_alone(count)
+            except Exception:  # never in place of what ended the turn
+                log.exception("could not count a model call of turn %s", turn_id)
 
     def unsaved_switch(self, turn_id: int) -> SessionModels | None:
         """A switch to the fallback model that the turn's final answer (stored by the caller) must carry in its
@@ -310,7 +325,10 @@ class AgentRunner:
                 if masked != shown:
                     holds_secret.add(call.id)
             if not reply.tool_calls and not save_answer:
-                await self._write_alone(unspent)
+                if isinstance(unspent, Count):  # counted in the commit that ends the turn (the caller's)
+                    self._uncounted[turn.id] = unspent
+                else:
+                    await self._write_alone(unspent)
                 return content
             await self.store.add_message(
                 session_id,

@@ -18,19 +18,17 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, ClassVar
-
-from sqlmodel import Session
 
 from core.clock import Clock
 from core.errors import BudgetExhausted
 from core.events import Event, EventBus
 from core.model import CAP_RISK, EVENT_PREFIX, ApprovalStatus
 from core.providers import Completion
-from core.store.usage import Spent, Totals, UsageKey, UsageStore
+from core.store.usage import Count, Spent, Totals, UsageKey, UsageStore
 from core.tools import SUBAGENT_CANNOT_ASK, ToolContext
 
 if TYPE_CHECKING:
@@ -246,13 +244,13 @@ class SpendingCaps:
         return spent
 
     def count(self, ctx: ToolContext, agent: str, model: str, reply: Completion, *, estimated_input: int,
-              estimated_output: int, thread: str | None) -> Callable[[Session], None]:
+              estimated_output: int, thread: str | None) -> Count:
         """The write that counts one call, for the transaction of the step it wrote (the runner's)."""
         spent = self.spent(model, reply, estimated_input=estimated_input, estimated_output=estimated_output)
         return self._counting(ctx, agent, model, spent, thread)
 
     def _counting(self, ctx: ToolContext, agent: str, model: str, spent: Spent,
-                  thread: str | None) -> Callable[[Session], None]:
+                  thread: str | None) -> Count:
         key = UsageKey(_days(self.clock.now())[0], agent, person_of(ctx))
         if self.bus is not None and ctx.session is not None:  # /metrics: this process's counters
             self.bus.emit(ModelSpent(ctx.session, agent, model, spent.input_tokens, spent.output_tokens,

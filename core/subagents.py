@@ -160,7 +160,8 @@ class SubAgents:
         switch = self.runner.unsaved_switch(turn_id)
         write = self.runner.store.finish_turn(turn_id, status=status, answer=answer, error=error,
                                               now=self.clock.now(), answer_message=answer is not None,
-                                              then=self.runner.models.unstored(switch) if switch else None)
+                                              then=self.runner.models.unstored(switch) if switch else None,
+                                              count=self.runner.uncounted(turn_id))
         await asyncio.shield(write)
         if switch is not None:
             self.runner.models.stored(switch)

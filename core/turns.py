@@ -316,6 +316,7 @@ class TurnDrivers:
             await self._finish(turn, answer)
         finally:
             self.runner.unsaved_switch(turn.id)  # one its end did not store (it failed, or was interrupted) is dropped
+            await self.runner.count_alone(turn.id)  # a call is counted, even when its turn's end was not stored
             driver.turn = driver.turn_id = driver.cancel_turn_id = driver.hold = None
             if self.waiters.any_for(turn.input_ids) or driver.steered:  # steered inputs joined the turn late
                 final = await self.conversations.turn_info(turn.id)
@@ -396,7 +397,8 @@ class TurnDrivers:
         # A turn that took nothing at its tool steps holds the inputs it started with: not read again.
         known = turn if driver is not None and not driver.steered else None
         final = await self.conversations.finish_turn(turn.id, **how, then=store_switch, known=known,
-                                                     give_back=lease.releaser() if lease else None)
+                                                     give_back=lease.releaser() if lease else None,
+                                                     count=self.runner.uncounted(turn.id))
         if lease is not None:
             lease.ended()
         if switch is not None:

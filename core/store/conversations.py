@@ -39,6 +39,7 @@ from core.store.tables import (
     SessionRow,
     TurnRow,
 )
+from core.store.usage import Count
 from core.text import clean_text
 
 _turns = TurnRow.__table__  # type: ignore[attr-defined]
@@ -106,7 +107,7 @@ class ConversationStore:
         self, turn_id: int, *, status: str, answer: str | None, error: str | None, now: datetime,
         outbox: OutboxClaim | None = None, answer_message: bool = False,
         then: Callable[[Session], object] | None = None, known: TurnInfo | None = None,
-        give_back: GiveBack | None = None,
+        give_back: GiveBack | None = None, count: Count | None = None,
     ) -> TurnInfo:
         """Record how the turn ended; returns it with every input it took (for the events). With ``outbox``
         (the session's channel delivers answers), a finished turn's answer goes into the outbox in the same
@@ -115,8 +116,9 @@ class ConversationStore:
         ``give_back``: the session's lease goes back in the same transaction unless a message waits (what that did:
         ``give_back.given_back``, once this returns). ``then`` runs last in the same transaction (a model switch
         stored). ``known``: the turn as it started, when it has taken no input since (its inputs are not read again:
-        one round trip less). On PostgreSQL, with ``known`` and no ``then``, the end is one statement, run alone
-        (autocommit: committed when the server answers, in one round trip instead of three)."""
+        one round trip less). ``count``: the turn's last model call's usage, counted in the same commit. On
+        PostgreSQL, with ``known`` and no ``then`` (and a count with no thread budget), the end is one statement, run
+        alone (autocommit: committed when the server answers, in one round trip instead of three)."""
         # An error may quote what a model endpoint said: stored text never holds NUL.
         stored_answer = clean_text(answer) if answer is not None else None
         stored_error = clean_text(error) if error is not None else None
@@ -125,18 +127,23 @@ class ConversationStore:
         # A finished turn without an answer (one that stayed silent: core.listening) has nothing to deliver.
         claim = outbox if outbox is not None and status == TurnStatus.FINISHED and answer is not None else None
 
-        # PostgreSQL: the writes below, and the lease's release, are one statement
-        statement = st.turn_end(write_message, claim is not None, give_back is not None)
+        # PostgreSQL: the writes below, the lease's release and the last call's count are one statement
+        alone = not self.db.is_sqlite and known is not None and then is None and (count is None or count.foldable)
+        folded = count if alone else None
+        if count is not None and folded is None:
+            then = _both(then, count)
+        statement = st.turn_end(write_message, claim is not None, give_back is not None, count=folded is not None)
         params = dict(b_turn=turn_id, e_status=status, e_answer=stored_answer, e_error=stored_error, e_now=now,
                       e_session_status=session_status,
                       **({"o_until": claim.until, "o_holder": claim.holder} if claim is not None else {}),
-                      **(give_back.params() if give_back is not None else {}))
+                      **(give_back.params() if give_back is not None else {}),
+                      **(folded.params("u_") if folded is not None else {}))
 
         def ended(row: Row[Any]) -> None:
             if give_back is not None:
                 give_back.given_back = bool(row.lease_released) or not row.lease_held
 
-        if not self.db.is_sqlite and known is not None and then is None:
+        if alone and known is not None:
             rows = await self.db.run_alone(statement, params)
             if not rows:
                 raise NoResultFound(f"no turn {turn_id}")
@@ -466,3 +473,16 @@ async def _cancel_requests_of(s: AsyncSession, turn_ids: list[int], now: datetim
         await s.exec(update(table).where(col(table.id).in_(pending)).values(**values))
         for request_id in pending:
             s.add(audit_row(now, "system", f"{kind}.cancelled", f"{kind}:{request_id}", {"reason": reason}))
+
+
+def _both(first: Callable[[Session], object] | None,
+          second: Callable[[Session], object]) -> Callable[[Session], object]:
+    """Two writes of one transaction, in order."""
+    if first is None:
+        return second
+
+    def work(s: Session) -> None:
+        first(s)
+        second(s)
+
+    return work

@@ -28,6 +28,7 @@ from core.store.tables import (
     SecretRow,
     SessionRow,
     TurnRow,
+    UsageRow,
 )
 
 sessions = SessionRow.__table__  # type: ignore[attr-defined]
@@ -38,6 +39,7 @@ deliveries = DeliveryRow.__table__  # type: ignore[attr-defined]
 control = ControlRow.__table__  # type: ignore[attr-defined]
 processed = ProcessedEventRow.__table__  # type: ignore[attr-defined]
 secrets = SecretRow.__table__  # type: ignore[attr-defined]
+usage = UsageRow.__table__  # type: ignore[attr-defined]
 leases = LeaseRow.__table__  # type: ignore[attr-defined]
 
 WAITING_READ = 500  # waiting inputs read at once (a batch never holds more)
@@ -173,14 +175,16 @@ def secrets_fingerprint(s: Any) -> tuple[object, ...]:
 
 
 @functools.cache
-def turn_end(answer_message: bool, outbox: bool, give_back: bool = False) -> Select[Any]:
+def turn_end(answer_message: bool, outbox: bool, give_back: bool = False, count: bool = False) -> Select[Any]:
     """PostgreSQL: a turn's end as one statement (issue 39), in the transaction ``finish_turn`` opens: the turn's
     status, the session's (its row returned, with the turn's ``input_message_id``), and with ``answer_message`` the
     answer in the transcript, with ``outbox`` its outbox row claimed by ``o_holder`` until ``o_until``. SQLite has
     no INSERT or UPDATE inside WITH: there they are statements of their own (core.store.conversations).
     With ``give_back``, the session's lease (``l_name``, ``l_holder``, ``l_session``) is given back in it too unless a
     message of the session waits (core.store.leases.RELEASE_IF_IDLE's rule): ``lease_held`` says whether the holder
-    held it (its row locked first, so a takeover committed meanwhile is seen), ``lease_released`` whether it went."""
+    held it (its row locked first, so a takeover committed meanwhile is seen), ``lease_released`` whether it went.
+    With ``count``, the turn's last model call is added to its usage row (``u_``-prefixed ``core.store.usage``
+    values, the same upsert as ``UsageStore``'s)."""
     now = bindparam("e_now", type_=turns.c.finished_at.type)
     answer = bindparam("e_answer", type_=turns.c.answer.type)
     turn_id = bindparam("b_turn", type_=turns.c.id.type)
@@ -205,6 +209,8 @@ def turn_end(answer_message: bool, outbox: bool, give_back: bool = False) -> Sel
                    bindparam("o_holder", type_=deliveries.c.claimed_by.type), now, literal(False), literal(0)),
             include_defaults=False,
         ).cte("outbox"))
+    if count:
+        writes.append(_counted())
     lease_columns = []
     if give_back:
         mine = (select(leases.c.name).where(leases.c.name == bindparam("l_name", type_=leases.c.name.type),
@@ -218,6 +224,21 @@ def turn_end(answer_message: bool, outbox: bool, give_back: bool = False) -> Sel
                          select(func.count()).select_from(released).scalar_subquery().label("lease_released")]
     found = select(*session.c, ended.c.input_message_id, *lease_columns).select_from(session.join(ended, true()))
     return found.add_cte(*writes) if writes else found
+
+
+def _counted() -> Any:
+    """The usage upsert of ``core.store.usage.UsageStore`` as a CTE, its values ``u_``-prefixed."""
+    added = postgresql.insert(usage).values(
+        day=bindparam("u_day"), agent=bindparam("u_agent"), person=bindparam("u_person"), calls=1,
+        input_tokens=bindparam("u_input_tokens"), output_tokens=bindparam("u_output_tokens"),
+        cost_micros=bindparam("u_cost_micros"), unpriced_calls=bindparam("u_unpriced"))
+    return added.on_conflict_do_update(
+        index_elements=[usage.c.day, usage.c.agent, usage.c.person],
+        set_={"calls": usage.c.calls + 1,
+              "input_tokens": usage.c.input_tokens + added.excluded.input_tokens,
+              "output_tokens": usage.c.output_tokens + added.excluded.output_tokens,
+              "cost_micros": usage.c.cost_micros + added.excluded.cost_micros,
+              "unpriced_calls": usage.c.unpriced_calls + added.excluded.unpriced_calls}).cte("counted")
 
 
 # PostgreSQL: a turn's start (issue 39). The turn is inserted and its session marked running in one statement;

@@ -3,7 +3,6 @@ upsert (exact on PostgreSQL too, where two replicas may count for the same agent
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +17,31 @@ _sessions = SessionRow.__table__  # type: ignore[attr-defined]
 # The thread budget's count (core.budget), written in the same transaction as the usage row.
 _THREAD_SPEND = update(_sessions).where(_sessions.c.id == bindparam("b_session")).values(
     tokens_used=_sessions.c.tokens_used + bindparam("b_tokens"))
+
+
+@dataclass(frozen=True)
+class Count:
+    """One model call's count: a write for a transaction that writes more (called with its session), or, on
+    PostgreSQL with no thread budget to add to, a part of the turn end's own statement (``params(prefix)``,
+    ``core.store.statements.turn_end``): a turn's last call is counted in the commit that ends it, no trip more."""
+
+    statement: Any
+    values: dict[str, Any]
+    thread: str | None  # the thread whose budget it also adds to (core.budget)
+    tokens: int
+
+    def __call__(self, s: Session) -> None:
+        conn = s.connection()
+        if self.thread is not None:
+            conn.execute(_THREAD_SPEND, {"b_session": self.thread, "b_tokens": self.tokens})
+        conn.execute(self.statement, self.values)
+
+    @property
+    def foldable(self) -> bool:
+        return self.thread is None
+
+    def params(self, prefix: str) -> dict[str, Any]:
+        return {f"{prefix}{name}": value for name, value in self.values.items()}
 
 
 @dataclass(frozen=True)
@@ -82,20 +106,13 @@ class UsageStore:
     async def add(self, key: UsageKey, spent: Spent, *, thread: str | None = None) -> None:
         await self.db.run_write(self.adding(key, spent, thread=thread))
 
-    def adding(self, key: UsageKey, spent: Spent, *, thread: str | None = None) -> Callable[[Session], None]:
+    def adding(self, key: UsageKey, spent: Spent, *, thread: str | None = None) -> Count:
         """The write that counts one call under ``key`` (for a transaction that writes more: the step's message);
         ``thread``: it also adds the call's tokens to that thread's budget count."""
         params = {"day": key.day, "agent": key.agent, "person": key.person, "input_tokens": spent.input_tokens,
                   "output_tokens": spent.output_tokens, "cost_micros": spent.cost_micros or 0,
                   "unpriced": 1 if spent.cost_micros is None else 0}
-
-        def work(s: Session) -> None:
-            conn = s.connection()
-            if thread is not None:
-                conn.execute(_THREAD_SPEND, {"b_session": thread, "b_tokens": spent.tokens})
-            conn.execute(self._add, params)
-
-        return work
+        return Count(self._add, params, thread, spent.tokens)
 
     async def totals(self, *, day: str, month_start: str, agent: str, person: str) -> Totals:
         """The agent's and the person's sums that the caps compare against, in one query."""
