@@ -1,0 +1,79 @@
+"""Issue 40, outside attack, part A: who may approve. Each test is an attack that must be refused: approving one's own
+request by another route (a user group, Approve all, Edit, a grant button, a quorum vote), replaying a step-up or an
+enrolment link, editing a call into one that acts with someone's credential or connection, and forged Slack payloads.
+Through the real Slack app (and the web chat) over HTTP against tests/fakes, in-process."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from tests.audit import audit_log
+from tests.conftest import GatewayClient
+from tests.fakes.llm import FakeLLM, Reply
+from tests.fakes.slack_api import Call, FakeSlack
+from tests.slack_requests import block_action, mention, view_submission
+
+ORIGIN = "http://localhost"
+_LINK = re.compile(r"http://localhost/passkeys/step-up/[A-Za-z0-9_-]+")
+
+
+async def _start(make_settings: Any, start_gateway: Any, tmp_path: Path, rules: str = "",
+                 **settings: Any) -> GatewayClient:
+    config = tmp_path / "bot.toml"
+    config.write_text(rules)
+    gateway: GatewayClient = await start_gateway(make_settings(bot_config=config, **settings))
+    return gateway
+
+
+async def _card(gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM, reply: Reply,
+                user: str = "U1") -> Call:
+    fake_llm.then(reply)
+    await gateway.send_event(mention("do these", user=user))
+    [card] = await fake_slack.wait_for("chat.postMessage")
+    return card
+
+
+def _calls(card: Call) -> dict[str, list[str]]:
+    """Each call's request id → its buttons' labels, in order."""
+    return {b["block_id"].split(":")[1]: [e["text"]["text"] for e in b["elements"]]
+            for b in card.params["blocks"] if b["type"] == "actions" and b["block_id"].startswith("approval:")}
+
+
+async def _edit(gateway: GatewayClient, request_id: str, arguments: str, user: str = "U1") -> dict[str, Any]:
+    response = await gateway.interact(view_submission("approval_edit", request_id, {
+        "arguments": {"json": {"type": "plain_text_input", "value": arguments}}}, user=user))
+    assert response.status == 200
+    text = await response.text()
+    return json.loads(text) if text else {}
+
+
+async def _told(fake_slack: FakeSlack, count: int) -> str:
+    return str((await fake_slack.wait_for("chat.postEphemeral", count))[count - 1].params["text"])
+
+
+# -- editing a call into one that acts with someone's credential ---------------------------------------------------
+
+async def test_an_http_request_through_a_persons_connection_is_never_edited(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """``connection`` sends the requester's own OAuth token: an approver's edit would spend it on a request the
+    requester never asked for (another path, method or body), as them. Like ``credential``, it is never edited."""
+    gateway = await _start(make_settings, start_gateway, tmp_path)
+    asked = {"method": "GET", "url": "https://api.github.com/user", "connection": "github"}
+    card = await _card(gateway, fake_slack, fake_llm, Reply(tool_calls=[
+        ("http_request", asked), ("http_request", {"method": "GET", "url": "https://example.com/"})]))
+    with_connection, plain = _calls(card)
+    assert "Edit" not in _calls(card)[with_connection] and "Edit" in _calls(card)[plain]
+    answer = await _edit(gateway, with_connection, json.dumps(
+        {**asked, "method": "DELETE", "url": "https://api.github.com/repos/acme/prod"}))
+    assert answer.get("response_action") == "errors" and "credential" in answer["errors"]["arguments"]
+    # Nor may an edit add one: the approver would act with the requester's token.
+    answer = await _edit(gateway, plain, json.dumps(
+        {"method": "GET", "url": "https://example.com/", "connection": "github"}))
+    assert answer.get("response_action") == "errors" and "credential" in answer["errors"]["arguments"]
+    for request_id in (with_connection, plain):
+        current = await gateway.app.approvals.get(int(request_id))
+        assert current is not None and not current.settled and current.edited_arguments is None
