@@ -313,8 +313,14 @@ EDIT_MAX_CHARS = 3_000  # what an approval's edit box holds (Slack's plain_text_
 
 def carries_credential(args: dict[str, Any]) -> bool:
     """Whether a call names a credential to use (shell_run ``credentials``, http_request ``credential``, any tool's
-    argument so named): such a call is never edited (an edit could send the credential somewhere else)."""
-    return any("credential" in str(key).lower() and value not in (None, "", [], {}) for key, value in args.items())
+    argument so named) or a connection whose token it sends (http_request ``connection``: the requester's own OAuth
+    token): such a call is never edited (an edit could send the credential somewhere else, or act as the requester
+    on a request they never made)."""
+    return any(any(word in str(key).lower() for word in _CREDENTIAL_WORDS) and value not in (None, "", [], {})
+               for key, value in args.items())
+
+
+_CREDENTIAL_WORDS = ("credential", "connection")
 
 
 class CredentialStatus(enum.StrEnum):
