@@ -10,6 +10,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from mcp_types import CallToolResult, TextContent
+from mcp_types import Tool as McpTool
+
+from bot.mcp.servers import McpServer
+from bot.mcp.spec import McpServerSpec
+from bot.mcp.tools import Access, server_tools
+from core.tools import ToolContext
 from tests.audit import audit_log
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
@@ -77,3 +84,54 @@ async def test_an_http_request_through_a_persons_connection_is_never_edited(
     for request_id in (with_connection, plain):
         current = await gateway.app.approvals.get(int(request_id))
         assert current is not None and not current.settled and current.edited_arguments is None
+    assert not fake_slack.of("views.open")
+
+
+class _ListedServer(McpServer):
+    """An MCP server already listed (never started here): what the bot registers from a real one's listing."""
+
+    def __init__(self, spec: McpServerSpec) -> None:
+        super().__init__(spec)
+        self.tools = [McpTool(name="create_issue", input_schema={
+            "type": "object", "properties": {"repo": {"type": "string"}, "title": {"type": "string"}}})]
+
+    async def start(self, timeout_s: float, headers: Any = None) -> None:
+        return None
+
+    async def call(self, tool: str, args: dict[str, Any], headers: Any) -> CallToolResult:
+        return CallToolResult(content=[TextContent(type="text", text="created")])
+
+
+async def _no_audit(_ctx: ToolContext, _tool: str, _detail: dict[str, Any]) -> None:
+    return None
+
+
+async def test_a_call_to_an_mcp_server_that_sends_a_credential_or_a_connection_is_never_edited(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """Every call to such a server carries its token (a stored credential, the requester's own connection, or the
+    credentials a stdio server was started with), whatever its arguments say: an edit would spend it elsewhere."""
+    gateway = await _start(make_settings, start_gateway, tmp_path)
+    registry = gateway.app.dispatcher.runner.tools
+    specs = [McpServerSpec(name="ghc", url="https://mcp.example.com/mcp", credential="gh.token"),
+             McpServerSpec(name="ghp", url="https://mcp.example.com/mcp", connection="github"),
+             McpServerSpec(name="ghe", command=("gh-mcp",), env=("gh.token",)),
+             McpServerSpec(name="plain", url="https://mcp.example.com/mcp")]
+    for spec in specs:
+        server = _ListedServer(spec)
+        for tool in server_tools(server, Access(server, None, None), _no_audit):
+            registry.register(tool)
+    asked = {"repo": "acme/docs", "title": "typo"}
+    card = await _card(gateway, fake_slack, fake_llm, Reply(tool_calls=[
+        (f"{spec.name}__create_issue", asked) for spec in specs]))
+    *credentialed, plain = _calls(card)
+    assert "Edit" in _calls(card)[plain]
+    for told, request_id in enumerate(credentialed, start=1):
+        # The card cannot know the server's entry (its Edit button stays); core refuses the click and the box.
+        await gateway.interact(block_action("approval:edit", request_id, user="U1"))
+        assert "uses a credential" in await _told(fake_slack, told)
+        answer = await _edit(gateway, request_id, json.dumps({**asked, "repo": "acme/prod"}))
+        assert answer.get("response_action") == "errors" and "credential" in answer["errors"]["arguments"]
+        current = await gateway.app.approvals.get(int(request_id))
+        assert current is not None and not current.settled and current.edited_arguments is None
+    assert not fake_slack.of("views.open")
