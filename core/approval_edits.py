@@ -184,7 +184,8 @@ class ApprovalEdits:
         if request.quorum > 1:
             return (f"This call needs {request.quorum} approvers; an edit is one person's decision, so it can't be "
                     "edited. Deny it and ask for the call you want instead.")
-        if carries_credential(request.arguments):
+        tool = self.tools.get(request.tool)
+        if carries_credential(request.arguments) or (tool is not None and tool.sends_credential):
             return "A call that uses a credential can't be edited."
         if self.masks is not None:
             shown = json.dumps(request.arguments, ensure_ascii=False)
