@@ -135,3 +135,41 @@ async def test_a_call_to_an_mcp_server_that_sends_a_credential_or_a_connection_i
         current = await gateway.app.approvals.get(int(request_id))
         assert current is not None and not current.settled and current.edited_arguments is None
     assert not fake_slack.of("views.open")
+
+
+# -- step-up through Approve all ---------------------------------------------------------------------------------
+
+async def test_approve_all_of_step_up_calls_tells_the_approver_how_to_confirm_each_and_counts_none(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """Approve all goes through each call's own rule: a step_up call counts only after the passkey, so the clicker
+    must be given each call's one-time link (or told how to enrol), never left with nothing said."""
+    from tests.test_step_up import PasskeyBrowser, _enrolled
+
+    rule = '[[policies]]\ntool = "shell_run"\napprovers = ["U7", "U8"]\nstep_up = true\ntimeout_s = 3600\n'
+    gateway = await _start(make_settings, start_gateway, tmp_path, rule, bot_public_url=ORIGIN)
+    browser = PasskeyBrowser(gateway)
+    try:
+        key = await _enrolled(gateway, browser, "slack:U7")
+        card = await _card(gateway, fake_slack, fake_llm, Reply(tool_calls=[
+            ("shell_run", {"command": "echo stepped-1"}), ("shell_run", {"command": "echo stepped-2"})]))
+        first, second = _calls(card)
+        await gateway.interact(block_action("approval_batch:approve", first, user="U8"))  # no passkey yet
+        told = await _told(fake_slack, 1)
+        assert "bot approvers enroll slack:U8" in told and f"request {first}" in told and f"request {second}" in told
+        await gateway.interact(block_action("approval_batch:approve", first, user="U7"))
+        told = await _told(fake_slack, 2)
+        links = _LINK.findall(told)
+        assert len(links) == 2 and told.index(f"request {first}") < told.index(f"request {second}")
+        for request_id in (first, second):
+            current = await gateway.app.approvals.get(int(request_id))
+            assert current is not None and not current.settled and current.approved_by == ()
+        fake_llm.then(Reply("done"))
+        for link in links:
+            status, done = await browser.post(link, "finish", {"credential": key.get(await browser.options(link))})
+            assert status == 200 and "Approved by U7" in done["message"], done
+        await fake_slack.wait_for("chat.postMessage", 2)
+        await gateway.idle()
+        assert len(fake_llm.requests) == 2
+    finally:
+        await browser.close()
