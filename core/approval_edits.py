@@ -55,6 +55,9 @@ class BatchDecision:
         for r in voted:
             assert r.request is not None
             lines.append(f"Request {r.request.id} needs more approvers: {r.request.progress()}.")
+        # A step_up call counts only once confirmed with a passkey: its one-time link (or how to enrol), which only
+        # the clicker is told, each naming its request.
+        lines += [r.step_up for r in self.results if r.step_up is not None and r.request is not None]
         if not self.results:
             lines.append("Every call of this card was already settled.")
         return " ".join(lines)
