@@ -5,6 +5,7 @@ Through the real Slack app (and the web chat) over HTTP against tests/fakes, in-
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -173,3 +174,83 @@ async def test_approve_all_of_step_up_calls_tells_the_approver_how_to_confirm_ea
         assert len(fake_llm.requests) == 2
     finally:
         await browser.close()
+
+
+# -- approving one's own request by another route -------------------------------------------------------------------
+
+async def test_an_asker_in_the_approving_group_cannot_approve_their_calls_by_any_button(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """U1 asks and is in S1, the rule's approvers: Approve, Allow in this thread, Always allow, Approve all and Edit
+    are each refused (and audited); a forged Approve of another thread's request is refused too. U5 of S1 may."""
+    fake_slack.groups["S1"] = ["U1", "U5"]
+    gateway = await _start(make_settings, start_gateway, tmp_path,
+                           '[[policies]]\ntool = "shell_run"\napprovers = ["S1"]\nself_approval = false\n'
+                           'grant_ttl_s = 600\n')
+    card = await _card(gateway, fake_slack, fake_llm, Reply(tool_calls=[
+        ("shell_run", {"command": "echo mine-1"}), ("shell_run", {"command": "echo mine-2"})]))
+    first, second = _calls(card)
+    assert "Allow in this thread" in _calls(card)[first] and "Edit" in _calls(card)[first]
+    refused = "it needs someone other than you"
+    told = 0
+    for action in ("approval:approve", "approval:thread", "approval:always", "approval_batch:approve",
+                   "approval:edit"):
+        await gateway.interact(block_action(action, first, user="U1"))
+        told += 1
+        assert refused in await _told(fake_slack, told), action
+    assert refused in (await _edit(gateway, second, '{"command": "echo edited-by-asker"}'))["errors"]["arguments"]
+    assert not fake_slack.of("views.open")
+    for request_id in (first, second):
+        current = await gateway.app.approvals.get(int(request_id))
+        assert current is not None and not current.settled and current.approved_by == ()
+    assert not await gateway.app.approvals.grants()
+    audit = await audit_log(gateway.app.approvals.store.db)
+    assert {a.actor for a in audit if a.action == "approval.self_refused"} == {"U1"}
+
+    fake_llm.then(Reply("both ran"))
+    await gateway.interact(block_action("approval_batch:approve", first, user="U5"))
+    await fake_slack.wait_for("chat.postMessage", 2)
+    await gateway.idle()
+    assert len(fake_llm.requests) == 2
+
+
+async def test_a_forged_click_or_edit_naming_another_requesters_call_decides_nothing(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """Approvers are ``requester`` (the default): U1 may decide U1's calls only. Button values and modal metadata
+    naming U2's request in another thread (or a web chat request, or carrying a step-up link) decide nothing."""
+    gateway = await _start(make_settings, start_gateway, tmp_path)
+    await _card(gateway, fake_slack, fake_llm, Reply(tool_calls=[("shell_run", {"command": "echo u2-asked"})]),
+                user="U2")
+    theirs = str((await fake_slack.wait_for("chat.postMessage"))[0].params["blocks"][-1]["elements"][0]["value"])
+    for told, action in enumerate(("approval:approve", "approval:always", "approval_batch:approve", "approval:edit"),
+                                  start=1):
+        await gateway.interact(block_action(action, theirs, user="U1"))
+        assert "not one of its approvers" in await _told(fake_slack, told), action
+    answer = await _edit(gateway, theirs, '{"command": "echo u1-instead"}')
+    assert "not one of its approvers" in answer["errors"]["arguments"]
+    # An id with something after it (e.g. a step-up link's token) is no request id at all.
+    await gateway.interact(block_action("approval:approve", f"{theirs}/passkeys/step-up/abc", user="U2"))
+    assert "does not belong to an approval request" in await _told(fake_slack, 5)
+    current = await gateway.app.approvals.get(int(theirs))
+    assert current is not None and not current.settled and current.edited_arguments is None
+
+    # A web chat request is no Slack request: its id in a Slack payload is unknown.
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo web-asked"})]))
+    cid = "0123456789abcdef0123456789abcdef"
+    async with gateway.http.post(f"{gateway.base}/api/conversations/{cid}/messages", data=json.dumps(
+            {"text": "run it"}), headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status < 300
+    web_request = None
+    for _ in range(200):
+        pending = [p for p in await gateway.app.approvals.pending() if p.session.channel == "web"]
+        if pending:
+            web_request = pending[0]
+            break
+        await asyncio.sleep(0.02)
+    assert web_request is not None
+    answer = await _edit(gateway, str(web_request.id), '{"command": "echo from-slack"}', user="U2")
+    assert "no such approval request" in answer["errors"]["arguments"]
+    await gateway.interact(block_action("approval:approve", str(web_request.id), user="U2"))
+    assert "does not exist" in await _told(fake_slack, 6)
+    assert not (await gateway.app.approvals.get(web_request.id)).settled  # type: ignore[union-attr]
