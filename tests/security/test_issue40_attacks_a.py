@@ -254,3 +254,45 @@ async def test_a_forged_click_or_edit_naming_another_requesters_call_decides_not
     await gateway.interact(block_action("approval:approve", str(web_request.id), user="U2"))
     assert "does not exist" in await _told(fake_slack, 6)
     assert not (await gateway.app.approvals.get(web_request.id)).settled  # type: ignore[union-attr]
+
+
+# -- editing a call into a forbidden one ------------------------------------------------------------------------------
+
+async def test_an_edit_into_a_stricter_rule_or_into_json_read_another_way_is_refused(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """The asker (an approver of calls no rule decides) edits a plain call into calls stricter rules ask for (other
+    approvers, a quorum, a passkey) or deny, behind `;`, duplicate keys, unreadable numbers or deep nesting."""
+    rules = ('[[policies]]\ntool = "shell_run"\nmatch = "rm *"\naction = "deny"\n'
+             '[[policies]]\ntool = "shell_run"\nmatch = "deploy *"\napprovers = ["U7"]\n'
+             '[[policies]]\ntool = "shell_run"\nmatch = "migrate *"\napprovers = ["U1", "U7"]\nquorum = 2\n'
+             '[[policies]]\ntool = "shell_run"\nmatch = "rotate *"\napprovers = ["U1"]\nstep_up = true\n')
+    gateway = await _start(make_settings, start_gateway, tmp_path, rules, bot_public_url=ORIGIN)
+    card = await _card(gateway, fake_slack, fake_llm, Reply(tool_calls=[("shell_run", {"command": "echo plain"})]))
+    [request_id] = _calls(card)
+    refusals = {
+        '{"command": "deploy prod"}': "falls under rule 2",
+        '{"command": "migrate prod"}': "falls under rule 3",
+        '{"command": "rotate keys"}': "falls under rule 4",
+        '{"command": "echo ok; deploy prod"}': "rule",
+        '{"command": "echo ok", "command": "rm -rf /srv"}': "policy refuses the edited call",  # the last key wins
+        '{"command": "echo ok", "timeout_s": 1e999}': "Not accepted",
+        '{"command": "echo ' + "9" * 7000 + '"}': "too long",
+        '{"command": ' + "[" * 2000 + "]" * 2000 + "}": "Not accepted",
+        '{"command": "echo ok", "credentials": ["gh.token"]}': "credential",
+        '{"command": "echo ok", "connection": "github"}': "Not accepted",  # no such argument of shell_run
+    }
+    for text, why in refusals.items():
+        answer = await _edit(gateway, request_id, text)
+        assert answer.get("response_action") == "errors" and why in answer["errors"]["arguments"], (text, answer)
+    current = await gateway.app.approvals.get(int(request_id))
+    assert current is not None and not current.settled and current.edited_arguments is None
+
+    # What the policies saw is what is stored and what runs: the object as parsed (the last of duplicate keys).
+    fake_llm.then(Reply("ran"))
+    assert await _edit(gateway, request_id, '{"command": "rm -rf /srv", "command": "echo last-wins"}') == {}
+    await gateway.idle()
+    current = await gateway.app.approvals.get(int(request_id))
+    assert current is not None and current.edited_arguments == {"command": "echo last-wins"}
+    ran = [str(m["content"]) for m in fake_llm.requests[1]["messages"] if m["role"] == "tool"]
+    assert "last-wins" in ran[0] and "rm -rf" not in ran[0].split("instead of yours")[-1]
