@@ -296,3 +296,64 @@ async def test_an_edit_into_a_stricter_rule_or_into_json_read_another_way_is_ref
     assert current is not None and current.edited_arguments == {"command": "echo last-wins"}
     ran = [str(m["content"]) for m in fake_llm.requests[1]["messages"] if m["role"] == "tool"]
     assert "last-wins" in ran[0] and "rm -rf" not in ran[0].split("instead of yours")[-1]
+
+
+# -- replaying step-up and enrolment links ------------------------------------------------------------------------------
+
+async def test_enrolment_and_step_up_links_are_each_one_use_of_one_kind_and_a_passkey_makes_nobody_an_approver(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    from tests.passkey_authenticator import SoftAuthenticator
+    from tests.test_step_up import PasskeyBrowser, _enrolled
+
+    rule = '[[policies]]\ntool = "shell_run"\napprovers = ["U7"]\nstep_up = true\ntimeout_s = 3600\n'
+    gateway = await _start(make_settings, start_gateway, tmp_path, rule, bot_public_url=ORIGIN)
+    passkeys = gateway.app.approvals.passkeys
+    assert passkeys is not None
+    browser = PasskeyBrowser(gateway)
+    try:
+        # An enrolment link works once: a second passkey (someone who saw the link later) is refused.
+        link, _expires = await passkeys.enrol_link("slack:U7", by="operator:test")
+        mine = SoftAuthenticator(ORIGIN)
+        status, body = await browser.enrol(link, mine)
+        assert status == 200, body
+        status, _page, _headers = await browser.open(link)
+        assert status == 410
+        status, body = await browser.post(link, "finish", {"credential": {"id": "x", "response": {}}})
+        assert status in (403, 410)  # its page's form token went with the first use, and the link with it
+        # A passkey makes nobody an approver: U9's Approve is refused before any link is made.
+        await _enrolled(gateway, browser, "slack:U9")
+        card = await _card(gateway, fake_slack, fake_llm, Reply(tool_calls=[("shell_run", {"command": "echo up"})]))
+        [request_id] = _calls(card)
+        await gateway.interact(block_action("approval:approve", request_id, user="U9"))
+        told = await _told(fake_slack, 1)
+        assert "not one of its approvers" in told and "/passkeys/" not in told
+        # U7's step-up link is no enrolment link (nor the other way round).
+        await gateway.interact(block_action("approval:approve", request_id, user="U7"))
+        found = _LINK.search(await _told(fake_slack, 2))
+        assert found is not None
+        step_up = found.group(0)
+        status, _page, _headers = await browser.open(step_up.replace("/step-up/", "/enrol/"))
+        assert status == 410
+        other, _expires = await passkeys.enrol_link("slack:U7", by="operator:test")
+        status, _page, _headers = await browser.open(other.replace("/enrol/", "/step-up/"))
+        assert status == 410
+        # A confirmation captured from one link does not confirm on the next (its challenge is the old link's).
+        captured = mine.get(await browser.options(step_up))
+        fake_llm.then(Reply("done"))
+        await gateway.interact(block_action("approval:approve", request_id, user="U7"))
+        found = _LINK.search(await _told(fake_slack, 3))
+        assert found is not None and found.group(0) != step_up
+        await browser.options(found.group(0))
+        status, body = await browser.post(found.group(0), "finish", {"credential": captured})
+        assert status == 409 and "could not be verified" in body["message"], body
+        current = await gateway.app.approvals.get(int(request_id))
+        assert current is not None and not current.settled and current.approved_by == ()
+        # The first link, confirmed properly, still works once.
+        await browser.open(step_up)
+        status, body = await browser.post(step_up, "finish", {"credential": mine.get(await browser.options(step_up))})
+        assert status == 200 and "Approved by U7" in body["message"], body
+        status, body = await browser.post(step_up, "finish", {"credential": captured})
+        assert status in (403, 410)
+    finally:
+        await browser.close()
