@@ -357,3 +357,22 @@ async def test_enrolment_and_step_up_links_are_each_one_use_of_one_kind_and_a_pa
         assert status in (403, 410)
     finally:
         await browser.close()
+
+
+async def test_with_self_approval_off_an_approver_cannot_edit_a_call_into_their_own_and_approve_it(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """Four eyes means two people agree on the exact call. An edit is the editor's own call, approved by the editor
+    alone: with self-approval off, nobody edits (Deny, and ask for the call you want, which someone else approves)."""
+    gateway = await _start(make_settings, start_gateway, tmp_path,
+                           '[[policies]]\ntool = "shell_run"\napprovers = ["U7", "U8"]\nself_approval = false\n')
+    card = await _card(gateway, fake_slack, fake_llm, Reply(tool_calls=[("shell_run", {"command": "echo asked"})]))
+    [request_id] = _calls(card)
+    assert _calls(card)[request_id] == ["Approve", "Deny"]
+    await gateway.interact(block_action("approval:edit", request_id, user="U7"))
+    assert "self-approval is off" in await _told(fake_slack, 1)
+    answer = await _edit(gateway, request_id, '{"command": "echo written-by-the-approver"}', user="U7")
+    assert answer.get("response_action") == "errors" and "self-approval is off" in answer["errors"]["arguments"]
+    current = await gateway.app.approvals.get(int(request_id))
+    assert current is not None and not current.settled and current.edited_arguments is None
+    assert not fake_slack.of("views.open")
