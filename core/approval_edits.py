@@ -4,7 +4,8 @@
 ``decide`` (who may decide, quorum, the turn's trust), so each is recorded and settled on its own.
 
 **Edit**: an approver changes a call's arguments and approves the edited call. Core checks it, never the channel:
-the editor may decide; the tool's schema and its own check accept the new arguments; the edited call passes the
+the editor may decide, and self-approval is on (an edited call is the editor's own: with four eyes, never
+approved by them alone); the tool's schema and its own check accept the new arguments; the edited call passes the
 policies again (a deny rule wins); it needs nobody but the editor (never an edit that lowers the bar); no credential
 and no secret value is in either version. The edit is stored with the approval in one commit, audited with both
 versions, and the runner runs the edited arguments.
@@ -28,6 +29,8 @@ from core.tools import DESTINATION_TOOL, Risk, ToolContext, ToolError, ToolRegis
 log = logging.getLogger(__name__)
 
 BATCH_VERDICTS = ("approve", "deny")
+EDIT_IS_OWN = ("This call can't be edited: self-approval is off here, and an edited call would be yours, approved by "
+               "you alone. Approve or deny it as asked; to run something else, ask for it, and someone else approves.")
 
 
 class Masks(Protocol):
@@ -177,6 +180,8 @@ class ApprovalEdits:
         # An edit approves: whatever refuses an approval refuses it (the asker's own, a freeze, a passkey rule).
         if barred(request, by):
             return REFUSED
+        if not request.self_approval:  # the edited call is the editor's own words: four eyes never become two
+            return EDIT_IS_OWN
         if (frozen := await self.broker.frozen_approval(request, by)) is not None:
             return frozen
         if request.step_up:

@@ -271,8 +271,10 @@ class ApprovalInfo:
     @property
     def editable(self) -> bool:
         """Whether **Edit** is offered (issue 40.3; core checks every edit again): a tool call that waits, needs one
-        approver, uses no credential and fits the edit box. Never a budget's Continue or a schedule's destination."""
+        approver, allows self-approval (an edit is the editor's own call), uses no credential and fits the edit box.
+        Never a budget's Continue or a schedule's destination."""
         return (not self.settled and self.risk not in (BUDGET_RISK, CAP_RISK) and not self.step_up
+                and self.self_approval
                 and self.tool != "schedule_destination"
                 and self.quorum <= 1 and not carries_credential(self.arguments)
                 and len(self.edit_text()) <= EDIT_MAX_CHARS)
