@@ -298,7 +298,7 @@ async def test_an_edit_into_a_stricter_rule_or_into_json_read_another_way_is_ref
     assert "last-wins" in ran[0] and "rm -rf" not in ran[0].split("instead of yours")[-1]
 
 
-# -- replaying step-up and enrolment links ------------------------------------------------------------------------------
+# -- replaying step-up and enrolment links ---------------------------------------------------------------------------
 
 async def test_enrolment_and_step_up_links_are_each_one_use_of_one_kind_and_a_passkey_makes_nobody_an_approver(
     make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
