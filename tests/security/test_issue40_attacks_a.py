@@ -376,3 +376,32 @@ async def test_with_self_approval_off_an_approver_cannot_edit_a_call_into_their_
     current = await gateway.app.approvals.get(int(request_id))
     assert current is not None and not current.settled and current.edited_arguments is None
     assert not fake_slack.of("views.open")
+
+
+# -- the operator's word from the CLI -------------------------------------------------------------------------------------
+
+async def test_an_operators_approval_of_a_passkey_or_quorum_rule_is_audited_as_skipping_it(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """`bot approvals approve` settles any request (an operator runs the bot itself); what it skipped of the rule,
+    the passkey and the other votes, is on its audit line as it is for self-approval. Chat offers no such command."""
+    from tests.bot_process import run_cli, slack_env
+
+    rule = ('[[policies]]\ntool = "shell_run"\napprovers = ["U7", "U8"]\nquorum = 2\nstep_up = true\n'
+            'self_approval = false\ntimeout_s = 3600\n')
+    gateway = await _start(make_settings, start_gateway, tmp_path, rule, bot_public_url=ORIGIN, approval_poll_s=0.05)
+    card = await _card(gateway, fake_slack, fake_llm, Reply(tool_calls=[("shell_run", {"command": "echo ops"})]))
+    [request_id] = _calls(card)
+    fake_llm.then(Reply("done"))
+    settings = gateway.app.settings
+    env = slack_env(fake_slack, fake_llm, 0) | {
+        "DATABASE_URL": settings.resolved_database_url, "BOT_HOME": str(settings.bot_home),
+        "BOT_CONFIG": str(settings.bot_config), "BOT_PUBLIC_URL": ORIGIN}
+    code, out = await run_cli(tmp_path, env, "approvals", "approve", request_id)
+    assert code == 0 and "Approved by operator" in out, out
+    await gateway.idle()
+    [approved] = [a for a in await audit_log(gateway.app.approvals.store.db) if a.action == "approval.approved"]
+    assert approved.actor.startswith("operator")
+    detail = json.loads(approved.detail or "{}")
+    assert {k: v for k, v in detail.items() if k.endswith("_exempt")} == {
+        "self_approval_exempt": "operator", "step_up_exempt": "operator", "quorum_exempt": "operator"}, detail
