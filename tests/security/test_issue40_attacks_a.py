@@ -405,3 +405,35 @@ async def test_an_operators_approval_of_a_passkey_or_quorum_rule_is_audited_as_s
     detail = json.loads(approved.detail or "{}")
     assert {k: v for k, v in detail.items() if k.endswith("_exempt")} == {
         "self_approval_exempt": "operator", "step_up_exempt": "operator", "quorum_exempt": "operator"}, detail
+
+
+async def test_a_steered_in_sender_cannot_approve_all_of_the_card_their_words_led_to(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    from tests.fakes.core import until
+    from tests.fakes.llm import Gate
+
+    gateway = await _start(make_settings, start_gateway, tmp_path, bot_self_approval=False,
+                           bot_approvers="U1,U2,U7", queue_mode="steer")
+    gate = Gate(Reply(tool_calls=[("time_now", {})]))
+    fake_llm.then(gate)
+    root = mention("what time is it", user="U1")
+    await gateway.send_event(root)
+    await asyncio.wait_for(gate.reached.wait(), 10)
+    await gateway.send_event(mention("then run both", thread_ts=root["ts"], user="U2"))
+    await until(lambda: len(fake_slack.of("reactions.add")) >= 2, what="the steered message is queued")
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo s-1"}), ("shell_run", {"command": "echo s-2"})]))
+    gate.opened.set()
+    [card] = await fake_slack.wait_for("chat.postMessage")
+    first, second = _calls(card)
+    for told, user in enumerate(("U2", "U1"), start=1):
+        await gateway.interact(block_action("approval_batch:approve", first, user=user))
+        assert "it needs someone other than you" in await _told(fake_slack, told)
+    for request_id in (first, second):
+        current = await gateway.app.approvals.get(int(request_id))
+        assert current is not None and not current.settled and set(current.senders) >= {"U1", "U2"}
+    fake_llm.then(Reply("done"))
+    await gateway.interact(block_action("approval_batch:approve", first, user="U7"))
+    await fake_slack.wait_for("chat.postMessage", 2)
+    await gateway.idle()
+    assert len(fake_llm.requests) == 3
