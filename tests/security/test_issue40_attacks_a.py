@@ -378,7 +378,7 @@ async def test_with_self_approval_off_an_approver_cannot_edit_a_call_into_their_
     assert not fake_slack.of("views.open")
 
 
-# -- the operator's word from the CLI -------------------------------------------------------------------------------------
+# -- the operator's word from the CLI --------------------------------------------------------------------------------
 
 async def test_an_operators_approval_of_a_passkey_or_quorum_rule_is_audited_as_skipping_it(
     make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
