@@ -195,6 +195,9 @@ class ApprovalEdits:
         tool = self.tools.get(request.tool)
         if carries_credential(request.arguments) or (tool is not None and tool.sends_credential):
             return "A call that uses a credential can't be edited."
+        if tool is not None and not tool.editable:
+            return ("This call can't be edited: what it makes stands in the name of the person who asked for it, who "
+                    "never wrote your changes. Deny it, and ask for the call you want instead.")
         if self.masks is not None:
             shown = json.dumps(request.arguments, ensure_ascii=False)
             if await self.masks.redact(shown) != shown:

@@ -102,6 +102,9 @@ class Tool:
     # Every call sends a credential whatever its arguments say (an MCP server's token, the requester's own connection,
     # the credentials a stdio server was started with): an approver never edits such a call (core.approval_edits).
     sends_credential: bool = False
+    # Whether an approver may Edit its call. False where what the call makes stands in the asker's name (a schedule,
+    # whose firings run as its creator; a memory, saved as its writer's): an edit would make them its author.
+    editable: bool = True
 
     def __post_init__(self) -> None:
         problem = schema_problem(self.parameters)
