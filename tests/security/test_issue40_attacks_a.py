@@ -22,7 +22,7 @@ from tests.audit import audit_log
 from tests.conftest import GatewayClient
 from tests.fakes.llm import FakeLLM, Reply
 from tests.fakes.slack_api import Call, FakeSlack
-from tests.slack_requests import block_action, mention, view_submission
+from tests.slack_requests import block_action, command_body, mention, view_submission
 
 ORIGIN = "http://localhost"
 _LINK = re.compile(r"http://localhost/passkeys/step-up/[A-Za-z0-9_-]+")
@@ -392,6 +392,12 @@ async def test_an_operators_approval_of_a_passkey_or_quorum_rule_is_audited_as_s
     gateway = await _start(make_settings, start_gateway, tmp_path, rule, bot_public_url=ORIGIN, approval_poll_s=0.05)
     card = await _card(gateway, fake_slack, fake_llm, Reply(tool_calls=[("shell_run", {"command": "echo ops"})]))
     [request_id] = _calls(card)
+    # From chat, "approve" is no verb of /bot approvals (it lists), whoever types it: the request still waits.
+    for user in ("U1", "U7"):
+        response = await gateway.interact(command_body(f"approvals approve {request_id}", user=user))
+        assert response.status == 200
+        current = await gateway.app.approvals.get(int(request_id))
+        assert current is not None and not current.settled and current.approved_by == ()
     fake_llm.then(Reply("done"))
     settings = gateway.app.settings
     env = slack_env(fake_slack, fake_llm, 0) | {
