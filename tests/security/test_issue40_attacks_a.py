@@ -459,3 +459,35 @@ async def test_a_call_that_leaves_something_standing_in_the_askers_name_is_never
     assert answer.get("response_action") == "errors" and "in the name of" in answer["errors"]["arguments"], answer
     current = await gateway.app.approvals.get(int(request_id))
     assert current is not None and not current.settled and current.edited_arguments is None
+
+
+# -- found on the way: an on-call approver could not edit (closed, not open) ---------------------------------------------
+
+async def test_the_person_on_call_may_edit_a_call_their_rota_approves_and_nobody_else_may(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """The edited call is checked against the request's own approvers (the people on call when it was asked), as its
+    approval is: a rule's ``oncall:`` entry names nobody until it is read."""
+    from tests.fakes.pagerduty import TOKEN, FakePagerDuty
+    from tests.fakes.server import RunningServer
+
+    pagerduty = FakePagerDuty()
+    server = await RunningServer(pagerduty.app()).start()
+    pagerduty.url = server.url
+    try:
+        pagerduty.on_call["P1ONCALL"] = ["alice@example.com"]
+        fake_slack.emails = {"alice@example.com": "U7"}
+        gateway = await _start(make_settings, start_gateway, tmp_path,
+                               '[[policies]]\ntool = "shell_run"\napprovers = ["oncall:P1ONCALL"]\n',
+                               pagerduty_token=TOKEN, pagerduty_api_url=pagerduty.url)
+        card = await _card(gateway, fake_slack, fake_llm, Reply(tool_calls=[("shell_run", {"command": "echo a"})]))
+        [request_id] = _calls(card)
+        answer = await _edit(gateway, request_id, '{"command": "echo by-someone-else"}', user="U8")
+        assert "not one of its approvers" in answer["errors"]["arguments"]
+        fake_llm.then(Reply("done"))
+        assert await _edit(gateway, request_id, '{"command": "echo on-call-edit"}', user="U7") == {}
+        await gateway.idle()
+        current = await gateway.app.approvals.get(int(request_id))
+        assert current is not None and current.edited_arguments == {"command": "echo on-call-edit"}
+    finally:
+        await server.stop()
