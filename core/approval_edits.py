@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from core.approval_policy import DecideResult
@@ -224,7 +224,6 @@ class ApprovalEdits:
                     f"{request.policy or 'no rule'}; it needs that rule's own request, so it was not approved.")
         if ruling.policy is not None and ruling.policy.quorum > 1:
             return f"The edited call needs {ruling.policy.quorum} approvers; an edit is one person's decision."
-        approvers = ruling.policy.approvers if ruling.policy is not None and ruling.policy.approvers else ()
-        if not await self.broker.may_decide(by, replace(request, approvers=approvers or request.approvers)):
-            return "You can't approve the edited call: you are not one of its approvers."
+        # The same rule as the request's: its approvers are the request's own (whoever was on call then, those who
+        # joined at a reminder), which the editor was checked against (``_refusal``), as an approval is.
         return None

@@ -461,7 +461,7 @@ async def test_a_call_that_leaves_something_standing_in_the_askers_name_is_never
     assert current is not None and not current.settled and current.edited_arguments is None
 
 
-# -- found on the way: an on-call approver could not edit (closed, not open) ---------------------------------------------
+# -- found on the way: an on-call approver could not edit (closed, not open) -------------------------------------------
 
 async def test_the_person_on_call_may_edit_a_call_their_rota_approves_and_nobody_else_may(
     make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, tmp_path: Path
