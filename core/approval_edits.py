@@ -4,7 +4,8 @@
 ``decide`` (who may decide, quorum, the turn's trust), so each is recorded and settled on its own.
 
 **Edit**: an approver changes a call's arguments and approves the edited call. Core checks it, never the channel:
-the editor may decide; the tool's schema and its own check accept the new arguments; the edited call passes the
+the editor may decide, and self-approval is on (an edited call is the editor's own: with four eyes, never
+approved by them alone); the tool's schema and its own check accept the new arguments; the edited call passes the
 policies again (a deny rule wins); it needs nobody but the editor (never an edit that lowers the bar); no credential
 and no secret value is in either version. The edit is stored with the approval in one commit, audited with both
 versions, and the runner runs the edited arguments.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from core.approval_policy import DecideResult
@@ -28,6 +29,8 @@ from core.tools import DESTINATION_TOOL, Risk, ToolContext, ToolError, ToolRegis
 log = logging.getLogger(__name__)
 
 BATCH_VERDICTS = ("approve", "deny")
+EDIT_IS_OWN = ("This call can't be edited: self-approval is off here, and an edited call would be yours, approved by "
+               "you alone. Approve or deny it as asked; to run something else, ask for it, and someone else approves.")
 
 
 class Masks(Protocol):
@@ -55,6 +58,9 @@ class BatchDecision:
         for r in voted:
             assert r.request is not None
             lines.append(f"Request {r.request.id} needs more approvers: {r.request.progress()}.")
+        # A step_up call counts only once confirmed with a passkey: its one-time link (or how to enrol), which only
+        # the clicker is told, each naming its request.
+        lines += [r.step_up for r in self.results if r.step_up is not None and r.request is not None]
         if not self.results:
             lines.append("Every call of this card was already settled.")
         return " ".join(lines)
@@ -174,6 +180,8 @@ class ApprovalEdits:
         # An edit approves: whatever refuses an approval refuses it (the asker's own, a freeze, a passkey rule).
         if barred(request, by):
             return REFUSED
+        if not request.self_approval:  # the edited call is the editor's own words: four eyes never become two
+            return EDIT_IS_OWN
         if (frozen := await self.broker.frozen_approval(request, by)) is not None:
             return frozen
         if request.step_up:
@@ -184,8 +192,12 @@ class ApprovalEdits:
         if request.quorum > 1:
             return (f"This call needs {request.quorum} approvers; an edit is one person's decision, so it can't be "
                     "edited. Deny it and ask for the call you want instead.")
-        if carries_credential(request.arguments):
+        tool = self.tools.get(request.tool)
+        if carries_credential(request.arguments) or (tool is not None and tool.sends_credential):
             return "A call that uses a credential can't be edited."
+        if tool is not None and not tool.editable:
+            return ("This call can't be edited: what it makes stands in the name of the person who asked for it, who "
+                    "never wrote your changes. Deny it, and ask for the call you want instead.")
         if self.masks is not None:
             shown = json.dumps(request.arguments, ensure_ascii=False)
             if await self.masks.redact(shown) != shown:
@@ -212,7 +224,6 @@ class ApprovalEdits:
                     f"{request.policy or 'no rule'}; it needs that rule's own request, so it was not approved.")
         if ruling.policy is not None and ruling.policy.quorum > 1:
             return f"The edited call needs {ruling.policy.quorum} approvers; an edit is one person's decision."
-        approvers = ruling.policy.approvers if ruling.policy is not None and ruling.policy.approvers else ()
-        if not await self.broker.may_decide(by, replace(request, approvers=approvers or request.approvers)):
-            return "You can't approve the edited call: you are not one of its approvers."
+        # The same rule as the request's: its approvers are the request's own (whoever was on call then, those who
+        # joined at a reminder), which the editor was checked against (``_refusal``), as an approval is.
         return None

@@ -420,7 +420,7 @@ class ApprovalBroker:
         grant = self._grant_terms(request, verdict)
         won, settled = await self._settle(request_id, status, by=by,
                                           reason=(reason or None) if verdict == "deny" else None, grant=grant,
-                                          detail=OPERATOR_EXEMPT if operator and not request.self_approval else None)
+                                          detail=_operator_exempt(request, verdict) if operator else None)
         if not won and not settled.settled:  # the settle refused it only because it has run out of time
             won_expiry, settled = await self.requests.end(request_id, ApprovalStatus.EXPIRED)
             log.info("approval %s: %s decided after its expiry; settled as expired", request_id, by)
@@ -616,6 +616,17 @@ class ApprovalBroker:
     async def expire_overdue(self) -> int:
         """Settle as expired every request whose time ran out (e.g. while the process was down)."""
         return await self.requests.expire_overdue()
+
+
+def _operator_exempt(request: ApprovalInfo, verdict: str) -> dict[str, Any] | None:
+    """What an operator's decision skipped of the request's rule, for its audit line: self-approval (refused to the
+    turn's senders), and for an approval the passkey (step_up) and the other votes (quorum); None when nothing."""
+    exempt = dict(OPERATOR_EXEMPT) if not request.self_approval else {}
+    if verdict != "deny" and request.step_up:
+        exempt["step_up_exempt"] = "operator"
+    if verdict != "deny" and request.quorum > 1:
+        exempt["quorum_exempt"] = "operator"
+    return exempt or None
 
 
 def _same_call(request: ApprovalInfo, ctx: ToolContext, tool: Tool, args: dict[str, Any]) -> bool:

@@ -271,8 +271,10 @@ class ApprovalInfo:
     @property
     def editable(self) -> bool:
         """Whether **Edit** is offered (issue 40.3; core checks every edit again): a tool call that waits, needs one
-        approver, uses no credential and fits the edit box. Never a budget's Continue or a schedule's destination."""
+        approver, allows self-approval (an edit is the editor's own call), uses no credential and fits the edit box.
+        Never a budget's Continue or a schedule's destination."""
         return (not self.settled and self.risk not in (BUDGET_RISK, CAP_RISK) and not self.step_up
+                and self.self_approval
                 and self.tool != "schedule_destination"
                 and self.quorum <= 1 and not carries_credential(self.arguments)
                 and len(self.edit_text()) <= EDIT_MAX_CHARS)
@@ -313,8 +315,14 @@ EDIT_MAX_CHARS = 3_000  # what an approval's edit box holds (Slack's plain_text_
 
 def carries_credential(args: dict[str, Any]) -> bool:
     """Whether a call names a credential to use (shell_run ``credentials``, http_request ``credential``, any tool's
-    argument so named): such a call is never edited (an edit could send the credential somewhere else)."""
-    return any("credential" in str(key).lower() and value not in (None, "", [], {}) for key, value in args.items())
+    argument so named) or a connection whose token it sends (http_request ``connection``: the requester's own OAuth
+    token): such a call is never edited (an edit could send the credential somewhere else, or act as the requester
+    on a request they never made)."""
+    return any(any(word in str(key).lower() for word in _CREDENTIAL_WORDS) and value not in (None, "", [], {})
+               for key, value in args.items())
+
+
+_CREDENTIAL_WORDS = ("credential", "connection")
 
 
 class CredentialStatus(enum.StrEnum):

@@ -99,6 +99,12 @@ class Tool:
     # A safe tool whose call needs a person's approval all the same here (e.g. remember once the conversation holds
     # text from outside it): the gate meets that call as a gated one. None: never.
     gated_when: Callable[[ToolContext, dict[str, Any]], Awaitable[bool]] | None = None
+    # Every call sends a credential whatever its arguments say (an MCP server's token, the requester's own connection,
+    # the credentials a stdio server was started with): an approver never edits such a call (core.approval_edits).
+    sends_credential: bool = False
+    # Whether an approver may Edit its call. False where what the call makes stands in the asker's name (a schedule,
+    # whose firings run as its creator; a memory, saved as its writer's): an edit would make them its author.
+    editable: bool = True
 
     def __post_init__(self) -> None:
         problem = schema_problem(self.parameters)

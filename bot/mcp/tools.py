@@ -108,6 +108,7 @@ def server_tools(server: McpServer, access: Access, audit: Audit, *, extra_timeo
             risk=Risk.SAFE if spec.risk == "safe" else Risk.GATED,
             function=_caller(server, listed.name, access, audit),
             timeout_s=spec.timeout_s + 5 + extra_timeout_s,
+            sends_credential=bool(spec.credential or spec.connection or spec.env),
         ))
     return tools
 

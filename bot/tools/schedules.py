@@ -81,6 +81,7 @@ def schedule_tools(service: ScheduleService, conversations: ConversationStore, *
                 "additionalProperties": False,
             },
             risk=Risk.GATED, function=create, timeout_s=60, pattern_arg="destination",
+            editable=False,  # the schedule is its creator's, the asker: never a prompt an approver wrote
         ),
         Tool(name="schedule_list", description=("List the schedules asked for in or posting to this channel (every "
                                                  "one for an admin), their status and last outcome."),

@@ -98,6 +98,7 @@ def memory_tools(memory: MemoryService, outside: OutsideText | None = None) -> l
             },
             risk=Risk.SAFE, function=remember, precheck=may_write, offered=_not_a_subagent, timeout_s=30.0,
             outside_text=False, gated_when=after_outside_text,
+            editable=False,  # saved as its writer's (the asker): never a note an approver wrote in their name
         ),
         Tool(
             name=RECALL,
@@ -129,5 +130,6 @@ def memory_tools(memory: MemoryService, outside: OutsideText | None = None) -> l
             },
             risk=Risk.SAFE, function=forget, precheck=may_forget, offered=_not_a_subagent, timeout_s=30.0,
             outside_text=False, gated_when=after_outside_text,
+            editable=False,  # forgotten by the asker, audited as theirs: never another note an approver picked
         ),
     ]

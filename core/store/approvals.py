@@ -28,33 +28,17 @@ class ApprovalStore:
         who else's messages the turn had taken by now: approvers are shown everyone the call may
         come from, not only the turn's first sender."""
         async with self.db.write() as s:
-            if row.turn_id is not None:
-                senders = (await s.exec(select(InputRow.sender).where(
-                    InputRow.turn_id == row.turn_id, InputRow.status == InputStatus.TAKEN)
-                    .order_by(col(InputRow.id)))).all()
-                others = list(dict.fromkeys(x for x in senders if x and x != row.requester))
-                row.other_senders = json.dumps(others) if others else None
-            else:
-                others = []
-            # Everyone the call may come from (core.self_approval): the requester first, the turn's senders as the
-            # runner knew them, and every message the turn had taken.
-            given = json.loads(row.senders) if row.senders else []
-            everyone = list(dict.fromkeys(x for x in (row.requester, *given, *others) if x))
-            row.senders = json.dumps(everyone) if everyone else None
+            await _add_senders(s, row)
             # A turn waits on it (not, e.g., a schedule's destination): its session says so.
             return await self.requests.park_in(s, row, session_waits=row.turn_id is not None)
 
     async def park_batch(self, rows: list[ApprovalRow]) -> list[ApprovalInfo]:
-        """Park one model step's gated calls together, in one commit (they share ``batch``): one card asks them all."""
+        """Park one model step's gated calls together, in one commit (they share ``batch``): one card asks them all.
+        Each records its senders as ``park`` does (a batch is no way round separation of duties)."""
         async with self.db.write() as s:
             parked = []
             for row in rows:
-                if row.turn_id is not None:
-                    senders = (await s.exec(select(InputRow.sender).where(
-                        InputRow.turn_id == row.turn_id, InputRow.status == InputStatus.TAKEN)
-                        .order_by(col(InputRow.id)))).all()
-                    others = list(dict.fromkeys(x for x in senders if x and x != row.requester))
-                    row.other_senders = json.dumps(others) if others else None
+                await _add_senders(s, row)
                 parked.append(await self.requests.park_in(s, row, session_waits=row.turn_id is not None))
             return parked
 
@@ -301,3 +285,18 @@ async def _info(s: AsyncSession, row: ApprovalRow) -> ApprovalInfo:
         batch=row.batch,
         edited_arguments=json.loads(row.edited_arguments) if row.edited_arguments else None, edited_by=row.edited_by,
     )
+
+
+async def _add_senders(s: AsyncSession, row: ApprovalRow) -> None:
+    """Who else's messages the turn had taken by now (``other_senders``, shown to approvers), and everyone the call
+    may come from (``senders``, core.self_approval): the requester first, the turn's senders as the runner knew them,
+    and every message the turn had taken."""
+    others: list[str] = []
+    if row.turn_id is not None:
+        senders = (await s.exec(select(InputRow.sender).where(
+            InputRow.turn_id == row.turn_id, InputRow.status == InputStatus.TAKEN).order_by(col(InputRow.id)))).all()
+        others = list(dict.fromkeys(x for x in senders if x and x != row.requester))
+        row.other_senders = json.dumps(others) if others else None
+    given = json.loads(row.senders) if row.senders else []
+    everyone = list(dict.fromkeys(x for x in (row.requester, *given, *others) if x))
+    row.senders = json.dumps(everyone) if everyone else None
