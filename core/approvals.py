@@ -125,8 +125,9 @@ class ApprovalBroker:
         if policy is not None and policy.escalate_to and not approvers:  # those who join add to these, written out
             approvers = self.agents.get(agent).approvers or self.policy.approvers
         escalate_to = policy.escalate_to if policy is not None else ()
-        rota = await self.on_call.resolve(approvers or self.agents.get(agent).approvers or self.policy.approvers,
-                                          escalate_to)
+        # A cap's Continue is for admins only: the rota would name nobody who decides, and its outage would cancel it.
+        rota = None if risk == CAP_RISK else await self.on_call.resolve(
+            approvers or self.agents.get(agent).approvers or self.policy.approvers, escalate_to)
         if rota is not None:  # whoever is on call now, written out (the decision uses them, not the rota then)
             approvers, escalate_to = rota.approvers, rota.escalate_to
         remind = policy.remind_after_s if policy is not None and policy.remind_after_s else None
@@ -482,7 +483,7 @@ class ApprovalBroker:
         """An approved request checked once more right before its call runs: a freeze that began while it waited
         (here or on another replica) refuses it, unless its rule asks during freezes and an admin approved it."""
         decision = _decision(request)
-        if not decision.allowed or self.freezes is None or request.risk == BUDGET_RISK:
+        if not decision.allowed or self.freezes is None or request.risk in (BUDGET_RISK, CAP_RISK):
             return decision
         freeze = await self.freezes.active()
         if freeze is None or (asks_during_freeze(policy) and approved_by_admin(request, self._admin_of(request))):
