@@ -183,9 +183,9 @@ def parse_until(text: str, now: datetime) -> datetime:
         return now + timedelta(**{_UNITS[span.group(2)]: int(span.group(1))})
     try:
         until = datetime.fromisoformat(text)
-    except ValueError:
+        if until.tzinfo is None:
+            raise InvalidInput(f"{text[:40]!r} has no timezone: add Z (UTC) or an offset such as +01:00")
+        return until.astimezone(UTC)  # OverflowError: its UTC is outside the calendar (year 1 +14:00)
+    except (ValueError, OverflowError):
         raise InvalidInput(f"{text[:40]!r} is not a time: use ISO 8601 with a timezone "
                            "(2026-12-24T18:00Z) or a span such as 2h, 30m, 1d") from None
-    if until.tzinfo is None:
-        raise InvalidInput(f"{text[:40]!r} has no timezone: add Z (UTC) or an offset such as +01:00")
-    return until.astimezone(UTC)

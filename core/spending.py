@@ -263,8 +263,10 @@ class SpendingCaps:
         """The call's tokens: the endpoint's split, else its total split by our estimate of the answer, else our
         estimates; each clamped."""
         input_tokens, output_tokens = clamp(reply.input_tokens), clamp(reply.output_tokens)
+        if not _believed(reply.input_tokens, reply.output_tokens):  # a request is never free: 0 would switch caps off
+            input_tokens = output_tokens = None
         if input_tokens is None or output_tokens is None:
-            total = clamp(reply.usage)
+            total = clamp(reply.usage) if reply.usage is not None and reply.usage > 0 else None
             if output_tokens is None:
                 output_tokens = min(estimated_output, total) if total is not None else clamp(estimated_output) or 0
             if input_tokens is None:
@@ -295,6 +297,12 @@ class SpendingCaps:
             yours = shown(totals.person_day_tokens, totals.person_day_micros, mine.daily_tokens, mine.daily_cost)
             parts.append(f"you today {yours}")
         return "; ".join(parts)
+
+
+def _believed(input_tokens: int | None, output_tokens: int | None) -> bool:
+    """Whether an endpoint's split can be true: a request has at least one token, an answer none or more. Said
+    otherwise (zero or negative: broken or hostile), both are put aside for the total or our estimates."""
+    return (input_tokens is None or input_tokens > 0) and (output_tokens is None or output_tokens >= 0)
 
 
 def _first(text: str) -> str:

@@ -1,0 +1,152 @@
+"""Outside attack on issue 40, part B (freezes, grants, on-call approvers, spending caps): each test is an attack
+that worked (fixed since) or one that is refused, through the real Slack app or the core objects."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.errors import InvalidInput
+from core.freezes import parse_until
+from core.providers import Completion
+from core.spending import CapsConfig, Price, SpendingCaps
+from core.store import Database
+from core.store.usage import Spent, UsageKey, UsageStore
+from tests.conftest import GatewayClient
+from tests.fakes.core import ShiftedClock
+from tests.fakes.llm import FakeLLM, Reply
+from tests.fakes.pagerduty import TOKEN, FakePagerDuty
+from tests.fakes.server import RunningServer
+from tests.fakes.slack_api import FakeSlack
+from tests.slack_requests import block_action, mention
+
+NOW = datetime(2026, 12, 15, 10, 0, tzinfo=UTC)
+TODAY = "2026-12-15"
+CAPPED = '[[agents]]\nname = "default"\ndaily_tokens = 1000\n'
+
+
+@pytest.fixture
+def clock() -> ShiftedClock:
+    shifted = ShiftedClock()
+    shifted.jump_to(NOW)
+    return shifted
+
+
+@pytest.fixture
+async def fake_pagerduty() -> AsyncIterator[FakePagerDuty]:
+    fake = FakePagerDuty()
+    server = await RunningServer(fake.app()).start()
+    fake.url = server.url
+    yield fake
+    await server.stop()
+
+
+async def _start(make_settings: Any, start_gateway: Any, tmp_path: Path, clock: ShiftedClock, toml: str,
+                 **settings: Any) -> GatewayClient:
+    config = tmp_path / "bot.toml"
+    config.write_text(toml, encoding="utf-8")
+    gateway: GatewayClient = await start_gateway(make_settings(bot_config=config, bot_admins="UADMIN",
+                                                               approval_poll_s=0.05, **settings), clock=clock)
+    return gateway
+
+
+async def _over_the_cap(gateway: GatewayClient) -> None:
+    await UsageStore(gateway.app.db).add(UsageKey(TODAY, "default", "U1"), Spent(5_000, 0, None))
+
+
+async def _continue(gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: FakeLLM) -> list[Any]:
+    """A turn parks at the cap; an admin clicks Continue; the posts so far."""
+    fake_llm.then(Reply("past the cap"))
+    root = mention("hello")
+    await gateway.send_event(root)
+    [card] = await fake_slack.wait_for("chat.postMessage")
+    assert "approval:approve" in json.dumps(card.params.get("blocks")), card.params.get("text")
+    buttons = card.params["blocks"][-1]["elements"]
+    assert [b["text"]["text"] for b in buttons] == ["Continue", "Stop"], json.dumps(card.params)
+    await gateway.interact(block_action("approval:approve", buttons[0]["value"], user="UADMIN", thread_ts=root["ts"]))
+    posts = await fake_slack.wait_for("chat.postMessage", 2)
+    await gateway.idle()
+    return posts
+
+
+# -- freezes × caps -------------------------------------------------------------------------------------------------
+
+
+async def test_a_freeze_does_not_refuse_an_admins_continue_at_a_spending_cap(
+    make_settings: Any, start_gateway: Any, tmp_path: Path, clock: ShiftedClock, fake_slack: FakeSlack,
+    fake_llm: FakeLLM,
+) -> None:
+    """Found: a cap's Continue card is no tool call, yet a freeze refused it ("Not approved: change freeze"), so
+    during a freeze a capped turn could only be stopped. The freeze covers tool calls, as for a thread budget's."""
+    gateway = await _start(make_settings, start_gateway, tmp_path, clock, CAPPED)
+    await _over_the_cap(gateway)
+    freezes = gateway.app.approvals.freezes
+    assert freezes is not None
+    await freezes.freeze(clock.now() + timedelta(hours=1), "release", by="UADMIN")
+    posts = await _continue(gateway, fake_slack, fake_llm)
+    assert [e.params["text"] for e in fake_slack.of("chat.postEphemeral")] == []
+    assert posts[1].params["text"] == "past the cap" and len(fake_llm.requests) == 1
+
+
+# -- on-call × caps -------------------------------------------------------------------------------------------------
+
+
+async def test_a_cap_s_continue_is_for_admins_and_never_reads_or_waits_on_the_on_call_rota(
+    make_settings: Any, start_gateway: Any, tmp_path: Path, clock: ShiftedClock, fake_slack: FakeSlack,
+    fake_llm: FakeLLM, fake_pagerduty: FakePagerDuty,
+) -> None:
+    """Found: a cap's park resolved the agent's ``oncall:`` approvers like a tool call's, though only admins
+    decide it: PagerDuty down (500) cancelled every cap card before an admin saw it ("nobody on call could be
+    asked"), and each park read PagerDuty for nothing."""
+    fake_pagerduty.status = 500
+    gateway = await _start(make_settings, start_gateway, tmp_path, clock,
+                           CAPPED + 'approvers = ["oncall:P1ONCALL"]\n', pagerduty_token=TOKEN,
+                           pagerduty_api_url=fake_pagerduty.url)
+    await _over_the_cap(gateway)
+    posts = await _continue(gateway, fake_slack, fake_llm)
+    assert posts[1].params["text"] == "past the cap"
+    assert fake_pagerduty.reads("P1ONCALL") == 0
+    assert not any("on-call" in p.params.get("text", "") for p in fake_slack.posts())
+
+
+# -- caps: a hostile endpoint ---------------------------------------------------------------------------------------
+
+
+async def test_an_endpoint_saying_zero_tokens_cannot_switch_the_caps_off(tmp_path: Path) -> None:
+    """Found: an endpoint answering ``prompt_tokens: 0, completion_tokens: 0`` (or negative figures, clamped to 0)
+    had every call counted as free: no cap (and no thread budget, counted from the same figures) was ever reached.
+    A request is never zero tokens: such figures are not believed and our estimates count instead."""
+    db = Database(f"sqlite:///{tmp_path}/x.db")
+    await db.migrate()
+    try:
+        clock = ShiftedClock()
+        clock.jump_to(NOW)
+        caps = SpendingCaps(UsageStore(db), clock, None, CapsConfig(prices={"m": Price(1.0, 1.0)}))
+        zero = caps.spent("m", Completion("a long answer", input_tokens=0, output_tokens=0, usage=0),
+                          estimated_input=900, estimated_output=40)
+        assert zero == Spent(900, 40, 940)
+        negative = caps.spent("m", Completion("a long answer", input_tokens=-5, output_tokens=-5),
+                              estimated_input=900, estimated_output=40)
+        assert negative == Spent(900, 40, 940)
+        # Believed figures stay as said (an endpoint counts better than our estimate), an empty answer included.
+        assert caps.spent("m", Completion("", input_tokens=1200, output_tokens=0), estimated_input=900,
+                          estimated_output=0) == Spent(1200, 0, 1200)
+        assert caps.spent("m", Completion("hi", usage=0), estimated_input=7, estimated_output=3) == Spent(7, 3, 10)
+    finally:
+        await db.close()
+
+
+# -- freezes: hostile input ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["0001-01-01T00:00+14:00", "9999-12-31T23:59-14:00"])
+def test_a_freeze_end_out_of_the_calendar_is_refused_not_a_crash(text: str) -> None:
+    """Found: an end time whose UTC is outside year 1..9999 raised OverflowError out of ``/bot freeze`` and
+    ``bot freeze`` instead of saying what is wrong."""
+    with pytest.raises(InvalidInput, match="not a time"):
+        parse_until(text, datetime(2026, 12, 5, 12, tzinfo=UTC))
