@@ -103,8 +103,10 @@ def read_schedule(client: pagerduty.RestApiV2Client, schedule: str, now: datetim
     Raises RotaUnavailable with what went wrong, in words that quote nothing PagerDuty sent."""
     if SCHEDULE_ID.fullmatch(schedule) is None:  # never part of a path unless it is an id
         raise RotaUnavailable("not a schedule id")
+    # The range is one second: PagerDuty names everyone on call at any time in it, so a minute would let whoever
+    # takes over next approve up to a minute early (and the answer is kept CACHE_S on top of that).
     since = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    until = (now + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    until = (now + timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     try:
         response = client.get(f"/schedules/{schedule}/users", params={"since": since, "until": until})
     except pagerduty.HttpError as exc:  # 401 (the client raises it) or a redirect

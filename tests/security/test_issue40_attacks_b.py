@@ -150,3 +150,27 @@ def test_a_freeze_end_out_of_the_calendar_is_refused_not_a_crash(text: str) -> N
     ``bot freeze`` instead of saying what is wrong."""
     with pytest.raises(InvalidInput, match="not a time"):
         parse_until(text, datetime(2026, 12, 5, 12, tzinfo=UTC))
+
+
+# -- on-call: who counts as on call ---------------------------------------------------------------------------------
+
+
+async def test_the_rota_is_read_for_this_moment_not_the_next_minute(
+    make_settings: Any, start_gateway: Any, tmp_path: Path, clock: ShiftedClock, fake_slack: FakeSlack,
+    fake_llm: FakeLLM, fake_pagerduty: FakePagerDuty,
+) -> None:
+    """Found: the schedule was read from now to a minute ahead, and PagerDuty names everyone on call at any time in
+    that range: the next shift's person could approve up to a minute before their shift (two minutes with the
+    cache). The range read is now one second."""
+    fake_pagerduty.on_call["P1ONCALL"] = ["alice@example.com"]
+    fake_slack.emails = {"alice@example.com": "U7"}
+    gateway = await _start(make_settings, start_gateway, tmp_path, clock,
+                           '[[policies]]\ntool = "shell_run"\napprovers = ["oncall:P1ONCALL"]\n',
+                           pagerduty_token=TOKEN, pagerduty_api_url=fake_pagerduty.url)
+    fake_llm.then(Reply(tool_calls=[("shell_run", {"command": "echo hi"})]), Reply("done"))
+    await gateway.send_event(mention("run it"))
+    await fake_slack.wait_for("chat.postMessage")
+    [read] = [r for r in fake_pagerduty.requests if r.path == "/schedules/P1ONCALL/users"]
+    since, until = (datetime.fromisoformat(read.query[k].replace("Z", "+00:00")) for k in ("since", "until"))
+    assert timedelta(0) < until - since <= timedelta(seconds=1)
+    assert abs(since - clock.now()) < timedelta(seconds=5)
