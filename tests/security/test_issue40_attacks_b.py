@@ -74,7 +74,7 @@ async def _continue(gateway: GatewayClient, fake_slack: FakeSlack, fake_llm: Fak
     return posts
 
 
-# -- freezes × caps -------------------------------------------------------------------------------------------------
+# -- freezes and caps -----------------------------------------------------------------------------------------------
 
 
 async def test_a_freeze_does_not_refuse_an_admins_continue_at_a_spending_cap(
@@ -93,7 +93,7 @@ async def test_a_freeze_does_not_refuse_an_admins_continue_at_a_spending_cap(
     assert posts[1].params["text"] == "past the cap" and len(fake_llm.requests) == 1
 
 
-# -- on-call × caps -------------------------------------------------------------------------------------------------
+# -- on-call and caps -----------------------------------------------------------------------------------------------
 
 
 async def test_a_cap_s_continue_is_for_admins_and_never_reads_or_waits_on_the_on_call_rota(
