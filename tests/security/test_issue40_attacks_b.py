@@ -4,6 +4,7 @@ that worked (fixed since) or one that is refused, through the real Slack app or 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from bot.config.file import load_config
+from bot.errors import SettingsError
 from core.errors import InvalidInput
 from core.freezes import parse_until
 from core.providers import Completion
@@ -174,3 +177,20 @@ async def test_the_rota_is_read_for_this_moment_not_the_next_minute(
     since, until = (datetime.fromisoformat(read.query[k].replace("Z", "+00:00")) for k in ("since", "until"))
     assert timedelta(0) < until - since <= timedelta(seconds=1)
     assert abs(since - clock.now()) < timedelta(seconds=5)
+
+
+# -- caps: configuration -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("toml", "said"), [
+    ('[[agents]]\nname = "default"\ndaily_cost = inf\n', "agents[0].daily_cost"),
+    ('[[agents]]\nname = "default"\nmonthly_cost = inf\n', "agents[0].monthly_cost"),
+    ('[limits]\nperson_daily_cost = inf\n', "[limits].person_daily_cost"),
+])
+def test_an_infinite_cost_cap_is_refused_where_it_is_read(tmp_path: Path, toml: str, said: str) -> None:
+    """Found: TOML's ``inf`` passed ``gt=0``, and every model call of the agent (or of everyone, for the person's
+    cap) then failed with OverflowError instead of ``bot run`` saying which line is wrong."""
+    path = tmp_path / "bot.toml"
+    path.write_text(toml + '[[prices]]\nmodel = "m"\ninput_per_million = 1\noutput_per_million = 1\n')
+    with pytest.raises(SettingsError, match=re.escape(said)):
+        load_config(path)
