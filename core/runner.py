@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 # The model answering the run in this task: the context window's summary of a thread is written by it too (a session
 # on the fallback model never asks its failed primary for one).
 _ANSWERING: ContextVar[Model | None] = ContextVar("answering_model", default=None)
+# Whose step a summary is made in (the call and its agent): it is a model call, counted like the step's own.
+_COUNTED: ContextVar[tuple[ToolContext, str] | None] = ContextVar("counted_step", default=None)
 
 Steer = Callable[[], Awaitable[list[ChatMessage]]]
 
@@ -261,6 +263,7 @@ class AgentRunner:
             if self.budget is not None:  # used up: parked until Continue (or ended by Stop), before any call
                 await self.budget.before_call(ctx)
             _ANSWERING.set(self.models.answering(models, agent.name, parent.agent if parent else None))
+            _COUNTED.set((ctx, agent.name))
             room = self.window.room(instructions, offered, tight=tight)
             messages = merge_user_runs(await self.window.fit(session_id, history, room, keep_from=keep_from))
             request = CompletionRequest(instructions=instructions, messages=messages, tools=offered)
@@ -544,7 +547,14 @@ class AgentRunner:
         request = CompletionRequest(instructions="You summarise chat-ops threads briefly and factually.",
                                     messages=messages)
         model = _ANSWERING.get() or self.models.primary
-        return await self.redact((await self._chat(model, request)).content)
+        reply = await self._chat(model, request)
+        counted = _COUNTED.get()
+        if self.spending is not None and counted is not None:  # caps and `bot usage` see it (not the thread budget)
+            ctx, agent = counted
+            await self._write_alone(self.spending.count(ctx, agent, model.name, reply,
+                                                        estimated_input=request_tokens(request),
+                                                        estimated_output=estimate(reply.content), thread=None))
+        return await self.redact(reply.content)
 
     async def _close_dangling_calls(
         self, history: list[ChatMessage], allowed: set[str], ctx: ToolContext, checking: asyncio.Future[None] | None

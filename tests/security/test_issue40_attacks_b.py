@@ -3,6 +3,7 @@ that worked (fixed since) or one that is refused, through the real Slack app or 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -194,3 +195,55 @@ def test_an_infinite_cost_cap_is_refused_where_it_is_read(tmp_path: Path, toml: 
     path.write_text(toml + '[[prices]]\nmodel = "m"\ninput_per_million = 1\noutput_per_million = 1\n')
     with pytest.raises(SettingsError, match=re.escape(said)):
         load_config(path)
+
+
+# -- caps: model calls besides a turn's steps ----------------------------------------------------------------------
+
+
+async def _usage_calls(gateway: GatewayClient) -> int:
+    return sum(line.calls for line in await UsageStore(gateway.app.db).lines(since="2000-01-01"))
+
+
+async def test_a_context_window_summary_is_counted_like_any_model_call(
+    make_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM
+) -> None:
+    """Found: the summary of a long thread (up to a context window of input) was a model call that no cap, no `bot
+    usage` line and no /metrics figure saw: long threads spent past every cap unseen."""
+    gateway: GatewayClient = await start_gateway(make_settings(llm_context_tokens=8_000))
+    root = mention("start " + "s" * 12_000)
+    fake_llm.then(Reply("first answer"))
+    await gateway.send_event(root)
+    await fake_slack.wait_for("chat.postMessage", 1)
+    fake_llm.then(Reply("second answer"))
+    await gateway.send_event(mention("more " + "m" * 12_000, thread_ts=root["ts"]))
+    await fake_slack.wait_for("chat.postMessage", 2)
+    await gateway.idle()
+    assert fake_llm.summaries >= 1
+    assert await _usage_calls(gateway) == len(fake_llm.requests)
+
+
+async def test_the_memory_pass_is_counted_and_refused_past_a_cap(
+    make_settings: Any, start_gateway: Any, tmp_path: Path, clock: ShiftedClock, fake_slack: FakeSlack,
+    fake_llm: FakeLLM,
+) -> None:
+    """Found: the memory pass (MEMORY_PASS=true) made a model call after each turn that caps neither checked nor
+    counted. It is now counted under the turn's agent and person, and a cap reached by the turn stops it."""
+    gateway = await _start(make_settings, start_gateway, tmp_path, clock, CAPPED, memory_pass=True)
+    fake_llm.then(Reply("Use the blue-green flag."), Reply("- Staging deploys use the blue-green flag"))
+    await gateway.send_event(mention("how do staging deploys work? we use the blue-green flag"))
+    await fake_slack.wait_for("chat.postMessage", 1)
+    await gateway.idle()
+    for _ in range(50):  # the pass runs on the bus, after the turn
+        if await _usage_calls(gateway) >= 2:
+            break
+        await asyncio.sleep(0.02)
+    assert len(fake_llm.requests) == 2 and await _usage_calls(gateway) == 2
+    # The next turn's answer reaches the agent's daily cap: no pass after it.
+    spent = sum(line.input_tokens + line.output_tokens for line in await UsageStore(gateway.app.db).lines(since=TODAY))
+    await UsageStore(gateway.app.db).add(UsageKey(TODAY, "default", "U1"), Spent(max(0, 999 - spent), 0, None))
+    fake_llm.then(Reply("Tuesdays."), Reply("- Releases go out on Tuesdays"))
+    await gateway.send_event(mention("when do releases go out? on Tuesdays"))
+    await fake_slack.wait_for("chat.postMessage", 2)
+    await gateway.idle()
+    await asyncio.sleep(0.2)
+    assert len(fake_llm.requests) == 3
