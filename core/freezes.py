@@ -9,7 +9,7 @@ one replica or the CLI is honoured by every other at once; nothing is cached) or
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from apscheduler.triggers.cron import CronTrigger
@@ -52,44 +52,67 @@ class FreezeWindow:
     duration_s: float
     reason: str
 
+    _triggers: tuple[CronTrigger, ...] = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
-        cron_trigger(self.cron)  # a bad expression fails here, where it is read
+        object.__setattr__(self, "_triggers", cron_triggers(self.cron))  # a bad expression fails where it is read
 
     def covering(self, now: datetime) -> Freeze | None:
-        """The freeze this window holds at ``now``, or None. Its latest fire time at or before ``now`` is found by
-        bisecting (to the second) over the last ``duration_s``: a minutely cron with a week's duration stays cheap."""
-        trigger = cron_trigger(self.cron)
+        """The freeze this window holds at ``now``, or None: from its latest fire time at or before ``now``."""
         duration = timedelta(seconds=self.duration_s)
-        low, high = now - duration, now
-        first = trigger.get_next_fire_time(None, low)
-        if first is None or first > now:
+        fired = [fire for trigger in self._triggers if (fire := _latest_fire(trigger, now, duration))]
+        if not fired:
             return None
-        while (high - low) > timedelta(seconds=1):  # invariant: a fire at or after ``low`` is at or before now
-            middle = low + (high - low) / 2
-            fire = trigger.get_next_fire_time(None, middle)
-            if fire is not None and fire <= now:
-                low = middle
-            else:
-                high = middle
-        latest = trigger.get_next_fire_time(None, low)
-        assert latest is not None and latest <= now
-        until = latest + duration
+        until = max(fired) + duration
         return Freeze(self.reason, until) if until > now else None
+
+
+def _latest_fire(trigger: CronTrigger, now: datetime, duration: timedelta) -> datetime | None:
+    """The trigger's latest fire time in the ``duration`` up to ``now``, found by bisecting (to the second): a
+    minutely cron with a week's duration stays cheap."""
+    low, high = now - duration, now
+    first = trigger.get_next_fire_time(None, low)
+    if first is None or first > now:
+        return None
+    while (high - low) > timedelta(seconds=1):  # invariant: a fire at or after ``low`` is at or before now
+        middle = low + (high - low) / 2
+        fire = trigger.get_next_fire_time(None, middle)
+        if fire is not None and fire <= now:
+            low = middle
+        else:
+            high = middle
+    latest = trigger.get_next_fire_time(None, low)
+    assert latest is not None and latest <= now
+    return latest
 
 
 _DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 
 
-def cron_trigger(cron: str) -> CronTrigger:
-    """A 5-field cron expression in UTC, its weekdays read as cron reads them (0 and 7 Sunday, 5 Friday).
-    APScheduler 3's ``from_crontab`` counts weekdays from Monday (its 5 is Saturday): a Friday freeze must not
-    fall on Saturday, so the weekday field is written out as day names first. Raises ValueError."""
+def cron_triggers(cron: str) -> tuple[CronTrigger, ...]:
+    """A 5-field cron expression in UTC, read as cron reads it. Its weekdays: 0 and 7 are Sunday, 5 Friday
+    (APScheduler 3's ``from_crontab`` counts from Monday: its 5 is Saturday), so the field is written out as day
+    names first. Its days: when both the day of the month and the weekday are restricted (neither starts with
+    ``*``), cron fires on either (``0 0 1 * 5``: the 1st, and every Friday) where APScheduler would need both, so
+    that is two triggers, one per field: a freeze must not cover less than its expression says. Raises
+    ValueError, also for an expression that never fires (31 February): each check would search years for it."""
     fields = cron.split()
     if len(fields) != 5:
         raise ValueError(f"a cron expression has 5 fields (minute hour day month weekday), got {cron!r}")
     minute, hour, day, month, weekday = fields
-    return CronTrigger(minute=minute, hour=hour, day=day, month=month, day_of_week=_weekday_names(weekday),
-                       timezone=UTC)
+
+    def trigger(days: str, weekdays: str) -> CronTrigger:
+        return CronTrigger(minute=minute, hour=hour, day=days, month=month, day_of_week=_weekday_names(weekdays),
+                           timezone=UTC)
+
+    either = not day.startswith("*") and not weekday.startswith("*")
+    triggers = (trigger(day, "*"), trigger("*", weekday)) if either else (trigger(day, weekday),)
+    if all(t.get_next_fire_time(None, _EVER) is None for t in triggers):
+        raise ValueError(f"{cron!r} never fires")
+    return triggers
+
+
+_EVER = datetime(2000, 1, 1, tzinfo=UTC)  # any expression that fires at all does within 28 years of any date
 
 
 def _weekday_names(field: str) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 
 from bot.config.table import Problem, Table, Text
-from core.freezes import MAX_FREEZE, MAX_REASON_CHARS, FreezeWindow, clean_reason, cron_trigger
+from core.freezes import MAX_FREEZE, MAX_REASON_CHARS, FreezeWindow, clean_reason, cron_triggers
 
 
 class FreezeTable(Table):
@@ -27,7 +27,7 @@ class FreezeTable(Table):
         if len(value.split()) != 5:
             raise Problem(f"must have 5 fields (minute hour day month weekday), got {value!r}")
         try:
-            cron_trigger(value)
+            cron_triggers(value)
         except ValueError as exc:
             raise Problem(f"is not a valid cron expression ({exc})") from None
         return value

@@ -16,7 +16,7 @@ import pytest
 from bot.config.file import load_config
 from bot.errors import SettingsError
 from core.errors import InvalidInput
-from core.freezes import parse_until
+from core.freezes import FreezeWindow, parse_until
 from core.providers import Completion
 from core.spending import CapsConfig, Price, SpendingCaps
 from core.store import Database
@@ -247,3 +247,28 @@ async def test_the_memory_pass_is_counted_and_refused_past_a_cap(
     await gateway.idle()
     await asyncio.sleep(0.2)
     assert len(fake_llm.requests) == 3
+
+
+# -- freezes: [[freezes]] windows read as cron reads them ----------------------------------------------------------
+
+
+def test_a_freeze_window_with_a_day_and_a_weekday_covers_either_as_cron_does() -> None:
+    """Found: ``0 16 1 * 5`` is, for cron, 16:00 on the 1st and on every Friday; APScheduler needs both, so the
+    window held only on a Friday the 1st and gated calls ran through every other Friday's freeze."""
+    window = FreezeWindow("0 16 1 * 5", 3600, "month start and Fridays")
+    assert window.covering(datetime(2026, 12, 4, 16, 30, tzinfo=UTC)) is not None  # a Friday, not the 1st
+    assert window.covering(datetime(2026, 12, 1, 16, 30, tzinfo=UTC)) is not None  # the 1st, a Tuesday
+    assert window.covering(datetime(2026, 12, 5, 16, 30, tzinfo=UTC)) is None  # Saturday the 5th
+    # Starred fields keep cron's own reading: both must hold (every other day, on Fridays only).
+    both = FreezeWindow("0 16 */2 * 5", 3600, "x")
+    assert both.covering(datetime(2026, 12, 11, 16, 30, tzinfo=UTC)) is not None  # Friday the 11th
+    assert both.covering(datetime(2026, 12, 4, 16, 30, tzinfo=UTC)) is None  # Friday the 4th: an even day
+    assert both.covering(datetime(2026, 12, 1, 16, 30, tzinfo=UTC)) is None  # the 1st, a Tuesday
+
+
+def test_a_freeze_window_that_never_fires_is_refused_where_it_is_read(tmp_path: Path) -> None:
+    """A never-firing window (31 February) held nothing, and each gated call's check searched years for it."""
+    path = tmp_path / "bot.toml"
+    path.write_text('[[freezes]]\ncron = "0 0 31 2 *"\nduration_s = 60\nreason = "x"\n')
+    with pytest.raises(SettingsError, match="never fires"):
+        load_config(path)
