@@ -124,7 +124,7 @@ def read_schedule(client: pagerduty.RestApiV2Client, schedule: str, now: datetim
         raise RotaUnavailable(_status_said(response.status_code))
     try:
         users = response.json().get("users")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # nested deeper than Python recurses: garbage all the same
         users = None
     if not isinstance(users, list):
         raise RotaUnavailable("PagerDuty's answer was not a list of users")
@@ -197,6 +197,11 @@ class PagerDutyRota:
         except TimeoutError:
             log.warning("PagerDuty schedule %s: no answer within %gs", schedule, self.timeout_s)
             raise RotaUnavailable("PagerDuty did not answer in time") from None
+        except RotaUnavailable:
+            raise
+        except Exception as exc:  # whatever else an answer makes go wrong: a rota that cannot be read, never a crash
+            log.warning("PagerDuty schedule %s: %s", schedule, type(exc).__name__)
+            raise RotaUnavailable("PagerDuty's answer could not be read") from None
         if len(self._schedules) > 1024:  # schedules come from the configuration: a bound all the same
             self._schedules.clear()
         self._schedules[schedule] = (now, emails)  # only answers are kept: a failure is asked again next time

@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from bot.config.file import load_config
 from bot.errors import SettingsError
+from bot.oncall import PagerDutyRota, pagerduty_client
 from core.errors import InvalidInput
 from core.freezes import FreezeWindow, parse_until
+from core.oncall import RotaUnavailable, on_call
 from core.providers import Completion
 from core.spending import CapsConfig, Price, SpendingCaps
 from core.store import Database
@@ -272,3 +275,34 @@ def test_a_freeze_window_that_never_fires_is_refused_where_it_is_read(tmp_path: 
     path.write_text('[[freezes]]\ncron = "0 0 31 2 *"\nduration_s = 60\nreason = "x"\n')
     with pytest.raises(SettingsError, match="never fires"):
         load_config(path)
+
+
+# -- on-call: a hostile PagerDuty answer ---------------------------------------------------------------------------
+
+
+class _Directory:
+    name = "slack"
+
+    async def person_by_email(self, email: str) -> str | None:
+        return {"alice@example.com": "U7"}.get(email)
+
+
+@pytest.mark.parametrize("body", [b"[" * 200_000, b'{"users": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"])
+async def test_a_deeply_nested_pagerduty_answer_is_a_rota_that_cannot_be_read(body: bytes) -> None:
+    """Found: JSON nested deeper than Python's recursion limit (well under the 1 MB read) raised RecursionError out
+    of the rota instead of RotaUnavailable: the request crashed where it should fall back to escalate_to."""
+    async def users(_request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/schedules/{schedule}/users", users)
+    server = await RunningServer(app).start()
+    try:
+        clock = ShiftedClock()
+        rota = PagerDutyRota(pagerduty_client(TOKEN, server.url), lambda: [_Directory()], clock)
+        with pytest.raises(RotaUnavailable):
+            await rota.people("P1ONCALL")
+        resolved = await on_call(["oncall:P1ONCALL", "U9"], rota)
+        assert resolved.entries == ("U9",) and resolved.unavailable[0][0] == "P1ONCALL"
+    finally:
+        await server.stop()
