@@ -6,7 +6,8 @@
   the bot may call has no price, so a cost cap never silently counts nothing.
 - The person is the turn's requester: a firing's is its schedule's creator, an event's turn is ``nobody``'s. Someone
   whose message was steered into another person's turn does not pay for it: the requester does (the person who
-  started the turn is who a cap can name and who an admin can ask).
+  started the turn is who a cap can name and who an admin can ask). But a person past their own daily cap cannot
+  spend through another's turn either: every sender's person cap is checked before each call.
 - A sub-agent counts under its own agent (its caps) and the same person.
 - Before every call (interactive turns, firings, events, sub-agents, listening turns) the agent's daily and monthly
   caps and the person's daily caps are checked. A reached cap parks an interactive turn on a **Continue** / **Stop**
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, ClassVar
 
@@ -153,6 +154,11 @@ def person_of(ctx: ToolContext) -> str:
     return ctx.requester or NOBODY
 
 
+def steered_in(ctx: ToolContext, who: str) -> tuple[str, ...]:
+    """The people besides ``who`` whose words the turn took (steered or merged into it)."""
+    return tuple(s for s in dict.fromkeys(ctx.senders) if s and s != who and not s.startswith(EVENT_PREFIX))
+
+
 def can_ask(ctx: ToolContext) -> bool:
     """Whether an admin can be asked to Continue here: not in a sub-agent, a firing, an event's turn or a turn nobody
     addressed (there is nobody there, or nobody asked the bot for anything)."""
@@ -209,12 +215,19 @@ class SpendingCaps:
         # An event's turn is nobody's: a person's cap is not theirs to share (the agent's caps and the source's
         # rate_per_minute bound events).
         person = self.config.person if who != NOBODY else PersonCaps()
-        if not caps.any and not person.any:
+        others = steered_in(ctx, who) if self.config.person.any else ()
+        if not caps.any and not person.any and not others:
             return  # nothing to check: no read on the hot path
         day, month_start, month = _days(self.clock.now())
         totals = await self.store.totals(day=day, month_start=month_start, agent=agent, person=who)
         for cap in reached(caps, person, totals, agent=agent, who=who, day=day, month=month):
             await self._continue_past(ctx, agent, cap)
+        # Someone whose words were steered into this turn is held to their own cap (the requester still pays):
+        # past it, their words may not make the model spend on another person's turn.
+        for other in others:
+            theirs = await self.store.totals(day=day, month_start=month_start, agent=agent, person=other)
+            for cap in reached(AgentCaps(), self.config.person, theirs, agent=agent, who=other, day=day, month=month):
+                await self._continue_past(ctx, agent, replace(cap, key=f"{cap.key}:{other}"))
 
     async def _continue_past(self, ctx: ToolContext, agent: str, cap: CapReached) -> None:
         if ctx.subagent:

@@ -306,3 +306,32 @@ async def test_a_deeply_nested_pagerduty_answer_is_a_rota_that_cannot_be_read(bo
         assert resolved.entries == ("U9",) and resolved.unavailable[0][0] == "P1ONCALL"
     finally:
         await server.stop()
+
+
+# -- caps: a person past their cap steering into another's turn ----------------------------------------------------
+
+
+async def test_a_person_past_their_cap_cannot_spend_through_another_persons_turn(tmp_path: Path) -> None:
+    """Found: once U2 reached ``person_daily_tokens`` their own turns stopped, but their messages steered into U1's
+    running turn made the model work for them on U1's cap. Every sender's person cap is checked now (U1 still
+    pays for the turn); interactive turns park on the usual admins' Continue for it."""
+    from core.errors import BudgetExhausted
+    from core.spending import PersonCaps
+    from core.tools import ToolContext
+
+    db = Database(f"sqlite:///{tmp_path}/x.db")
+    await db.migrate()
+    try:
+        clock = ShiftedClock()
+        clock.jump_to(NOW)
+        caps = SpendingCaps(UsageStore(db), clock, None, CapsConfig(person=PersonCaps(daily_tokens=1_000)))
+        await UsageStore(db).add(UsageKey(TODAY, "other-agent", "U2"), Spent(5_000, 0, None))
+        alone = ToolContext(session_id="s:1", turn_id=1, agent="default", sender="U1", senders=("U1",))
+        await caps.before_call(alone, "default")  # U1 is under their cap
+        joined = ToolContext(session_id="s:1", turn_id=1, agent="default", sender="U1", senders=("U1", "U2"))
+        with pytest.raises(BudgetExhausted, match="U2's daily token cap"):
+            await caps.before_call(joined, "default")
+        events = ToolContext(session_id="s:1", turn_id=1, agent="default", sender="U1", senders=("U1", "event:ci"))
+        await caps.before_call(events, "default")  # an event's words are nobody's
+    finally:
+        await db.close()
