@@ -490,6 +490,21 @@ class ApprovalBroker:
             return decision
         return await self._refuse_frozen(ctx, tool.name, freeze, request.id)
 
+    async def goes_on(self, ctx: ToolContext, tool: Tool, args: dict[str, Any], request_id: int | None
+                      ) -> str | None:
+        """After a pause inside a call allowed before it (a connection's consent waits up to CONNECTION_TIMEOUT_S):
+        a freeze that began meanwhile refuses it as the gate would have (audited, the thread told), unless its rule
+        asks during freezes and an admin approved it. None: it goes on."""
+        ruling = self.policies.rule(tool.name, args, risk=tool.risk, trust=ctx.trust)
+        freeze = await self._freeze(tool, ruling)
+        if freeze is None:
+            return None
+        if asks_during_freeze(ruling.policy) and request_id is not None:
+            request = await self.store.get(request_id)
+            if request is not None and approved_by_admin(request, self._admin_of(request)):
+                return None
+        return (await self._refuse_frozen(ctx, tool.name, freeze, request_id)).result
+
     async def _frozen_approval(self, request: ApprovalInfo, by: str, *, operator: bool) -> str | None:
         """Why ``by`` may not approve ``request`` now, because of a freeze; None when they may."""
         if self.freezes is None or not frozen_request(request) or (freeze := await self.freezes.active()) is None:

@@ -9,6 +9,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol
 
 from sqlmodel import Session
@@ -498,7 +499,8 @@ class AgentRunner:
                     self._ended(ctx, call.name, ToolOutcome.DENIED)
                     return await self.redact(decision.result)
                 await self.gate.started(decision)  # the decision is on record before the tool runs
-                ctx = replace(ctx, asked=decision.asked)  # whether a person approved this very call
+                ctx = replace(ctx, asked=decision.asked,  # whether a person approved this very call
+                              goes_on=partial(self.gate.goes_on, ctx, tool, args, decision.request_id))
             elif tool.risk is Risk.GATED:
                 raise ToolError(f"{tool.name} needs a person's approval, and nobody can approve here")
             if on_tool is not None:
@@ -595,7 +597,8 @@ class AgentRunner:
         if self.gate is None:
             return INTERRUPTED_RESULT
         decision = await self.gate.recover(ctx, tool, args)  # a safe tool too: a policy may have asked
-        ctx = replace(ctx, asked=decision is not None and decision.asked)
+        ctx = replace(ctx, asked=decision is not None and decision.asked, goes_on=partial(
+            self.gate.goes_on, ctx, tool, args, decision.request_id if decision is not None else None))
         parked = self.resumable is not None and await self.resumable(ctx)
         if parked and (decision is None or decision.already_started):
             return await self._execute(tool, ctx, args)  # it sent nothing yet: it waited for consent

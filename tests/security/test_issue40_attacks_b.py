@@ -335,3 +335,32 @@ async def test_a_person_past_their_cap_cannot_spend_through_another_persons_turn
         await caps.before_call(events, "default")  # an event's words are nobody's
     finally:
         await db.close()
+
+
+# -- freezes: a call approved before the freeze that waits for a connection's consent ------------------------------
+
+
+async def test_a_call_approved_before_a_freeze_and_parked_for_consent_does_not_go_on_during_it(
+    connected_settings: Any, start_gateway: Any, fake_slack: FakeSlack, fake_llm: FakeLLM, oauth: Any,
+) -> None:
+    """Found: a gated call approved (or allowed) before a freeze that then waited for an OAuth consent (up to
+    CONNECTION_TIMEOUT_S, 30 minutes) sent its request once someone connected, in the middle of the freeze. It is
+    checked again when the pause ends, as an approval is checked right before its call runs."""
+    from tests.test_connections import approve, call, consent, personal_link, resource_calls
+
+    gateway: GatewayClient = await start_gateway(connected_settings(bot_admins="UADMIN"))
+    fake_llm.then(call(oauth))
+    await gateway.send_event(mention("who am I on github?"))
+    await approve(gateway, fake_slack, 1)
+    await fake_slack.wait_for("chat.postMessage", 2)  # "Connect github to continue"
+    freezes = gateway.app.approvals.freezes
+    assert freezes is not None
+    await freezes.freeze(gateway.app.approvals.clock.now() + timedelta(hours=1), "release 7", by="UADMIN")
+    fake_llm.then(Reply("frozen, so I did not look"))
+    status, page, _hops = await consent(await personal_link(fake_slack))
+    assert status == 200, page
+    await fake_slack.wait_for("chat.postMessage", 4)  # the freeze notice and the answer
+    await gateway.idle()
+    assert resource_calls(oauth) == []
+    told = fake_llm.requests[1]["messages"][-1]["content"]
+    assert "change freeze until " in told and "release 7" in told
