@@ -21,6 +21,7 @@ from core.store.tables import FreezeRow
 
 MAX_REASON_CHARS = 500  # said on every refusal, in the thread and to the model: a sentence, not a document
 MAX_FREEZE = timedelta(days=366)  # longer is surely a slip
+CLOCK_SKEW = timedelta(minutes=5)  # how far one machine's clock may run ahead of another's (a stored freeze's start)
 _RELATIVE = re.compile(r"(\d{1,6})\s*([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
@@ -172,7 +173,9 @@ class Freezes:
             raise InvalidInput(f"the end time {until.astimezone(UTC):%Y-%m-%d %H:%M} UTC is not in the future")
         if until - now > MAX_FREEZE:
             raise InvalidInput(f"a freeze lasts at most {MAX_FREEZE.days} days")
-        row = await self.store.add(FreezeRow(starts_at=now, until=until.astimezone(UTC), reason=reason,
+        # In force from a little before now: the CLI's machine (or another replica) may run ahead of this one's
+        # clock, and a freeze said to be set must hold everywhere at once. Nothing happened in the past because of it.
+        row = await self.store.add(FreezeRow(starts_at=now - CLOCK_SKEW, until=until.astimezone(UTC), reason=reason,
                                              created_by=by, created_at=now))
         return Freeze(row.reason, row.until, row.id)
 

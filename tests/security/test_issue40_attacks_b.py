@@ -364,3 +364,22 @@ async def test_a_call_approved_before_a_freeze_and_parked_for_consent_does_not_g
     assert resource_calls(oauth) == []
     told = fake_llm.requests[1]["messages"][-1]["content"]
     assert "change freeze until " in told and "release 7" in told
+
+
+async def test_a_freeze_set_on_a_machine_whose_clock_runs_ahead_holds_at_once_everywhere(tmp_path: Path) -> None:
+    """Found: a stored freeze began at the setter's "now": set with `bot freeze` on a host whose clock ran two
+    minutes ahead, it was reported as set but not in force on the replicas for those two minutes."""
+    from core.freezes import Freezes
+    from core.store.freezes import FreezeStore
+
+    db = Database(f"sqlite:///{tmp_path}/f.db")
+    await db.migrate()
+    try:
+        ahead, replica = ShiftedClock(), ShiftedClock()
+        ahead.jump_to(NOW + timedelta(minutes=2))
+        replica.jump_to(NOW)
+        await Freezes(FreezeStore(db), ahead).freeze(NOW + timedelta(hours=1), "cutover", by="operator:ops")
+        held = await Freezes(FreezeStore(db), replica).active()
+        assert held is not None and held.reason == "cutover"
+    finally:
+        await db.close()
