@@ -16,7 +16,7 @@ from aiohttp import web
 
 from bot.config.file import load_config
 from bot.errors import SettingsError
-from bot.oncall import PagerDutyRota, pagerduty_client
+from bot.oncall import PagerDutyRota, pagerduty_client, read_schedule
 from core.errors import InvalidInput
 from core.freezes import FreezeWindow, parse_until
 from core.oncall import RotaUnavailable, on_call
@@ -383,3 +383,37 @@ async def test_a_freeze_set_on_a_machine_whose_clock_runs_ahead_holds_at_once_ev
         assert held is not None and held.reason == "cutover"
     finally:
         await db.close()
+
+
+async def test_a_pagerduty_answer_dripped_a_byte_at_a_time_ends_at_the_deadline() -> None:
+    """Found: the client's timeout is per read, so an answer sent a byte at a time (each well within it) held the
+    read, and a worker thread of the event loop's default executor, for as long as the server liked (the wait
+    gave up, the thread did not). The answer now has a deadline, and reads run on the rota's own threads."""
+    stop = asyncio.Event()
+
+    async def users(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(b'{"users": [')
+        while not stop.is_set():
+            await response.write(b" ")
+            await asyncio.sleep(0.05)
+        return response
+
+    app = web.Application()
+    app.router.add_get("/schedules/{schedule}/users", users)
+    server = await RunningServer(app).start()
+    loop = asyncio.get_running_loop()
+    try:
+        client = pagerduty_client(TOKEN, server.url, timeout_s=0.5)
+        started = loop.time()
+        with pytest.raises(RotaUnavailable, match="did not answer in time"):
+            await asyncio.wait_for(asyncio.to_thread(read_schedule, client, "P1ONCALL", NOW), 5)  # the read itself
+        assert loop.time() - started < 3
+        rota = PagerDutyRota(client, lambda: [_Directory()], ShiftedClock(), timeout_s=0.5)
+        with pytest.raises(RotaUnavailable):
+            await rota.people("P1ONCALL")
+        rota.close()
+    finally:
+        stop.set()
+        await server.stop()
