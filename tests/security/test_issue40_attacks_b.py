@@ -227,7 +227,7 @@ async def test_a_context_window_summary_is_counted_like_any_model_call(
 
 async def test_the_memory_pass_is_counted_and_refused_past_a_cap(
     make_settings: Any, start_gateway: Any, tmp_path: Path, clock: ShiftedClock, fake_slack: FakeSlack,
-    fake_llm: FakeLLM,
+    fake_llm: FakeLLM, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Found: the memory pass (MEMORY_PASS=true) made a model call after each turn that caps neither checked nor
     counted. It is now counted under the turn's agent and person, and a cap reached by the turn stops it."""
@@ -248,7 +248,10 @@ async def test_the_memory_pass_is_counted_and_refused_past_a_cap(
     await gateway.send_event(mention("when do releases go out? on Tuesdays"))
     await fake_slack.wait_for("chat.postMessage", 2)
     await gateway.idle()
-    await asyncio.sleep(0.2)
+    async with asyncio.timeout(5):  # the pass ends before its call, told why in the log
+        while not any("memory pass" in r.getMessage() and "daily token cap" in r.getMessage()
+                      for r in caplog.records):
+            await asyncio.sleep(0.01)
     assert len(fake_llm.requests) == 3
 
 
