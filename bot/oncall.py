@@ -201,7 +201,8 @@ class PagerDutyRota:
         """The e-mail addresses on call in ``schedule``: PagerDuty's answer of the last ``cache_s``, else read."""
         now = self.clock.now()
         cached = self._schedules.get(schedule)
-        if cached is not None and now - cached[0] < timedelta(seconds=self.cache_s):
+        # Kept for cache_s after it was read; a clock set back since then reads again (never an old answer for hours).
+        if cached is not None and timedelta(0) <= now - cached[0] < timedelta(seconds=self.cache_s):
             return cached[1]
         pending = self._reads.get(schedule)
         if pending is None:

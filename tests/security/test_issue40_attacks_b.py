@@ -420,3 +420,23 @@ async def test_a_pagerduty_answer_dripped_a_byte_at_a_time_ends_at_the_deadline(
     finally:
         stop.set()
         await server.stop()
+
+
+async def test_the_on_call_cache_never_outlives_its_minute_when_the_clock_is_set_back(
+    fake_pagerduty: FakePagerDuty,
+) -> None:
+    """Found: the cache kept an answer while ``now - read_at < 60 s``, which a clock set back (a restored VM, a
+    corrected host) makes true for as long as it was set back: the shift's old person stayed on call for hours."""
+    fake_pagerduty.on_call["P1ONCALL"] = ["alice@example.com"]
+    clock = ShiftedClock()
+    clock.jump_to(NOW)
+    rota = PagerDutyRota(pagerduty_client(TOKEN, fake_pagerduty.url), lambda: [_Directory()], clock)
+    try:
+        assert await rota.people("P1ONCALL") == frozenset({"slack:U7"})
+        fake_pagerduty.on_call["P1ONCALL"] = ["bob@example.com"]  # the shift changes
+        clock.jump_to(NOW - timedelta(hours=2))
+        with pytest.raises(RotaUnavailable, match="none of the 1 people"):  # read again: bob has no chat account
+            await rota.people("P1ONCALL")
+        assert fake_pagerduty.reads("P1ONCALL") == 2
+    finally:
+        rota.close()
