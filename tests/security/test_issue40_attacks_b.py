@@ -440,3 +440,19 @@ async def test_the_on_call_cache_never_outlives_its_minute_when_the_clock_is_set
         assert fake_pagerduty.reads("P1ONCALL") == 2
     finally:
         rota.close()
+
+
+async def test_two_replicas_counting_at_once_lose_no_call(tmp_path: Path, database_url: str | None) -> None:
+    """Two processes count calls for the same agent, person and day at the same moment: an upsert that adds, so
+    no count is lost (SQLite here, PostgreSQL with TEST_DATABASE_URL)."""
+    url = database_url or f"sqlite:///{tmp_path}/shared.db"
+    here, there = Database(url), Database(url)
+    await here.migrate()
+    try:
+        key = UsageKey(TODAY, "replicas", "U1")
+        await asyncio.gather(*(UsageStore(db).add(key, Spent(10, 5, 7)) for _ in range(20) for db in (here, there)))
+        [line] = await UsageStore(here).lines(since=TODAY, agent="replicas")
+        assert (line.calls, line.input_tokens, line.output_tokens, line.cost_micros) == (40, 400, 200, 280)
+    finally:
+        await here.close()
+        await there.close()
