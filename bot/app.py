@@ -377,6 +377,7 @@ def build_application(
     caps = toml.caps_config()
     if (problem := cost_cap_problem(caps, _model_names(models))) is not None:
         raise SettingsError(f"{settings.bot_config}: {problem}")
+    spending = SpendingCaps(UsageStore(db), clock, approvals, caps, bus=bus)  # [[prices]], caps, bot usage
     runner = AgentRunner(
         store,
         model,
@@ -395,11 +396,11 @@ def build_application(
         tracer=tracer,
         models=models,
         events=bus,  # each tool call's outcome (chatops_tool_calls_total)
-        spending=SpendingCaps(UsageStore(db), clock, approvals, caps, bus=bus),  # [[prices]], caps, bot usage
+        spending=spending,
     )
     if settings.memory_pass:  # after a member's turn, one bounded call proposes memories (best effort)
         bus.subscribe(MemoryPass(memory, model, store, trust=trust, enabled_for=_remembers(tools, agents),
-                                 outside=outside).on_event)
+                                 outside=outside, spending=spending, model_name=models.primary.name).on_event)
     if len(agents.names()) > 1:  # delegate: only where there is another agent to hand work to (core.subagents)
         tools.register(SubAgents(runner, agents, clock, max_per_turn=settings.max_subagents_per_turn,
                                  max_steps=settings.subagent_max_steps).tool())

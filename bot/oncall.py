@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 
 CACHE_S = 60.0
 TIMEOUT_S = 5.0
+READ_THREADS = 2  # reads of PagerDuty at once (one per schedule; more wait, then fall back)
 MAX_BODY_BYTES = 1_000_000
 _EMAIL = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){1,8}")
 
@@ -45,12 +48,18 @@ class _TooLarge(Exception):
     pass
 
 
-class _CappedStream(httpx2.SyncByteStream):
-    """A response body read only up to ``limit`` bytes (a hostile server's endless answer stops there)."""
+class _TooSlow(Exception):
+    pass
 
-    def __init__(self, stream: httpx2.SyncByteStream, limit: int) -> None:
+
+class _CappedStream(httpx2.SyncByteStream):
+    """A response body read only up to ``limit`` bytes and until ``deadline`` (``time.monotonic``): a hostile
+    server's endless answer stops there, and so does one dripped a byte at a time (each within the read timeout)."""
+
+    def __init__(self, stream: httpx2.SyncByteStream, limit: int, deadline: float) -> None:
         self._stream = stream
         self._limit = limit
+        self._deadline = deadline
 
     def __iter__(self) -> Iterator[bytes]:
         seen = 0
@@ -58,6 +67,8 @@ class _CappedStream(httpx2.SyncByteStream):
             seen += len(chunk)
             if seen > self._limit:
                 raise _TooLarge
+            if time.monotonic() > self._deadline:
+                raise _TooSlow
             yield chunk
 
     def close(self) -> None:
@@ -68,18 +79,21 @@ class _CappedTransport(httpx2.BaseTransport):
     """Every answer read up to ``limit`` bytes. ``plain``: the client's https URL is served over plain http (the
     client takes https only; settings allow plain http to this machine only, for a fake server in tests)."""
 
-    def __init__(self, limit: int, *, plain: bool = False) -> None:
+    def __init__(self, limit: int, *, plain: bool = False, deadline_s: float = TIMEOUT_S) -> None:
         self._inner = httpx2.HTTPTransport()
         self._limit = limit
         self._plain = plain
+        self._deadline_s = deadline_s
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        deadline = time.monotonic() + self._deadline_s
         if self._plain and request.url.host and loopback(request.url.host):
             request.url = request.url.copy_with(scheme="http")
         response = self._inner.handle_request(request)
         assert isinstance(response.stream, httpx2.SyncByteStream)
         return httpx2.Response(response.status_code, headers=response.headers, request=request,
-                               stream=_CappedStream(response.stream, self._limit), extensions=response.extensions)
+                               stream=_CappedStream(response.stream, self._limit, deadline),
+                               extensions=response.extensions)
 
     def close(self) -> None:
         self._inner.close()
@@ -90,7 +104,7 @@ def pagerduty_client(token: str, api_url: str, *, timeout_s: float = TIMEOUT_S) 
     plain = api_url.startswith("http://")
     base_url = "https://" + api_url.removeprefix("http://") if plain else api_url
     client = pagerduty.RestApiV2Client(token, base_url=base_url,
-                                       transport=_CappedTransport(MAX_BODY_BYTES, plain=plain))
+                                       transport=_CappedTransport(MAX_BODY_BYTES, plain=plain, deadline_s=timeout_s))
     client.timeout = timeout_s  # type: ignore[assignment]  # annotated int upstream; httpx2 takes a float
     client.max_network_attempts = 0  # a network error fails the read at once (the request falls back)
     client.retry[429] = 1
@@ -103,8 +117,10 @@ def read_schedule(client: pagerduty.RestApiV2Client, schedule: str, now: datetim
     Raises RotaUnavailable with what went wrong, in words that quote nothing PagerDuty sent."""
     if SCHEDULE_ID.fullmatch(schedule) is None:  # never part of a path unless it is an id
         raise RotaUnavailable("not a schedule id")
+    # The range is one second: PagerDuty names everyone on call at any time in it, so a minute would let whoever
+    # takes over next approve up to a minute early (and the answer is kept CACHE_S on top of that).
     since = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    until = (now + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    until = (now + timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     try:
         response = client.get(f"/schedules/{schedule}/users", params={"since": since, "until": until})
     except pagerduty.HttpError as exc:  # 401 (the client raises it) or a redirect
@@ -114,6 +130,9 @@ def read_schedule(client: pagerduty.RestApiV2Client, schedule: str, now: datetim
     except _TooLarge:
         log.warning("PagerDuty schedule %s: answer over %d bytes", schedule, MAX_BODY_BYTES)
         raise RotaUnavailable("PagerDuty's answer was too large") from None
+    except _TooSlow:
+        log.warning("PagerDuty schedule %s: the answer was still coming at its deadline", schedule)
+        raise RotaUnavailable("PagerDuty did not answer in time") from None
     except Exception as exc:  # the client's own Error (network), httpx2's, anything: the request falls back
         log.warning("PagerDuty schedule %s: %s", schedule, type(exc).__name__)
         raise RotaUnavailable("PagerDuty could not be reached") from None
@@ -122,7 +141,7 @@ def read_schedule(client: pagerduty.RestApiV2Client, schedule: str, now: datetim
         raise RotaUnavailable(_status_said(response.status_code))
     try:
         users = response.json().get("users")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # nested deeper than Python recurses: garbage all the same
         users = None
     if not isinstance(users, list):
         raise RotaUnavailable("PagerDuty's answer was not a list of users")
@@ -161,6 +180,9 @@ class PagerDutyRota:
         self.cache_s = cache_s
         self._schedules: dict[str, tuple[datetime, list[str]]] = {}
         self._reads: dict[str, asyncio.Future[list[str]]] = {}  # one read of a schedule at a time
+        # Its own threads: a read that outlives its wait (a server dripping its headers) holds one of these, never
+        # one of the event loop's default executor (DNS lookups for every other request wait on those).
+        self._threads = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="pagerduty")
 
     async def people(self, schedule: str) -> frozenset[str]:
         emails = await self.emails(schedule)
@@ -179,7 +201,8 @@ class PagerDutyRota:
         """The e-mail addresses on call in ``schedule``: PagerDuty's answer of the last ``cache_s``, else read."""
         now = self.clock.now()
         cached = self._schedules.get(schedule)
-        if cached is not None and now - cached[0] < timedelta(seconds=self.cache_s):
+        # Kept for cache_s after it was read; a clock set back since then reads again (never an old answer for hours).
+        if cached is not None and timedelta(0) <= now - cached[0] < timedelta(seconds=self.cache_s):
             return cached[1]
         pending = self._reads.get(schedule)
         if pending is None:
@@ -190,11 +213,16 @@ class PagerDutyRota:
 
     async def _read(self, schedule: str, now: datetime) -> list[str]:
         try:
-            emails = await asyncio.wait_for(asyncio.to_thread(read_schedule, self.client, schedule, now),
-                                            self.timeout_s + 1)
+            read = asyncio.get_running_loop().run_in_executor(self._threads, read_schedule, self.client, schedule, now)
+            emails = await asyncio.wait_for(read, self.timeout_s + 1)
         except TimeoutError:
             log.warning("PagerDuty schedule %s: no answer within %gs", schedule, self.timeout_s)
             raise RotaUnavailable("PagerDuty did not answer in time") from None
+        except RotaUnavailable:
+            raise
+        except Exception as exc:  # whatever else an answer makes go wrong: a rota that cannot be read, never a crash
+            log.warning("PagerDuty schedule %s: %s", schedule, type(exc).__name__)
+            raise RotaUnavailable("PagerDuty's answer could not be read") from None
         if len(self._schedules) > 1024:  # schedules come from the configuration: a bound all the same
             self._schedules.clear()
         self._schedules[schedule] = (now, emails)  # only answers are kept: a failure is asked again next time
@@ -216,6 +244,7 @@ class PagerDutyRota:
         return _status_said(response.status_code)
 
     def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
         self.client.close()
 
 

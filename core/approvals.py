@@ -237,8 +237,9 @@ class ApprovalBroker:
         if policy is not None and policy.escalate_to and not approvers:  # those who join add to these, written out
             approvers = self.agents.get(agent).approvers or self.policy.approvers
         escalate_to = policy.escalate_to if policy is not None else ()
-        rota = await self.on_call.resolve(approvers or self.agents.get(agent).approvers or self.policy.approvers,
-                                          escalate_to)
+        # A cap's Continue is for admins only: the rota would name nobody who decides, and its outage would cancel it.
+        rota = None if risk == CAP_RISK else await self.on_call.resolve(
+            approvers or self.agents.get(agent).approvers or self.policy.approvers, escalate_to)
         if rota is not None:  # whoever is on call now, written out (the decision uses them, not the rota then)
             approvers, escalate_to = rota.approvers, rota.escalate_to
         remind = policy.remind_after_s if policy is not None and policy.remind_after_s else None
@@ -585,7 +586,7 @@ class ApprovalBroker:
         """An approved request checked once more right before its call runs: a freeze that began while it waited
         (here or on another replica) refuses it, unless its rule asks during freezes and an admin approved it."""
         decision = _decision(request)
-        if not decision.allowed or self.freezes is None or request.risk == BUDGET_RISK:
+        if not decision.allowed or self.freezes is None or request.risk in (BUDGET_RISK, CAP_RISK):
             return decision
         freeze = await self.freezes.active()
         if freeze is None or (asks_during_freeze(policy) and approved_by_admin(request, self._admin_of(request))):
@@ -595,6 +596,21 @@ class ApprovalBroker:
     async def frozen_approval(self, request: ApprovalInfo, by: str) -> str | None:
         """Why ``by`` may not approve ``request`` now because of a freeze (an edit approves too); None if they may."""
         return await self._frozen_approval(request, by, operator=False)
+
+    async def goes_on(self, ctx: ToolContext, tool: Tool, args: dict[str, Any], request_id: int | None
+                      ) -> str | None:
+        """After a pause inside a call allowed before it (a connection's consent waits up to CONNECTION_TIMEOUT_S):
+        a freeze that began meanwhile refuses it as the gate would have (audited, the thread told), unless its rule
+        asks during freezes and an admin approved it. None: it goes on."""
+        ruling = self.policies.rule(tool.name, args, risk=tool.risk, trust=ctx.trust)
+        freeze = await self._freeze(tool, ruling)
+        if freeze is None:
+            return None
+        if asks_during_freeze(ruling.policy) and request_id is not None:
+            request = await self.store.get(request_id)
+            if request is not None and approved_by_admin(request, self._admin_of(request)):
+                return None
+        return (await self._refuse_frozen(ctx, tool.name, freeze, request_id)).result
 
     async def _frozen_approval(self, request: ApprovalInfo, by: str, *, operator: bool) -> str | None:
         """Why ``by`` may not approve ``request`` now, because of a freeze; None when they may."""

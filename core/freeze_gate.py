@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from core.model import BUDGET_RISK, ApprovalInfo
+from core.model import BUDGET_RISK, CAP_RISK, ApprovalInfo
 from core.policies import Policy, PolicyAction, PolicyBook, Ruling
 from core.tools import DESTINATION_TOOL, Risk, Tool
 
@@ -28,9 +28,9 @@ def asks_during_freeze(policy: Policy | None) -> bool:
 
 
 def frozen_request(request: ApprovalInfo) -> bool:
-    """Whether a freeze covers approving this request: a tool call's, not a thread budget's Continue nor a
-    schedule's destination (its firings' calls are refused when they run)."""
-    return request.risk != BUDGET_RISK and request.tool != DESTINATION_TOOL
+    """Whether a freeze covers approving this request: a tool call's, not a thread budget's nor a spending cap's
+    Continue (no tool runs on it) nor a schedule's destination (its firings' calls are refused when they run)."""
+    return request.risk not in (BUDGET_RISK, CAP_RISK) and request.tool != DESTINATION_TOOL
 
 
 def rule_of(request: ApprovalInfo, policies: PolicyBook) -> Policy | None:

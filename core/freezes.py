@@ -9,17 +9,20 @@ one replica or the CLI is honoured by every other at once; nothing is cached) or
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+
+from apscheduler.triggers.cron import CronTrigger
 
 from core.clock import Clock
 from core.errors import InvalidInput
 from core.store.freezes import FreezeStore
 from core.store.tables import FreezeRow
-from core.triggers import crontab_trigger
+from core.triggers import cron_triggers
 
 MAX_REASON_CHARS = 500  # said on every refusal, in the thread and to the model: a sentence, not a document
 MAX_FREEZE = timedelta(days=366)  # longer is surely a slip
+CLOCK_SKEW = timedelta(minutes=5)  # how far one machine's clock may run ahead of another's (a stored freeze's start)
 _RELATIVE = re.compile(r"(\d{1,6})\s*([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
@@ -51,29 +54,38 @@ class FreezeWindow:
     duration_s: float
     reason: str
 
+    _triggers: tuple[CronTrigger, ...] = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
-        crontab_trigger(self.cron, UTC)  # a bad expression fails here, where it is read
+        object.__setattr__(self, "_triggers", cron_triggers(self.cron, UTC))  # a bad expression fails where it is read
 
     def covering(self, now: datetime) -> Freeze | None:
-        """The freeze this window holds at ``now``, or None. Its latest fire time at or before ``now`` is found by
-        bisecting (to the second) over the last ``duration_s``: a minutely cron with a week's duration stays cheap."""
-        trigger = crontab_trigger(self.cron, UTC)
+        """The freeze this window holds at ``now``, or None: from its latest fire time at or before ``now``."""
         duration = timedelta(seconds=self.duration_s)
-        low, high = now - duration, now
-        first = trigger.get_next_fire_time(None, low)
-        if first is None or first > now:
+        fired = [fire for trigger in self._triggers if (fire := _latest_fire(trigger, now, duration))]
+        if not fired:
             return None
-        while (high - low) > timedelta(seconds=1):  # invariant: a fire at or after ``low`` is at or before now
-            middle = low + (high - low) / 2
-            fire = trigger.get_next_fire_time(None, middle)
-            if fire is not None and fire <= now:
-                low = middle
-            else:
-                high = middle
-        latest = trigger.get_next_fire_time(None, low)
-        assert latest is not None and latest <= now
-        until = latest + duration
+        until = max(fired) + duration
         return Freeze(self.reason, until) if until > now else None
+
+
+def _latest_fire(trigger: CronTrigger, now: datetime, duration: timedelta) -> datetime | None:
+    """The trigger's latest fire time in the ``duration`` up to ``now``, found by bisecting (to the second): a
+    minutely cron with a week's duration stays cheap."""
+    low, high = now - duration, now
+    first = trigger.get_next_fire_time(None, low)
+    if first is None or first > now:
+        return None
+    while (high - low) > timedelta(seconds=1):  # invariant: a fire at or after ``low`` is at or before now
+        middle = low + (high - low) / 2
+        fire = trigger.get_next_fire_time(None, middle)
+        if fire is not None and fire <= now:
+            low = middle
+        else:
+            high = middle
+    latest = trigger.get_next_fire_time(None, low)
+    assert latest is not None and latest <= now
+    return latest
 
 
 class Freezes:
@@ -103,7 +115,9 @@ class Freezes:
             raise InvalidInput(f"the end time {until.astimezone(UTC):%Y-%m-%d %H:%M} UTC is not in the future")
         if until - now > MAX_FREEZE:
             raise InvalidInput(f"a freeze lasts at most {MAX_FREEZE.days} days")
-        row = await self.store.add(FreezeRow(starts_at=now, until=until.astimezone(UTC), reason=reason,
+        # In force from a little before now: the CLI's machine (or another replica) may run ahead of this one's
+        # clock, and a freeze said to be set must hold everywhere at once. Nothing happened in the past because of it.
+        row = await self.store.add(FreezeRow(starts_at=now - CLOCK_SKEW, until=until.astimezone(UTC), reason=reason,
                                              created_by=by, created_at=now))
         return Freeze(row.reason, row.until, row.id)
 
@@ -137,9 +151,9 @@ def parse_until(text: str, now: datetime) -> datetime:
         return now + timedelta(**{_UNITS[span.group(2)]: int(span.group(1))})
     try:
         until = datetime.fromisoformat(text)
-    except ValueError:
+        if until.tzinfo is None:
+            raise InvalidInput(f"{text[:40]!r} has no timezone: add Z (UTC) or an offset such as +01:00")
+        return until.astimezone(UTC)  # OverflowError: its UTC is outside the calendar (year 1 +14:00)
+    except (ValueError, OverflowError):
         raise InvalidInput(f"{text[:40]!r} is not a time: use ISO 8601 with a timezone "
                            "(2026-12-24T18:00Z) or a span such as 2h, 30m, 1d") from None
-    if until.tzinfo is None:
-        raise InvalidInput(f"{text[:40]!r} has no timezone: add Z (UTC) or an offset such as +01:00")
-    return until.astimezone(UTC)

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol
 
 from sqlmodel import Session
@@ -62,6 +63,8 @@ log = logging.getLogger(__name__)
 # The model answering the run in this task: the context window's summary of a thread is written by it too (a session
 # on the fallback model never asks its failed primary for one).
 _ANSWERING: ContextVar[Model | None] = ContextVar("answering_model", default=None)
+# Whose step a summary is made in (the call and its agent): it is a model call, counted like the step's own.
+_COUNTED: ContextVar[tuple[ToolContext, str] | None] = ContextVar("counted_step", default=None)
 
 Steer = Callable[[], Awaitable[list[ChatMessage]]]
 
@@ -278,6 +281,7 @@ class AgentRunner:
             if self.budget is not None:  # used up: parked until Continue (or ended by Stop), before any call
                 await self.budget.before_call(ctx)
             _ANSWERING.set(self.models.answering(models, agent.name, parent.agent if parent else None))
+            _COUNTED.set((ctx, agent.name))
             room = self.window.room(instructions, offered, tight=tight)
             messages = merge_user_runs(await self.window.fit(session_id, history, room, keep_from=keep_from))
             request = CompletionRequest(instructions=instructions, messages=messages, tools=offered)
@@ -520,7 +524,8 @@ class AgentRunner:
                     return await self.redact(decision.result)
                 args, note = await self._edited(tool, ctx, args, decision)
                 await self.gate.started(decision)  # the decision is on record before the tool runs
-                ctx = replace(ctx, asked=decision.asked)  # whether a person approved this very call
+                ctx = replace(ctx, asked=decision.asked,  # whether a person approved this very call
+                              goes_on=partial(self.gate.goes_on, ctx, tool, args, decision.request_id))
             elif tool.risk is Risk.GATED:
                 raise ToolError(f"{tool.name} needs a person's approval, and nobody can approve here")
             else:
@@ -607,7 +612,14 @@ class AgentRunner:
         request = CompletionRequest(instructions="You summarise chat-ops threads briefly and factually.",
                                     messages=messages)
         model = _ANSWERING.get() or self.models.primary
-        return await self.redact((await self._chat(model, request)).content)
+        reply = await self._chat(model, request)
+        counted = _COUNTED.get()
+        if self.spending is not None and counted is not None:  # caps and `bot usage` see it (not the thread budget)
+            ctx, agent = counted
+            await self._write_alone(self.spending.count(ctx, agent, model.name, reply,
+                                                        estimated_input=request_tokens(request),
+                                                        estimated_output=estimate(reply.content), thread=None))
+        return await self.redact(reply.content)
 
     async def _close_dangling_calls(
         self, history: list[ChatMessage], allowed: set[str], ctx: ToolContext, checking: asyncio.Future[None] | None
@@ -648,7 +660,8 @@ class AgentRunner:
         if self.gate is None:
             return INTERRUPTED_RESULT
         decision = await self.gate.recover(ctx, tool, args)  # a safe tool too: a policy may have asked
-        ctx = replace(ctx, asked=decision is not None and decision.asked)
+        ctx = replace(ctx, asked=decision is not None and decision.asked, goes_on=partial(
+            self.gate.goes_on, ctx, tool, args, decision.request_id if decision is not None else None))
         parked = self.resumable is not None and await self.resumable(ctx)
         note = ""
         if decision is not None and decision.allowed:

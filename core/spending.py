@@ -6,7 +6,8 @@
   the bot may call has no price, so a cost cap never silently counts nothing.
 - The person is the turn's requester: a firing's is its schedule's creator, an event's turn is ``nobody``'s. Someone
   whose message was steered into another person's turn does not pay for it: the requester does (the person who
-  started the turn is who a cap can name and who an admin can ask).
+  started the turn is who a cap can name and who an admin can ask). But a person past their own daily cap cannot
+  spend through another's turn either: every sender's person cap is checked before each call.
 - A sub-agent counts under its own agent (its caps) and the same person.
 - Before every call (interactive turns, firings, events, sub-agents, listening turns) the agent's daily and monthly
   caps and the person's daily caps are checked. A reached cap parks an interactive turn on a **Continue** / **Stop**
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, ClassVar
 
@@ -151,6 +152,11 @@ def person_of(ctx: ToolContext) -> str:
     return ctx.requester or NOBODY
 
 
+def steered_in(ctx: ToolContext, who: str) -> tuple[str, ...]:
+    """The people besides ``who`` whose words the turn took (steered or merged into it)."""
+    return tuple(s for s in dict.fromkeys(ctx.senders) if s and s != who and not s.startswith(EVENT_PREFIX))
+
+
 def can_ask(ctx: ToolContext) -> bool:
     """Whether an admin can be asked to Continue here: not in a sub-agent, a firing, an event's turn or a turn nobody
     addressed (there is nobody there, or nobody asked the bot for anything)."""
@@ -207,12 +213,19 @@ class SpendingCaps:
         # An event's turn is nobody's: a person's cap is not theirs to share (the agent's caps and the source's
         # rate_per_minute bound events).
         person = self.config.person if who != NOBODY else PersonCaps()
-        if not caps.any and not person.any:
+        others = steered_in(ctx, who) if self.config.person.any else ()
+        if not caps.any and not person.any and not others:
             return  # nothing to check: no read on the hot path
         day, month_start, month = _days(self.clock.now())
         totals = await self.store.totals(day=day, month_start=month_start, agent=agent, person=who)
         for cap in reached(caps, person, totals, agent=agent, who=who, day=day, month=month):
             await self._continue_past(ctx, agent, cap)
+        # Someone whose words were steered into this turn is held to their own cap (the requester still pays):
+        # past it, their words may not make the model spend on another person's turn.
+        for other in others:
+            theirs = await self.store.totals(day=day, month_start=month_start, agent=agent, person=other)
+            for cap in reached(AgentCaps(), self.config.person, theirs, agent=agent, who=other, day=day, month=month):
+                await self._continue_past(ctx, agent, replace(cap, key=f"{cap.key}:{other}"))
 
     async def _continue_past(self, ctx: ToolContext, agent: str, cap: CapReached) -> None:
         if ctx.subagent:
@@ -261,8 +274,10 @@ class SpendingCaps:
         """The call's tokens: the endpoint's split, else its total split by our estimate of the answer, else our
         estimates; each clamped."""
         input_tokens, output_tokens = clamp(reply.input_tokens), clamp(reply.output_tokens)
+        if not _believed(reply.input_tokens, reply.output_tokens):  # a request is never free: 0 would switch caps off
+            input_tokens = output_tokens = None
         if input_tokens is None or output_tokens is None:
-            total = clamp(reply.usage)
+            total = clamp(reply.usage) if reply.usage is not None and reply.usage > 0 else None
             if output_tokens is None:
                 output_tokens = min(estimated_output, total) if total is not None else clamp(estimated_output) or 0
             if input_tokens is None:
@@ -293,6 +308,12 @@ class SpendingCaps:
             yours = shown(totals.person_day_tokens, totals.person_day_micros, mine.daily_tokens, mine.daily_cost)
             parts.append(f"you today {yours}")
         return "; ".join(parts)
+
+
+def _believed(input_tokens: int | None, output_tokens: int | None) -> bool:
+    """Whether an endpoint's split can be true: a request has at least one token, an answer none or more. Said
+    otherwise (zero or negative: broken or hostile), both are put aside for the total or our estimates."""
+    return (input_tokens is None or input_tokens > 0) and (output_tokens is None or output_tokens >= 0)
 
 
 def _first(text: str) -> str:

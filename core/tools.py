@@ -52,6 +52,9 @@ class ToolContext:
     # that reads or acts on someone's behalf does so only where the turn answers.
     unaddressed: bool = False
     session: SessionInfo | None = None  # the conversation's, for the events a call emits (core.events.ToolEnded)
+    # After a pause inside an allowed call (a connection's consent): why it may no longer go on (a change freeze
+    # began meanwhile), None when it may. Set by the runner from its gate; None: nothing to check.
+    goes_on: Callable[[], Awaitable[str | None]] | None = None
 
     @property
     def requester(self) -> str | None:
@@ -239,6 +242,11 @@ class ToolGate(Protocol):
     async def forget(self, ctx: ToolContext, call_ids: Sequence[str]) -> None:
         """The step ended: whatever ``ask_together`` kept for calls it never reached is let go. A person's stop
         cancels those requests; after a shutdown they stay (a restart finds them, or they expire)."""
+        ...
+
+    async def goes_on(self, ctx: ToolContext, tool: Tool, args: dict[str, Any], request_id: int | None
+                      ) -> str | None:
+        """After a pause inside an allowed call: why it may no longer go on (told to the model), None if it may."""
         ...
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, tzinfo
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
@@ -139,17 +140,30 @@ def parse_when(text: str) -> tuple[TriggerSpec, str]:
 _DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 
 
-def crontab_trigger(cron: str, zone: tzinfo) -> CronTrigger:
-    """A 5-field cron expression, its weekdays read as cron reads them (0 and 7 Sunday, 5 Friday). APScheduler 3's
-    ``from_crontab`` counts weekdays from Monday (its 5 is Saturday, its 1-5 Tuesday to Saturday): a Friday
-    freeze or a weekday schedule must not move a day, so the weekday field is written out as day names first.
-    Raises ValueError."""
+def cron_triggers(cron: str, zone: tzinfo) -> tuple[CronTrigger, ...]:
+    """A 5-field cron expression in ``zone``, read as cron reads it. Its weekdays: 0 and 7 are Sunday, 5 Friday
+    (APScheduler 3's ``from_crontab`` counts from Monday: its 5 is Saturday), so the field is written out as day
+    names first. Its days: when both the day of the month and the weekday are restricted (neither starts with
+    ``*``), cron fires on either (``0 0 1 * 5``: the 1st, and every Friday) where APScheduler would need both, so
+    that is two triggers, one per field: a freeze must not cover less, nor a schedule fire less, than it says. Raises
+    ValueError, also for an expression that never fires (31 February): each check would search years for it."""
     fields = cron.split()
     if len(fields) != 5:
         raise ValueError(f"a cron expression has 5 fields (minute hour day month weekday), got {cron!r}")
     minute, hour, day, month, weekday = fields
-    return CronTrigger(minute=minute, hour=hour, day=day, month=month, day_of_week=_weekday_names(weekday),
-                       timezone=zone)
+
+    def trigger(days: str, weekdays: str) -> CronTrigger:
+        return CronTrigger(minute=minute, hour=hour, day=days, month=month, day_of_week=_weekday_names(weekdays),
+                           timezone=zone)
+
+    either = not day.startswith("*") and not weekday.startswith("*")
+    triggers = (trigger(day, "*"), trigger("*", weekday)) if either else (trigger(day, weekday),)
+    if all(t.get_next_fire_time(None, _EVER) is None for t in triggers):
+        raise ValueError(f"{cron!r} never fires")
+    return triggers
+
+
+_EVER = datetime(2000, 1, 1, tzinfo=UTC)  # any expression that fires at all does within 28 years of any date
 
 
 def _weekday_names(field: str) -> str:
@@ -180,3 +194,10 @@ def _day(text: str) -> int:
     if text.isdigit() and 0 <= int(text) <= 7:
         return int(text) % 7
     raise ValueError(f"{text!r} is not a weekday (0-7 or sun-sat)")
+
+
+def crontab_trigger(cron: str, zone: tzinfo) -> BaseTrigger:
+    """A schedule's 5-field cron expression in ``zone``, as cron reads it (``cron_triggers``): one trigger, or the
+    earlier of two when it names both days of the month and weekdays. Raises ValueError."""
+    triggers = cron_triggers(cron, zone)
+    return triggers[0] if len(triggers) == 1 else OrTrigger(list(triggers))

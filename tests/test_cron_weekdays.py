@@ -67,3 +67,17 @@ def test_a_cron_job_stored_with_the_old_weekdays_is_replaced_at_sync() -> None:
     assert _stale_cron(old, spec, now)
     assert not _stale_cron(spec.build(now, 0), spec, now)
     assert not _stale_cron(old, TriggerSpec(every_seconds=3600), now)  # only cron jobs are compared
+
+
+def test_a_cron_naming_days_and_weekdays_fires_on_either_as_cron_does() -> None:
+    """``0 9 13 * 5``: the 13th of each month, and every Friday (APScheduler alone would need both at once)."""
+    trigger = crontab_trigger("0 9 13 * 5", UTC)
+    fired, previous, now = [], None, datetime(2026, 12, 1, tzinfo=UTC)
+    while len(fired) < 4:
+        upcoming = trigger.get_next_fire_time(previous, now)
+        assert upcoming is not None
+        fired.append(upcoming.strftime("%a %d"))
+        previous, now = upcoming, upcoming + timedelta(seconds=1)
+    assert fired == ["Fri 04", "Fri 11", "Sun 13", "Fri 18"]
+    with pytest.raises(ValueError, match="never fires"):
+        crontab_trigger("0 0 31 2 *", UTC)

@@ -221,15 +221,18 @@ async def test_an_endpoints_usage_figures_are_clamped(tmp_path: Path) -> None:
         clock.jump_to(NOW)
         caps = SpendingCaps(UsageStore(db), clock, None, CapsConfig(prices={"m": Price(1.0, 1.0)}))
         ctx = ToolContext(session_id="s:1", turn_id=1, agent="default", sender="U1")
-        spent = await caps.record(ctx, "default", "m", Completion("hi", input_tokens=-50_000, output_tokens=10**15),
+        spent = await caps.record(ctx, "default", "m", Completion("hi", input_tokens=5, output_tokens=10**15),
                                   estimated_input=10, estimated_output=1, thread=None)
-        assert (spent.input_tokens, spent.output_tokens) == (0, MAX_CALL_TOKENS)
+        assert (spent.input_tokens, spent.output_tokens) == (5, MAX_CALL_TOKENS)
+        # A negative (or zero) request is not believed: our estimates count instead (test_issue40_attacks_b).
+        assert caps.spent("m", Completion("hi", input_tokens=-50_000, output_tokens=3), estimated_input=10,
+                          estimated_output=1) == Spent(10, 1, 11)
         # No split said: the total, less our estimate of the answer; nothing said: our estimates.
         assert caps.spent("m", Completion("", usage=100), estimated_input=7, estimated_output=30) == Spent(70, 30, 100)
         assert caps.spent("x", Completion(""), estimated_input=7, estimated_output=3) == Spent(7, 3, None)
         [line] = await UsageStore(db).lines(since=TODAY)
         assert (line.person, line.input_tokens, line.output_tokens, line.cost_micros) == (
-            "U1", 0, MAX_CALL_TOKENS, MAX_CALL_TOKENS)
+            "U1", 5, MAX_CALL_TOKENS, MAX_CALL_TOKENS + 5)
     finally:
         await db.close()
 

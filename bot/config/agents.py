@@ -79,10 +79,13 @@ class AgentTable(Table):
                                                              "day (default no cap)")
     monthly_tokens: int | None = Field(None, ge=1, description="an integer ≥ 1: the tokens its calls may use per UTC "
                                                                "month (default no cap)")
-    daily_cost: float | None = Field(None, gt=0, description="a number > 0: what its calls may cost per UTC day, "
-                                                             "priced by [[prices]] (default no cap)")
-    monthly_cost: float | None = Field(None, gt=0, description="a number > 0: what its calls may cost per UTC month, "
-                                                               "priced by [[prices]] (default no cap)")
+    # A finite number: `inf` (TOML has it) meant to say "no cap" would fail every model call of the agent.
+    daily_cost: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                     description="a number > 0: what its calls may cost per UTC day, priced by "
+                                                 "[[prices]] (default no cap)")
+    monthly_cost: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                       description="a number > 0: what its calls may cost per UTC month, priced by "
+                                                   "[[prices]] (default no cap)")
 
     @model_validator(mode="after")
     def _endpoint_names_model(self) -> AgentTable:

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from bot.config.table import Problem, Table, Text
 from core.freezes import MAX_FREEZE, MAX_REASON_CHARS, FreezeWindow, clean_reason
-from core.triggers import crontab_trigger
+from core.triggers import cron_triggers
 
 
 class FreezeTable(Table):
@@ -29,7 +29,7 @@ class FreezeTable(Table):
         if len(value.split()) != 5:
             raise Problem(f"must have 5 fields (minute hour day month weekday), got {value!r}")
         try:
-            crontab_trigger(value, UTC)
+            cron_triggers(value, UTC)
         except ValueError as exc:
             raise Problem(f"is not a valid cron expression ({exc})") from None
         return value

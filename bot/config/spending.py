@@ -28,9 +28,9 @@ class LimitsTable(Table):
 
     person_daily_tokens: int | None = Field(None, ge=1, description="an integer ≥ 1: the tokens one person's turns "
                                                                     "may use per UTC day (default no cap)")
-    person_daily_cost: float | None = Field(None, gt=0, description="a number > 0: what one person's turns may cost "
-                                                                    "per UTC day, priced by [[prices]] (default no "
-                                                                    "cap)")
+    person_daily_cost: float | None = Field(None, gt=0, allow_inf_nan=False,  # finite: inf would fail every call
+                                            description="a number > 0: what one person's turns may cost per UTC "
+                                                        "day, priced by [[prices]] (default no cap)")
 
     def caps(self) -> PersonCaps:
         return PersonCaps(self.person_daily_tokens, self.person_daily_cost)

@@ -106,10 +106,13 @@ class ConnectionService:
                                 "another channel's person (accounts are kept by bare id); continue without it")
             await self._alone(ctx, name, owner)
         waited = await self._resume_parked(ctx, spec)
+        if waited is not None:
+            await _still_goes_on(ctx)
         row = await self.store.get(name, owner)
         gap, token = await self._check(spec, row, need_scopes, rejected)
         if gap is not None and waited is None:
             waited = await self._pause(ctx, spec, owner, gap, need_scopes)
+            await _still_goes_on(ctx)
             row = await self.store.get(name, owner)
             gap, token = await self._check(spec, row, need_scopes, None)
         if gap is not None or token is None or row is None:
@@ -388,3 +391,10 @@ class ConnectionService:
 def _scopes(row: ConnectionRow) -> tuple[str, ...] | None:
     granted = json.loads(row.scopes)
     return tuple(granted) if isinstance(granted, list) else None
+
+
+async def _still_goes_on(ctx: ToolContext) -> None:
+    """After the consent it waited for: the call was allowed before the pause, and a change freeze that began
+    meanwhile refuses it (ToolError) all the same (core.approvals.ApprovalBroker.goes_on)."""
+    if ctx.goes_on is not None and (why := await ctx.goes_on()) is not None:
+        raise ToolError(why)
