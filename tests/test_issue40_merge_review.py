@@ -113,3 +113,30 @@ async def test_a_turn_whose_end_could_not_be_stored_still_counts_its_last_call(
             await asyncio.sleep(0.02)
     assert len(fake_llm.requests) == 1
     assert await _calls(gateway) == {("default", "U1"): 1}
+
+
+async def test_a_sub_agent_whose_end_could_not_be_stored_still_counts_its_last_call(
+    make_settings: Any, start_gateway: Any, tmp_path: Path, clock: ShiftedClock, fake_slack: FakeSlack,
+    fake_llm: FakeLLM,
+) -> None:
+    gateway = await _start(make_settings, start_gateway, tmp_path, clock,
+                           '[[agents]]\nname = "default"\n\n[[agents]]\nname = "researcher"\n')
+    store = gateway.app.dispatcher.runner.store
+    assert store is not None
+    finish_turn = store.finish_turn
+    failed: list[int] = []
+
+    async def failing_for_the_sub_agent(turn_id: int, **how: Any) -> Any:
+        if not failed and turn_id != 1:  # turn 1: the mention's own
+            failed.append(turn_id)
+            raise RuntimeError("the database went away for a moment")
+        return await finish_turn(turn_id, **how)
+
+    store.finish_turn = failing_for_the_sub_agent  # type: ignore[method-assign]
+    fake_llm.then(Reply(tool_calls=[("delegate", {"agent": "researcher", "task": "look it up"})]),
+                  Reply("found it"), Reply("done"))
+    await gateway.send_event(mention("find out"))
+    await fake_slack.wait_for("chat.postMessage")
+    await gateway.idle()
+    assert failed and len(fake_llm.requests) == 3
+    assert await _calls(gateway) == {("researcher", "U1"): 1, ("default", "U1"): 2}
