@@ -140,3 +140,15 @@ async def test_a_sub_agent_whose_end_could_not_be_stored_still_counts_its_last_c
     await gateway.idle()
     assert failed and len(fake_llm.requests) == 3
     assert await _calls(gateway) == {("researcher", "U1"): 1, ("default", "U1"): 2}
+
+
+def test_a_weekday_range_that_starts_at_7_is_sunday_as_cron_reads_it() -> None:
+    """7 is Sunday at either end of a range: ``7-7`` is Sundays only (not every day), ``7-1`` runs backwards."""
+    from zoneinfo import ZoneInfo
+
+    from core.triggers import cron_triggers
+
+    [sundays] = cron_triggers("0 9 * * 7-7", ZoneInfo("UTC"))
+    assert "day_of_week='sun'" in str(sundays)
+    with pytest.raises(ValueError, match="backwards"):
+        cron_triggers("0 9 * * 7-1", ZoneInfo("UTC"))
