@@ -178,6 +178,8 @@ def _weekday_names(field: str) -> str:
             raise ValueError(f"weekday step {step_text!r} must be at least 1")
         first, _, last = span.partition("-")
         low = 0 if first == "*" else _day(first)
+        if last and first.strip() == "7":  # 7 is Sunday at the start of a range too (7-7: Sundays; 7-1 backwards)
+            low = 7
         high = 6 if first == "*" else (_day(last) if last else low)
         if last.strip() == "7":  # 7 is Sunday too, at the end of a range (5-7: Friday to Sunday)
             high = 7
