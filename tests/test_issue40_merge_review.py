@@ -152,3 +152,16 @@ def test_a_weekday_range_that_starts_at_7_is_sunday_as_cron_reads_it() -> None:
     assert "day_of_week='sun'" in str(sundays)
     with pytest.raises(ValueError, match="backwards"):
         cron_triggers("0 9 * * 7-1", ZoneInfo("UTC"))
+
+
+def test_a_weekday_step_from_one_day_runs_to_the_end_of_the_week_as_cron_reads_it() -> None:
+    """``1/2`` is every second day from Monday (cronie: 1-7/2), as ``1/2`` in the day-of-month field is from the
+    1st (APScheduler): never Monday alone, which ignored the step."""
+    from zoneinfo import ZoneInfo
+
+    from core.triggers import cron_triggers
+
+    [every_other] = cron_triggers("0 9 * * 1/2", ZoneInfo("UTC"))
+    assert "day_of_week='mon,wed,fri,sun'" in str(every_other)
+    [from_sunday] = cron_triggers("0 9 * * 0/3", ZoneInfo("UTC"))
+    assert "day_of_week='sun,wed,sat'" in str(from_sunday)
