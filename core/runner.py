@@ -217,6 +217,12 @@ class AgentRunner:
         """The final answer's model call, for the commit that ends the turn to count (one write, not two)."""
         return self._uncounted.pop(turn_id, None)
 
+    def still_uncounted(self, turn_id: int, count: Count | None) -> None:
+        """``count`` (from ``uncounted``) was not stored: the commit that was to carry it failed. ``count_alone``
+        counts it (only for a failed write: a cancelled one may have committed, and a call is never counted twice)."""
+        if count is not None:
+            self._uncounted[turn_id] = count
+
     async def count_alone(self, turn_id: int) -> None:
         """A final call the turn's end did not count (it was not stored): counted on its own, the call was made."""
         count = self._uncounted.pop(turn_id, None)

@@ -158,11 +158,17 @@ class SubAgents:
             error = await self.runner.redact(error)
         # A switch to the fallback model that its answer carries (the thread's, stored in the same commit).
         switch = self.runner.unsaved_switch(turn_id)
+        count = self.runner.uncounted(turn_id)
         write = self.runner.store.finish_turn(turn_id, status=status, answer=answer, error=error,
                                               now=self.clock.now(), answer_message=answer is not None,
                                               then=self.runner.models.unstored(switch) if switch else None,
-                                              count=self.runner.uncounted(turn_id))
-        await asyncio.shield(write)
+                                              count=count)
+        try:
+            await asyncio.shield(write)
+        except Exception:  # the end was not stored, the call was made: counted on its own
+            self.runner.still_uncounted(turn_id, count)
+            await self.runner.count_alone(turn_id)
+            raise
         if switch is not None:
             self.runner.models.stored(switch)
 

@@ -178,7 +178,10 @@ def _weekday_names(field: str) -> str:
             raise ValueError(f"weekday step {step_text!r} must be at least 1")
         first, _, last = span.partition("-")
         low = 0 if first == "*" else _day(first)
-        high = 6 if first == "*" else (_day(last) if last else low)
+        if last and first.strip() == "7":  # 7 is Sunday at the start of a range too (7-7: Sundays; 7-1 backwards)
+            low = 7
+        # A step from one day runs to the week's end (cronie: 1/2 is 1-7/2), as a step does in the other fields.
+        high = 6 if first == "*" else (_day(last) if last else 7 if step_text else low)
         if last.strip() == "7":  # 7 is Sunday too, at the end of a range (5-7: Friday to Sunday)
             high = 7
         if high < low:

@@ -396,9 +396,13 @@ class TurnDrivers:
         store_switch = self.runner.models.unstored(switch) if switch else None
         # A turn that took nothing at its tool steps holds the inputs it started with: not read again.
         known = turn if driver is not None and not driver.steered else None
-        final = await self.conversations.finish_turn(turn.id, **how, then=store_switch, known=known,
-                                                     give_back=lease.releaser() if lease else None,
-                                                     count=self.runner.uncounted(turn.id))
+        count = self.runner.uncounted(turn.id)
+        try:
+            final = await self.conversations.finish_turn(turn.id, **how, then=store_switch, known=known,
+                                                         give_back=lease.releaser() if lease else None, count=count)
+        except Exception:
+            self.runner.still_uncounted(turn.id, count)  # counted on its own (the driver's finally): it was made
+            raise
         if lease is not None:
             lease.ended()
         if switch is not None:
