@@ -15,7 +15,7 @@ from bot.errors import BotError, SettingsError
 from bot.self_approval_check import self_approval_warnings, unsatisfiable_setup
 from bot.settings import load_settings
 from bot.tools.http import header_problem
-from core.approvals import grants_cover
+from core.grant_keys import grants_cover
 from core.grants import lasting
 from core.policies import SHELL_TOOL, Policy, PolicyAction, PolicyBook
 from core.shell_syntax import simple_command

@@ -9,7 +9,6 @@ all produce one outcome; every later attempt is told what already happened.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ from core.errors import NotAllowed, NotFound
 from core.events import ApprovalReminded, ApprovalRequested, ApprovalResolved, ApprovalVoted, EventBus, FreezeNotice
 from core.freeze_gate import approved_by_admin, asks_during_freeze, frozen_request, is_gated, rule_of
 from core.freezes import Freeze, Freezes
+from core.grant_keys import grant_call, grant_view, grants_cover, rule_key
 from core.grants import GRANT_VERDICTS, GrantScope, GrantTerms
 from core.model import BUDGET_RISK, CAP_RISK, ApprovalInfo, ApprovalStatus, thread_of
 from core.oncall import OnCallRota
@@ -34,8 +34,8 @@ from core.policies import Policy, PolicyAction, PolicyBook, Ruling
 from core.requests import STOPPED, PersonRequests
 from core.self_approval import OPERATOR_EXEMPT, REFUSED, barred, effective
 from core.store import ApprovalStore
-from core.store.tables import ApprovalRow, GrantRow
-from core.tools import DESTINATION_TOOL, SUBAGENT_CANNOT_ASK, GateDecision, Risk, Tool, ToolContext, canonical_call
+from core.store.tables import ApprovalRow
+from core.tools import SUBAGENT_CANNOT_ASK, GateDecision, Risk, Tool, ToolContext, canonical_call
 from core.tracing import APPROVAL, NO_TRACING, Tracer
 from core.trust import NOT_ALLOWED, is_restricted
 from core.views import AuditEntry, GrantView
@@ -649,41 +649,6 @@ def _same_call(request: ApprovalInfo, ctx: ToolContext, tool: Tool, args: dict[s
     """Whether a stored request is this very call of this turn (what was approved is what would run)."""
     return (request.turn_id == ctx.turn_id and request.tool == tool.name
             and canonical_call(request.arguments) == canonical_call(args))
-
-
-def grant_call(tool: str, args: dict[str, Any]) -> str | None:
-    """What an "Always allow" of this call is keyed by: every argument, exactly (compact sorted
-    JSON), so another command, timeout or credential list is another call. A destination approval
-    is keyed by the destination's id and the schedule's creator, not by the schedule or its prompt.
-    None: it cannot be granted."""
-    if tool == DESTINATION_TOOL:
-        destination, creator = args.get("destination_id"), args.get("creator")
-        if not (isinstance(destination, str) and destination and isinstance(creator, str) and creator):
-            return None
-        return canonical_call({"creator": creator, "destination": destination})
-    return canonical_call(args)
-
-
-def grant_view(grant: GrantRow) -> GrantView:
-    assert grant.id is not None
-    return GrantView(id=grant.id, agent=grant.agent, tool=grant.tool, place=grant.place, created_by=grant.created_by,
-                     created_at=grant.created_at, call_text=grant.call_text, thread=grant.thread,
-                     expires_at=grant.expires_at, revoked_by=grant.revoked_by, revoked_at=grant.revoked_at,
-                     rule=grant.rule)
-
-
-def grants_cover(policy: Policy | None) -> bool:
-    """Whether grants may cover a call this rule decides (None: a call no rule decides, always). A rule offers
-    grants only with grant_ttl_s and quorum 1: a grant stands for one person's decision, never for a quorum; and
-    never with step_up: a grant would let later calls run with no passkey at all."""
-    return policy is None or (policy.grant_ttl_s is not None and policy.quorum <= 1 and not policy.step_up)
-
-
-def rule_key(policy: Policy) -> str:
-    """The rule's fingerprint: every field of it (what it matches, who approves, how many, how long a grant
-    lasts, its place in the file). A grant is bound to it, so a grant never covers a call that another rule
-    decides, nor one the same rule decides once it has been edited (stricter approvers, a shorter grant_ttl_s)."""
-    return hashlib.sha256(repr(policy).encode()).hexdigest()[:32]
 
 
 def _subject(tool: Tool, args: dict[str, Any]) -> str | None:

@@ -353,7 +353,7 @@ async def test_a_card_slack_will_not_take_is_attached_instead(
 
 
 def test_canonical_text_is_what_spec_16_says_and_grants_use_every_argument() -> None:
-    from core.approvals import grant_call
+    from core.grant_keys import grant_call
     from core.tools import canonical_call, canonical_text
 
     assert canonical_text("shell_run", {"command": "ls -l", "timeout_s": 5}) == "ls -l"
