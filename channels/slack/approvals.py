@@ -252,31 +252,35 @@ class SlackApprovals:
 
     async def _on_click(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
-        user, channel = user_id(body), channel_id(body)  # shapes checked before bolt (payloads.shape_problem)
-        if not user:
+        if (clicked := self._button(body, action, ACTION)) is None:
             return
-        verdict = ACTION.match(str(action.get("action_id")))
-        request_id = _request_id(action.get("value"))
-        if verdict is None or request_id is None:
-            self._private.tell(channel, user, "That button does not belong to an approval request I know.")
-            return
+        user, channel, verdict, request_id = clicked
         with in_workspace(await self._workspace_of(request_id)):
             try:
                 await self._clicked(user, channel, verdict, request_id, str(body.get("trigger_id") or ""))
             except NotFound:  # unknown, or another channel's: none that a click here can decide
                 self._private.tell(channel, user, "That approval request does not exist.")
 
-    async def _on_batch_click(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
-        """Approve all / Deny all: core decides each still-pending call of the card's batch on its own."""
-        await ack()
-        user, channel = user_id(body), channel_id(body)
+    def _button(self, body: dict[str, Any], action: dict[str, Any], pattern: re.Pattern[str]
+                ) -> tuple[str, str, re.Match[str], int] | None:
+        """Who clicked where, the action and the one request id its value carries; None (the clicker told when
+        there is one) for a click that names no request of ours."""
+        user, channel = user_id(body), channel_id(body)  # shapes checked before bolt (payloads.shape_problem)
         if not user:
-            return
-        verdict = BATCH_ACTION.match(str(action.get("action_id")))
+            return None
+        verdict = pattern.match(str(action.get("action_id")))
         request_id = _request_id(action.get("value"))
         if verdict is None or request_id is None:
             self._private.tell(channel, user, "That button does not belong to an approval request I know.")
+            return None
+        return user, channel, verdict, request_id
+
+    async def _on_batch_click(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        """Approve all / Deny all: core decides each still-pending call of the card's batch on its own."""
+        await ack()
+        if (clicked := self._button(body, action, BATCH_ACTION)) is None:
             return
+        user, channel, verdict, request_id = clicked
         with in_workspace(await self._workspace_of(request_id)):
             try:
                 result = await self.gateway.decide_all(request_id, verdict.group(1), by=user, channel=self.channel)
